@@ -1,0 +1,250 @@
+"""`RoutingTrace`: the routing of every token of a workload through every MoE layer (design.md).
+
+In memory a trace is a set of aligned numpy arrays, one row per token:
+
+- `token_id`:   int32[T]        vocabulary id of the token
+- `request_id`: int32[T]        the request (prompt or document) the token belongs to
+- `position`:   int32[T]        position of the token inside its request
+- `domain`:     int16[T]        index into `domains` (-1 = unknown), or None when no row has one
+- `experts`:    int16[T, L, k]  logical routed-expert ids selected at each MoE layer, listed by
+                                 decreasing router weight (slot 0 is the top-1 choice)
+- `weights`:    float32[T, L, k] optional router weights of those selections
+
+and a `TraceMeta` with the model's shape. Shared experts are recorded in the metadata only:
+every token uses them on its home device, so they never cross a link.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from sempar.errors import InputError
+
+FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    """Shape of the model that produced a trace.
+
+    `num_expert_groups` / `topk_groups` describe group-limited routing (DeepSeek-V3: 8 groups,
+    at most 4 of them per token); 1 / 1 means no group limit. `layer_ids` names the model's MoE
+    layers the trace's L columns stand for (default 0..L-1). `extra` keeps free-form provenance
+    (generator parameters, recorder settings).
+    """
+
+    model: str
+    num_layers: int
+    num_experts: int
+    top_k: int
+    vocab_size: int
+    shared_experts: int = 0
+    num_expert_groups: int = 1
+    topk_groups: int = 1
+    layer_ids: tuple[int, ...] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_experts", "top_k", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise InputError(f"metadata.{name}: {value!r} is not a positive integer")
+        if self.top_k > self.num_experts:
+            raise InputError(f"metadata.top_k: {self.top_k} exceeds num_experts {self.num_experts}")
+        if self.shared_experts < 0:
+            raise InputError(f"metadata.shared_experts: {self.shared_experts!r} is negative")
+        if self.num_expert_groups < 1 or self.num_experts % self.num_expert_groups:
+            raise InputError(
+                f"metadata.num_expert_groups: {self.num_expert_groups!r} does not divide "
+                f"num_experts {self.num_experts}")
+        if not 1 <= self.topk_groups <= self.num_expert_groups:
+            raise InputError(f"metadata.topk_groups: {self.topk_groups!r} is not in "
+                             f"[1, {self.num_expert_groups}]")
+        if self.layer_ids is not None:
+            ids = tuple(int(i) for i in self.layer_ids)
+            if len(ids) != self.num_layers:
+                raise InputError(f"metadata.layer_ids: {len(ids)} ids for {self.num_layers} layers")
+            object.__setattr__(self, "layer_ids", ids)
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return self.layer_ids if self.layer_ids is not None else tuple(range(self.num_layers))
+
+    @property
+    def expert_dtype(self) -> np.dtype:
+        return np.dtype(np.int16) if self.num_experts <= np.iinfo(np.int16).max else np.dtype(np.int32)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["layer_ids"] = list(self.layer_ids) if self.layer_ids is not None else None
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "TraceMeta":
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = [n for n in ("model", "num_layers", "num_experts", "top_k", "vocab_size") if n not in d]
+        if missing:
+            raise InputError(f"metadata: missing field {missing[0]!r}")
+        kwargs = {k: v for k, v in d.items() if k in names}
+        if kwargs.get("layer_ids") is not None:
+            kwargs["layer_ids"] = tuple(kwargs["layer_ids"])
+        return cls(**kwargs)
+
+    def compatible_with(self, other: "TraceMeta") -> str | None:
+        """None if traces of the two can be concatenated, else the first field that differs."""
+        for name in ("num_layers", "num_experts", "top_k", "shared_experts", "layer_ids"):
+            if getattr(self, name) != getattr(other, name):
+                return name
+        return None
+
+
+@dataclass
+class RoutingTrace:
+    """Per-token routing of a workload; see the module docstring for the arrays' shapes."""
+
+    meta: TraceMeta
+    token_id: np.ndarray
+    request_id: np.ndarray
+    position: np.ndarray
+    experts: np.ndarray
+    domain: np.ndarray | None = None
+    domains: list[str] = field(default_factory=list)
+    weights: np.ndarray | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_id.shape[0])
+
+    @property
+    def num_requests(self) -> int:
+        return int(np.unique(self.request_id).size)
+
+    def domain_names(self) -> np.ndarray:
+        """object[T]: each row's domain name, or None."""
+        names = np.array(list(self.domains) + [None], dtype=object)
+        if self.domain is None:
+            return np.full(self.num_tokens, None, dtype=object)
+        return names[np.where(self.domain < 0, len(self.domains), self.domain)]
+
+    def domain_counts(self) -> dict[str, int]:
+        if self.domain is None:
+            return {}
+        counts = np.bincount(self.domain[self.domain >= 0], minlength=len(self.domains))
+        return {name: int(c) for name, c in zip(self.domains, counts)}
+
+    def take(self, rows: np.ndarray) -> "RoutingTrace":
+        """A new trace holding `rows` (int index or bool mask over tokens), in that order."""
+        return RoutingTrace(
+            meta=self.meta,
+            token_id=self.token_id[rows],
+            request_id=self.request_id[rows],
+            position=self.position[rows],
+            experts=self.experts[rows],
+            domain=None if self.domain is None else self.domain[rows],
+            domains=list(self.domains),
+            weights=None if self.weights is None else self.weights[rows],
+        )
+
+    def validate(self) -> "RoutingTrace":
+        """Check every invariant; raise `InputError` naming field, row and value. Returns self."""
+        validate_arrays(self.meta, self.token_id, self.request_id, self.position, self.experts,
+                        self.domain, self.domains, self.weights)
+        return self
+
+    def info(self) -> dict[str, Any]:
+        """The `trace info --json` contract."""
+        return {
+            "tokens": self.num_tokens,
+            "requests": self.num_requests,
+            "layers": self.meta.num_layers,
+            "experts": self.meta.num_experts,
+            "top_k": self.meta.top_k,
+            "domains": self.domain_counts(),
+            "model": self.meta.model,
+            "shared_experts": self.meta.shared_experts,
+            "vocab_size": self.meta.vocab_size,
+            "has_weights": self.weights is not None,
+        }
+
+
+def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+def validate_arrays(meta: TraceMeta, token_id: np.ndarray, request_id: np.ndarray,
+                    position: np.ndarray, experts: np.ndarray, domain: np.ndarray | None,
+                    domains: Sequence[str], weights: np.ndarray | None,
+                    row_offset: int = 0) -> None:
+    """Validate one block of trace rows (a whole trace, or one Parquet row group).
+
+    `row_offset` is added to reported row numbers so that errors name the row in the file.
+    Raises `InputError` with "field: row R ...: value V ..." on the first violation found.
+    """
+    T = token_id.shape[0]
+    L, N, k = meta.num_layers, meta.num_experts, meta.top_k
+    for name, arr in (("token_id", token_id), ("request_id", request_id), ("position", position)):
+        if arr.ndim != 1 or arr.shape[0] != T:
+            raise InputError(f"{name}: shape {arr.shape} does not match {T} tokens")
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise InputError(f"{name}: dtype {arr.dtype} is not an integer type")
+    if experts.ndim != 3 or experts.shape[0] != T:
+        raise InputError(f"experts: shape {experts.shape} is not (tokens={T}, layers, top_k)")
+    if experts.shape[1] != L:
+        raise InputError(f"experts: {experts.shape[1]} layers but metadata.num_layers is {L}")
+    if experts.shape[2] != k:
+        raise InputError(f"experts: top-k of {experts.shape[2]} but metadata.top_k is {k}")
+    if not np.issubdtype(experts.dtype, np.integer):
+        raise InputError(f"experts: dtype {experts.dtype} is not an integer type")
+    bad = (token_id < 0) | (token_id >= meta.vocab_size)
+    if bad.any():
+        r = _first_bad(bad)[0]
+        raise InputError(f"token_id: row {r + row_offset}: value {int(token_id[r])} out of range "
+                         f"[0, {meta.vocab_size})")
+    for name, arr in (("request_id", request_id), ("position", position)):
+        bad = arr < 0
+        if bad.any():
+            r = _first_bad(bad)[0]
+            raise InputError(f"{name}: row {r + row_offset}: value {int(arr[r])} is negative")
+    bad = (experts < 0) | (experts >= N)
+    if bad.any():
+        r, l, s = _first_bad(bad)
+        raise InputError(f"experts: row {r + row_offset} layer {l} slot {s}: expert id "
+                         f"{int(experts[r, l, s])} out of range [0, {N})")
+    if k > 1:
+        srt = np.sort(experts, axis=2)
+        dup = (srt[:, :, 1:] == srt[:, :, :-1]).any(axis=2)
+        if dup.any():
+            r, l = _first_bad(dup)
+            raise InputError(f"experts: row {r + row_offset} layer {l}: duplicate expert in top-k "
+                             f"{experts[r, l].tolist()}")
+    if meta.topk_groups < meta.num_expert_groups:
+        per_group = N // meta.num_expert_groups
+        groups = np.sort(experts // per_group, axis=2)
+        n_groups = 1 + (groups[:, :, 1:] != groups[:, :, :-1]).sum(axis=2)
+        bad = n_groups > meta.topk_groups
+        if bad.any():
+            r, l = _first_bad(bad)
+            raise InputError(f"experts: row {r + row_offset} layer {l}: top-k {experts[r, l].tolist()} "
+                             f"spans {int(n_groups[r, l])} expert groups, more than "
+                             f"metadata.topk_groups {meta.topk_groups}")
+    if domain is not None:
+        if domain.shape != (T,):
+            raise InputError(f"domain: shape {domain.shape} does not match {T} tokens")
+        bad = (domain < -1) | (domain >= len(domains))
+        if bad.any():
+            r = _first_bad(bad)[0]
+            raise InputError(f"domain: row {r + row_offset}: index {int(domain[r])} names no domain "
+                             f"(known: {list(domains)})")
+    if weights is not None:
+        if weights.shape != experts.shape:
+            raise InputError(f"weights: shape {weights.shape} differs from experts {experts.shape}")
+        bad = ~np.isfinite(weights) | (weights < 0)
+        if bad.any():
+            r, l, s = _first_bad(bad)
+            raise InputError(f"weights: row {r + row_offset} layer {l} slot {s}: value "
+                             f"{float(weights[r, l, s])} is not a finite non-negative number")
