@@ -86,9 +86,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except TyperException as e:  # usage errors: unknown option, missing argument, no arguments
-        if type(e).__name__ == "NoArgsIsHelpError":
-            sys.stderr.write(e.ctx.get_help() + "\n")
-            sys.exit(2)
+        if type(e).__name__ == "NoArgsIsHelpError":  # typer has printed the help already
+            sys.exit(0)
         _fail(e.format_message())
     sys.exit(rv if isinstance(rv, int) else 0)
 

@@ -192,6 +192,11 @@ def read_header(path: str | os.PathLike) -> tuple[pq.ParquetFile, dict[str, Any]
     if pa.types.is_fixed_size_list(etype) and etype.list_size != width:
         raise InputError(f"experts: rows hold {etype.list_size} values but metadata says "
                          f"num_layers {meta.num_layers} x top_k {meta.top_k} = {width}")
+    if "weights" in names:
+        wtype = pf.schema_arrow.field("weights").type
+        if pa.types.is_fixed_size_list(wtype) and wtype.list_size != width:
+            raise InputError(f"weights: rows hold {wtype.list_size} values but metadata says "
+                             f"num_layers {meta.num_layers} x top_k {meta.top_k} = {width}")
     domains = block.get("domains", [])
     if not isinstance(domains, list) or not all(isinstance(d, str) for d in domains):
         raise InputError(f"metadata.domains: {domains!r} is not a list of names")
@@ -222,7 +227,24 @@ def _list_values(col: pa.ChunkedArray, width: int, field: str, row0: int, dtype)
     if values.null_count:
         i = int(np.argmax(values.is_null().to_numpy(zero_copy_only=False)))
         raise InputError(f"{field}: row {row0 + i // width}: null value at slot {i % width}")
-    return values.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(rows, width)
+    flat = values.to_numpy(zero_copy_only=False)
+    if dtype is None:
+        return flat.reshape(rows, width)
+    return flat.astype(dtype, copy=False).reshape(rows, width)
+
+
+def _narrow(x: np.ndarray, dtype, field: str, row0: int) -> np.ndarray:
+    """x cast to integer `dtype`, refusing values that would wrap around."""
+    if not np.issubdtype(x.dtype, np.integer):
+        raise InputError(f"{field}: values of type {x.dtype} are not integers")
+    info = np.iinfo(dtype)
+    if x.dtype.itemsize > np.dtype(dtype).itemsize or x.dtype.kind != np.dtype(dtype).kind:
+        bad = (x < info.min) | (x > info.max)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InputError(f"{field}: row {row0 + i}: value {int(x[i])} does not fit "
+                             f"{np.dtype(dtype).name}")
+    return x.astype(dtype, copy=False)
 
 
 def iter_blocks(path: str | os.PathLike, columns: list[str] | None = None,
@@ -257,10 +279,18 @@ def _block_arrays(tab: pa.Table, meta: TraceMeta, domains: list[str], row0: int)
                 raise InputError(f"{col}: row {row0 + r}: value is null")
             if not pa.types.is_integer(c.type):
                 raise InputError(f"{col}: column type {c.type} is not an integer type")
-            out[col] = c.to_numpy().astype(np.int32, copy=False)
+            out[col] = _narrow(c.to_numpy(), np.int32, col, row0)
     if "experts" in tab.column_names:
-        out["experts"] = _list_values(tab.column("experts"), L * k, "experts", row0,
-                                      meta.expert_dtype).reshape(-1, L, k)
+        raw = _list_values(tab.column("experts"), L * k, "experts", row0, None).reshape(-1, L, k)
+        if not np.issubdtype(raw.dtype, np.integer):
+            raise InputError(f"experts: values of type {raw.dtype} are not integers")
+        if raw.dtype.itemsize > meta.expert_dtype.itemsize:  # check before narrowing wraps ids
+            bad = (raw < 0) | (raw >= meta.num_experts)
+            if bad.any():
+                r, l, s = (int(i) for i in np.argwhere(bad)[0])
+                raise InputError(f"experts: row {row0 + r} layer {l} slot {s}: expert id "
+                                 f"{int(raw[r, l, s])} out of range [0, {meta.num_experts})")
+        out["experts"] = raw.astype(meta.expert_dtype, copy=False)
     if "weights" in tab.column_names:
         out["weights"] = _list_values(tab.column("weights"), L * k, "weights", row0,
                                       np.float32).reshape(-1, L, k)
@@ -337,8 +367,10 @@ def trace_info(path: str | os.PathLike) -> dict[str, Any]:
             c = np.bincount(arrays["domain"][arrays["domain"] >= 0], minlength=len(domains))
             for name, n in zip(domains, c):
                 counts[name] = counts.get(name, 0) + int(n)
-    if meta is None:
-        _, block, meta = read_header(path)
+    _, block, meta = read_header(path)
+    if block.get("num_requests") not in (None, len(requests)):
+        raise InputError(f"metadata.num_requests: {block.get('num_requests')!r} but the file holds "
+                         f"{len(requests)} distinct request ids")
     return {"tokens": tokens, "requests": len(requests), "layers": meta.num_layers,
             "experts": meta.num_experts, "top_k": meta.top_k, "domains": counts,
             "model": meta.model, "shared_experts": meta.shared_experts,

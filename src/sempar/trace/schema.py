@@ -97,7 +97,8 @@ class TraceMeta:
 
     def compatible_with(self, other: "TraceMeta") -> str | None:
         """None if traces of the two can be concatenated, else the first field that differs."""
-        for name in ("num_layers", "num_experts", "top_k", "shared_experts", "layer_ids"):
+        for name in ("num_layers", "num_experts", "top_k", "shared_experts", "layer_ids",
+                     "vocab_size", "num_expert_groups", "topk_groups"):
             if getattr(self, name) != getattr(other, name):
                 return name
         return None
