@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sempar.errors import InputError
+from sempar.trace.presets import PRESETS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="sempar: cut expert-parallel communication of MoE inference.")
@@ -70,6 +71,58 @@ def trace_info_cmd(file: Path = typer.Argument(..., help="Parquet trace"),
     for name, n in info["domains"].items():
         table.add_row(f"domain {name}", f"{n} tokens")
     out.print(table)
+
+
+@app.command()
+def synth(preset: str = typer.Option(..., "--preset",
+                                    help="model shape: " + ", ".join(PRESETS.names())),
+          tokens: int = typer.Option(..., "--tokens", help="number of tokens"),
+          requests: Optional[int] = typer.Option(None, "--requests",
+                                                 help="number of requests (default tokens/256)"),
+          seed: int = typer.Option(0, "--seed"),
+          weights: bool = typer.Option(False, "--weights/--no-weights",
+                                       help="also store router weights"),
+          out_file: Path = typer.Option(..., "--out", help="Parquet trace to write")) -> None:
+    """Generate a synthetic routing trace with the shape of a real MoE model."""
+    from sempar.progress import progress_bar
+    from sempar.trace.synth import SynthGenerator
+
+    gen = SynthGenerator(preset, tokens, requests, seed, weights=weights)
+    with progress_bar(f"synth {gen.shape.name}", tokens) as advance:
+        gen.write(out_file, progress=advance)
+    sys.stderr.write(f"wrote {out_file}: {tokens} tokens, {gen.requests} requests, "
+                     f"{gen.shape.num_layers} layers x {gen.shape.num_experts} experts, "
+                     f"top-{gen.shape.top_k}\n")
+
+
+@app.command()
+def analyze(trace: Optional[Path] = typer.Argument(None, help="Parquet trace"),
+            out_dir: Optional[Path] = typer.Option(None, "--out", help="folder for JSON, PNGs, report"),
+            as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+            devices: int = typer.Option(8, "--devices", help="G for device-level figures"),
+            seed: int = typer.Option(0, "--seed"),
+            max_tokens: int = typer.Option(1_000_000, "--max-tokens",
+                                           help="analyse a random subset of whole requests above this"),
+            olmoe_aggregates: Optional[Path] = typer.Option(
+                None, "--olmoe-aggregates", help="also analyse the real OLMoE/Mixtral aggregates here")) -> None:
+    """Affinity statistics: Sem-MoE Table 1, kurtosis, inter-layer affinity, domains, load tail."""
+    from sempar.analyze import run_analyze
+
+    result = run_analyze(trace, out_dir, devices=devices, seed=seed, max_tokens=max_tokens,
+                         aggregates=olmoe_aggregates, quiet=as_json)
+    if as_json:
+        emit_json(result)
+
+
+@app.command()
+def demo(out_dir: Path = typer.Option(Path("sempar-demo"), "--out", help="folder for report.html"),
+         as_json: bool = typer.Option(False, "--json", help="print summary.json on stdout")) -> None:
+    """Run every stage sempar has on the embedded default data; write report.html and summary.json."""
+    from sempar.demo import run_demo
+
+    summary = run_demo(out_dir)
+    if as_json:
+        emit_json(summary)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

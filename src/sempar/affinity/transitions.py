@@ -14,8 +14,8 @@ Definitions (our choices where the papers are open):
   Accuracy of a scored row = |predicted ∩ actual| / k. Layers l >= `max_lookback` are scored, so
   every n is measured on the same targets.
 - **Conditional probability** P(E_{l+1} = j | E_l = i): over all k x k pairs of a token's
-  selections at the two layers, row-normalised. Its **top-k mass** is the mass of each row's k
-  largest entries divided by k, weighted by the row's traffic: 1 when a layer's choice fixes the
+  selections at the two layers, row-normalised. Its **top-k mass** is the share of each row's
+  traffic that its k largest entries hold, averaged with the rows' traffic as weights: 1 when a layer's choice fixes the
   next layer's, k/N for independent uniform routing.
 """
 

@@ -57,14 +57,22 @@ class SynthParams:
     zipf_q: float = 2.7             # Zipf-Mandelbrot offset
     common_fraction: float = 0.004  # share of the vocabulary that is common to all domains
     clusters_per_domain: int = 3
-    common_clusters: int = 2
+    common_clusters: int = 1
     pool_factor: int = 4            # cluster pool size m = min(N, pool_factor * k)
     concentration_a: float = 18.0   # q_v ~ Beta(a, b): mean a / (a + b)
     concentration_b: float = 2.0
     slot_skew: float = 3.0          # d_j proportional to (j + 1) ** slot_skew
     layer_persistence: float = 0.5  # P[b(v, l+1) = b(v, l)]
     bank_size: int = 4096           # permutations of a pool to choose static sets from
+    expert_skew: float = 4.0        # popularity of pool position i ~ (1 + i) ** -expert_skew
     request_sigma: float = 0.8      # log-normal spread of request lengths
+    topic_spread: float = 4.0       # how much thinner off-topic tokens of the domain are spread
+
+
+# Per-preset departures from the defaults. With top-2 of 8, one unstable slot is half the set:
+# Mixtral needs a lower concentration for its p50 cumulative hotness to fall inside Sem-MoE's
+# range rather than at 1.0 (the real Mixtral aggregates sit lower still, at about 0.70).
+PRESET_PARAMS: dict[str, dict] = {"mixtral-8x7b": {"concentration_a": 6.0}}
 
 
 @dataclass
@@ -75,7 +83,7 @@ class _Tables:
     alternate: np.ndarray   # int16[V, L, k]  the expert slot j deviates to
     static_dom: np.ndarray  # int16[D, Vc, L, k]  static top-k of common tokens, per domain
     deviate: np.ndarray     # uint8[V, k]  P(slot j deviates) * 256
-    order: np.ndarray       # int32[D, V]  rank -> token id, per domain
+    order: np.ndarray       # int32[D * P, V]  rank -> token id, per request topic
     cdf: np.ndarray         # float64[V]  Zipf-Mandelbrot CDF over ranks
     cluster: np.ndarray     # int32[V]
     n_common: int
@@ -130,17 +138,30 @@ def _build_tables(shape: ModelShape, p: SynthParams, seed: int) -> _Tables:
     cluster[n_common:] = (p.common_clusters + owner[n_common:] * p.clusters_per_domain
                           + rng.integers(0, p.clusters_per_domain, V - n_common))
     common_order = rng.permutation(n_common)
-    order = np.empty((D, V), np.int32)
+    P = p.clusters_per_domain
+    order = np.empty((D * P, V), np.int32)
     for d in range(D):
         own = n_common + np.flatnonzero(owner[n_common:] == d)
         other = n_common + np.flatnonzero(owner[n_common:] != d)
-        order[d] = np.concatenate([common_order, rng.permutation(own), rng.permutation(other)])
+        for t in range(P):
+            # A request's topic is one of its domain's clusters: its tokens lead the ranking,
+            # the domain's other tokens are spread `topic_spread` times thinner among them.
+            on_topic = cluster[own] == p.common_clusters + d * P + t
+            key = rng.random(own.size) * np.where(on_topic, 1.0, p.topic_spread)
+            order[d * P + t] = np.concatenate([common_order, own[np.argsort(key)],
+                                               rng.permutation(other)])
     ranks = np.arange(V, dtype=np.float64)
     cdf = np.cumsum((ranks + p.zipf_q) ** -p.zipf_s)
     cdf /= cdf[-1]
 
     pools = _pools(rng, shape, C, m)
-    bank = np.stack([rng.permutation(m) for _ in range(p.bank_size)]).astype(np.int16)
+    # Plackett-Luce permutations of the pool (Gumbel trick): early pool positions are popular,
+    # which makes a batch of one domain pile onto a few experts (FSE-DP Fig. 2). The static k
+    # are then shuffled among themselves, so the top-1 slot still tells tokens apart.
+    popularity = -p.expert_skew * np.log1p(np.arange(m))
+    bank = np.argsort(-(popularity + rng.gumbel(size=(p.bank_size, m))), axis=1)
+    bank[:, :k] = np.take_along_axis(bank[:, :k], rng.random((p.bank_size, k)).argsort(axis=1), 1)
+    bank = bank.astype(np.int16)
     # b(v, l): a Markov chain along the layers, per token.
     perm_id = np.empty((V, L), np.int32)
     perm_id[:, 0] = rng.integers(0, p.bank_size, V)
@@ -218,7 +239,7 @@ class SynthGenerator:
         if tokens >= 2**31:
             raise InputError(f"--tokens: {tokens} is too many for int32 row ids")
         self.tokens, self.requests, self.seed = tokens, requests, seed
-        self.params = params or SynthParams()
+        self.params = params or SynthParams(**PRESET_PARAMS.get(self.shape.name, {}))
         self.weights = weights
         s = self.shape
         self.meta = TraceMeta(
@@ -239,6 +260,7 @@ class SynthGenerator:
         rng = np.random.default_rng([self.seed, 0x7E0])
         length, req_domain = _requests(rng, self.tokens, self.requests, len(self.params.domains),
                                        self.params.request_sigma)
+        req_topic = rng.integers(0, self.params.clusters_per_domain, self.requests)
         request_of_row = np.repeat(np.arange(self.requests, dtype=np.int32), length)
         starts = np.cumsum(length) - length
         for b, lo in enumerate(range(0, self.tokens, BLOCK)):
@@ -247,7 +269,7 @@ class SynthGenerator:
             req = request_of_row[rows]
             dom = req_domain[req]
             rank = np.minimum(np.searchsorted(tab.cdf, brng.random(rows.size)), tab.cdf.size - 1)
-            tok = tab.order[dom, rank]
+            tok = tab.order[dom * self.params.clusters_per_domain + req_topic[req], rank]
             experts = tab.static[tok]
             common = np.flatnonzero(tok < tab.n_common)
             if common.size:

@@ -1,0 +1,1 @@
+"""Affinity statistics of routing traces: the papers' tables and token -> expert predictors."""

@@ -1,0 +1,100 @@
+"""`sempar analyze`: read a trace, compute the affinity statistics, write JSON, PNGs and a report.
+
+Outputs land in the --out folder only when everything succeeded: figures are drawn into a
+temporary folder and moved in at the end, JSON and HTML are written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from sempar.atomic import write_text_atomic
+from sempar.errors import InputError
+
+
+def _check_out_dir(out_dir: Path | None) -> None:
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out: {out_dir} exists and is not a folder")
+
+
+def _move_all(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        os.replace(f, dst / f.name)
+
+
+def analyze_to(trace_path: Path, devices: int, seed: int, max_tokens: int,
+               fig_dir: Path | None, quiet: bool = False) -> tuple[dict, dict[str, Path]]:
+    """(contract JSON, {figure: path}) for one trace file; figures only when fig_dir is given."""
+    from sempar.affinity.analysis import analyze_trace
+    from sempar.progress import steps
+    from sempar.trace import read_trace
+
+    trace = read_trace(trace_path)
+    if quiet:
+        analysis = analyze_trace(trace, devices=devices, seed=seed, max_tokens=max_tokens)
+    else:
+        with steps("analyze", 4 if trace.domain is not None else 3) as step:
+            analysis = analyze_trace(trace, devices=devices, seed=seed, max_tokens=max_tokens,
+                                     progress=step)
+    result = analysis.to_json()
+    plots: dict[str, Path] = {}
+    if fig_dir is not None:
+        from sempar.report.plots import plot_analysis
+
+        plots = plot_analysis(analysis, fig_dir, trace.domains)
+    return result, plots
+
+
+def run_analyze(trace_path: Path | None, out_dir: Path | None, devices: int = 8, seed: int = 0,
+                max_tokens: int = 1_000_000, aggregates: Path | None = None,
+                quiet: bool = False) -> dict:
+    """The whole command; returns the JSON printed by --json."""
+    if trace_path is None and aggregates is None:
+        raise InputError("analyze: give a TRACE file, --olmoe-aggregates DIR, or both")
+    _check_out_dir(out_dir)
+    if aggregates is not None and not aggregates.is_dir():
+        raise InputError(f"--olmoe-aggregates: {aggregates} is not a folder")
+    if max_tokens < 8:
+        raise InputError(f"--max-tokens: {max_tokens} must be at least 8")
+    with tempfile.TemporaryDirectory(prefix=".sempar-analyze-") as tmp:
+        fig_dir = Path(tmp) if out_dir is not None else None
+        result: dict = {}
+        plots: dict[str, Path] = {}
+        if trace_path is not None:
+            result, plots = analyze_to(trace_path, devices, seed, max_tokens, fig_dir, quiet)
+        real = real_plots = None
+        if aggregates is not None:
+            from sempar.affinity.aggregates import analyze_aggregates
+
+            real = analyze_aggregates(aggregates)
+            if fig_dir is not None:
+                from sempar.report.aggregate_plots import plot_aggregates
+
+                real_plots = plot_aggregates(real, fig_dir)
+            if trace_path is None:
+                result = real
+            else:
+                result["real"] = real
+        if out_dir is not None:
+            from sempar.report.html import HtmlReport
+            from sempar.report.sections import add_aggregates, add_analysis
+
+            report = HtmlReport("sempar analyze")
+            if trace_path is not None:
+                add_analysis(report, result, plots, f"Trace {trace_path.name}")
+            if real is not None:
+                add_aggregates(report, real, real_plots or [])
+            report.write(Path(tmp) / "report.html")
+            write_text_atomic(Path(tmp) / "analysis.json", json.dumps(result, indent=1) + "\n")
+            _move_all(Path(tmp), out_dir)
+    if not quiet and trace_path is not None:
+        from sempar.progress import stderr
+        from sempar.report.sections import analysis_table
+
+        stderr.print(analysis_table(result))
+    return result
+

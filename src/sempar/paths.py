@@ -1,0 +1,31 @@
+"""Where sempar finds the read-only real routing data (`shared/data/real/`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV = "SEMPAR_REAL_DATA"
+
+
+def real_data_dir() -> Path | None:
+    """The `data/real` folder: $SEMPAR_REAL_DATA, else `../shared/data/real` beside the checkout
+    or the working directory; None when none exists."""
+    candidates = []
+    if os.environ.get(ENV):
+        candidates.append(Path(os.environ[ENV]))
+    repo = Path(__file__).resolve().parents[2]
+    candidates += [repo.parent / "shared" / "data" / "real",
+                   Path.cwd().parent / "shared" / "data" / "real",
+                   Path.cwd() / "shared" / "data" / "real"]
+    for c in candidates:
+        if c.is_dir():
+            return c
+    return None
+
+
+def olmoe_aggregates_dir() -> Path | None:
+    root = real_data_dir()
+    if root is None or not (root / "olmoe-routing-aggregates").is_dir():
+        return None
+    return root / "olmoe-routing-aggregates"

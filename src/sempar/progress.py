@@ -1,0 +1,41 @@
+"""Progress bars on stderr (rich), silent when stderr is not a terminal unless forced."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+
+stderr = Console(stderr=True)
+
+
+@contextlib.contextmanager
+def progress_bar(description: str, total: int | None) -> Iterator:
+    """Yield `advance(n)`; a bar with ETA on stderr (a spinner when total is None)."""
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+               MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=stderr, transient=False) as prog:
+        task = prog.add_task(description, total=total)
+        yield lambda n=1: prog.advance(task, n)
+
+
+@contextlib.contextmanager
+def steps(description: str, total: int) -> Iterator:
+    """Yield `step(message)` for work made of `total` named steps."""
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+               MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=stderr, transient=False) as prog:
+        task = prog.add_task(description, total=total)
+        first = [True]
+
+        def step(message: str) -> None:
+            if not first[0]:
+                prog.advance(task)
+            first[0] = False
+            prog.update(task, description=f"{description}: {message}")
+
+        yield step
+        prog.update(task, completed=total, description=f"{description}: done")
