@@ -1,0 +1,108 @@
+"""End-to-end: the `sempar` verbs of issue 2 as a user runs them (real subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sempar.paths import olmoe_aggregates_dir
+
+
+def sempar(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sempar.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("cli")
+    p = d / "t.parquet"
+    r = sempar("synth", "--preset", "olmoe-1b-7b", "--tokens", "20000", "--requests", "80",
+               "--seed", "1", "--out", str(p), cwd=d)
+    assert r.returncode == 0, r.stderr
+    return p
+
+
+def test_synth_then_info(trace_file):
+    r = sempar("trace", "info", str(trace_file), "--json", cwd=trace_file.parent)
+    assert r.returncode == 0
+    info = json.loads(r.stdout)
+    assert (info["tokens"], info["requests"], info["layers"], info["experts"], info["top_k"]) == \
+        (20000, 80, 16, 64, 8)
+    assert info["model"] == "synthetic:olmoe-1b-7b"
+    assert sum(info["domains"].values()) == 20000
+    assert sempar("trace", "validate", str(trace_file), cwd=trace_file.parent).returncode == 0
+
+
+def test_analyze_json_contract_and_outputs(trace_file, tmp_path):
+    out = tmp_path / "analysis"
+    r = sempar("analyze", str(trace_file), "--out", str(out), "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)  # stdout holds exactly one JSON object
+    assert len(result["layers"]) == 16
+    layer = result["layers"][0]
+    assert set(layer) >= {"layer", "f1", "cum_hotness_topk", "max_hotness_non_topk", "kurtosis_p50"}
+    assert set(layer["f1"]) == {"p25", "p50", "p75"}
+    s = result["summary"]
+    assert set(s) >= {"f1_p50_mean", "cum_hotness_topk_p50_mean",
+                      "max_hotness_non_topk_p50_mean", "lookback_accuracy"}
+    assert len(s["lookback_accuracy"]) == 5
+    assert 0.83 <= s["cum_hotness_topk_p50_mean"] <= 0.98
+    for name in ("analysis.json", "report.html", "table1.png", "lookback.png", "transitions.png",
+                 "requests.png", "load_tail.png", "kurtosis.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert json.loads((out / "analysis.json").read_text())["summary"] == s
+    assert not [f for f in out.iterdir() if f.name.startswith(".")]
+
+
+def test_analyze_bad_trace_leaves_nothing(tmp_path):
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 this is not a parquet file")
+    out = tmp_path / "never"
+    r = sempar("analyze", str(bad), "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "bad.parquet" in r.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["analyze"], "TRACE"),
+    (["synth", "--preset", "nope", "--tokens", "10", "--out", "x.parquet"], "unknown preset"),
+    (["synth", "--preset", "mixtral-8x7b", "--tokens", "-5", "--out", "x.parquet"], "--tokens"),
+    (["analyze", "missing.parquet"], "no such file"),
+])
+def test_bad_input_one_line_exit_2(tmp_path, args, needle):
+    r = sempar(*args, cwd=tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0]
+    assert not (tmp_path / "x.parquet").exists()
+    assert r.stdout == ""
+
+
+@pytest.mark.skipif(olmoe_aggregates_dir() is None, reason="shared/data/real is absent")
+def test_analyze_real_aggregates_json(tmp_path):
+    r = sempar("analyze", "--olmoe-aggregates", str(olmoe_aggregates_dir()), "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    models = json.loads(r.stdout)["models"]
+    assert models["olmoe"]["num_experts"] == 64 and models["mixtral"]["num_experts"] == 8
+    assert [l["layer"] for l in models["olmoe"]["layers"]] == [0, 7, 15]
+
+
+def test_demo_writes_report_and_summary(tmp_path):
+    out = tmp_path / "demo"
+    r = sempar("demo", "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["stages"])[:2] == ["trace", "analyze"]
+    assert summary["stages"]["trace"]["info"]["tokens"] > 10_000
+    assert summary["stages"]["analyze"]["summary"]["lookback_accuracy"][4] > 0.3
+    html = (out / "report.html").read_text()
+    assert "Sem-MoE Table 1" in html and html.count("data:image/png;base64") >= 6
+    if olmoe_aggregates_dir() is not None:
+        assert summary["stages"]["real-aggregates"]["models"]["olmoe"]["layers"]
+        assert "Real routing" in html
