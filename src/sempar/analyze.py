@@ -27,8 +27,12 @@ def _move_all(src: Path, dst: Path) -> None:
 
 
 def analyze_to(trace_path: Path, devices: int, seed: int, max_tokens: int,
-               fig_dir: Path | None, quiet: bool = False) -> tuple[dict, dict[str, Path]]:
-    """(contract JSON, {figure: path}) for one trace file; figures only when fig_dir is given."""
+               fig_dir: Path | None, quiet: bool = False,
+               control: bool = False) -> tuple[dict, dict[str, Path]]:
+    """(contract JSON, {figure: path}) for one trace file; figures only when fig_dir is given.
+
+    With `control`, result["control"] holds the summary of a random router of the same shape
+    on the same tokens (affinity.control)."""
     from sempar.affinity.analysis import analyze_trace
     from sempar.progress import steps
     from sempar.trace import read_trace
@@ -41,6 +45,12 @@ def analyze_to(trace_path: Path, devices: int, seed: int, max_tokens: int,
             analysis = analyze_trace(trace, devices=devices, seed=seed, max_tokens=max_tokens,
                                      progress=step)
     result = analysis.to_json()
+    if control:
+        from sempar.affinity.control import random_router_like
+
+        ctrl = analyze_trace(random_router_like(trace, seed), devices=devices, seed=seed,
+                             max_tokens=max_tokens, embed=False).to_json()
+        result["control"] = {"summary": ctrl["summary"], "layers": ctrl["layers"]}
     plots: dict[str, Path] = {}
     if fig_dir is not None:
         from sempar.report.plots import plot_analysis
@@ -51,7 +61,7 @@ def analyze_to(trace_path: Path, devices: int, seed: int, max_tokens: int,
 
 def run_analyze(trace_path: Path | None, out_dir: Path | None, devices: int = 8, seed: int = 0,
                 max_tokens: int = 1_000_000, aggregates: Path | None = None,
-                quiet: bool = False) -> dict:
+                quiet: bool = False, control: bool = False) -> dict:
     """The whole command; returns the JSON printed by --json."""
     if trace_path is None and aggregates is None:
         raise InputError("analyze: give a TRACE file, --olmoe-aggregates DIR, or both")
@@ -65,7 +75,8 @@ def run_analyze(trace_path: Path | None, out_dir: Path | None, devices: int = 8,
         result: dict = {}
         plots: dict[str, Path] = {}
         if trace_path is not None:
-            result, plots = analyze_to(trace_path, devices, seed, max_tokens, fig_dir, quiet)
+            result, plots = analyze_to(trace_path, devices, seed, max_tokens, fig_dir, quiet,
+                                       control)
         real = real_plots = None
         if aggregates is not None:
             from sempar.affinity.aggregates import analyze_aggregates

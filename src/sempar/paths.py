@@ -29,3 +29,16 @@ def olmoe_aggregates_dir() -> Path | None:
     if root is None or not (root / "olmoe-routing-aggregates").is_dir():
         return None
     return root / "olmoe-routing-aggregates"
+
+
+def assets_dir() -> Path:
+    """The package's committed assets: tokenizer, tiny models, dev traces."""
+    return Path(__file__).resolve().parent / "assets"
+
+
+DEV_TRACES = ("tiny-moe64", "tiny-mixtral")
+
+
+def dev_trace_paths() -> list[Path]:
+    """The committed dev traces recorded from the tiny models (those that exist)."""
+    return [p for p in (assets_dir() / "traces" / f"{n}.parquet" for n in DEV_TRACES) if p.is_file()]

@@ -40,6 +40,14 @@ def summary_rows(result: dict) -> list[tuple[str, object]]:
     for n, acc in enumerate(s["lookback_accuracy"], start=1):
         rows.append((f"look-back {n}: expert / device accuracy",
                      f"{fmt(acc)} / {fmt(s['lookback_accuracy_device'][n - 1])}"))
+    ctrl = result.get("control")
+    if ctrl:
+        c = ctrl["summary"]
+        rows.append(("random-router control: F1 mean / cum hotness p50 / kurtosis p50",
+                     f"{fmt(c['f1_mean'])} / {fmt(c['cum_hotness_topk_p50_mean'])} / "
+                     f"{fmt(c['kurtosis_p50_mean'])}"))
+        rows.append(("random-router control: look-back 5 / inter-layer top-k mass",
+                     f"{fmt(c['lookback_accuracy'][-1])} / {fmt(c['transition_topk_mass_mean'])}"))
     req = result.get("requests")
     if req:
         rows.append(("requests: domain silhouette", req["silhouette"]))
@@ -111,3 +119,28 @@ def add_aggregates(report: HtmlReport, real: dict, plots: list[Path]) -> None:
                        l.get("kurtosis_p50"), l.get("tokens")] for l in m["layers"]])
     for p in plots:
         report.image(Path(p), Path(p).stem)
+
+
+def add_comparison(report: HtmlReport, ours: dict[str, dict], real: dict) -> None:
+    """Our traces (and their random-router controls) beside the real models' aggregates."""
+    report.heading("Our routing beside real models")
+    rows = []
+    for name, r in ours.items():
+        s = r["summary"]
+        rows.append([name, s["cum_hotness_topk_p50_mean"], s["max_hotness_non_topk_p50_mean"],
+                     s.get("kurtosis_p50_mean"), s.get("f1_mean"), s["lookback_accuracy"][-1]])
+        if r.get("control"):
+            c = r["control"]["summary"]
+            rows.append([f"{name}: random router", c["cum_hotness_topk_p50_mean"],
+                         c["max_hotness_non_topk_p50_mean"], c.get("kurtosis_p50_mean"),
+                         c.get("f1_mean"), c["lookback_accuracy"][-1]])
+    for name, m in real.get("models", {}).items():
+        s = m.get("summary", {})
+        if "cum_hotness_topk_p50_mean" in s:
+            rows.append([f"real {name}", s["cum_hotness_topk_p50_mean"],
+                         s["max_hotness_non_topk_p50_mean"], s.get("kurtosis_p50_mean"),
+                         None, None])
+    report.table(["routing", "cum hot top-k p50", "max non-top-k p50", "kurtosis p50",
+                  "F1 mean (25/75)", "look-back 5"], rows)
+    report.paragraph("Real aggregates hold no per-occurrence sets or token order, so F1 and "
+                     "look-back accuracy cannot be measured on them.", note=True)

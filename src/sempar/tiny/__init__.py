@@ -1,0 +1,1 @@
+"""Tiny MoE language models trained on this CPU, the source of our real routing traces."""

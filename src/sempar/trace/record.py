@@ -1,0 +1,628 @@
+"""Record a `RoutingTrace` from a Hugging Face transformers MoE model (design.md: `record`).
+
+The recorder hangs a forward hook on every MoE router module and keeps what the router itself
+returned, so the trace holds the EXACT experts the model used, not a recomputation. In
+transformers 5.x every supported family has a router module returning
+`(router_logits, weights, indices)` for the flattened hidden states `[batch * seq, hidden]`:
+
+| model_type    | router class            | selection                                      | 2nd output: weights[tokens, k]            |
+| ------------- | ----------------------- | ---------------------------------------------- | ----------------------------------------- |
+| mixtral       | MixtralTopKRouter       | top-k of softmax(logits), sorted               | top-k probs renormalised to sum 1         |
+| qwen2_moe     | Qwen2MoeTopKRouter      | top-k of softmax(logits), sorted               | top-k probs (renormalised if norm_topk_prob) |
+| qwen3_moe     | Qwen3MoeTopKRouter      | top-k of softmax(logits), sorted               | same as qwen2_moe                         |
+| olmoe         | OlmoeTopKRouter         | top-k of softmax(logits), sorted               | same as qwen2_moe                         |
+| deepseek_v3   | DeepseekV3TopkRouter    | sigmoid + e_score_correction_bias, best        | sigmoid scores WITHOUT the bias, gathered |
+|               |                         | topk_group of n_group groups (group score =    | at the indices, renormalised if           |
+|               |                         | sum of its top-2), then top-k, `sorted=False`  | norm_topk_prob, x routed_scaling_factor   |
+| gpt_oss       | GptOssTopKRouter        | top-k of logits (+ router bias), sorted        | softmax over the k selected logits        |
+
+All six return top-k weights aligned with the indices (none returns a dense [tokens, N]
+matrix; a router that did would be gathered at the indices). DeepSeek-V3 selects with
+`sorted=False`, and its choice order (bias-corrected scores) differs from its weight order, so
+every row is re-sorted here by decreasing weight, ties broken by expert id: slot 0 is always
+the highest weight, as the trace convention requires.
+
+Routers are found by class name (a small registry keyed by `model_type`, see
+`register_router`; otherwise any module whose class name ends in "TopKRouter"/"TopkRouter").
+Each is mapped to its decoder layer from its module name (`...layers.<i>...`); dense layers
+(DeepSeek-V3's `first_k_dense_replace`, Qwen2-MoE's `decoder_sparse_step`/`mlp_only_layers`)
+have no router and are not in the trace: `TraceMeta.layer_ids` lists the model layers the L
+trace columns stand for.
+
+Requests: every text is cut into requests at blank lines (one or more empty or whitespace-only
+lines) and at lines that are exactly `DOC_MARKER`; each request is tokenised without special
+tokens, truncated to `max_tokens`, and empty ones are skipped. Requests run in the given order,
+`batch_size` at a time, right-padded with an attention mask (padded positions are dropped
+from the capture; with causal attention they cannot influence the real tokens), under
+`torch.no_grad()` in eval mode. Rows stream to `TraceWriter` in blocks, so memory is bounded by
+one block whatever the corpus size (only the token ids of the corpus are held).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from sempar.errors import InputError
+from sempar.trace.io import TraceWriter
+from sempar.trace.schema import TraceMeta
+
+DOC_MARKER = "<|doc|>"
+FLUSH_ROWS = 32768  # rows buffered before a Parquet row group is written
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+MODELS_DIR = ASSETS_DIR / "models"
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+# --------------------------------------------------------------------------- router registry
+
+def _no_shared(config: Any) -> int:
+    return 0
+
+
+def _qwen2_moe_shared(config: Any) -> int:
+    return 1 if (getattr(config, "shared_expert_intermediate_size", 0) or 0) > 0 else 0
+
+
+def _n_shared_experts(config: Any) -> int:
+    return int(getattr(config, "n_shared_experts", 0) or 0)
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """How to find the routers of one `model_type` and how many shared experts it has."""
+
+    model_type: str
+    router_class: str
+    shared_experts: Callable[[Any], int] = _no_shared
+
+
+ROUTERS: dict[str, RouterSpec] = {}
+
+
+def register_router(model_type: str, router_class: str,
+                    shared_experts: Callable[[Any], int] = _n_shared_experts) -> None:
+    """Register the router module class (by name) of a transformers `model_type`.
+
+    The router's forward must return `(router_logits, weights, indices)` with `indices`
+    int[tokens, k] and `weights` float[tokens, k] (aligned) or float[tokens, N] (dense).
+    """
+    ROUTERS[model_type] = RouterSpec(model_type, router_class, shared_experts)
+
+
+register_router("mixtral", "MixtralTopKRouter", _no_shared)
+register_router("qwen2_moe", "Qwen2MoeTopKRouter", _qwen2_moe_shared)
+register_router("qwen3_moe", "Qwen3MoeTopKRouter", _no_shared)
+register_router("olmoe", "OlmoeTopKRouter", _no_shared)
+register_router("deepseek_v3", "DeepseekV3TopkRouter", _n_shared_experts)
+register_router("gpt_oss", "GptOssTopKRouter", _no_shared)
+
+_GENERIC_SUFFIXES = ("TopKRouter", "TopkRouter")
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+
+
+@dataclass(frozen=True)
+class RouterSite:
+    """One MoE router: its module path, the module, the model layer it belongs to."""
+
+    name: str
+    module: Any
+    layer_id: int
+
+
+def find_routers(model: Any) -> list[RouterSite]:
+    """The model's MoE routers in layer order (one per MoE layer).
+
+    Raises `InputError` if none is found, or if two routers claim the same layer.
+    """
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    spec = ROUTERS.get(model_type)
+
+    def is_router(module: Any) -> bool:
+        cls = type(module).__name__
+        if spec is not None:
+            return cls == spec.router_class
+        return cls.endswith(_GENERIC_SUFFIXES)
+
+    found = [(name, m) for name, m in model.named_modules() if is_router(m)]
+    if not found:
+        wanted = spec.router_class if spec else "a class ending in " + "/".join(_GENERIC_SUFFIXES)
+        raise InputError(f"model type {model_type!r}: no MoE router module found ({wanted}); "
+                         "register its router with sempar.trace.record.register_router")
+    sites = []
+    for order, (name, m) in enumerate(found):
+        match = _LAYER_RE.search(name)
+        sites.append(RouterSite(name, m, int(match.group(1)) if match else order))
+    sites.sort(key=lambda s: s.layer_id)
+    ids = [s.layer_id for s in sites]
+    if len(set(ids)) != len(ids):
+        raise InputError(f"model type {model_type!r}: several routers in one layer "
+                         f"({[s.name for s in sites]})")
+    return sites
+
+
+def trace_meta_for(model: Any, sites: Sequence[RouterSite], model_name: str,
+                   extra: dict[str, Any] | None = None) -> TraceMeta:
+    """`TraceMeta` of a model: L = number of MoE layers, N, k from the routers."""
+    config = model.config
+    first = sites[0].module
+    num_experts = int(first.num_experts)
+    top_k = int(first.top_k)
+    for s in sites[1:]:
+        if int(s.module.num_experts) != num_experts or int(s.module.top_k) != top_k:
+            raise InputError(f"{s.name}: {s.module.num_experts} experts top-{s.module.top_k} "
+                             f"differs from layer {sites[0].layer_id} ({num_experts}, top-{top_k})")
+    spec = ROUTERS.get(config.model_type)
+    shared = (spec.shared_experts if spec else _n_shared_experts)(config)
+    groups = int(getattr(first, "num_group", 1) or 1)
+    topk_groups = int(getattr(first, "topk_group", groups) or groups)
+    return TraceMeta(model=model_name, num_layers=len(sites), num_experts=num_experts,
+                     top_k=top_k, vocab_size=int(config.vocab_size), shared_experts=int(shared),
+                     num_expert_groups=groups, topk_groups=topk_groups,
+                     layer_ids=tuple(s.layer_id for s in sites), extra=dict(extra or {}))
+
+
+# --------------------------------------------------------------------------- capture
+
+def sort_by_weight(indices: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reorder each row's k selections by decreasing weight, ties by increasing expert id.
+
+    indices: int[T, k], weights: float32[T, k] -> the same, reordered per row.
+    """
+    order = np.lexsort((indices, -weights), axis=-1)
+    return (np.take_along_axis(indices, order, axis=-1),
+            np.take_along_axis(weights, order, axis=-1))
+
+
+class RoutingCapture:
+    """Forward hooks on the routers; per forward, each layer's (indices, weights) rows.
+
+    Use as a context manager: hooks are removed on exit, also when the forward raises::
+
+        with RoutingCapture(sites) as cap:
+            cap.expect(rows)           # batch * seq
+            model(...)
+            ids, w = cap.take()        # int64[rows, L, k], float32[rows, L, k]
+    """
+
+    def __init__(self, sites: Sequence[RouterSite], top_k: int, num_experts: int):
+        self.sites = list(sites)
+        self.top_k = top_k
+        self.num_experts = num_experts
+        self._handles: list[Any] = []
+        self._expected: int | None = None
+        self._got: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self.sites)
+
+    def __enter__(self) -> "RoutingCapture":
+        try:
+            for i, site in enumerate(self.sites):
+                self._handles.append(site.module.register_forward_hook(self._hook(i)))
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def _hook(self, i: int) -> Callable:
+        site = self.sites[i]
+
+        def hook(module: Any, args: Any, output: Any) -> None:
+            if not isinstance(output, tuple) or len(output) < 3:
+                raise RuntimeError(f"{site.name}: router returned {type(output).__name__}, "
+                                   "expected (router_logits, weights, indices)")
+            weights, indices = output[1], output[2]
+            k = self.top_k
+            idx = indices.detach().reshape(-1, indices.shape[-1])
+            w = weights.detach().reshape(-1, weights.shape[-1])
+            if idx.shape[-1] != k:
+                raise RuntimeError(f"{site.name}: router selected {idx.shape[-1]} experts, "
+                                   f"expected top-{k}")
+            if w.shape[-1] == self.num_experts and k != self.num_experts:
+                w = w.gather(1, idx.long())  # a dense [tokens, N] score matrix
+            if w.shape != idx.shape:
+                raise RuntimeError(f"{site.name}: router weights {tuple(w.shape)} do not align "
+                                   f"with indices {tuple(idx.shape)}")
+            if self._expected is not None and idx.shape[0] != self._expected:
+                raise RuntimeError(f"{site.name}: router saw {idx.shape[0]} token rows, the "
+                                   f"batch has {self._expected} (batch x seq)")
+            if self._got[i] is not None:
+                raise RuntimeError(f"{site.name}: router ran twice in one forward")
+            self._got[i] = (idx.cpu().numpy().astype(np.int64, copy=False),
+                            w.float().cpu().numpy())
+
+        return hook
+
+    def expect(self, rows: int) -> None:
+        self._expected = rows
+        self._got = [None] * len(self.sites)
+
+    def take(self) -> tuple[np.ndarray, np.ndarray]:
+        """int64[rows, L, k] expert ids and float32[rows, L, k] weights of the last forward."""
+        missing = [s.name for s, g in zip(self.sites, self._got) if g is None]
+        if missing:
+            raise RuntimeError(f"router {missing[0]} did not run during the forward (a fused "
+                               "kernel replacing the MoE block bypasses the router module)")
+        ids = np.stack([g[0] for g in self._got], axis=1)
+        w = np.stack([g[1] for g in self._got], axis=1)
+        self._got = [None] * len(self.sites)
+        return ids, w
+
+
+# --------------------------------------------------------------------------- requests
+
+def split_requests(text: str) -> list[str]:
+    """Cut a text into requests at blank lines and at lines that are exactly `DOC_MARKER`.
+
+    Returns the non-empty pieces in order (a piece of whitespace only is dropped).
+    """
+    pieces: list[str] = []
+    cur: list[str] = []
+    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        if line == DOC_MARKER or not line.strip():
+            if cur:
+                pieces.append("\n".join(cur))
+            cur = []
+        else:
+            cur.append(line)
+    if cur:
+        pieces.append("\n".join(cur))
+    return pieces
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of `text` without special tokens.
+
+    Accepts a `tokenizers.Tokenizer`, a transformers tokenizer, or any object with
+    `encode(text) -> list[int]`.
+    """
+    mod = type(tokenizer).__module__ or ""
+    if mod.startswith("tokenizers"):
+        return list(tokenizer.encode(text, add_special_tokens=False).ids)
+    if mod.startswith("transformers"):
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return [int(t) for t in tokenizer.encode(text)]
+
+
+@dataclass
+class Requests:
+    """Tokenised requests in order: `tokens[r]` int32[len_r], `domain[r]` index into `domains`."""
+
+    tokens: list[np.ndarray] = field(default_factory=list)
+    domain: list[int] = field(default_factory=list)
+    domains: list[str] = field(default_factory=list)
+    truncated: int = 0
+    skipped_empty: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return int(sum(t.size for t in self.tokens))
+
+
+def tokenize_requests(tokenizer: Any, texts: Iterable[tuple[str, str | None]],
+                      max_tokens: int = 512) -> Requests:
+    """Split every (text, domain) into requests and tokenise them (see the module docstring)."""
+    if max_tokens < 1:
+        raise InputError(f"--max-tokens: {max_tokens} is not a positive integer")
+    req = Requests()
+    for text, domain in texts:
+        d = -1
+        if domain is not None:
+            if domain not in req.domains:
+                req.domains.append(domain)
+            d = req.domains.index(domain)
+        for piece in split_requests(text):
+            ids = encode(tokenizer, piece)
+            if not ids:
+                req.skipped_empty += 1
+                continue
+            if len(ids) > max_tokens:
+                req.truncated += 1
+                ids = ids[:max_tokens]
+            req.tokens.append(np.asarray(ids, dtype=np.int64).astype(np.int32))
+            req.domain.append(d)
+    return req
+
+
+# --------------------------------------------------------------------------- recording
+
+def _forward_kwargs(model: Any) -> dict[str, Any]:
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    kw: dict[str, Any] = {}
+    if "use_cache" in params:
+        kw["use_cache"] = False
+    if "logits_to_keep" in params:  # skip the [batch, seq, vocab] LM head
+        kw["logits_to_keep"] = 1
+    if "output_router_logits" in params:
+        kw["output_router_logits"] = False
+    return kw
+
+
+def _model_dtype(model: Any) -> str:
+    try:
+        return str(next(model.parameters()).dtype).replace("torch.", "")
+    except StopIteration:
+        return "unknown"
+
+
+def record_requests(model: Any, requests: Requests, out_path: str | os.PathLike,
+                    batch_size: int = 8, progress: Callable[[int], Any] | None = None,
+                    model_name: str | None = None, max_tokens: int | None = None,
+                    extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run `requests` through `model` and write the captured routing to `out_path`.
+
+    Request ids are 0..R-1 in order; position = index within the request. `progress(n)` is
+    called after each batch with its number of (real) tokens. Returns a summary dict.
+    """
+    import torch
+    import transformers
+
+    if batch_size < 1:
+        raise InputError(f"--batch-size: {batch_size} is not a positive integer")
+    if not requests.tokens:
+        raise InputError("no tokens to record: every request is empty")
+    sites = find_routers(model)
+    name = model_name or getattr(model.config, "_name_or_path", None) or model.config.model_type
+    info = {"recorder": "sempar.record", "dtype": _model_dtype(model),
+            "max_tokens": max_tokens, "batch_size": batch_size, "padding": "right",
+            "model_type": model.config.model_type, "router": type(sites[0].module).__name__,
+            "transformers": transformers.__version__}
+    info.update(extra or {})
+    meta = trace_meta_for(model, sites, str(name), info)
+    vocab = meta.vocab_size
+    for r, t in enumerate(requests.tokens):
+        if t.size and (int(t.max()) >= vocab or int(t.min()) < 0):
+            bad = int(t[(t >= vocab) | (t < 0)][0])
+            raise InputError(f"request {r}: token id {bad} is outside the model's vocabulary "
+                             f"[0, {vocab}) (tokenizer and model do not match)")
+    device = next(model.parameters()).device
+    pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+    if not 0 <= pad_id < vocab:
+        pad_id = 0
+    fwd_kw = _forward_kwargs(model)
+    was_training = model.training
+    model.eval()
+    has_domain = bool(requests.domains)
+    buf: dict[str, list[np.ndarray]] = {k: [] for k in ("tok", "req", "pos", "dom", "ids", "w")}
+    buffered = 0
+
+    def flush(w: TraceWriter) -> None:
+        nonlocal buffered
+        if not buffered:
+            return
+        cat = {k: np.concatenate(v) for k, v in buf.items() if v}
+        w.write(cat["tok"], cat["req"], cat["pos"], cat["ids"].astype(meta.expert_dtype),
+                domain=cat["dom"] if has_domain else None, weights=cat["w"])
+        for v in buf.values():
+            v.clear()
+        buffered = 0
+
+    R = len(requests.tokens)
+    try:
+        with TraceWriter(out_path, meta, domains=requests.domains if has_domain else None,
+                         has_weights=True) as writer, \
+                RoutingCapture(sites, meta.top_k, meta.num_experts) as cap, torch.no_grad():
+            for lo in range(0, R, batch_size):
+                batch = requests.tokens[lo: lo + batch_size]
+                B, S = len(batch), max(t.size for t in batch)
+                ids = np.full((B, S), pad_id, np.int64)
+                mask = np.zeros((B, S), np.int64)
+                for b, t in enumerate(batch):
+                    ids[b, : t.size] = t
+                    mask[b, : t.size] = 1
+                cap.expect(B * S)
+                model(input_ids=torch.from_numpy(ids).to(device),
+                      attention_mask=torch.from_numpy(mask).to(device), **fwd_kw)
+                experts, weights = cap.take()            # [B*S, L, k], row = b * S + s
+                keep = mask.reshape(-1).astype(bool)
+                experts, weights = experts[keep], weights[keep]
+                T, L, k = experts.shape
+                e2, w2 = sort_by_weight(experts.reshape(T * L, k), weights.reshape(T * L, k))
+                lens = np.array([t.size for t in batch])
+                buf["tok"].append(np.concatenate(batch).astype(np.int32))
+                buf["req"].append(np.repeat(np.arange(lo, lo + B, dtype=np.int32), lens))
+                buf["pos"].append(np.concatenate([np.arange(n, dtype=np.int32) for n in lens]))
+                buf["dom"].append(np.repeat(np.asarray(requests.domain[lo: lo + B], np.int16), lens))
+                buf["ids"].append(e2.reshape(T, L, k))
+                buf["w"].append(w2.reshape(T, L, k))
+                buffered += T
+                if buffered >= FLUSH_ROWS:
+                    flush(writer)
+                if progress is not None:
+                    progress(T)
+            flush(writer)
+    finally:
+        if was_training:
+            model.train()
+    return {"out": str(out_path), "tokens": requests.total_tokens, "requests": R,
+            "layers": meta.num_layers, "layer_ids": list(meta.layers),
+            "experts": meta.num_experts, "top_k": meta.top_k, "model": meta.model,
+            "domains": {d: int(sum(t.size for t, i in zip(requests.tokens, requests.domain)
+                                   if i == j)) for j, d in enumerate(requests.domains)},
+            "truncated_requests": requests.truncated}
+
+
+def record(model: Any, tokenizer: Any, texts: Sequence[tuple[str, str | None]],
+           out_path: str | os.PathLike, max_tokens: int = 512, batch_size: int = 8,
+           progress: Callable[[int], Any] | None = None,
+           model_name: str | None = None) -> dict[str, Any]:
+    """Record the routing of `texts` ((text, domain or None) pairs) through `model`.
+
+    `tokenizer` is a `tokenizers.Tokenizer`, a transformers tokenizer or any object with
+    `encode(text) -> list[int]`. Writes a validated Parquet trace atomically to `out_path`
+    (weights included) and returns a summary dict. The same inputs give byte-identical files.
+    """
+    requests = tokenize_requests(tokenizer, texts, max_tokens)
+    return record_requests(model, requests, out_path, batch_size=batch_size, progress=progress,
+                           model_name=model_name, max_tokens=max_tokens)
+
+
+# --------------------------------------------------------------------------- loading
+
+def known_models() -> list[str]:
+    """Names of the models shipped in the package (`assets/models/<name>/config.json`)."""
+    if not MODELS_DIR.is_dir():
+        return []
+    return sorted(p.name for p in MODELS_DIR.iterdir() if (p / "config.json").is_file())
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str
+    model_dir: Path
+    tokenizer_path: Path
+
+
+def resolve_model(name_or_dir: str | os.PathLike) -> ModelSource:
+    """A model folder, or the name of a packaged model (`tiny-moe64` -> assets/models/tiny-moe64).
+
+    The tokenizer is the folder's own `tokenizer.json`, else the package's
+    `assets/tokenizer.json`. Raises `InputError` naming the known models when nothing matches.
+    """
+    arg = str(name_or_dir)
+    p = Path(arg)
+    if p.is_dir():
+        model_dir, name = p, p.resolve().name
+    elif arg and "/" not in arg and "\\" not in arg and (MODELS_DIR / arg).is_dir():
+        model_dir, name = MODELS_DIR / arg, arg
+    else:
+        known = known_models()
+        raise InputError(f"--model {arg}: no such folder and not a known model name "
+                         f"(known: {', '.join(known) if known else 'none installed'})")
+    if not (model_dir / "config.json").is_file():
+        raise InputError(f"--model {arg}: {model_dir} has no config.json")
+    for tok in (model_dir / "tokenizer.json", ASSETS_DIR / "tokenizer.json"):
+        if tok.is_file():
+            return ModelSource(name, model_dir, tok)
+    raise InputError(f"--model {arg}: no tokenizer.json in {model_dir} nor in {ASSETS_DIR}")
+
+
+def load_model(name_or_dir: str | os.PathLike, dtype: str = "float32") -> Any:
+    """Load a model folder (config.json + safetensors) offline with AutoModelForCausalLM."""
+    if dtype not in DTYPES:
+        raise InputError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    src = resolve_model(name_or_dir)
+    if not any(src.model_dir.glob("*.safetensors")):
+        raise InputError(f"--model {name_or_dir}: {src.model_dir} has no .safetensors weights")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(src.model_dir, local_files_only=True,
+                                                 dtype=getattr(torch, dtype))
+    model.eval()
+    return model
+
+
+class FileTokenizer:
+    """A `tokenizers.Tokenizer` from a tokenizer.json, encoding without special tokens."""
+
+    def __init__(self, path: str | os.PathLike):
+        from tokenizers import Tokenizer
+
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as err:  # tokenizers raises a bare Exception on bad JSON
+            raise InputError(f"{path}: not a readable tokenizer.json "
+                             f"({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
+        self.path = Path(path)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def load_tokenizer(path: str | os.PathLike) -> FileTokenizer:
+    """The tokenizer of a model folder or name (see `resolve_model`), or a tokenizer.json file."""
+    p = Path(path)
+    if p.is_file():
+        return FileTokenizer(p)
+    return FileTokenizer(resolve_model(path).tokenizer_path)
+
+
+def parse_text_arg(arg: str) -> tuple[Path, str]:
+    """`FILE[:DOMAIN]` -> (file, domain); the domain defaults to the file's stem.
+
+    The argument is split at its last ':' only when the whole does not name a file and the
+    part after ':' holds no '/' (so `C:/x.txt` and `dir:1/x.txt` stay paths).
+    """
+    p, domain = Path(arg), None
+    if not p.exists() and ":" in arg:
+        head, tail = arg.rsplit(":", 1)
+        if tail and "/" not in tail and "\\" not in tail:
+            p, domain = Path(head), tail
+    if not p.exists():
+        raise InputError(f"--text {arg}: no such file")
+    if p.is_dir():
+        raise InputError(f"--text {arg}: {p} is a folder, not a text file")
+    return p, domain or p.stem
+
+
+def read_texts(args: Sequence[str]) -> list[tuple[str, str]]:
+    """Read `FILE[:DOMAIN]` arguments into (text, domain) pairs (UTF-8)."""
+    out = []
+    for arg in args:
+        path, domain = parse_text_arg(arg)
+        try:
+            out.append((path.read_text(encoding="utf-8"), domain))
+        except UnicodeDecodeError as err:
+            raise InputError(f"--text {arg}: not UTF-8 text (byte {err.start})") from None
+    return out
+
+
+class RecordJob:
+    """What `sempar record` runs: resolve and load model + tokenizer, tokenise, then record.
+
+        job = RecordJob.prepare("tiny-moe64", ["code.txt:code"], max_tokens=512)
+        with progress_bar("record", job.total_tokens) as advance:
+            summary = job.run("trace.parquet", batch_size=8, progress=advance)
+    """
+
+    def __init__(self, source: ModelSource, model: Any, requests: Requests, max_tokens: int):
+        self.source = source
+        self.model = model
+        self.requests = requests
+        self.max_tokens = max_tokens
+
+    @classmethod
+    def prepare(cls, model: str | os.PathLike, texts: Sequence[str], max_tokens: int = 512,
+                dtype: str = "float32") -> "RecordJob":
+        if not texts:
+            raise InputError("--text: give at least one FILE[:DOMAIN]")
+        if dtype not in DTYPES:
+            raise InputError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+        source = resolve_model(model)
+        pairs = read_texts(texts)  # check the inputs before the (slow) model load
+        requests = tokenize_requests(FileTokenizer(source.tokenizer_path), pairs, max_tokens)
+        if not requests.tokens:
+            raise InputError("--text: no tokens to record: every request is empty")
+        return cls(source, load_model(source.model_dir, dtype=dtype), requests, max_tokens)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.requests.total_tokens
+
+    def run(self, out_path: str | os.PathLike, batch_size: int = 8,
+            progress: Callable[[int], Any] | None = None) -> dict[str, Any]:
+        return record_requests(self.model, self.requests, out_path, batch_size=batch_size,
+                               progress=progress, model_name=self.source.name,
+                               max_tokens=self.max_tokens)

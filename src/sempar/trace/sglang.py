@@ -1,0 +1,416 @@
+"""Import SGLang expert-distribution dumps (`per_token` mode) as a `RoutingTrace`.
+
+SGLang (`--expert-distribution-recorder-mode per_token`, then the `/start_...`, `/stop_...`
+and `/dump_expert_distribution_record` endpoints) writes one `.pt` file per rank,
+`expert_distribution_recorder_<time>_<rank>.pt`, holding (python/sglang/srt/eplb/
+expert_distribution.py, `_DetailSinglePassGatherer` + `_DetailAccumulator`)::
+
+    {"records": [                          # one per forward pass on that rank, in order
+        {"forward_pass_id": int, "rank": int, "gatherer_key": str,
+         "input_ids": list[int] | int[T],  # SGLang stores python lists
+         "positions": list[int] | int[T],
+         "extend_seq_lens": list[int] | None,   # per-sequence lengths of an extend batch
+         "forward_mode": int,
+         "topk_ids_of_layer": int32[L, T, K],   # PHYSICAL expert ids, layer-major; K = 8
+                                                # (DeepSeek-V3's top-k): unused slots and
+                                                # layers without a router (dense) stay -1
+         "misc_objects": list, "global_physical_count": int[L, P]}, ...],
+     "last_physical_to_logical_map": int[L, P]}   # physical slot -> logical expert
+
+L is the model's layer count (all layers, dense ones included) and P the number of physical
+expert slots (logical experts + redundant replicas, EPLB). This module reads such files with
+`torch.load(weights_only=True)` (no code runs), validates them (missing key, wrong shape, id out
+of range -> `InputError` naming file, record, field) and converts them:
+
+- **Layers**: a layer whose ids are -1 in every record is dense and left out; the others are the
+  trace's L columns, their model indices in `TraceMeta.layer_ids`.
+- **top-k**: the number of leading slots used in the MoE layers (or `top_k`, checked).
+- **Physical -> logical** with each file's `last_physical_to_logical_map`, per layer. SGLang calls
+  it the *last* map: if EPLB rebalanced during the recording, earlier passes used another map
+  that the dump does not keep.
+- **-1 ids inside the top-k of a MoE layer** (a token the layer did not route) are an error by
+  default (`on_incomplete="error"`); `on_incomplete="drop"` drops those tokens instead and counts
+  them in `extra.dropped_tokens`.
+- **Requests**: the dump has no request ids, so they are derived: every record starts a new
+  request; inside a record, a decode pass (`forward_mode` 2, SGLang's ForwardMode.DECODE) holds
+  one token per sequence, so each token is its own request; otherwise `extend_seq_lens` (when
+  the record has it) gives the sequences, and failing that a new request starts wherever the
+  position does not follow the previous one (`positions[t] != positions[t-1] + 1`, which covers
+  a reset to 0). Decoded tokens therefore cannot be joined to their prompt (no request ids in
+  the dump), and a chunked prefill's later chunks are new requests.
+  Positions are kept as dumped (a continued sequence keeps its absolute positions).
+- **Slot order** is SGLang's top-k order (its grouped top-k uses `sorted=False`); the dump has no
+  router weights, so slot 0 is NOT guaranteed to be the top-1 choice (`extra.slot_order`).
+- **Ranks**: files are concatenated in rank order (records in forward-pass order), each rank's
+  records being distinct requests (attention-DP: every DP rank serves its own requests). Under
+  attention-TP all ranks record the same tokens with the same routing; such duplicates (a record
+  with the same forward_pass_id, tokens, positions and logical experts as one of a lower rank) are
+  dropped unless `dedup=False` (`extra.duplicate_records_dropped`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from sempar.errors import InputError
+from sempar.trace.io import TraceWriter
+from sempar.trace.schema import TraceMeta
+
+MAP_KEY = "last_physical_to_logical_map"
+REQUIRED = ("input_ids", "positions", "topk_ids_of_layer")
+FLUSH_ROWS = 32768
+DECODE_MODE = 2  # SGLang ForwardMode: EXTEND = 1, DECODE = 2, MIXED = 3, IDLE = 4, ...
+_RANK_RE = re.compile(r"_(\d+)\.pt$")
+
+
+def _load(path: Path) -> dict:
+    import torch
+
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder, not an SGLang .pt dump")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # pickle, zip and weights-only errors alike
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"{path}: not a readable SGLang dump (torch.load with weights_only: "
+                         f"{reason[:200]})") from None
+    if not isinstance(obj, dict):
+        raise InputError(f"{path}: top level is {type(obj).__name__}, expected a dict with "
+                         f"'records' and '{MAP_KEY}'")
+    for key in ("records", MAP_KEY):
+        if key not in obj:
+            raise InputError(f"{path}: missing key '{key}' (not a per_token expert-distribution dump)")
+    if not isinstance(obj["records"], (list, tuple)):
+        raise InputError(f"{path}: records: {type(obj['records']).__name__} is not a list")
+    return obj
+
+
+def _int_array(value: Any, where: str, ndim: int) -> np.ndarray:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise InputError(f"{where}: dtype {value.dtype} is not an integer type")
+        arr = value.detach().cpu().numpy().astype(np.int64)
+    elif isinstance(value, (list, tuple)):
+        try:
+            arr = np.asarray(value, dtype=np.int64) if len(value) else np.zeros((0,) * ndim, np.int64)
+        except (TypeError, ValueError, OverflowError):
+            raise InputError(f"{where}: not a list of integers") from None
+    else:
+        raise InputError(f"{where}: {type(value).__name__} is not an integer tensor or list")
+    if arr.ndim != ndim:
+        raise InputError(f"{where}: shape {tuple(arr.shape)} is not {ndim}-D")
+    return arr
+
+
+def _map(obj: dict, path: Path) -> np.ndarray:
+    m = _int_array(obj[MAP_KEY], f"{path}: {MAP_KEY}", 2)
+    if m.size == 0:
+        raise InputError(f"{path}: {MAP_KEY}: empty, shape {tuple(m.shape)}")
+    if (m < 0).any():
+        l, p = (int(i) for i in np.argwhere(m < 0)[0])
+        raise InputError(f"{path}: {MAP_KEY}: layer {l} physical {p}: logical id {int(m[l, p])} "
+                         "is negative")
+    return m
+
+
+@dataclass
+class _Record:
+    """One validated record: int64 arrays in dump layout."""
+
+    input_ids: np.ndarray   # [T]
+    positions: np.ndarray   # [T]
+    topk: np.ndarray        # [L, T, K] physical ids, -1 = none
+    seq_lens: np.ndarray | None
+    forward_pass_id: Any
+    forward_mode: Any
+    rank: int | None
+
+
+def _record(rec: Any, i: int, path: Path, L: int, P: int) -> _Record:
+    where = f"{path}: record {i}"
+    if not isinstance(rec, dict):
+        raise InputError(f"{where}: {type(rec).__name__} is not a dict")
+    for key in REQUIRED:
+        if key not in rec:
+            raise InputError(f"{where}: missing field '{key}'")
+    ids = _int_array(rec["input_ids"], f"{where}: input_ids", 1)
+    pos = _int_array(rec["positions"], f"{where}: positions", 1)
+    topk = _int_array(rec["topk_ids_of_layer"], f"{where}: topk_ids_of_layer", 3)
+    T = ids.shape[0]
+    if pos.shape[0] != T:
+        raise InputError(f"{where}: positions: {pos.shape[0]} values for {T} input_ids")
+    if topk.shape[0] != L or topk.shape[1] != T:
+        raise InputError(f"{where}: topk_ids_of_layer: shape {tuple(topk.shape)}, expected "
+                         f"[layers={L}, tokens={T}, k] ({MAP_KEY} has {L} layers)")
+    if (ids < 0).any():
+        t = int(np.argmax(ids < 0))
+        raise InputError(f"{where}: input_ids: token {t}: id {int(ids[t])} is negative")
+    if (pos < 0).any():
+        t = int(np.argmax(pos < 0))
+        raise InputError(f"{where}: positions: token {t}: value {int(pos[t])} is negative")
+    bad = (topk < -1) | (topk >= P)
+    if bad.any():
+        l, t, s = (int(x) for x in np.argwhere(bad)[0])
+        raise InputError(f"{where}: topk_ids_of_layer: layer {l} token {t} slot {s}: physical id "
+                         f"{int(topk[l, t, s])} out of range [0, {P}) (-1 = none)")
+    seq_lens = None
+    if rec.get("extend_seq_lens") is not None:
+        seq_lens = _int_array(rec["extend_seq_lens"], f"{where}: extend_seq_lens", 1)
+        if (seq_lens < 0).any() or int(seq_lens.sum()) != T:
+            raise InputError(f"{where}: extend_seq_lens: {seq_lens.tolist()[:8]} does not sum to "
+                             f"the record's {T} tokens")
+    rank = rec.get("rank")
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+        raise InputError(f"{where}: rank: {rank!r} is not a non-negative integer")
+    return _Record(ids, pos, topk, seq_lens, rec.get("forward_pass_id"),
+                   rec.get("forward_mode"), rank)
+
+
+def request_starts(positions: np.ndarray, seq_lens: np.ndarray | None = None,
+                   forward_mode: Any = None) -> np.ndarray:
+    """bool[T]: True where a request starts inside one record (see the module docstring)."""
+    T = positions.shape[0]
+    start = np.zeros(T, bool)
+    if T == 0:
+        return start
+    if forward_mode == DECODE_MODE:
+        start[:] = True
+        return start
+    if seq_lens is not None:
+        offs = np.cumsum(seq_lens)[:-1]
+        start[0] = True
+        start[offs[offs < T]] = True
+        return start
+    start[0] = True
+    start[1:] = positions[1:] != positions[:-1] + 1
+    return start
+
+
+@dataclass
+class _FileInfo:
+    path: Path
+    rank: int | None
+    L: int
+    P: int
+    map_max: int
+    active: np.ndarray                     # bool[L]
+    slots: int                             # leading slots used in any layer
+    max_token: int
+    records: int
+    keys: list[bytes | None] = field(default_factory=list)  # per record; None = empty
+    modes: list[tuple[str, int]] = field(default_factory=list)  # per record: forward_mode, T
+
+
+def _logical(topk: np.ndarray, pmap: np.ndarray) -> np.ndarray:
+    """int64[L, T, K] logical ids (-1 stays -1)."""
+    L = topk.shape[0]
+    rows = np.arange(L)[:, None, None]
+    return np.where(topk >= 0, pmap[rows, np.clip(topk, 0, None)], -1)
+
+
+def _scan(path: Path) -> _FileInfo:
+    obj = _load(path)
+    pmap = _map(obj, path)
+    L, P = pmap.shape
+    info = _FileInfo(path, None, L, P, int(pmap.max()), np.zeros(L, bool), 0, -1,
+                     len(obj["records"]))
+    ranks = set()
+    top = obj.get("rank")
+    for i, raw in enumerate(obj["records"]):
+        r = _record(raw, i, path, L, P)
+        if r.rank is not None:
+            ranks.add(r.rank)
+        T = r.input_ids.shape[0]
+        info.modes.append((str(r.forward_mode), T))
+        if T == 0:
+            info.keys.append(None)
+            continue
+        used = r.topk >= 0
+        info.active |= used.any(axis=(1, 2))
+        cols = np.flatnonzero(used.any(axis=(0, 1)))
+        if cols.size:
+            info.slots = max(info.slots, int(cols[-1]) + 1)
+        info.max_token = max(info.max_token, int(r.input_ids.max()))
+        h = hashlib.sha1()
+        for a in (r.input_ids, r.positions, _logical(r.topk, pmap)):
+            h.update(np.ascontiguousarray(a, np.int64).tobytes())
+            h.update(b"|")
+        info.keys.append(repr(r.forward_pass_id).encode() + b"/" + h.digest())
+    if isinstance(top, int) and not isinstance(top, bool):
+        ranks.add(top)
+    if len(ranks) > 1:
+        raise InputError(f"{path}: records of several ranks {sorted(ranks)} in one file")
+    if ranks:
+        info.rank = ranks.pop()
+    else:
+        m = _RANK_RE.search(path.name)
+        info.rank = int(m.group(1)) if m else None
+    return info
+
+
+def import_sglang(dump_paths: Sequence[str | os.PathLike], out_path: str | os.PathLike,
+                  model: str | None = None, num_experts: int | None = None,
+                  top_k: int | None = None, vocab_size: int | None = None,
+                  on_incomplete: str = "error", dedup: bool = True,
+                  progress: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """Convert SGLang per_token dumps (one .pt per rank) into a Parquet trace at `out_path`.
+
+    `num_experts` defaults to max(map) + 1, `vocab_size` to max(input id) + 1, `top_k` to the
+    slots the MoE layers use, `model` to "sglang-dump". Two passes over the files (scan, then
+    convert), one file in memory at a time. `progress(n)` is called per record with its tokens.
+    Returns a summary dict.
+    """
+    if on_incomplete not in ("error", "drop"):
+        raise InputError(f"on_incomplete: {on_incomplete!r} is not 'error' or 'drop'")
+    paths = [Path(p) for p in dump_paths]
+    if not paths:
+        raise InputError("no SGLang dump given")
+    infos = [_scan(p) for p in paths]
+    L = infos[0].L
+    for inf in infos[1:]:
+        if inf.L != L:
+            raise InputError(f"{inf.path}: {MAP_KEY} has {inf.L} layers, {infos[0].path} has {L}")
+    ranks = [inf.rank for inf in infos]
+    known = [r for r in ranks if r is not None]
+    if len(set(known)) != len(known):
+        dup = next(r for r in known if known.count(r) > 1)
+        raise InputError(f"rank {dup}: given twice ({', '.join(str(i.path) for i in infos if i.rank == dup)})")
+    # rank order; files without a rank keep their place after the ranked ones
+    infos = sorted(infos, key=lambda i: (i.rank is None, i.rank if i.rank is not None else 0))
+
+    active = np.zeros(L, bool)
+    for inf in infos:
+        active |= inf.active
+    layer_ids = tuple(int(l) for l in np.flatnonzero(active))
+    if not layer_ids:
+        raise InputError("the dumps hold no routed token (every topk_ids_of_layer is empty or -1)")
+    slots = max(inf.slots for inf in infos)
+    if top_k is None:
+        top_k = slots
+    elif top_k != slots:
+        raise InputError(f"--top-k {top_k}: the MoE layers of the dumps use {slots} expert "
+                         "slots per token")
+    map_max = max(inf.map_max for inf in infos)
+    if num_experts is None:
+        num_experts = map_max + 1
+    elif num_experts <= map_max:
+        raise InputError(f"--num-experts {num_experts}: {MAP_KEY} names logical expert {map_max}")
+    max_token = max(inf.max_token for inf in infos)
+    if vocab_size is None:
+        vocab_size = max_token + 1
+    elif vocab_size <= max_token:
+        raise InputError(f"--vocab-size {vocab_size}: the dumps hold token id {max_token}")
+
+    # de-duplicate attention-TP copies: the same pass on a lower rank wins
+    keep: list[list[bool]] = []
+    seen: set[bytes] = set()
+    dropped_dups = 0
+    for inf in infos:
+        ks = []
+        for key in inf.keys:
+            if key is None:
+                ks.append(False)
+            elif dedup and key in seen:
+                ks.append(False)
+                dropped_dups += 1
+            else:
+                seen.add(key)
+                ks.append(True)
+        keep.append(ks)
+
+    by_mode: dict[str, int] = {}
+    for inf, ks in zip(infos, keep):
+        for (mode, T), k in zip(inf.modes, ks):
+            if k:
+                by_mode[mode] = by_mode.get(mode, 0) + T
+    meta = TraceMeta(
+        model=model or "sglang-dump", num_layers=len(layer_ids), num_experts=int(num_experts),
+        top_k=int(top_k), vocab_size=int(vocab_size), layer_ids=layer_ids,
+        extra={"importer": "sempar.import_sglang", "source": "sglang per_token dump",
+               "files": [inf.path.name for inf in infos], "ranks": [inf.rank for inf in infos],
+               "slot_order": "engine (SGLang top-k order, not sorted by weight; no weights)",
+               "requests": "derived: new record, decode token, extend_seq_lens, or positions "
+                           "not consecutive",
+               "dedup": dedup, "on_incomplete": on_incomplete,
+               "records": sum(sum(ks) for ks in keep),
+               "duplicate_records_dropped": dropped_dups,
+               "tokens_by_forward_mode": by_mode})
+    lids = np.asarray(layer_ids)
+    state = {"request": 0, "tokens": 0, "dropped_tokens": 0, "records": 0, "requests": 0}
+    buf: dict[str, list[np.ndarray]] = {"tok": [], "req": [], "pos": [], "exp": []}
+    buffered = [0]
+
+    def flush(w: TraceWriter) -> None:
+        if buffered[0]:
+            w.write(*(np.concatenate(buf[k]) for k in ("tok", "req", "pos", "exp")))
+            for v in buf.values():
+                v.clear()
+            buffered[0] = 0
+
+    with TraceWriter(out_path, meta) as writer:
+        for inf, ks in zip(infos, keep):
+            obj = _load(inf.path)
+            pmap = _map(obj, inf.path)
+            for i, raw in enumerate(obj["records"]):
+                if not ks[i]:
+                    continue
+                r = _record(raw, i, inf.path, inf.L, inf.P)
+                T = r.input_ids.shape[0]
+                if r.topk.shape[2] < top_k:
+                    raise InputError(f"{inf.path}: record {i}: topk_ids_of_layer: {r.topk.shape[2]} "
+                                     f"slots, fewer than top-k {top_k}")
+                phys = r.topk[lids][:, :, :top_k]
+                logical = np.transpose(_logical(phys, pmap[lids]), (1, 0, 2))  # [T, L', k]
+                missing = (logical < 0).any(axis=2)                          # [T, L']
+                ok = ~missing.any(axis=1)
+                if not ok.all():
+                    t, l = (int(x) for x in np.argwhere(missing)[0])
+                    if on_incomplete == "error":
+                        raise InputError(f"{inf.path}: record {i}: topk_ids_of_layer: layer "
+                                         f"{layer_ids[l]} token {t}: -1 (no expert) inside the "
+                                         f"top-{top_k} of a MoE layer")
+                srt = np.sort(logical, axis=2)
+                dup = ((srt[:, :, 1:] == srt[:, :, :-1]) & (srt[:, :, 1:] >= 0)).any(axis=2)
+                if dup.any():
+                    t, l = (int(x) for x in np.argwhere(dup)[0])
+                    raise InputError(f"{inf.path}: record {i}: topk_ids_of_layer: layer "
+                                     f"{layer_ids[l]} token {t}: physical ids "
+                                     f"{phys[l, t].tolist()} map to a repeated logical expert "
+                                     f"{logical[t, l].tolist()}")
+                starts = request_starts(r.positions, r.seq_lens, r.forward_mode)
+                req = state["request"] + np.cumsum(starts) - 1
+                state["request"] += int(starts.sum())
+                if not ok.all():
+                    state["dropped_tokens"] += int((~ok).sum())
+                state["requests"] += int(np.unique(req[ok]).size)
+                buf["tok"].append(r.input_ids[ok].astype(np.int32))
+                buf["req"].append(req[ok].astype(np.int32))
+                buf["pos"].append(r.positions[ok].astype(np.int32))
+                buf["exp"].append(logical[ok].astype(meta.expert_dtype))
+                n = int(ok.sum())
+                buffered[0] += n
+                state["tokens"] += n
+                state["records"] += 1
+                if buffered[0] >= FLUSH_ROWS:
+                    flush(writer)
+                if progress is not None:
+                    progress(n)
+            del obj
+        flush(writer)
+    return {"out": str(out_path), "tokens": state["tokens"], "requests": state["requests"],
+            "records": state["records"], "duplicate_records_dropped": dropped_dups,
+            "dropped_tokens": state["dropped_tokens"], "layers": meta.num_layers,
+            "layer_ids": list(layer_ids), "experts": meta.num_experts, "top_k": meta.top_k,
+            "vocab_size": meta.vocab_size, "ranks": [inf.rank for inf in infos],
+            "model": meta.model}
