@@ -99,8 +99,13 @@ def test_demo_writes_report_and_summary(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary["stages"])[:2] == ["trace", "analyze"]
-    assert summary["stages"]["trace"]["info"]["tokens"] > 10_000
-    assert summary["stages"]["analyze"]["summary"]["lookback_accuracy"][4] > 0.3
+    traces = summary["stages"]["trace"]
+    assert traces and all(t["info"]["tokens"] > 10_000 for t in traces.values())
+    for name in traces:
+        result = summary["stages"]["analyze"][name]
+        assert result["summary"]["lookback_accuracy"][4] > 0.3
+        # a trained (or calibrated) router beats a random one of the same shape
+        assert result["summary"]["f1_mean"] > result["control"]["summary"]["f1_mean"] + 0.2
     html = (out / "report.html").read_text()
     assert "Sem-MoE Table 1" in html and html.count("data:image/png;base64") >= 6
     if olmoe_aggregates_dir() is not None:

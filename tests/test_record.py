@@ -308,6 +308,18 @@ def test_deterministic_bytes(models, tmp_path):
     assert a.read_bytes() == b.read_bytes()
 
 
+def test_without_weights_same_experts(models, tmp_path):
+    from sempar.trace import read_trace
+
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    record(models["qwen3_moe"], ByteTok(), PAIRS, a, batch_size=3)
+    record(models["qwen3_moe"], ByteTok(), PAIRS, b, batch_size=3, weights=False)
+    ta, tb = read_trace(a), read_trace(b)
+    assert ta.weights is not None and tb.weights is None
+    assert (ta.experts == tb.experts).all()
+    assert b.stat().st_size < a.stat().st_size
+
+
 @pytest.mark.parametrize("family", ["mixtral", "deepseek_v3", "gpt_oss"])
 def test_cli_level_job_matches_record(family, models, texts, tmp_path):
     """Saved model + tokenizer.json through RecordJob == record() on the in-memory model."""

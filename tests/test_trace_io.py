@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -17,7 +16,6 @@ from sempar.errors import InputError
 from sempar.trace import (FORMAT_VERSION, RoutingTrace, TraceMeta, TraceWriter, concat,
                           read_header, read_trace, select_domains, split_by_request,
                           split_by_token, trace_info, write_trace)
-from sempar.trace.io import META_KEY
 
 
 def assert_same_trace(a: RoutingTrace, b: RoutingTrace) -> None:

@@ -25,6 +25,9 @@ corpus_app = typer.Typer(add_completion=False, no_args_is_help=True,
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Inspect and check routing traces.")
 app.add_typer(trace_app, name="trace")
 app.add_typer(corpus_app, name="corpus")
+import_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                         help="Convert routing recorded by serving engines into traces.")
+app.add_typer(import_app, name="import")
 
 err = Console(stderr=True)
 out = Console()
@@ -165,6 +168,71 @@ def synth(preset: str = typer.Option(..., "--preset",
     sys.stderr.write(f"wrote {out_file}: {tokens} tokens, {gen.requests} requests, "
                      f"{gen.shape.num_layers} layers x {gen.shape.num_experts} experts, "
                      f"top-{gen.shape.top_k}\n")
+
+
+@app.command("record")
+def record_cmd(model: str = typer.Option(..., "--model",
+                                         help="packaged model name (tiny-moe64, tiny-mixtral) or a "
+                                              "model folder (config.json + safetensors)"),
+               texts: list[str] = typer.Option(..., "--text",
+                                               help="FILE[:DOMAIN], repeatable; the domain defaults "
+                                                    "to the file stem"),
+               out_file: Path = typer.Option(..., "--out", help="Parquet trace to write"),
+               max_tokens: int = typer.Option(512, "--max-tokens",
+                                              help="truncate every request to this many tokens"),
+               batch_size: int = typer.Option(8, "--batch-size", help="requests per forward pass"),
+               dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16"),
+               weights: bool = typer.Option(True, "--weights/--no-weights",
+                                            help="store router weights too"),
+               as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Run texts through a HF MoE model and record the exact experts of every MoE layer."""
+    from sempar.progress import progress_bar
+    from sempar.trace.record import RecordJob
+
+    job = RecordJob.prepare(model, texts, max_tokens=max_tokens, dtype=dtype)
+    with progress_bar(f"record {job.source.name}", job.total_tokens) as advance:
+        summary = job.run(out_file, batch_size=batch_size, progress=advance, weights=weights)
+    if as_json:
+        emit_json(summary)
+    sys.stderr.write(f"wrote {out_file}: {summary['tokens']} tokens, {summary['requests']} requests, "
+                     f"{summary['layers']} MoE layers x {summary['experts']} experts, "
+                     f"top-{summary['top_k']}\n")
+
+
+@import_app.command("sglang")
+def import_sglang_cmd(dumps: list[Path] = typer.Argument(..., help="SGLang per_token dump files "
+                                                                   "(one .pt per rank)"),
+                      out_file: Path = typer.Option(..., "--out", help="Parquet trace to write"),
+                      model: Optional[str] = typer.Option(None, "--model",
+                                                          help="model name stored in the trace"),
+                      num_experts: Optional[int] = typer.Option(None, "--num-experts",
+                                                                help="logical experts (default: map max + 1)"),
+                      top_k: Optional[int] = typer.Option(None, "--top-k",
+                                                          help="experts per token (default: slots used)"),
+                      vocab_size: Optional[int] = typer.Option(None, "--vocab-size",
+                                                               help="default: max token id + 1"),
+                      drop_incomplete: bool = typer.Option(False, "--drop-incomplete",
+                                                           help="drop tokens with -1 ids in a MoE "
+                                                                "layer instead of failing"),
+                      keep_duplicates: bool = typer.Option(False, "--keep-duplicates",
+                                                           help="keep attention-TP copies of a pass "
+                                                                "recorded by several ranks"),
+                      as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Convert SGLang expert-distribution dumps (per_token mode) into a routing trace."""
+    from sempar.progress import progress_bar
+    from sempar.trace.sglang import import_sglang
+
+    with progress_bar("import sglang", None) as advance:
+        summary = import_sglang(dumps, out_file, model=model, num_experts=num_experts, top_k=top_k,
+                                vocab_size=vocab_size,
+                                on_incomplete="drop" if drop_incomplete else "error",
+                                dedup=not keep_duplicates, progress=advance)
+    if as_json:
+        emit_json(summary)
+    sys.stderr.write(f"wrote {out_file}: {summary['tokens']} tokens, {summary['requests']} requests "
+                     f"from {summary['records']} passes of ranks {summary['ranks']}, "
+                     f"{summary['layers']} MoE layers x {summary['experts']} experts, "
+                     f"top-{summary['top_k']}\n")
 
 
 @app.command()

@@ -39,8 +39,8 @@ from typing import Callable, Iterator
 from sempar.corpus import clean
 from sempar.errors import InputError
 from sempar.registry import Registry
+from sempar.trace.record import DOC_MARKER  # the recorder splits requests at this line
 
-DOC_MARKER = "<|doc|>"
 MANIFEST = "manifest.json"
 FORMAT = 1
 MAX_DOC_CHARS = 4000  # longer documents are cut at line boundaries (clean.chunk)

@@ -30,9 +30,11 @@ class DomainSplit:
     heldout: list[str]
 
 
-def split_corpus(corpus: Path, tokenizer, heldout_tokens: int = HELDOUT_TOKENS,
+def split_corpus(corpus: Path, tokenizer, heldout_tokens: int | None = None,
                  request_cap: int = REQUEST_CAP) -> list[DomainSplit]:
     """Deterministic train / held-out split of every domain (see the module docstring)."""
+    if heldout_tokens is None:
+        heldout_tokens = HELDOUT_TOKENS
     manifest = verify_corpus(corpus)
     out = []
     for domain in sorted(f["domain"] for f in manifest["files"].values()):
