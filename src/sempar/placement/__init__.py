@@ -1,0 +1,7 @@
+"""Offline model scheduling: the `Placement` type and every solver behind one `solve()`."""
+
+from sempar.placement import simple  # noqa: F401  (registers vanilla, round-robin)
+from sempar.placement.base import SOLVERS, PlacementProblem, solve
+from sempar.placement.placement import Placement, contiguous_nodes
+
+__all__ = ["SOLVERS", "Placement", "PlacementProblem", "contiguous_nodes", "solve"]

@@ -1,0 +1,72 @@
+"""One `solve()` interface for every placement method, and the registry that names them.
+
+A solver maps routing statistics of a fit trace to a `Placement`:
+
+    solve(trace, num_devices=G, num_nodes=1, redundant=0, seed=0) -> Placement
+
+Each method lives in its own module and registers itself in `SOLVERS`; the CLI, the reports
+and the benchmarks list the same set from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from sempar.errors import InputError
+from sempar.placement.placement import Placement, contiguous_nodes
+from sempar.registry import Registry
+from sempar.trace.schema import RoutingTrace
+
+
+@dataclass(frozen=True)
+class PlacementProblem:
+    """What every solver is given: the fit trace and the cluster's shape."""
+
+    trace: RoutingTrace
+    num_devices: int
+    num_nodes: int = 1
+    redundant: int = 0          # extra physical slots per layer (replicas), spread over devices
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        N, G = self.trace.meta.num_experts, self.num_devices
+        if G < 1 or G > N:
+            raise InputError(f"--ep: {G} devices for {N} experts (need 1..{N})")
+        if (N + self.redundant) % G:
+            raise InputError(f"--redundant: {N} experts + {self.redundant} replicas do not split "
+                             f"evenly over {G} devices")
+        contiguous_nodes(G, self.num_nodes)
+
+    @property
+    def slots_per_device(self) -> int:
+        return (self.trace.meta.num_experts + self.redundant) // self.num_devices
+
+    def node_of(self) -> np.ndarray:
+        return contiguous_nodes(self.num_devices, self.num_nodes)
+
+    def expert_load(self) -> np.ndarray:
+        """int64[L, N]: token-expert activations per layer in the fit trace."""
+        L, N = self.trace.meta.num_layers, self.trace.meta.num_experts
+        ex = self.trace.experts
+        key = np.arange(L)[None, :, None] * N + ex
+        return np.bincount(key.ravel(), minlength=L * N).reshape(L, N)
+
+
+class Solver(Protocol):
+    def __call__(self, problem: PlacementProblem) -> Placement: ...
+
+
+SOLVERS: Registry[Solver] = Registry("placement method")
+
+
+def solve(method: str, trace: RoutingTrace, num_devices: int, num_nodes: int = 1,
+          redundant: int = 0, seed: int = 0) -> Placement:
+    """Run the registered `method` and return its validated placement."""
+    solver = SOLVERS.get(method)
+    problem = PlacementProblem(trace, num_devices, num_nodes, redundant, seed)
+    placement = solver(problem)
+    placement.method = method
+    return placement.validate()

@@ -1,0 +1,170 @@
+"""`Placement`: which logical experts each device hosts, per MoE layer (design.md).
+
+Stored as the physical-slot table engines use (DeepSeek EPLB's `phy2log`): `phy2log[l, p]` is
+the logical expert in physical slot p of layer l; device g owns the contiguous slots
+`[g * S, (g + 1) * S)` with S = `slots_per_device`. A logical expert with more than one slot
+has redundant replicas. `node_of[g]` groups devices into nodes.
+
+Invariants (checked by `validate`): every logical expert is hosted at least once per layer,
+every device has exactly S slots, no device hosts the same expert twice, node ids are 0..n-1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sempar.atomic import write_text_atomic
+from sempar.errors import InputError
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Placement:
+    """phy2log: int32[L, G * S]; node_of: int32[G]."""
+
+    phy2log: np.ndarray
+    num_experts: int
+    num_devices: int
+    node_of: np.ndarray | None = None
+    method: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.phy2log = np.asarray(self.phy2log, dtype=np.int32)
+        if self.node_of is None:
+            self.node_of = np.zeros(self.num_devices, np.int32)
+        self.node_of = np.asarray(self.node_of, dtype=np.int32)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.phy2log.shape[0])
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.phy2log.shape[1])
+
+    @property
+    def slots_per_device(self) -> int:
+        return self.num_slots // self.num_devices
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.node_of.max()) + 1 if self.node_of.size else 1
+
+    @property
+    def redundant(self) -> int:
+        return self.num_slots - self.num_experts
+
+    def slots(self, layer: int) -> np.ndarray:
+        """int32[G, S]: the experts each device hosts at `layer`."""
+        return self.phy2log[layer].reshape(self.num_devices, self.slots_per_device)
+
+    def hosts(self) -> np.ndarray:
+        """bool[L, G, N]: hosts[l, g, e] when device g holds a replica of expert e at layer l."""
+        L, G, N = self.num_layers, self.num_devices, self.num_experts
+        out = np.zeros((L, G, N), bool)
+        dev = np.repeat(np.arange(G), self.slots_per_device)
+        for l in range(L):
+            out[l, dev, self.phy2log[l]] = True
+        return out
+
+    def logcnt(self) -> np.ndarray:
+        """int32[L, N]: replicas of each logical expert."""
+        return np.stack([np.bincount(row, minlength=self.num_experts) for row in self.phy2log]
+                        ).astype(np.int32)
+
+    def log2phy(self) -> np.ndarray:
+        """int32[L, N, maxcnt]: physical slots of each logical expert, padded with -1."""
+        cnt = self.logcnt()
+        out = np.full((self.num_layers, self.num_experts, int(cnt.max())), -1, np.int32)
+        for l in range(self.num_layers):
+            order = np.argsort(self.phy2log[l], kind="stable")
+            experts = self.phy2log[l][order]
+            rank = np.arange(order.size) - np.searchsorted(experts, experts, side="left")
+            out[l, experts, rank] = order
+        return out
+
+    def validate(self) -> "Placement":
+        L, P = self.phy2log.shape if self.phy2log.ndim == 2 else (0, 0)
+        if self.phy2log.ndim != 2 or L == 0:
+            raise InputError(f"phy2log: shape {self.phy2log.shape} is not (layers, physical slots)")
+        G, N = self.num_devices, self.num_experts
+        if G < 1 or P % G:
+            raise InputError(f"phy2log: {P} physical slots do not split evenly over {G} devices")
+        if P < N:
+            raise InputError(f"phy2log: {P} slots cannot host {N} experts")
+        bad = (self.phy2log < 0) | (self.phy2log >= N)
+        if bad.any():
+            l, p = (int(i) for i in np.argwhere(bad)[0])
+            raise InputError(f"phy2log: layer {l} slot {p}: expert {int(self.phy2log[l, p])} out "
+                             f"of range [0, {N})")
+        for l in range(L):
+            s = np.sort(self.slots(l), axis=1)
+            dup = s[:, 1:] == s[:, :-1]
+            if dup.any():
+                g, i = (int(x) for x in np.argwhere(dup)[0])
+                raise InputError(f"phy2log: layer {l}: device {g} hosts expert {int(s[g, i])} twice")
+        cnt = self.logcnt()
+        missing = cnt == 0
+        if missing.any():
+            l, e = (int(i) for i in np.argwhere(missing)[0])
+            raise InputError(f"phy2log: layer {l}: expert {e} is hosted nowhere")
+        if self.node_of.shape != (G,):
+            raise InputError(f"node_of: {self.node_of.shape[0]} entries for {G} devices")
+        if set(np.unique(self.node_of).tolist()) != set(range(self.num_nodes)):
+            raise InputError(f"node_of: node ids {sorted(set(self.node_of.tolist()))} are not 0..n-1")
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format_version": FORMAT_VERSION, "method": self.method,
+                "num_layers": self.num_layers, "num_experts": self.num_experts,
+                "num_devices": self.num_devices, "slots_per_device": self.slots_per_device,
+                "node_of": self.node_of.tolist(), "phy2log": self.phy2log.tolist(),
+                "info": self.info}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Placement":
+        if d.get("format_version") != FORMAT_VERSION:
+            raise InputError(f"placement.format_version: {d.get('format_version')!r} is not "
+                             f"supported (this sempar reads {FORMAT_VERSION})")
+        try:
+            p = cls(phy2log=np.asarray(d["phy2log"]), num_experts=int(d["num_experts"]),
+                    num_devices=int(d["num_devices"]), node_of=np.asarray(d["node_of"]),
+                    method=str(d.get("method", "")), info=dict(d.get("info", {})))
+        except (KeyError, TypeError, ValueError) as err:
+            raise InputError(f"placement: malformed field ({err})") from None
+        if p.num_layers != d.get("num_layers", p.num_layers) or \
+                p.slots_per_device != d.get("slots_per_device", p.slots_per_device):
+            raise InputError("placement: num_layers / slots_per_device contradict phy2log")
+        return p.validate()
+
+    def save(self, path: str | os.PathLike) -> None:
+        self.validate()
+        write_text_atomic(path, json.dumps(self.to_json()) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Placement":
+        p = Path(path)
+        if not p.is_file():
+            raise InputError(f"{p}: no such placement file")
+        try:
+            d = json.loads(p.read_text())
+        except ValueError as err:
+            raise InputError(f"{p}: not JSON ({err})") from None
+        if not isinstance(d, dict):
+            raise InputError(f"{p}: not a placement object")
+        return cls.from_json(d)
+
+
+def contiguous_nodes(num_devices: int, num_nodes: int) -> np.ndarray:
+    """int32[G]: devices 0..G-1 split into `num_nodes` equal contiguous nodes."""
+    if num_nodes < 1 or num_devices % num_nodes:
+        raise InputError(f"--nodes: {num_nodes} does not divide the {num_devices} devices")
+    return (np.arange(num_devices) // (num_devices // num_nodes)).astype(np.int32)

@@ -1,0 +1,72 @@
+"""The committed assets: tokenizer, the two tiny models and the dev traces recorded from them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sempar.paths import DEV_TRACES, assets_dir, dev_trace_paths
+from sempar.trace import read_trace
+
+MODELS = assets_dir() / "models"
+needs_models = pytest.mark.skipif(not all((MODELS / n / "model.safetensors").is_file()
+                                          for n in DEV_TRACES), reason="tiny models not built")
+
+
+def test_tokenizer_committed():
+    from sempar.tiny.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    assert tok.get_vocab_size() == 8192
+    ids = tok.encode("def main():\n    print('Guten Tag, мир')").ids
+    assert tok.decode(ids) == "def main():\n    print('Guten Tag, мир')"
+
+
+@needs_models
+def test_model_sizes_within_budget():
+    total = sum((MODELS / n / "model.safetensors").stat().st_size for n in DEV_TRACES)
+    assert total <= 40 * 2**20
+    for n in DEV_TRACES:
+        info = json.loads((MODELS / n / "train.json").read_text())
+        assert info["heldout_lm_loss"] < 7.0  # far below ln(8192) = 9.0 of an untrained model
+
+
+@needs_models
+@pytest.mark.parametrize("name", DEV_TRACES)
+def test_record_named_model_twice_same_bytes(name, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("import os\nprint(os.getcwd())\n\nThe king is dead; long live the king.\n")
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"{i}.parquet"
+        r = subprocess.run([sys.executable, "-m", "sempar.cli", "record", "--model", name,
+                            "--text", f"{text}:mixed", "--out", str(out)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    r = subprocess.run([sys.executable, "-m", "sempar.cli", "trace", "validate",
+                        str(tmp_path / "0.parquet")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    t = read_trace(tmp_path / "0.parquet")
+    assert t.num_requests == 2 and t.domains == ["mixed"] and t.meta.num_layers == 6
+
+
+@pytest.mark.skipif(len(dev_trace_paths()) < 2, reason="dev traces not recorded")
+def test_dev_traces_cover_every_domain():
+    total = 0
+    for path in dev_trace_paths():
+        total += path.stat().st_size
+        t = read_trace(path)
+        counts = t.domain_counts()
+        assert set(counts) == {"code", "docs", "literature", "math", "chat", "de-ru"}
+        assert min(counts.values()) >= 40_000
+        # every request stays inside one domain
+        first = np.unique(t.request_id, return_index=True)[1]
+        assert np.array_equal(t.domain[first][np.searchsorted(np.unique(t.request_id), t.request_id)],
+                              t.domain)
+    assert total <= 30 * 2**20
