@@ -75,3 +75,44 @@ def test_bad_problem(trace, kwargs, msg):
 def test_unknown_method(trace):
     with pytest.raises(InputError, match="round-robin"):
         solve("magic", trace, 4)
+
+
+def _device_load(p, load):
+    """float[L, G]: activations each device computes when replicas share an expert's load."""
+    cnt = p.logcnt()
+    per = load / cnt
+    out = np.zeros((p.num_layers, p.num_devices))
+    for l in range(p.num_layers):
+        np.add.at(out[l], np.repeat(np.arange(p.num_devices), p.slots_per_device),
+                  per[l, p.phy2log[l]])
+    return out
+
+
+def test_eplb_balances_a_skewed_load(trace):
+    from sempar.placement.base import PlacementProblem
+
+    load = PlacementProblem(trace, 8).expert_load().astype(float)
+    van = _device_load(solve("vanilla", trace, 8), load)
+    ep = _device_load(solve("eplb", trace, 8, redundant=8), load)
+    imb = lambda d: (d.max(axis=1) / d.mean(axis=1)).mean()  # noqa: E731
+    assert imb(ep) < imb(van) and imb(ep) < 1.10
+
+
+def test_rebalance_experts_contract():
+    from sempar.placement.eplb import balanced_packing, rebalance_experts, replicate_experts
+
+    w = np.array([[90, 10, 10, 10, 5, 5, 5, 5]], float)
+    phy2log, log2phy, logcnt = rebalance_experts(w, 12, num_groups=4, num_nodes=2, num_gpus=4)
+    assert phy2log.shape == (1, 12) and logcnt.sum() == 12 and logcnt[0, 0] >= 3
+    for e in range(8):
+        slots = log2phy[0, e][log2phy[0, e] >= 0]
+        assert slots.size == logcnt[0, e] and (phy2log[0, slots] == e).all()
+    # hierarchical: each node holds whole expert groups (2 experts per group)
+    for node in range(2):
+        experts = set(phy2log[0, node * 6:(node + 1) * 6].tolist())
+        assert all({2 * g, 2 * g + 1} <= experts or not ({2 * g, 2 * g + 1} & experts)
+                   for g in range(4))
+    phy, cnt = replicate_experts(np.array([8.0, 2.0, 1.0]), 6)
+    assert cnt.tolist() == [4, 1, 1] and sorted(phy.tolist()) == [0, 0, 0, 0, 1, 2]
+    packs = balanced_packing(np.array([5.0, 4.0, 3.0, 3.0]), 2)
+    assert sorted(np.bincount(packs).tolist()) == [2, 2]
