@@ -57,3 +57,29 @@ def test_oracle_respects_capacity():
     assert np.bincount(equal, minlength=2).tolist() == [2, 2]
     f = placement_figures(_p(), experts, oracle_home(_p(), experts, batch=4))
     assert f["lar_mean"] == 0.75
+
+
+def test_place_and_evaluate_cli(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from sempar.trace import write_trace
+    from sempar.trace.synth import synthesize
+
+    write_trace(synthesize("olmoe-1b-7b", 8000, requests=40, seed=4), tmp_path / "t.parquet")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "sempar.cli", *a],  # noqa: E731
+                                    capture_output=True, text=True, cwd=tmp_path)
+    r = run("place", "--trace", "t.parquet", "--method", "eplb", "--ep", "4", "--redundant", "4",
+            "--out", "p.json")
+    assert r.returncode == 0, r.stderr
+    assert Placement.load(tmp_path / "p.json").slots_per_device == 17
+    r = run("evaluate", "--fit", "t.parquet", "--split", "--ep", "4", "--mode", "dp", "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert set(res["methods"]) >= {"vanilla", "round-robin", "eplb"}
+    for m in res["methods"].values():
+        assert 0.2 < m["lar_mean"] <= m["oracle_lar_mean"] + 1e-9 <= 1.0 + 1e-9
+        assert m["imbalance_max_mean"] >= 1.0
+    r = run("evaluate", "--fit", "t.parquet", "--ep", "4")
+    assert r.returncode == 2 and "--split" in r.stderr

@@ -236,6 +236,69 @@ def import_sglang_cmd(dumps: list[Path] = typer.Argument(..., help="SGLang per_t
 
 
 @app.command()
+def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)"),
+          method: str = typer.Option(..., "--method", help="placement method (see `evaluate`)"),
+          ep: int = typer.Option(..., "--ep", help="EP degree G (devices)"),
+          nodes: int = typer.Option(1, "--nodes", help="nodes the devices are grouped into"),
+          redundant: int = typer.Option(0, "--redundant", help="replica slots per layer"),
+          seed: int = typer.Option(0, "--seed"),
+          out_file: Path = typer.Option(..., "--out", help="placement.json to write")) -> None:
+    """Solve an expert placement on a fit trace and write it as JSON."""
+    from sempar.placement import solve
+    from sempar.trace import read_trace
+
+    p = solve(method, read_trace(trace), ep, nodes, redundant, seed)
+    p.save(out_file)
+    sys.stderr.write(f"wrote {out_file}: {method}, {p.num_layers} layers, {ep} devices x "
+                     f"{p.slots_per_device} slots, {p.num_nodes} node(s)\n")
+
+
+@app.command()
+def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements are solved on"),
+             eval_file: Optional[Path] = typer.Option(None, "--eval", help="held-out trace"),
+             ep: int = typer.Option(..., "--ep", help="EP degree G"),
+             nodes: int = typer.Option(1, "--nodes"),
+             methods: str = typer.Option("all", "--methods", help="comma-separated, or all"),
+             mode: str = typer.Option("tp", "--mode", help="dp or tp"),
+             redundant: int = typer.Option(0, "--redundant"),
+             split: bool = typer.Option(False, "--split", help="split --fit 20/80 by request"),
+             seed: int = typer.Option(0, "--seed"),
+             as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""
+    from sempar.placement import SOLVERS
+    from sempar.placement.evaluate import evaluate as run
+    from sempar.progress import steps
+    from sempar.report.html import fmt
+    from sempar.trace import read_trace, split_by_request
+
+    if split == (eval_file is not None):
+        raise InputError("evaluate: give --eval EVAL, or --split to divide --fit 20/80 by request")
+    names = SOLVERS.names() if methods == "all" else [m.strip() for m in methods.split(",")]
+    for n in names:
+        SOLVERS.get(n)
+    fit_trace = read_trace(fit)
+    if split:
+        fit_trace, eval_trace = split_by_request(fit_trace, seed=seed)
+    else:
+        eval_trace = read_trace(eval_file)
+    if as_json:
+        emit_json(run(fit_trace, eval_trace, ep, nodes, names, mode, redundant, seed))
+        return
+    with steps("evaluate", len(names)) as step:
+        result = run(fit_trace, eval_trace, ep, nodes, names, mode, redundant, seed, progress=step)
+    table = Table(title=f"EP {ep}, {nodes} node(s), {mode} mode, held-out "
+                        f"{result['eval']['tokens']} tokens")
+    cols = ["lar_mean", "oracle_lar_mean", "node_local_rate", "remote_copies_per_token",
+            "imbalance_max_mean", "solve_seconds"]
+    table.add_column("method")
+    for c in cols:
+        table.add_column(c.replace("_", " "), justify="right")
+    for name, r in result["methods"].items():
+        table.add_row(name, *[fmt(r[c]) for c in cols])
+    out.print(table)
+
+
+@app.command()
 def analyze(trace: Optional[Path] = typer.Argument(None, help="Parquet trace"),
             out_dir: Optional[Path] = typer.Option(None, "--out", help="folder for JSON, PNGs, report"),
             as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
