@@ -96,7 +96,8 @@ def oracle_home(placement: Placement, experts: np.ndarray, batch: int | None = B
     """int32[T, L]: each (token, layer) on the device hosting most of its experts.
 
     With `batch`, every device takes an equal share of each batch (tp mode's align step): tokens
-    are placed greedily, most local hits first, on their best device that still has room.
+    are placed greedily in proposal rounds (each unplaced token asks its next-best device; a
+    device with room takes the askers with the most local hits first).
     With batch=None the figure is unconstrained.
     """
     hosts = placement.hosts()
@@ -114,12 +115,19 @@ def oracle_home(placement: Placement, experts: np.ndarray, batch: int | None = B
             cap = np.full(G, n // G) + (np.arange(G) < n % G)
             pref = np.argsort(-h, axis=1, kind="stable")
             best = h.max(axis=1)
-            assigned = np.empty(n, np.int32)
-            for t in np.argsort(-best, kind="stable"):
-                for g in pref[t]:
-                    if cap[g]:
-                        assigned[t] = g
-                        cap[g] -= 1
-                        break
+            assigned = np.full(n, -1, np.int32)
+            # Proposal rounds: in round r every unplaced token asks its r-th best device; a
+            # device with room takes its askers with the most local hits first.
+            for r in range(G):
+                idx = np.flatnonzero(assigned < 0)
+                if idx.size == 0:
+                    break
+                choice = pref[idx, r]
+                order = np.lexsort((-best[idx], choice))
+                c = choice[order]
+                rank = np.arange(c.size) - np.searchsorted(c, c, side="left")
+                ok = rank < cap[c]
+                assigned[idx[order[ok]]] = c[ok]
+                cap -= np.bincount(c[ok], minlength=G)
             home[lo:lo + batch, l] = assigned
     return home
