@@ -254,6 +254,32 @@ def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)")
 
 
 @app.command()
+def export(placement: Path = typer.Option(..., "--placement", help="placement.json"),
+           to: str = typer.Option(..., "--to", help="sglang, vllm, vllm-ascend or hf-checkpoint"),
+           out_path: Path = typer.Option(..., "--out", help="file (engines) or folder (checkpoint)"),
+           model: Optional[str] = typer.Option(None, "--model", help="hf-checkpoint: packaged "
+                                               "model name or folder to permute"),
+           num_hidden_layers: Optional[int] = typer.Option(
+               None, "--num-hidden-layers", help="sglang: rows to write (dense layers included)")) -> None:
+    """Write a placement for an engine, or a permuted checkpoint that realises it."""
+    from sempar.placement import Placement
+
+    p = Placement.load(placement)
+    if to == "hf-checkpoint":
+        from sempar.export.checkpoint import permute_checkpoint
+        from sempar.trace.record import resolve_model
+
+        if model is None:
+            raise InputError("--model: hf-checkpoint needs the model to permute")
+        permute_checkpoint(resolve_model(model).model_dir, p, out_path)
+    else:
+        from sempar.export.engines import write_engine_file
+
+        write_engine_file(p, to, out_path, num_hidden_layers)
+    sys.stderr.write(f"wrote {out_path} ({to})\n")
+
+
+@app.command()
 def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements are solved on"),
              eval_file: Optional[Path] = typer.Option(None, "--eval", help="held-out trace"),
              ep: int = typer.Option(..., "--ep", help="EP degree G"),

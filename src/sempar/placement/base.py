@@ -69,4 +69,6 @@ def solve(method: str, trace: RoutingTrace, num_devices: int, num_nodes: int = 1
     problem = PlacementProblem(trace, num_devices, num_nodes, redundant, seed)
     placement = solver(problem)
     placement.method = method
+    placement.info.setdefault("model", trace.meta.model)
+    placement.info.setdefault("layer_ids", list(trace.meta.layers))
     return placement.validate()

@@ -1,0 +1,1 @@
+"""Writers for engines and checkpoints: placements in the files SGLang, vLLM and HF load."""
