@@ -1,10 +1,11 @@
 """`sempar evaluate`: every placement method in one table, judged on held-out routing.
 
 Protocol (design.md): solve on the fit trace, measure on the eval trace. Homes:
-- dp mode: a method's own request -> rank assignment when it has one, else requests dealt
+- dp mode: a method's own token table when it has one (each new request to the rank its
+  tokens prefer, one request per rank per round: Sem-MoE Alg. 2), else requests dealt
   round-robin to the DP ranks in arrival order (equal counts per round);
-- tp mode: a method's own token table when it has one, else equal contiguous chunks of every
-  batch of 2,048 tokens (vanilla TP).
+- tp mode: a method's own token table when it has one (`metrics.home_tp_table`), else equal
+  contiguous chunks of every batch of 2,048 tokens (vanilla TP).
 Next to each method's LAR stand its oracle LARs: the same placement with homes chosen knowing
 the real routing, under the mode's capacity rule (tp: equal tokens per device per batch; dp:
 whole requests, each round of G requests matched to the G ranks by maximum local activations)
@@ -21,8 +22,8 @@ from scipy.optimize import linear_sum_assignment
 
 from sempar.errors import InputError
 from sempar.placement.base import SOLVERS, solve
-from sempar.placement.metrics import (home_dp_round_robin, home_tp_contiguous, oracle_home,
-                                      placement_figures)
+from sempar.placement.metrics import (home_dp_round_robin, home_dp_table, home_tp_contiguous,
+                                      home_tp_table, oracle_home, placement_figures)
 from sempar.placement.placement import Placement
 from sempar.trace.schema import RoutingTrace
 
@@ -67,11 +68,14 @@ def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int = 1,
         t0 = time.perf_counter()
         placement = solve(name, fit, ep, nodes, redundant, seed)
         seconds = time.perf_counter() - t0
+        table = placement.info.get("token_table")
         if mode == "dp":
-            home = home_dp_round_robin(eval_.request_id, ep, L)
+            home = (home_dp_table(eval_.request_id, eval_.token_id, table, ep, L) if table
+                    else home_dp_round_robin(eval_.request_id, ep, L))
             oracle = oracle_home_dp(placement, eval_)
         else:
-            home = home_tp_contiguous(eval_.num_tokens, ep, L)
+            home = (home_tp_table(eval_.token_id, table, ep) if table
+                    else home_tp_contiguous(eval_.num_tokens, ep, L))
             oracle = oracle_home(placement, eval_.experts)
         f = placement_figures(placement, eval_.experts, home)
         free = placement_figures(placement, eval_.experts, oracle_home(placement, eval_.experts,

@@ -131,3 +131,64 @@ def oracle_home(placement: Placement, experts: np.ndarray, batch: int | None = B
                 cap -= np.bincount(c[ok], minlength=G)
             home[lo:lo + batch, l] = assigned
     return home
+
+
+def home_tp_table(token_id: np.ndarray, table: dict, num_devices: int,
+                  batch: int = BATCH) -> np.ndarray:
+    """int32[T, L]: tokens placed by a method's token table T[l, token] (confidence Tp), equal
+    shares per device per batch (Sem-MoE Alg. 3's align step). In each batch the most confident
+    tokens go first to their device while it has room; tokens the table does not know, and those
+    whose device is full, fill the remaining room in order (our fallback)."""
+    known = np.asarray(table["token_id"])
+    dev = np.asarray(table["device"])                             # [L, U]
+    conf = np.asarray(table["confidence"])
+    L = dev.shape[0]
+    pos = np.searchsorted(known, token_id)
+    pos = np.minimum(pos, known.size - 1)
+    seen = known[pos] == token_id
+    T, G = token_id.size, num_devices
+    home = np.empty((T, L), np.int32)
+    for l in range(L):
+        want = np.where(seen, dev[l, pos], -1)
+        score = np.where(seen, conf[l, pos], -1.0)
+        for lo in range(0, T, batch):
+            w, sc = want[lo:lo + batch], score[lo:lo + batch]
+            n = w.size
+            cap = np.full(G, n // G) + (np.arange(G) < n % G)
+            got = np.full(n, -1, np.int32)
+            order = np.lexsort((-sc, w))                          # by device, most confident first
+            ww = w[order]
+            rank = np.arange(n) - np.searchsorted(ww, ww, side="left")
+            ok = (ww >= 0) & (rank < cap[np.maximum(ww, 0)])
+            got[order[ok]] = ww[ok]
+            cap -= np.bincount(ww[ok], minlength=G)
+            rest = np.flatnonzero(got < 0)
+            got[rest] = np.repeat(np.arange(G), cap)[: rest.size]
+            home[lo:lo + batch, l] = got
+    return home
+
+
+def home_dp_table(request_id: np.ndarray, token_id: np.ndarray, table: dict, num_devices: int,
+                  num_layers: int) -> np.ndarray:
+    """int32[T, L]: requests (arrival order) to DP ranks by a token table: each request's score
+    per rank sums its known tokens' confidences over layers; in each round of G requests a rank
+    that has taken one is masked until all have (Sem-MoE Alg. 2's round mask)."""
+    known = np.asarray(table["token_id"])
+    dev = np.asarray(table["device"])
+    conf = np.asarray(table["confidence"])
+    G = num_devices
+    pos = np.minimum(np.searchsorted(known, token_id), known.size - 1)
+    seen = known[pos] == token_id
+    reqs, first, ridx = np.unique(request_id, return_index=True, return_inverse=True)
+    score = np.zeros((reqs.size, G))
+    for l in range(dev.shape[0]):
+        np.add.at(score, (ridx[seen], dev[l, pos[seen]]), conf[l, pos[seen]])
+    rank = np.empty(reqs.size, np.int32)
+    mask = np.ones(G, bool)
+    for r in np.argsort(first, kind="stable"):
+        g = int(np.argmax(np.where(mask, score[r], -np.inf)))
+        rank[r] = g
+        mask[g] = False
+        if not mask.any():
+            mask[:] = True
+    return np.repeat(rank[ridx][:, None], num_layers, axis=1)
