@@ -101,23 +101,24 @@ def stage_real(ctx: DemoContext) -> dict | None:
 @STAGES.register("placement")
 def stage_placement(ctx: DemoContext) -> dict:
     """Every registered placement method on each default trace: fit 20%, evaluate 80%, EP 4."""
-    from sempar.placement.evaluate import evaluate
+    from sempar.placement.evaluate import evaluate_modes
     from sempar.trace import read_trace, split_by_request
 
     ctx.report.heading("Expert placement on held-out routing (EP 4)")
-    ctx.report.paragraph("Fit on 20% of the requests, evaluated on the other 80%. tp mode: equal "
-                         "contiguous chunks of every 2,048-token batch; dp mode: requests dealt "
-                         "round-robin to the ranks. Oracle: the same placement with every token "
-                         "placed knowing its routing, under the mode's capacity rule.", note=True)
+    ctx.report.paragraph("Fit on 20% of the requests, evaluated on the other 80%. Methods with a "
+                         "token table (co-clustering) place tokens by it: in tp mode equal shares "
+                         "of every 2,048-token batch, in dp mode each request to the rank its "
+                         "tokens prefer with Sem-MoE Alg. 2's round mask. Other methods: equal "
+                         "contiguous chunks (tp) or requests round-robin (dp). Oracle: the same "
+                         "placement with every token placed knowing its routing, under the mode's "
+                         "capacity rule.", note=True)
     cols = ["lar_mean", "oracle_lar_mean", "remote_copies_per_token", "imbalance_max_mean",
             "solve_seconds"]
     out = {}
     for name, entry in ctx.results["trace"].items():
         fit, ev = split_by_request(read_trace(entry["path"]), seed=0)
-        out[name] = {}
-        for mode in ("tp", "dp"):
-            res = evaluate(fit, ev, ep=4, mode=mode)
-            out[name][mode] = res
+        out[name] = evaluate_modes(fit, ev, ep=4, modes=("tp", "dp"))
+        for mode, res in out[name].items():
             ctx.report.heading(f"{name}, {mode} mode", 3)
             ctx.report.table(["method"] + [c.replace("_", " ") for c in cols],
                              [[m] + [r[c] for c in cols] for m, r in res["methods"].items()])

@@ -49,44 +49,60 @@ def oracle_home_dp(placement: Placement, trace: RoutingTrace) -> np.ndarray:
     return np.repeat(rank[ridx][:, None], L, axis=1)
 
 
-def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int = 1,
-             methods: list[str] | None = None, mode: str = "tp", redundant: int = 0,
-             seed: int = 0, progress: Callable[[str], None] | None = None) -> dict:
-    """The `evaluate --json` contract for `methods` (default: every registered one)."""
-    if mode not in MODES:
-        raise InputError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
-    if fit.meta.compatible_with(eval_.meta):
-        raise InputError("--eval: the eval trace's model shape differs from the fit trace's")
-    names = methods or SOLVERS.names()
-    L = eval_.meta.num_layers
-    out = {"ep": ep, "nodes": nodes, "mode": mode, "redundant": redundant,
-           "fit": {"tokens": fit.num_tokens, "requests": fit.num_requests},
-           "eval": {"tokens": eval_.num_tokens, "requests": eval_.num_requests}, "methods": {}}
-    for name in names:
-        if progress:
-            progress(name)
-        t0 = time.perf_counter()
-        placement = solve(name, fit, ep, nodes, redundant, seed)
-        seconds = time.perf_counter() - t0
-        table = placement.info.get("token_table")
-        if mode == "dp":
-            home = (home_dp_table(eval_.request_id, eval_.token_id, table, ep, L) if table
-                    else home_dp_round_robin(eval_.request_id, ep, L))
-            oracle = oracle_home_dp(placement, eval_)
-        else:
-            home = (home_tp_table(eval_.token_id, table, ep) if table
-                    else home_tp_contiguous(eval_.num_tokens, ep, L))
-            oracle = oracle_home(placement, eval_.experts)
-        f = placement_figures(placement, eval_.experts, home)
-        free = placement_figures(placement, eval_.experts, oracle_home(placement, eval_.experts,
-                                                                       batch=None))
-        out["methods"][name] = {
-            "lar_mean": f["lar_mean"], "lar_p50": f["lar_p50"],
+def figures_for(placement: Placement, eval_: RoutingTrace, mode: str) -> dict:
+    """The per-method figures of the contract for one solved placement in one mode."""
+    ep, L = placement.num_devices, eval_.meta.num_layers
+    table = placement.info.get("token_table")
+    if mode == "dp":
+        home = (home_dp_table(eval_.request_id, eval_.token_id, table, ep, L) if table
+                else home_dp_round_robin(eval_.request_id, ep, L))
+        oracle = oracle_home_dp(placement, eval_)
+    else:
+        home = (home_tp_table(eval_.token_id, table, ep) if table
+                else home_tp_contiguous(eval_.num_tokens, ep, L))
+        oracle = oracle_home(placement, eval_.experts)
+    f = placement_figures(placement, eval_.experts, home)
+    free = placement_figures(placement, eval_.experts,
+                             oracle_home(placement, eval_.experts, batch=None))
+    return {"lar_mean": f["lar_mean"], "lar_p50": f["lar_p50"],
             "oracle_lar_mean": placement_figures(placement, eval_.experts, oracle)["lar_mean"],
             "oracle_lar_unconstrained_mean": free["lar_mean"],
             "node_local_rate": f["node_local_rate"],
             "remote_copies_per_token": f["remote_copies_per_token"],
             "imbalance_max_mean": f["imbalance_max_mean"],
-            "imbalance_max_median": f["imbalance_max_median"],
-            "solve_seconds": round(seconds, 4)}
+            "imbalance_max_median": f["imbalance_max_median"]}
+
+
+def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int = 1,
+                   methods: list[str] | None = None, modes: tuple[str, ...] = MODES,
+                   redundant: int = 0, seed: int = 0,
+                   progress: Callable[[str], None] | None = None) -> dict[str, dict]:
+    """{mode: the `evaluate --json` contract}, every placement solved once for all modes."""
+    for mode in modes:
+        if mode not in MODES:
+            raise InputError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
+    if fit.meta.compatible_with(eval_.meta):
+        raise InputError("--eval: the eval trace's model shape differs from the fit trace's")
+    names = methods or SOLVERS.names()
+    out = {mode: {"ep": ep, "nodes": nodes, "mode": mode, "redundant": redundant,
+                  "fit": {"tokens": fit.num_tokens, "requests": fit.num_requests},
+                  "eval": {"tokens": eval_.num_tokens, "requests": eval_.num_requests},
+                  "methods": {}} for mode in modes}
+    for name in names:
+        if progress:
+            progress(name)
+        t0 = time.perf_counter()
+        placement = solve(name, fit, ep, nodes, redundant, seed)
+        seconds = round(time.perf_counter() - t0, 4)
+        for mode in modes:
+            out[mode]["methods"][name] = dict(figures_for(placement, eval_, mode),
+                                              solve_seconds=seconds)
     return out
+
+
+def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int = 1,
+             methods: list[str] | None = None, mode: str = "tp", redundant: int = 0,
+             seed: int = 0, progress: Callable[[str], None] | None = None) -> dict:
+    """The `evaluate --json` contract for `methods` (default: every registered one)."""
+    return evaluate_modes(fit, eval_, ep, nodes, methods, (mode,), redundant, seed,
+                          progress)[mode]
