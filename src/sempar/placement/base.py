@@ -55,6 +55,32 @@ class PlacementProblem:
         return np.bincount(key.ravel(), minlength=L * N).reshape(L, N)
 
 
+def coclustered_placement(p: PlacementProblem, name: str, expert_device: np.ndarray,
+                          tokens: np.ndarray, Cp: np.ndarray, token_device: np.ndarray | None = None,
+                          info: dict | None = None) -> Placement:
+    """The placement and token table of a co-clustering solver.
+
+    expert_device int[L, N]: device of each expert (N/G each); tokens int[U] sorted token ids;
+    Cp float[L, U, N]: token -> expert confidence; token_device int[L, U]: the solver's token
+    clusters, or None to send each token where most of its expected activations land. The
+    table's confidence is the share of the token's expected activations on its device.
+    """
+    L, N = expert_device.shape
+    G = p.num_devices
+    onehot = np.zeros((L, N, G))
+    onehot[np.arange(L)[:, None], np.arange(N)[None, :], expert_device] = 1.0
+    share = np.einsum("lun,lng->lug", Cp.astype(np.float64), onehot)        # [L, U, G]
+    if token_device is None:
+        token_device = share.argmax(axis=2)
+    conf = np.take_along_axis(share, token_device[:, :, None].astype(np.int64), axis=2)[:, :, 0]
+    phy2log = np.stack([np.argsort(expert_device[l], kind="stable") for l in range(L)])
+    info = dict(info or {})
+    info["token_table"] = {"token_id": np.asarray(tokens).tolist(),
+                           "device": token_device.astype(np.int16).tolist(),
+                           "confidence": np.round(conf.astype(np.float32), 4).tolist()}
+    return Placement(phy2log, N, G, p.node_of(), name, info=info)
+
+
 class Solver(Protocol):
     def __call__(self, problem: PlacementProblem) -> Placement: ...
 

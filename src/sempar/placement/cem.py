@@ -66,7 +66,7 @@ import numpy as np
 from scipy import sparse
 
 from sempar.errors import InputError
-from sempar.placement.base import SOLVERS, PlacementProblem
+from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement
 from sempar.placement.placement import Placement
 from sempar.placement.semmoe import affinity_tables
 
@@ -218,22 +218,14 @@ def smoe_cem(p: PlacementProblem, n_iter: int = N_ITER, n_samples: int = N_SAMPL
     seeds = np.random.SeedSequence(p.seed).spawn(L)
     ecls = np.empty((L, N), np.int64)
     tcls = np.empty((L, tokens.size), np.int64)
-    conf = np.empty((L, tokens.size), np.float32)
     hists = []
     for l in range(L):
         rng = np.random.default_rng(seeds[l])
         e, t, h = cem_layer(Cp[l], a, E, rng, n_iter, n_samples, beta, rho, smoothing,
                             order, balance)
         ecls[l], tcls[l] = e, t
-        onehot = np.zeros((N, E))
-        onehot[np.arange(N), e] = 1.0
-        share = Cp[l].astype(np.float64) @ onehot                 # [U, E]
-        conf[l] = share[np.arange(tokens.size), t]
         hists.append(h)
-    phy2log = np.stack([np.argsort(ecls[l], kind="stable") for l in range(L)])  # device-major
-    return Placement(phy2log, N, E, p.node_of(), "smoe-cem", info={
+    return coclustered_placement(p, "smoe-cem", ecls, tokens, Cp, tcls, info={
         "cem": {"n_iter": n_iter, "n_samples": n_samples, "beta": beta, "rho": rho,
                 "smoothing": smoothing, "best_score": [h["best"][-1] for h in hists],
-                "layers": hists},
-        "token_table": {"token_id": tokens.tolist(), "device": tcls.astype(np.int16).tolist(),
-                        "confidence": np.round(conf, 4).tolist()}})
+                "layers": hists}})

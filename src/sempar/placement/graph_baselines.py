@@ -54,7 +54,7 @@ from scipy.optimize import linear_sum_assignment
 from threadpoolctl import threadpool_limits
 
 from sempar.errors import InputError
-from sempar.placement.base import SOLVERS, PlacementProblem
+from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement
 from sempar.placement.placement import Placement
 from sempar.placement.semmoe import affinity_tables
 
@@ -80,15 +80,7 @@ def _tables(p: PlacementProblem):
 def _output(p: PlacementProblem, name: str, groups: np.ndarray, token_dev: np.ndarray,
             tokens: np.ndarray, Cp: np.ndarray, info: dict) -> Placement:
     """Placement from groups int[L, N] (device of each expert) and token_dev int[L, U]."""
-    L, N, G = Cp.shape[0], Cp.shape[2], p.num_devices
-    phy2log = np.stack([np.argsort(groups[l], kind="stable") for l in range(L)])  # device-major
-    share = np.stack([np.stack([Cp[l][:, groups[l] == g].sum(axis=1) for g in range(G)], axis=1)
-                      for l in range(L)])                                       # [L, U, G]
-    conf = np.take_along_axis(share, token_dev[:, :, None], axis=2)[:, :, 0]
-    info["token_table"] = {"token_id": tokens.tolist(),
-                           "device": token_dev.astype(np.int16).tolist(),
-                           "confidence": np.round(conf.astype(np.float32), 4).tolist()}
-    return Placement(phy2log, N, G, p.node_of(), name, info=info)
+    return coclustered_placement(p, name, groups, tokens, Cp, token_dev, info)
 
 
 # ---------------------------------------------------------------------------------------- metis

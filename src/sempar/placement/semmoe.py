@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 
-from sempar.placement.base import SOLVERS, PlacementProblem
+from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement
 from sempar.placement.placement import Placement
 
 ALPHA, BETA, GAMMA = 1.0, 1.0, 2.0
@@ -190,14 +190,6 @@ def semmoe(p: PlacementProblem) -> Placement:
         if best is None or score < best[0]:
             best = (score, ecls.copy(), rcls.copy(), step)
     score, ecls, rcls, step = best
-    phy2log = np.stack([np.argsort(ecls[l], kind="stable") for l in range(L)])  # device-major
-    # token -> device table: share of the token's expected activations per device
-    dev_share = np.stack([np.stack([Cp[l][:, ecls[l] == g].sum(axis=1) for g in range(E)], axis=1)
-                          for l in range(L)])                       # [L, U, E]
-    table = dev_share.argmax(axis=2).astype(np.int16)
-    conf = dev_share.max(axis=2).astype(np.float32)
-    return Placement(phy2log, N, E, p.node_of(), "semmoe", info={
+    return coclustered_placement(p, "semmoe", ecls, tokens, Cp, info={
         "objective": float(score), "best_step": int(step),
-        "request_cluster": {"request_id": reqs.tolist(), "device": rcls.tolist()},
-        "token_table": {"token_id": tokens.tolist(), "device": table.tolist(),
-                        "confidence": np.round(conf, 4).tolist()}})
+        "request_cluster": {"request_id": reqs.tolist(), "device": rcls.tolist()}})
