@@ -163,7 +163,7 @@ def synth(preset: str = typer.Option(..., "--preset",
     from sempar.trace.synth import SynthGenerator
 
     gen = SynthGenerator(preset, tokens, requests, seed, weights=weights)
-    with progress_bar(f"synth {gen.shape.name}", tokens) as advance:
+    with progress_bar(f"synth {gen.shape.model}", tokens) as advance:
         gen.write(out_file, progress=advance)
     sys.stderr.write(f"wrote {out_file}: {tokens} tokens, {gen.requests} requests, "
                      f"{gen.shape.num_layers} layers x {gen.shape.num_experts} experts, "

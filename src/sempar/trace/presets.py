@@ -6,39 +6,24 @@ layers counted are the MoE layers only (DeepSeek models keep their first layers 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sempar.registry import Registry
+from sempar.trace.schema import TraceMeta
 
-
-@dataclass(frozen=True)
-class ModelShape:
-    """Routing shape of an MoE model: L MoE layers, N routed experts, top-k, vocabulary."""
-
-    name: str
-    num_layers: int
-    num_experts: int
-    top_k: int
-    vocab_size: int
-    shared_experts: int = 0
-    num_expert_groups: int = 1
-    topk_groups: int = 1
-
-
-PRESETS: Registry[ModelShape] = Registry("preset")
+# A preset is the TraceMeta a trace of that model carries (model = the preset's name).
+PRESETS: Registry[TraceMeta] = Registry("preset")
 
 for _shape in (
     # Mixtral-8x7B: 32 layers, 8 experts, top-2, 32,000 tokens.
-    ModelShape("mixtral-8x7b", 32, 8, 2, 32000),
+    TraceMeta("mixtral-8x7b", 32, 8, 2, 32000),
     # DeepSeek-V2-Lite: 27 layers, the first dense; 64 routed + 2 shared, top-6; 102,400 tokens.
-    ModelShape("deepseek-v2-lite", 26, 64, 6, 102400, shared_experts=2),
+    TraceMeta("deepseek-v2-lite", 26, 64, 6, 102400, shared_experts=2),
     # OLMoE-1B-7B: 16 layers, 64 experts, top-8; 50,304 embedding rows.
-    ModelShape("olmoe-1b-7b", 16, 64, 8, 50304),
+    TraceMeta("olmoe-1b-7b", 16, 64, 8, 50304),
     # Qwen3-30B-A3B: 48 layers, 128 experts, top-8; 151,936 tokens.
-    ModelShape("qwen3-30b-a3b", 48, 128, 8, 151936),
+    TraceMeta("qwen3-30b-a3b", 48, 128, 8, 151936),
     # DeepSeek-V3: 61 layers, the first 3 dense; 256 routed + 1 shared, top-8 within at most
     # 4 of 8 expert groups; 129,280 tokens.
-    ModelShape("deepseek-v3", 58, 256, 8, 129280, shared_experts=1, num_expert_groups=8,
-               topk_groups=4),
+    TraceMeta("deepseek-v3", 58, 256, 8, 129280, shared_experts=1, num_expert_groups=8,
+              topk_groups=4),
 ):
-    PRESETS.add(_shape.name, _shape)
+    PRESETS.add(_shape.model, _shape)

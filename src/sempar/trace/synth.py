@@ -34,14 +34,14 @@ machine, and memory stays bounded however many tokens are asked for.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator
 
 import numpy as np
 
 from sempar.errors import InputError
 from sempar.trace.io import TraceWriter
-from sempar.trace.presets import PRESETS, ModelShape
+from sempar.trace.presets import PRESETS
 from sempar.trace.schema import RoutingTrace, TraceMeta
 
 BLOCK = 32768  # tokens per generated block (and Parquet row group)
@@ -90,7 +90,7 @@ class _Tables:
     extra: dict = field(default_factory=dict)
 
 
-def _pools(rng: np.random.Generator, shape: ModelShape, C: int, m: int) -> np.ndarray:
+def _pools(rng: np.random.Generator, shape: TraceMeta, C: int, m: int) -> np.ndarray:
     """int16[C, L, m]: each cluster's expert pool per layer, balanced over experts."""
     N, L, G = shape.num_experts, shape.num_layers, shape.num_expert_groups
     per_group = N // G
@@ -120,7 +120,7 @@ def _pools(rng: np.random.Generator, shape: ModelShape, C: int, m: int) -> np.nd
     return pools
 
 
-def _build_tables(shape: ModelShape, p: SynthParams, seed: int) -> _Tables:
+def _build_tables(shape: TraceMeta, p: SynthParams, seed: int) -> _Tables:
     rng = np.random.default_rng([seed, 0x5E3A])
     V, L, N, k = shape.vocab_size, shape.num_layers, shape.num_experts, shape.top_k
     D = len(p.domains)
@@ -169,8 +169,8 @@ def _build_tables(shape: ModelShape, p: SynthParams, seed: int) -> _Tables:
         keep = rng.random(V) < p.layer_persistence
         perm_id[:, l] = np.where(keep, perm_id[:, l - 1], rng.integers(0, p.bank_size, V))
 
-    static = np.empty((V, L, k), shape_dtype(shape))
-    alternate = np.empty((V, L, k), shape_dtype(shape))
+    static = np.empty((V, L, k), shape.expert_dtype)
+    alternate = np.empty((V, L, k), shape.expert_dtype)
     layer_idx = np.arange(L)[None, :, None]
     for lo in range(0, V, 8192):  # chunks keep the int64 index temporaries small
         sl = slice(lo, lo + 8192)
@@ -203,10 +203,6 @@ def _build_tables(shape: ModelShape, p: SynthParams, seed: int) -> _Tables:
                    extra={"pool_size": m, "clusters": C, "common_tokens": n_common})
 
 
-def shape_dtype(shape: ModelShape) -> np.dtype:
-    return np.dtype(np.int16) if shape.num_experts <= np.iinfo(np.int16).max else np.dtype(np.int32)
-
-
 def _requests(rng: np.random.Generator, tokens: int, requests: int, D: int,
               sigma: float) -> tuple[np.ndarray, np.ndarray]:
     """(length int64[R] summing to `tokens`, domain int16[R]) of requests in arrival order."""
@@ -228,7 +224,7 @@ def _requests(rng: np.random.Generator, tokens: int, requests: int, D: int,
 class SynthGenerator:
     """Generate a synthetic trace block by block (fit-free: all state is built from the seed)."""
 
-    def __init__(self, preset: str | ModelShape, tokens: int, requests: int | None = None,
+    def __init__(self, preset: str | TraceMeta, tokens: int, requests: int | None = None,
                  seed: int = 0, params: SynthParams | None = None, weights: bool = False):
         self.shape = PRESETS.get(preset) if isinstance(preset, str) else preset
         if tokens < 1:
@@ -239,14 +235,12 @@ class SynthGenerator:
         if tokens >= 2**31:
             raise InputError(f"--tokens: {tokens} is too many for int32 row ids")
         self.tokens, self.requests, self.seed = tokens, requests, seed
-        self.params = params or SynthParams(**PRESET_PARAMS.get(self.shape.name, {}))
+        self.params = params or SynthParams(**PRESET_PARAMS.get(self.shape.model, {}))
         self.weights = weights
         s = self.shape
-        self.meta = TraceMeta(
-            model=f"synthetic:{s.name}", num_layers=s.num_layers, num_experts=s.num_experts,
-            top_k=s.top_k, vocab_size=s.vocab_size, shared_experts=s.shared_experts,
-            num_expert_groups=s.num_expert_groups, topk_groups=s.topk_groups,
-            extra={"generator": "sempar.synth", "preset": s.name, "seed": seed,
+        self.meta = replace(
+            s, model=f"synthetic:{s.model}",
+            extra={"generator": "sempar.synth", "preset": s.model, "seed": seed,
                    "params": {k: list(v) if isinstance(v, tuple) else v
                               for k, v in asdict(self.params).items()}})
 
