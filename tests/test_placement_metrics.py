@@ -101,7 +101,7 @@ def test_semmoe_beats_vanilla_on_real_routing():
     sem = solve("semmoe", fit, 4)
     van = solve("vanilla", fit, 4)
     L = ev.meta.num_layers
-    f_sem = placement_figures(sem, ev.experts, home_tp_table(ev.token_id, sem.info["token_table"], 4))
+    f_sem = placement_figures(sem, ev.experts, home_tp_table(ev.token_id, sem.token_table, 4))
     f_van = placement_figures(van, ev.experts, home_tp_contiguous(ev.num_tokens, 4, L))
     assert abs(f_van["lar_mean"] - 0.25) < 0.01          # 1/G: routing ignores the position split
     assert f_sem["lar_mean"] > 1.3 * f_van["lar_mean"]   # measured 0.359 vs 0.250

@@ -39,9 +39,9 @@ def _two_cluster_trace(R: int = 40, per_req: int = 20, L: int = 2, hot: float = 
 def _fit_token_load(p, fit):
     """float[L, G]: fit token frequency per cluster of the returned token table."""
     tokens, counts = np.unique(fit.token_id, return_counts=True)
-    tt = p.info["token_table"]
-    assert tt["token_id"] == tokens.tolist()
-    dev = np.asarray(tt["device"])
+    tt = p.token_table
+    assert tt.token_id.tolist() == tokens.tolist()
+    dev = tt.device
     return np.stack([np.bincount(d, weights=counts, minlength=p.num_devices) for d in dev]), counts
 
 
@@ -52,12 +52,12 @@ def test_two_obvious_coclusters_are_found():
     for l in range(p.num_layers):
         dev0 = set(p.slots(l)[0].tolist())
         assert dev0 in ({0, 1, 2, 3}, {4, 5, 6, 7})
-    f = placement_figures(p, ev.experts, home_tp_table(ev.token_id, p.info["token_table"], 2))
+    f = placement_figures(p, ev.experts, home_tp_table(ev.token_id, p.token_table, 2))
     assert f["lar_mean"] >= 0.99
     assert f["imbalance_max_mean"] < 1.2
     # CE can freeze a token on the wrong side before the elites correct it (measured: 1-2 of
     # the 100 fit tokens per layer at the defaults); the rest sit wholly on their co-cluster
-    conf = np.asarray(p.info["token_table"]["confidence"])
+    conf = np.asarray(p.token_table.confidence)
     assert ((conf > 0.99).mean(axis=1) >= 0.95).all()
 
 
@@ -110,7 +110,7 @@ def test_deterministic_for_a_seed_and_refuses_replicas():
     fit, _ = split_by_request(_two_cluster_trace(hot=0.7, seed=3), seed=0)
     a, b = solve("smoe-cem", fit, 2, seed=5), solve("smoe-cem", fit, 2, seed=5)
     assert np.array_equal(a.phy2log, b.phy2log)
-    assert a.info["token_table"] == b.info["token_table"]
+    assert (a.token_table.to_json() == b.token_table.to_json())
     assert a.info["cem"]["layers"] == b.info["cem"]["layers"]
     with pytest.raises(InputError, match="redundant"):
         solve("smoe-cem", fit, 2, redundant=2)
@@ -126,8 +126,8 @@ def test_beats_vanilla_on_the_dev_trace():
         pytest.skip("dev traces not recorded")
     fit, ev = split_by_request(read_trace(paths["tiny-moe64"]), seed=0)
     p = solve("smoe-cem", fit, 4)
-    f = placement_figures(p, ev.experts, home_tp_table(ev.token_id, p.info["token_table"], 4))
+    f = placement_figures(p, ev.experts, home_tp_table(ev.token_id, p.token_table, 4))
     assert f["lar_mean"] > 0.30                # measured 0.320 (index order, 40 x 64 samples)
     assert 1.0 <= f["imbalance_max_mean"] < 2.0
     assert all(sorted(row.tolist()) == list(range(64)) for row in p.phy2log)
-    assert len(p.info["token_table"]["device"]) == fit.meta.num_layers
+    assert len(p.token_table.device) == fit.meta.num_layers

@@ -47,13 +47,13 @@ def test_two_obvious_clusters(method):
     for l in range(2):
         groups = {frozenset(s.tolist()) for s in p.slots(l)}
         assert groups == {frozenset(range(4)), frozenset(range(4, 8))}
-    table = p.info["token_table"]
-    dev = np.asarray(table["device"])
-    assert table["token_id"] == list(range(100))
+    table = p.token_table
+    dev = table.device
+    assert table.token_id.tolist() == list(range(100))
     for l in range(2):
         owner = p.hosts()[l][:, 0].argmax()                   # device holding experts 0..3
         assert (dev[l, :50] == owner).all() and (dev[l, 50:] != owner).all()
-    assert np.allclose(table["confidence"], 1.0)
+    assert np.allclose(table.confidence, 1.0)
     f = placement_figures(p, ev.experts, home_tp_table(ev.token_id, table, 2, batch=256))
     # eval batches are not exactly half/half, so a few tokens overflow to the other device
     assert f["lar_mean"] > 0.9
@@ -66,9 +66,9 @@ def test_valid_balanced_on_synthetic(synth, method, G):
     assert p.num_slots == 64 and p.redundant == 0
     for l in range(p.num_layers):
         assert sorted(p.phy2log[l].tolist()) == list(range(64))
-    dev = np.asarray(p.info["token_table"]["device"])
-    conf = np.asarray(p.info["token_table"]["confidence"])
-    assert dev.shape == (16, len(p.info["token_table"]["token_id"]))
+    dev = np.asarray(p.token_table.device)
+    conf = np.asarray(p.token_table.confidence)
+    assert dev.shape == (16, len(p.token_table.token_id))
     assert dev.min() >= 0 and dev.max() < G and (conf >= 0).all() and (conf <= 1.0001).all()
     # the co-clusters beat a random split: mean confidence above 1/G
     assert conf.mean() > 1.2 / G
@@ -79,7 +79,7 @@ def test_deterministic_for_a_seed(method):
     t = synthesize("olmoe-1b-7b", 3000, seed=3)
     a, b = solve(method, t, 4, seed=7), solve(method, t, 4, seed=7)
     assert np.array_equal(a.phy2log, b.phy2log)
-    assert a.info["token_table"] == b.info["token_table"]
+    assert (a.token_table.to_json() == b.token_table.to_json())
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -107,7 +107,7 @@ def test_beats_vanilla_on_tiny_moe64(tiny_split, method, floor):
     fit, ev = tiny_split
     p = solve(method, fit, 4)
     van = solve("vanilla", fit, 4)
-    f = placement_figures(p, ev.experts, home_tp_table(ev.token_id, p.info["token_table"], 4))
+    f = placement_figures(p, ev.experts, home_tp_table(ev.token_id, p.token_table, 4))
     f_van = placement_figures(van, ev.experts,
                               home_tp_contiguous(ev.num_tokens, 4, ev.meta.num_layers))
     print(f"{method}: LAR {f['lar_mean']:.4f} (vanilla {f_van['lar_mean']:.4f}), "

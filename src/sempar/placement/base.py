@@ -17,6 +17,7 @@ import numpy as np
 
 from sempar.errors import InputError
 from sempar.placement.placement import Placement, contiguous_nodes
+from sempar.predict.token_table import TokenTable
 from sempar.registry import Registry
 from sempar.trace.schema import RoutingTrace
 
@@ -75,9 +76,7 @@ def coclustered_placement(p: PlacementProblem, name: str, expert_device: np.ndar
     conf = np.take_along_axis(share, token_device[:, :, None].astype(np.int64), axis=2)[:, :, 0]
     phy2log = np.stack([np.argsort(expert_device[l], kind="stable") for l in range(L)])
     info = dict(info or {})
-    info["token_table"] = {"token_id": np.asarray(tokens).tolist(),
-                           "device": token_device.astype(np.int16).tolist(),
-                           "confidence": np.round(conf.astype(np.float32), 4).tolist()}
+    info["token_table"] = TokenTable(tokens, token_device, conf)
     return Placement(phy2log, N, G, p.node_of(), name, info=info)
 
 

@@ -54,13 +54,13 @@ def figures_for(placement: Placement, eval_: RoutingTrace, mode: str,
     """The per-method figures of the contract for one solved placement in one mode
     (`free_lar`: the unconstrained oracle LAR, when already computed)."""
     ep, L = placement.num_devices, eval_.meta.num_layers
-    table = placement.info.get("token_table")
+    table = placement.token_table
     if mode == "dp":
-        home = (home_dp_table(eval_.request_id, eval_.token_id, table, ep, L) if table
+        home = (home_dp_table(eval_.request_id, eval_.token_id, table, ep, L) if table is not None
                 else home_dp_round_robin(eval_.request_id, ep, L))
         oracle = oracle_home_dp(placement, eval_)
     else:
-        home = (home_tp_table(eval_.token_id, table, ep) if table
+        home = (home_tp_table(eval_.token_id, table, ep) if table is not None
                 else home_tp_contiguous(eval_.num_tokens, ep, L))
         oracle = oracle_home(placement, eval_.experts)
     f = placement_figures(placement, eval_.experts, home)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from sempar.placement.placement import Placement
+from sempar.predict.token_table import TokenTable
 
 BATCH = 2048  # tokens per batch in tp mode (design.md)
 
@@ -133,15 +134,14 @@ def oracle_home(placement: Placement, experts: np.ndarray, batch: int | None = B
     return home
 
 
-def home_tp_table(token_id: np.ndarray, table: dict, num_devices: int,
+def home_tp_table(token_id: np.ndarray, table: TokenTable, num_devices: int,
                   batch: int = BATCH) -> np.ndarray:
     """int32[T, L]: tokens placed by a method's token table T[l, token] (confidence Tp), equal
     shares per device per batch (Sem-MoE Alg. 3's align step). In each batch the most confident
     tokens go first to their device while it has room; tokens the table does not know, and those
     whose device is full, fill the remaining room in order (our fallback)."""
-    known = np.asarray(table["token_id"])
-    dev = np.asarray(table["device"])                             # [L, U]
-    conf = np.asarray(table["confidence"])
+    table = TokenTable.from_json(table)
+    known, dev, conf = table.token_id, table.device, table.confidence   # [U], [L, U], [L, U]
     L = dev.shape[0]
     pos = np.searchsorted(known, token_id)
     pos = np.minimum(pos, known.size - 1)
@@ -168,14 +168,13 @@ def home_tp_table(token_id: np.ndarray, table: dict, num_devices: int,
     return home
 
 
-def home_dp_table(request_id: np.ndarray, token_id: np.ndarray, table: dict, num_devices: int,
+def home_dp_table(request_id: np.ndarray, token_id: np.ndarray, table: TokenTable, num_devices: int,
                   num_layers: int) -> np.ndarray:
     """int32[T, L]: requests (arrival order) to DP ranks by a token table: each request's score
     per rank sums its known tokens' confidences over layers; in each round of G requests a rank
     that has taken one is masked until all have (Sem-MoE Alg. 2's round mask)."""
-    known = np.asarray(table["token_id"])
-    dev = np.asarray(table["device"])
-    conf = np.asarray(table["confidence"])
+    table = TokenTable.from_json(table)
+    known, dev, conf = table.token_id, table.device, table.confidence   # [U], [L, U], [L, U]
     G = num_devices
     pos = np.minimum(np.searchsorted(known, token_id), known.size - 1)
     seen = known[pos] == token_id

@@ -91,6 +91,17 @@ class Placement:
             out[l, experts, rank] = order
         return out
 
+    @property
+    def token_table(self):
+        """The solver's `TokenTable` (token -> device per layer), or None for placement-only methods."""
+        from sempar.predict.token_table import TokenTable
+
+        t = self.info.get("token_table")
+        if t is None or isinstance(t, TokenTable):
+            return t
+        self.info["token_table"] = TokenTable.from_json(t)
+        return self.info["token_table"]
+
     def validate(self) -> "Placement":
         L, P = self.phy2log.shape if self.phy2log.ndim == 2 else (0, 0)
         if self.phy2log.ndim != 2 or L == 0:
@@ -127,7 +138,8 @@ class Placement:
                 "num_layers": self.num_layers, "num_experts": self.num_experts,
                 "num_devices": self.num_devices, "slots_per_device": self.slots_per_device,
                 "node_of": self.node_of.tolist(), "phy2log": self.phy2log.tolist(),
-                "info": self.info}
+                "info": {k: (v.to_json() if k == "token_table" else v)
+                         for k, v in self.info.items()}}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Placement":
