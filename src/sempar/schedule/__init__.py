@@ -1,0 +1,1 @@
+"""Online data scheduling: request schedulers (Attention-DP) and token re-batching (Attention-TP)."""
