@@ -288,13 +288,15 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
              mode: str = typer.Option("tp", "--mode", help="dp or tp"),
              redundant: int = typer.Option(0, "--redundant"),
              split: bool = typer.Option(False, "--split", help="split --fit 20/80 by request"),
+             cross: bool = typer.Option(False, "--cross-dataset",
+                                        help="also fit on each domain of --fit, evaluate on the others"),
              seed: int = typer.Option(0, "--seed"),
              as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""
     from sempar.placement import SOLVERS
     from sempar.placement.evaluate import evaluate as run
+    from sempar.placement.transfer import DEFAULT_METHODS, cross_dataset_matrix
     from sempar.progress import steps
-    from sempar.report.html import fmt
     from sempar.trace import read_trace, split_by_request
 
     if split == (eval_file is not None):
@@ -302,26 +304,64 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
     names = SOLVERS.names() if methods == "all" else [m.strip() for m in methods.split(",")]
     for n in names:
         SOLVERS.get(n)
-    fit_trace = read_trace(fit)
+    whole = read_trace(fit)
     if split:
-        fit_trace, eval_trace = split_by_request(fit_trace, seed=seed)
+        fit_trace, eval_trace = split_by_request(whole, seed=seed)
     else:
-        eval_trace = read_trace(eval_file)
+        fit_trace, eval_trace = whole, read_trace(eval_file)
+    cross_names = [n for n in (DEFAULT_METHODS if methods == "all" else names) if n != "oracle"]
     if as_json:
-        emit_json(run(fit_trace, eval_trace, ep, nodes, names, mode, redundant, seed))
+        result = run(fit_trace, eval_trace, ep, nodes, names if methods != "all" else None, mode,
+                     redundant, seed)
+        if cross:
+            result["cross_dataset"] = cross_dataset_matrix(whole, ep, nodes, cross_names, mode, seed)
+        emit_json(result)
         return
     with steps("evaluate", len(names)) as step:
-        result = run(fit_trace, eval_trace, ep, nodes, names, mode, redundant, seed, progress=step)
-    table = Table(title=f"EP {ep}, {nodes} node(s), {mode} mode, held-out "
-                        f"{result['eval']['tokens']} tokens")
-    cols = ["lar_mean", "oracle_lar_mean", "node_local_rate", "remote_copies_per_token",
-            "imbalance_max_mean", "solve_seconds"]
+        result = run(fit_trace, eval_trace, ep, nodes, names if methods != "all" else None, mode,
+                     redundant, seed, progress=step)
+    _print_evaluation(result, nodes)
+    if cross:
+        with steps("cross-dataset", len(cross_names) * len(whole.domains)) as step:
+            matrix = cross_dataset_matrix(whole, ep, nodes, cross_names, mode, seed, progress=step)
+        _print_cross(matrix)
+
+
+def _print_evaluation(result: dict, nodes: int) -> None:
+    from sempar.report.html import fmt
+
+    table = Table(title=f"EP {result['ep']}, {nodes} node(s), {result['mode']} mode, held-out "
+                        f"{result['eval']['tokens']} tokens (oracle: in-sample ceiling)")
+    cols = ["lar_mean", "lar_p50", "oracle_lar_mean", "oracle_lar_unconstrained_mean",
+            "remote_copies_per_token", "imbalance_max_mean", "imbalance_max_median", "solve_seconds"]
+    if nodes > 1:
+        cols.insert(4, "node_local_rate")
+    heads = {"lar_mean": "LAR", "lar_p50": "LAR p50", "oracle_lar_mean": "oracle",
+             "oracle_lar_unconstrained_mean": "oracle free", "node_local_rate": "node-local",
+             "remote_copies_per_token": "remote copies", "imbalance_max_mean": "max/mean",
+             "imbalance_max_median": "max/med", "solve_seconds": "solve s"}
     table.add_column("method")
     for c in cols:
-        table.add_column(c.replace("_", " "), justify="right")
+        table.add_column(heads.get(c, c.replace("_", " ")), justify="right")
     for name, r in result["methods"].items():
         table.add_row(name, *[fmt(r[c]) for c in cols])
     out.print(table)
+    for name, why in result.get("skipped", {}).items():
+        out.print(f"skipped {name}: {why}")
+
+
+def _print_cross(matrix: dict) -> None:
+    from sempar.report.html import fmt
+
+    for name, m in matrix["methods"].items():
+        table = Table(title=f"{name}: LAR, fit on row domain (20%), evaluate on column domain "
+                            f"(diagonal: the other 80%); retention {fmt(m['retention'])}")
+        table.add_column("fit \\ eval")
+        for d in matrix["domains"]:
+            table.add_column(d, justify="right")
+        for d, row in zip(matrix["domains"], m["lar"]):
+            table.add_row(d, *[fmt(v) for v in row])
+        out.print(table)
 
 
 @app.command()

@@ -93,6 +93,13 @@ def solve(method: str, trace: RoutingTrace, num_devices: int, num_nodes: int = 1
     solver = SOLVERS.get(method)
     problem = PlacementProblem(trace, num_devices, num_nodes, redundant, seed)
     placement = solver(problem)
+    if num_nodes > 1 and placement.token_table is not None and not placement.info.get("node_aware"):
+        # A co-clustering solver's device labels are arbitrary: pick them so that devices whose
+        # experts the same tokens activate share a node (nodes.py).
+        from sempar.placement.nodes import device_affinity, group_devices, relabel_devices
+
+        perm = group_devices(device_affinity(placement, trace.experts, seed), num_nodes)
+        placement = relabel_devices(placement, perm)
     placement.method = method
     placement.info.setdefault("model", trace.meta.model)
     placement.info.setdefault("layer_ids", list(trace.meta.layers))
