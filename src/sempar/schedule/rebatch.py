@@ -64,7 +64,7 @@ class RebatchPlan:
         return dev_at_row.index_select(0, self.inverse)
 
 
-RebatchStrategy = Callable[[torch.Tensor, int], RebatchPlan]
+RebatchStrategy = Callable[[torch.Tensor, int, torch.Tensor | None], RebatchPlan]
 REBATCHERS: Registry[RebatchStrategy] = Registry("rebatch strategy")
 
 
@@ -107,11 +107,15 @@ def _check(target: torch.Tensor, num_devices: int) -> torch.Tensor:
 
 
 @REBATCHERS.register("align")
-def plan_align(target: torch.Tensor, num_devices: int) -> RebatchPlan:
+def plan_align(target: torch.Tensor, num_devices: int,
+               priority: torch.Tensor | None = None) -> RebatchPlan:
     """Alg. 3 lines 3-6: argsort by preferred device, group, align to equal chunks, concatenate.
 
     target: int[T], the preferred device per token; -1 (or any value outside [0, G), which we do
     not check because a check would cost a host sync per layer) means no preference.
+    priority: float[T] or None. The paper does not say which tokens a full device keeps; by
+    default the earliest (stable order). With `priority` (ours: the prediction's confidence) a
+    device keeps its most confident tokens and the least sure ones overflow.
     """
     target = _check(target, num_devices)
     T, G, dev = target.shape[0], num_devices, target.device
@@ -119,7 +123,11 @@ def plan_align(target: torch.Tensor, num_devices: int) -> RebatchPlan:
     offset = torch.cumsum(cap, 0) - cap
     # Key G sorts the tokens without a preference after every device group.
     key = torch.where((target >= 0) & (target < G), target, G)
-    order = torch.argsort(key, stable=True)
+    if priority is None:
+        order = torch.argsort(key, stable=True)
+    else:
+        by_priority = torch.argsort(-priority.float(), stable=True)
+        order = by_priority.index_select(0, torch.argsort(key.index_select(0, by_priority), stable=True))
     ar = torch.arange(T, device=dev)
     sorted_pos = torch.empty_like(order).scatter_(0, order, ar)
     # scatter_add_, not bincount: bincount reads the maximum back to the host on CUDA.
@@ -152,7 +160,8 @@ def plan_align(target: torch.Tensor, num_devices: int) -> RebatchPlan:
 
 
 @REBATCHERS.register("none")
-def plan_none(target: torch.Tensor, num_devices: int) -> RebatchPlan:
+def plan_none(target: torch.Tensor, num_devices: int,
+              priority: torch.Tensor | None = None) -> RebatchPlan:
     """Vanilla TP: contiguous equal chunks by position, whatever the targets say (identity perm)."""
     target = _check(target, num_devices)
     ar = torch.arange(target.shape[0], device=target.device)
@@ -161,7 +170,8 @@ def plan_none(target: torch.Tensor, num_devices: int) -> RebatchPlan:
 
 
 def rebatch(hidden: torch.Tensor, target: torch.Tensor, num_devices: int,
-            strategy: str = "align") -> tuple[torch.Tensor, RebatchPlan]:
+            strategy: str = "align", priority: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, RebatchPlan]:
     """Reorder a batch so that chunk g of the result goes to device g (Alg. 3 lines 1-8).
 
     hidden: [T, ...] any dtype (bf16 included), on any device; target: int[T] on the same device,
@@ -171,7 +181,7 @@ def rebatch(hidden: torch.Tensor, target: torch.Tensor, num_devices: int,
     if hidden.dim() < 1 or hidden.shape[0] != target.shape[0]:
         raise InputError(f"hidden {tuple(hidden.shape)} and target {tuple(target.shape)} "
                          f"disagree on the number of tokens")
-    plan = REBATCHERS.get(strategy)(target, num_devices)
+    plan = REBATCHERS.get(strategy)(target, num_devices, priority)
     return hidden.index_select(0, plan.perm), plan
 
 

@@ -1,0 +1,125 @@
+"""Online data scheduling judged on held-out routing: `sempar evaluate --online` (issue 5).
+
+`evaluate` without `--online` places eval tokens with the solver's own token table, most
+confident first (`placement.metrics.home_tp_table`). Here the tokens are placed by the schedulers
+that would run in the engine, through their real code paths, fitted on the fit trace only:
+
+- tp mode (Sem-MoE Alg. 3, s-MoE Alg. 2): per (token, layer) the token table T
+  (`TokenDevice`) and the device n-gram table A (`DeviceNgram`, look-back n, fed the token's
+  real device states at the previous layers, which the pipelined flow knows when layer l's
+  router runs) each predict a device; `rebatch.choose_devices` keeps the more confident one
+  and `rebatch.plan_align` re-batches every batch of 2,048 tokens into equal per-device chunks,
+  a full device keeping its most confident tokens (ours; the paper leaves it open). The chunk a
+  token lands in is its home at that layer.
+- dp mode (Sem-MoE Alg. 2): a request policy of `schedule.requests` puts each whole request on a
+  DP rank from its tokens' rows of T; the rank is its home at every layer.
+
+Choices (ours): T's confidence is the "state" confidence of `TokenDevice` (how often the token's
+real device state was T's device in the fit trace), because the paper's activation-share Tp is
+not comparable with Ap and lets A win where T is right (measured on tiny-moe64 at EP 4: state
+accuracy 0.608 with the share, 0.675 with the state confidence). Unseen eval tokens are mapped
+to their nearest fit token by input-embedding cosine when the trace's model is one of ours on
+disk (`model_embedding`), else they have no preference and fill the room left in the batch.
+The table T is fitted for the placement given, so placement-only methods (vanilla, eplb, ...)
+get data scheduling too; a co-clustering solver's own table assigns the same devices.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from sempar.errors import InputError
+from sempar.placement.metrics import BATCH, placement_figures
+from sempar.placement.placement import Placement
+from sempar.predict import DeviceNgram, EmbeddingOOV, TokenDevice, combine, prediction_accuracy
+from sempar.schedule.rebatch import REBATCHERS
+from sempar.trace.schema import RoutingTrace
+
+LOOKBACK = 2          # Sem-MoE B.1's default look-back
+
+
+def model_embedding(model: str) -> EmbeddingOOV | None:
+    """The OOV mapper of one of our tiny models (by trace metadata name), or None."""
+    from sempar.paths import assets_dir
+    from sempar.predict.oov import load_input_embedding
+
+    d = assets_dir() / "models" / model
+    if not d.is_dir():
+        return None
+    return EmbeddingOOV(load_input_embedding(d))
+
+
+class OnlineScheduler:
+    """Fitted T and A for one placement: `fit(fit_trace, placement)`, then `home_tp` / `home_dp`.
+
+    Learned: `token_device_` (TokenDevice), `ngram_` (DeviceNgram).
+    """
+
+    def __init__(self, lookback: int = LOOKBACK, oov: EmbeddingOOV | None = None,
+                 rebatch: str = "align", batch: int = BATCH):
+        self.lookback, self.oov, self.rebatch, self.batch = lookback, oov, rebatch, batch
+
+    def fit(self, trace: RoutingTrace, placement: Placement) -> "OnlineScheduler":
+        self.placement_ = placement
+        self.token_device_ = TokenDevice(self.oov, confidence="state").fit(trace, placement)
+        self.ngram_ = DeviceNgram(self.lookback).fit(trace, placement)
+        return self
+
+    def predict(self, trace: RoutingTrace) -> tuple[np.ndarray, np.ndarray]:
+        """(device int16[T, L], confidence float32[T, L]): the device Alg. 3 prefers for each
+        (token, layer), -1 = none, and the confidence of the table it came from."""
+        t_dev, t_conf = self.token_device_.predict(trace.token_id)
+        a_dev, a_conf = self.ngram_.predict_trace(trace)
+        return combine(t_dev, t_conf, a_dev, a_conf)
+
+    def home_tp(self, trace: RoutingTrace) -> np.ndarray:
+        """int32[T, L]: each token's chunk after re-batching every batch at every layer."""
+        plan = REBATCHERS.get(self.rebatch)
+        dev, conf = self.predict(trace)
+        target, conf = torch.from_numpy(dev.astype(np.int64)), torch.from_numpy(conf)
+        G = self.placement_.num_devices
+        home = torch.empty(target.shape, dtype=torch.int64)
+        for lo in range(0, target.shape[0], self.batch):
+            for l in range(target.shape[1]):
+                sl = slice(lo, lo + self.batch)
+                home[sl, l] = plan(target[sl, l], G, conf[sl, l]).home_device()
+        return home.numpy().astype(np.int32)
+
+    def home_dp(self, trace: RoutingTrace, policy: str = "alg2") -> np.ndarray:
+        """int32[T, L]: every token on its request's DP rank, requests in arrival order."""
+        from sempar.schedule.requests import REQUEST_POLICIES, home_from_ranks
+
+        G = self.placement_.num_devices
+        reqs, first, ridx = np.unique(trace.request_id, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")                   # arrival order
+        rows = np.argsort(np.argsort(order))[ridx]                  # arrival rank of each token
+        tok_order = np.argsort(rows, kind="stable")
+        counts = np.bincount(rows, minlength=reqs.size)
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        sched = REQUEST_POLICIES.get(policy)(G, self.token_device_.table_)
+        ranks_arrival = sched.assign(self._mapped(trace.token_id[tok_order]), offsets)
+        ranks = np.empty(reqs.size, np.int32)
+        ranks[order] = ranks_arrival
+        return home_from_ranks(trace.request_id, ranks[np.searchsorted(reqs, reqs)],
+                               trace.meta.num_layers, reqs)
+
+    def _mapped(self, token_id: np.ndarray) -> np.ndarray:
+        oov = self.token_device_.oov_
+        return oov.map(np.asarray(token_id, np.int64)) if oov is not None else token_id
+
+
+def online_figures(placement: Placement, fit: RoutingTrace, eval_: RoutingTrace, mode: str,
+                   oov: EmbeddingOOV | None = None, lookback: int = LOOKBACK,
+                   policy: str = "alg2") -> dict:
+    """{"predicted_lar_mean", "predicted_lar" float[L], "predicted_imbalance_max_mean",
+    "accuracy": {"token_mean", "ngram_mean", "combined_mean"}} of the online schedulers."""
+    if mode not in ("tp", "dp"):
+        raise InputError(f"--mode: {mode!r} is not one of dp, tp")
+    sched = OnlineScheduler(lookback, oov).fit(fit, placement)
+    home = sched.home_tp(eval_) if mode == "tp" else sched.home_dp(eval_, policy)
+    f = placement_figures(placement, eval_.experts, home)
+    acc = prediction_accuracy(eval_, placement, sched.token_device_, sched.ngram_)
+    return {"predicted_lar_mean": f["lar_mean"], "predicted_lar": np.round(f["lar"], 4).tolist(),
+            "predicted_imbalance_max_mean": f["imbalance_max_mean"],
+            "accuracy": {k: float(acc[f"{k}_mean"]) for k in ("token", "ngram", "combined")}}
