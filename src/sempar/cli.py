@@ -31,6 +31,8 @@ app.add_typer(import_app, name="import")
 
 err = Console(stderr=True)
 out = Console()
+if not out.is_terminal:         # piped or logged: rich's 80 columns would squeeze the tables
+    out = Console(width=160)
 
 
 def emit_json(obj: Any) -> None:
@@ -290,6 +292,10 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
              split: bool = typer.Option(False, "--split", help="split --fit 20/80 by request"),
              cross: bool = typer.Option(False, "--cross-dataset",
                                         help="also fit on each domain of --fit, evaluate on the others"),
+             online: bool = typer.Option(False, "--online",
+                                         help="also place eval tokens with the online schedulers"),
+             policy: str = typer.Option("alg2", "--policy", help="dp request policy for --online"),
+             lookback: int = typer.Option(2, "--lookback", help="n-gram look-back for --online"),
              seed: int = typer.Option(0, "--seed"),
              as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""
@@ -297,6 +303,7 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
     from sempar.placement.evaluate import evaluate as run
     from sempar.placement.transfer import DEFAULT_METHODS, cross_dataset_matrix
     from sempar.progress import steps
+    from sempar.report.console import print_cross, print_evaluation
     from sempar.trace import read_trace, split_by_request
 
     if split == (eval_file is not None):
@@ -309,59 +316,32 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
         fit_trace, eval_trace = split_by_request(whole, seed=seed)
     else:
         fit_trace, eval_trace = whole, read_trace(eval_file)
+    extra = home = None
+    if online:
+        from sempar.schedule.online import OnlineHomes, model_embedding, online_figures
+        from sempar.schedule.requests import REQUEST_POLICIES
+
+        REQUEST_POLICIES.get(policy)
+        if lookback < 0:
+            raise InputError(f"--lookback: {lookback} is negative")
+        oov = model_embedding(fit_trace.meta.model)
+        extra = lambda p, m: online_figures(p, fit_trace, eval_trace, m, oov, lookback, policy)  # noqa: E731
+        home = OnlineHomes(oov, lookback, policy)
     cross_names = [n for n in (DEFAULT_METHODS if methods == "all" else names) if n != "oracle"]
-    if as_json:
-        result = run(fit_trace, eval_trace, ep, nodes, names if methods != "all" else None, mode,
-                     redundant, seed)
-        if cross:
-            result["cross_dataset"] = cross_dataset_matrix(whole, ep, nodes, cross_names, mode, seed)
-        emit_json(result)
-        return
+    chosen = names if methods != "all" else None
     with steps("evaluate", len(names)) as step:
-        result = run(fit_trace, eval_trace, ep, nodes, names if methods != "all" else None, mode,
-                     redundant, seed, progress=step)
-    _print_evaluation(result, nodes)
+        result = run(fit_trace, eval_trace, ep, nodes, chosen, mode, redundant, seed,
+                     progress=step, extra=extra)
     if cross:
         with steps("cross-dataset", len(cross_names) * len(whole.domains)) as step:
-            matrix = cross_dataset_matrix(whole, ep, nodes, cross_names, mode, seed, progress=step)
-        _print_cross(matrix)
-
-
-def _print_evaluation(result: dict, nodes: int) -> None:
-    from sempar.report.html import fmt
-
-    table = Table(title=f"EP {result['ep']}, {nodes} node(s), {result['mode']} mode, held-out "
-                        f"{result['eval']['tokens']} tokens (oracle: in-sample ceiling)")
-    cols = ["lar_mean", "lar_p50", "oracle_lar_mean", "oracle_lar_unconstrained_mean",
-            "remote_copies_per_token", "imbalance_max_mean", "imbalance_max_median", "solve_seconds"]
-    if nodes > 1:
-        cols.insert(4, "node_local_rate")
-    heads = {"lar_mean": "LAR", "lar_p50": "LAR p50", "oracle_lar_mean": "oracle",
-             "oracle_lar_unconstrained_mean": "oracle free", "node_local_rate": "node-local",
-             "remote_copies_per_token": "remote copies", "imbalance_max_mean": "max/mean",
-             "imbalance_max_median": "max/med", "solve_seconds": "solve s"}
-    table.add_column("method")
-    for c in cols:
-        table.add_column(heads.get(c, c.replace("_", " ")), justify="right")
-    for name, r in result["methods"].items():
-        table.add_row(name, *[fmt(r[c]) for c in cols])
-    out.print(table)
-    for name, why in result.get("skipped", {}).items():
-        out.print(f"skipped {name}: {why}")
-
-
-def _print_cross(matrix: dict) -> None:
-    from sempar.report.html import fmt
-
-    for name, m in matrix["methods"].items():
-        table = Table(title=f"{name}: LAR, fit on row domain (20%), evaluate on column domain "
-                            f"(diagonal: the other 80%); retention {fmt(m['retention'])}")
-        table.add_column("fit \\ eval")
-        for d in matrix["domains"]:
-            table.add_column(d, justify="right")
-        for d, row in zip(matrix["domains"], m["lar"]):
-            table.add_row(d, *[fmt(v) for v in row])
-        out.print(table)
+            result["cross_dataset"] = cross_dataset_matrix(whole, ep, nodes, cross_names, mode,
+                                                           seed, progress=step, home=home)
+    if as_json:
+        emit_json(result)
+        return
+    print_evaluation(out, result)
+    if cross:
+        print_cross(out, result["cross_dataset"])
 
 
 @app.command()

@@ -91,8 +91,13 @@ def unconstrained_oracle_lar(placement: Placement, eval_: RoutingTrace) -> float
 def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int = 1,
                    methods: list[str] | None = None, modes: tuple[str, ...] = MODES,
                    redundant: int = 0, seed: int = 0,
-                   progress: Callable[[str], None] | None = None) -> dict[str, dict]:
-    """{mode: the `evaluate --json` contract}, every placement solved once for all modes."""
+                   progress: Callable[[str], None] | None = None,
+                   extra: Callable[[Placement, str], dict] | None = None) -> dict[str, dict]:
+    """{mode: the `evaluate --json` contract}, every placement solved once for all modes.
+
+    `extra(placement, mode)` adds keys to each deployable method's entry (`evaluate --online`
+    passes the online schedulers' figures; the data flow keeps schedulers downstream of here).
+    """
     for mode in modes:
         if mode not in MODES:
             raise InputError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
@@ -121,12 +126,15 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
         for mode in modes:
             out[mode]["methods"][name] = dict(figures_for(placement, eval_, mode, free),
                                               solve_seconds=seconds)
+            if extra is not None and name != ORACLE:
+                out[mode]["methods"][name].update(extra(placement, mode))
     return out
 
 
 def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int = 1,
              methods: list[str] | None = None, mode: str = "tp", redundant: int = 0,
-             seed: int = 0, progress: Callable[[str], None] | None = None) -> dict:
+             seed: int = 0, progress: Callable[[str], None] | None = None,
+             extra: Callable[[Placement, str], dict] | None = None) -> dict:
     """The `evaluate --json` contract for `methods` (default: every registered one)."""
     return evaluate_modes(fit, eval_, ep, nodes, methods, (mode,), redundant, seed,
-                          progress)[mode]
+                          progress, extra)[mode]

@@ -32,8 +32,15 @@ DEFAULT_METHODS = ("vanilla", "eplb", "metis", "smoe-cem", "semmoe")
 def cross_dataset_matrix(trace: RoutingTrace, ep: int, nodes: int = 1,
                          methods: tuple[str, ...] | list[str] = DEFAULT_METHODS, mode: str = "tp",
                          seed: int = 0, min_requests: int = 10,
-                         progress: Callable[[str], None] | None = None) -> dict:
-    """The fit-domain x eval-domain LAR matrix of each method (module docstring)."""
+                         progress: Callable[[str], None] | None = None,
+                         home: Callable[..., np.ndarray] | None = None) -> dict:
+    """The fit-domain x eval-domain LAR matrix of each method (module docstring).
+
+    `home(placement, fit, eval, mode) -> int32[T, L]` places the eval tokens; default: the
+    method's own (`evaluate.method_home`); `evaluate --online` passes its online schedulers.
+    """
+    if home is None:
+        home = lambda placement, fit, ev, mode: method_home(placement, ev, mode)  # noqa: E731
     counts = trace.domain_counts() if trace.domains else {}
     domains = [d for d, n in counts.items() if n > 0]
     if len(domains) < 2:
@@ -54,8 +61,8 @@ def cross_dataset_matrix(trace: RoutingTrace, ep: int, nodes: int = 1,
             placement = solve(name, splits[d][0], ep, nodes, 0, seed)
             for j, e in enumerate(domains):
                 ev = splits[d][1] if e == d else parts[e]
-                lar[i, j] = placement_figures(placement, ev.experts,
-                                              method_home(placement, ev, mode))["lar_mean"]
+                h = home(placement, splits[d][0], ev, mode)
+                lar[i, j] = placement_figures(placement, ev.experts, h)["lar_mean"]
         diag = float(np.mean(np.diag(lar)))
         off = float(lar[~np.eye(len(domains), dtype=bool)].mean())
         out["methods"][name] = {"lar": np.round(lar, 4).tolist(), "diagonal_mean": diag,

@@ -88,21 +88,12 @@ class OnlineScheduler:
 
     def home_dp(self, trace: RoutingTrace, policy: str = "alg2") -> np.ndarray:
         """int32[T, L]: every token on its request's DP rank, requests in arrival order."""
-        from sempar.schedule.requests import REQUEST_POLICIES, home_from_ranks
+        from sempar.schedule.requests import REQUEST_POLICIES, home_from_ranks, request_arrays
 
-        G = self.placement_.num_devices
-        reqs, first, ridx = np.unique(trace.request_id, return_index=True, return_inverse=True)
-        order = np.argsort(first, kind="stable")                   # arrival order
-        rows = np.argsort(np.argsort(order))[ridx]                  # arrival rank of each token
-        tok_order = np.argsort(rows, kind="stable")
-        counts = np.bincount(rows, minlength=reqs.size)
-        offsets = np.concatenate([[0], np.cumsum(counts)])
-        sched = REQUEST_POLICIES.get(policy)(G, self.token_device_.table_)
-        ranks_arrival = sched.assign(self._mapped(trace.token_id[tok_order]), offsets)
-        ranks = np.empty(reqs.size, np.int32)
-        ranks[order] = ranks_arrival
-        return home_from_ranks(trace.request_id, ranks[np.searchsorted(reqs, reqs)],
-                               trace.meta.num_layers, reqs)
+        tokens, offsets, _ = request_arrays(trace.request_id, trace.token_id)
+        sched = REQUEST_POLICIES.get(policy)(self.placement_.num_devices, self.token_device_.table_)
+        ranks = sched.assign(self._mapped(tokens), offsets)          # one per request, arrival order
+        return home_from_ranks(trace.request_id, ranks, trace.meta.num_layers)
 
     def _mapped(self, token_id: np.ndarray) -> np.ndarray:
         oov = self.token_device_.oov_
@@ -123,3 +114,21 @@ def online_figures(placement: Placement, fit: RoutingTrace, eval_: RoutingTrace,
     return {"predicted_lar_mean": f["lar_mean"], "predicted_lar": np.round(f["lar"], 4).tolist(),
             "predicted_imbalance_max_mean": f["imbalance_max_mean"],
             "accuracy": {k: float(acc[f"{k}_mean"]) for k in ("token", "ngram", "combined")}}
+
+
+class OnlineHomes:
+    """`home(placement, fit, eval, mode)` for `cross_dataset_matrix`: the online schedulers, fitted
+    once per placement (cached) and applied to each eval trace."""
+
+    def __init__(self, oov: EmbeddingOOV | None = None, lookback: int = LOOKBACK,
+                 policy: str = "alg2"):
+        self.oov, self.lookback, self.policy = oov, lookback, policy
+        self._fitted: dict[int, OnlineScheduler] = {}
+
+    def __call__(self, placement: Placement, fit: RoutingTrace, eval_: RoutingTrace,
+                 mode: str) -> np.ndarray:
+        key = id(placement)
+        if key not in self._fitted:
+            self._fitted = {key: OnlineScheduler(self.lookback, self.oov).fit(fit, placement)}
+        s = self._fitted[key]
+        return s.home_tp(eval_) if mode == "tp" else s.home_dp(eval_, self.policy)
