@@ -376,6 +376,15 @@ def demo(out_dir: Path = typer.Option(Path("sempar-demo"), "--out", help="folder
         emit_json(summary)
 
 
+def _register_more() -> None:
+    from sempar.commands import register_all
+
+    register_all(app)
+
+
+_register_more()
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app; bad input is one line on stderr and exit code 2."""
     from typer.exceptions import TyperException
