@@ -10,6 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from sempar.report.figures import save_figure  # noqa: E402
+
 from sempar.affinity.analysis import TraceAnalysis  # noqa: E402
 
 # Sem-MoE Table 1 (DeepSeek-V2-Lite): p50 ranges over its layers, drawn as references.
@@ -17,14 +19,6 @@ PAPER_CUM_HOTNESS_P50 = (0.833, 0.976)
 PAPER_MAX_NON_TOPK_P50 = 0.05
 PAPER_KURTOSIS = 8.0           # Sem-MoE A.2: "most kurtosis values are higher than 8"
 PAPER_LOOKBACK5 = 0.70         # Sem-MoE A.2: about 70% when looking back 5 layers
-
-
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def plot_table1(a: TraceAnalysis, path: Path) -> Path:
@@ -47,7 +41,7 @@ def plot_table1(a: TraceAnalysis, path: Path) -> Path:
         ax.set_xlabel("MoE layer")
         ax.set_ylim(0, 1.05 if key != "max_hotness_non_topk" else None)
         ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_kurtosis(a: TraceAnalysis, path: Path) -> Path:
@@ -59,7 +53,7 @@ def plot_kurtosis(a: TraceAnalysis, path: Path) -> Path:
     ax.set_ylabel("tokens")
     ax.set_title(f"layer {a.layers[len(a.layers) // 2]['layer']}")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_transitions(a: TraceAnalysis, path: Path) -> Path:
@@ -76,7 +70,7 @@ def plot_transitions(a: TraceAnalysis, path: Path) -> Path:
             ax.set_xlabel(f"{level} at layer {layer_ids[l1]}")
             ax.set_ylabel(f"{level} at layer {layer_ids[l0]}")
             fig.colorbar(im, ax=ax, fraction=0.046)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_lookback(a: TraceAnalysis, path: Path) -> Path:
@@ -90,7 +84,7 @@ def plot_lookback(a: TraceAnalysis, path: Path) -> Path:
     ax.set_ylabel("prediction accuracy")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_requests(a: TraceAnalysis, domains: list[str], path: Path) -> Path | None:
@@ -106,7 +100,7 @@ def plot_requests(a: TraceAnalysis, domains: list[str], path: Path) -> Path | No
     ax.set_xticks([])
     ax.set_yticks([])
     ax.legend(fontsize=7, markerscale=2)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_load_tail(a: TraceAnalysis, path: Path) -> Path:
@@ -119,7 +113,7 @@ def plot_load_tail(a: TraceAnalysis, path: Path) -> Path:
     ax.set_ylabel("share of the batch's selections")
     ax.set_title("per-batch expert load (FSE-DP Fig. 2)")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_analysis(a: TraceAnalysis, out_dir: Path, domains: list[str]) -> dict[str, Path]:

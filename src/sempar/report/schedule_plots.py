@@ -10,13 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+from sempar.report.figures import save_figure  # noqa: E402
 
 
 def plot_lar_bars(rows: dict[str, dict[str, float]], path: Path, title: str,
@@ -36,7 +30,7 @@ def plot_lar_bars(rows: dict[str, dict[str, float]], path: Path, title: str,
     ax.set_ylabel("LAR (held-out)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_policy_bars(policies: dict[str, dict[str, dict]], path: Path, title: str) -> Path:
@@ -58,4 +52,4 @@ def plot_policy_bars(policies: dict[str, dict[str, dict]], path: Path, title: st
     ax.set_ylabel("dp LAR / round-robin")
     ax.set_title(title + "\n(labels: per-rank tokens max/mean)", fontsize=9)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
