@@ -1,0 +1,410 @@
+"""Topology: devices, nodes and an alpha-beta cost per directed device pair and phase (CAMoE §3).
+
+A transfer of `b > 0` bytes from device u to device v in phase p costs
+``alpha[p, u, v] + beta[p, u, v] * b`` seconds (CAMoE eq. 7 with end-to-end parameters); nothing
+is sent, nothing is paid. The all-to-all time of one phase is the max of that cost over the
+directed pairs (CAMoE eq. 9). Phases: `metadata` (token counts / expert ids), `dispatch`
+(activations + routing weights), `combine` (expert outputs back); collectives that are not
+all-to-all (ring all-reduce, reduce-scatter, all-gather) use the `dispatch` parameters.
+
+`Topology.from_links` builds the matrices from directed links between vertices: ints
+``0..G-1`` are devices, any other name (str) is a switch, NIC or host. Each device pair without
+an explicit path takes the cheapest path (per phase, cost alpha + beta * 1 MiB); hop parameters
+are aggregated **store-and-forward** (sum of alphas, sum of betas) or **cut-through** (sum of
+alphas, max of betas), as CAMoE §3 ("Multi-hop & asymmetry") says.
+
+Presets (registered in `TOPOLOGIES`, built by `topology_preset(name, nodes=N)`); figures from
+design.md and the papers, the rest marked as our assumption:
+
+- `nvlink8`: 8 GPUs, 900 GB/s each way between every pair (s-MoE server A, H100 NVLink4);
+  alpha 429 ns = CAMoE Fig. 3 direct NVLink write latency.
+- `pcie-upi8`: two sockets of 4 GPUs behind a PCIe switch (~64 GB/s, PCIe 5.0 x16), sockets
+  joined by UPI (~20 GB/s) (s-MoE server B). alpha: 1 us per PCIe hop (our assumption), 8,325 ns
+  for the UPI/host detour (CAMoE Fig. 3 host path). Each socket is one node (node_of 0/1).
+  Cut-through aggregation: a GPU -> switch -> GPU path costs 2 us + b / 64 GB/s.
+- `a100x4-ib`: nodes of 4 A100 on NVLink (600 GB/s, ExFlow's Wilkes3 nodes), HDR200 InfiniBand
+  between nodes (200 Gbit/s = 25 GB/s per GPU pair; ExFlow's cluster is dual-rail, we keep one
+  rail's figure per pair). alpha 429 ns NVLink (CAMoE), 1 us per IB hop (our assumption,
+  GPU -> IB switch -> GPU, cut-through). Default 2 nodes; `nodes=N` gives 4N GPUs.
+- `hetero-cloud`: CAMoE's emulated cloud (appendix A.3): 4 nodes joined by tc-shaped links,
+  per-direction netem delay (0.55-0.65 ms, 65-70 us between nodes 3 and 4) and tbf rate (1500
+  or 10000 Mbit/s) exactly as listed; phase overheads from CAMoE §4.3's fits (dispatch alpha
+  2.548 / 2.914 ms, combine 0.974 / 0.945 ms against 0.65 / 0.63 ms netem delay: we add
+  2.09 ms to dispatch and 0.32 ms to combine, metadata pays the bare delay). Inside each node 2
+  GPUs on the interconnects of CAMoE Fig. 3, one kind per node: direct NVLink (429 ns), 2-hop
+  NVLink (858 ns), PCIe switch (2 us, our figure), host path (8,325 ns); intra-node bandwidths
+  (NVLink 300 GB/s, PCIe 32 GB/s, host path 16 GB/s) are our assumptions. Default 4 nodes x 2
+  GPUs = 8 devices; `nodes` may be 2..4 (the first nodes of the table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from sempar.atomic import write_text_atomic
+from sempar.errors import InputError
+from sempar.registry import Registry
+
+PHASES = ("metadata", "dispatch", "combine")
+AGGREGATIONS = ("store-and-forward", "cut-through")
+FORMAT_VERSION = 1
+REF_BYTES = 1 << 20     # message size used to pick the cheapest multi-hop path
+
+
+def phase_index(phase: str | int) -> int:
+    if isinstance(phase, (int, np.integer)) and 0 <= int(phase) < len(PHASES):
+        return int(phase)
+    try:
+        return PHASES.index(phase)
+    except ValueError:
+        raise InputError(f"unknown phase {phase!r}; choose one of: {', '.join(PHASES)}") from None
+
+
+@dataclass
+class Topology:
+    """node_of: int32[G]; alpha, beta: float64[3, G, G] (s per message, s per byte; diagonal 0)."""
+
+    name: str
+    node_of: np.ndarray
+    alpha: np.ndarray
+    beta: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.node_of = np.asarray(self.node_of, dtype=np.int32)
+        self.alpha = np.asarray(self.alpha, dtype=np.float64)
+        self.beta = np.asarray(self.beta, dtype=np.float64)
+        if self.alpha.ndim == 2:            # one matrix for every phase
+            self.alpha = np.repeat(self.alpha[None], len(PHASES), axis=0)
+        if self.beta.ndim == 2:
+            self.beta = np.repeat(self.beta[None], len(PHASES), axis=0)
+        self.validate()
+
+    @property
+    def num_devices(self) -> int:
+        return int(self.node_of.size)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.node_of.max()) + 1 if self.node_of.size else 0
+
+    def validate(self) -> "Topology":
+        G = self.num_devices
+        if self.node_of.ndim != 1 or G < 1:
+            raise InputError(f"topology {self.name}: node_of must be a non-empty list of node ids")
+        for key in ("alpha", "beta"):
+            m = getattr(self, key)
+            if m.shape != (len(PHASES), G, G):
+                raise InputError(f"topology {self.name}: {key} has shape {list(m.shape)}, "
+                                 f"expected [{len(PHASES)}, {G}, {G}] (phases x devices x devices)")
+            if not np.isfinite(m).all():
+                raise InputError(f"topology {self.name}: {key} holds a non-finite value")
+            if (m < 0).any():
+                p, u, v = np.argwhere(m < 0)[0]
+                raise InputError(f"topology {self.name}: {key}[{PHASES[p]}][{u}][{v}] = "
+                                 f"{m[p, u, v]} is negative")
+        if (self.node_of < 0).any():
+            raise InputError(f"topology {self.name}: node_of holds a negative node id")
+        used = np.unique(self.node_of)
+        if used.size != used.max() + 1:
+            raise InputError(f"topology {self.name}: node ids must be 0..n-1 with none skipped, "
+                             f"got {used.tolist()}")
+        eye = np.eye(G, dtype=bool)
+        self.alpha[:, eye] = 0.0
+        self.beta[:, eye] = 0.0
+        return self
+
+    # ---- the alpha-beta model -------------------------------------------------------------
+    def cost(self, phase: str | int, nbytes: np.ndarray) -> np.ndarray:
+        """float64[..., G, G]: alpha + beta * bytes where bytes > 0, else 0 (CAMoE eq. 7).
+
+        nbytes: [G, G] or a stack [..., G, G] of byte matrices (e.g. one per batch)."""
+        p = phase_index(phase)
+        b = np.asarray(nbytes, dtype=np.float64)
+        if b.shape[-2:] != (self.num_devices, self.num_devices):
+            raise InputError(f"byte matrix shape {list(b.shape)} does not end in "
+                             f"[{self.num_devices}, {self.num_devices}]")
+        return np.where(b > 0, self.alpha[p] + self.beta[p] * b, 0.0)
+
+    def a2a_seconds(self, phase: str | int, nbytes: np.ndarray) -> float | np.ndarray:
+        """CAMoE eq. 9 for one phase: max over directed pairs of `cost` (one per leading index)."""
+        c = self.cost(phase, nbytes)
+        m = c.reshape(c.shape[:-2] + (-1,)).max(axis=-1)
+        return float(m) if m.ndim == 0 else m
+
+    def pair_cost(self, phase: str | int, nbytes: float) -> np.ndarray:
+        """float64[G, G]: the cost of `nbytes` on every pair (diagonal 0): a distance for
+        choosing the replica nearest to a token's home."""
+        p = phase_index(phase)
+        return self.alpha[p] + self.beta[p] * float(nbytes)
+
+    # ---- I/O ------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {"format_version": FORMAT_VERSION, "kind": "topology", "name": self.name,
+                "phases": list(PHASES), "node_of": self.node_of.tolist(),
+                "alpha": {p: self.alpha[i].tolist() for i, p in enumerate(PHASES)},
+                "beta": {p: self.beta[i].tolist() for i, p in enumerate(PHASES)}}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Topology":
+        """Accepts `to_json`'s form, or a link list: {"name", "node_of", "links": [{"src", "dst",
+        "alpha", "beta"} (numbers or {phase: number})], "paths"?, "aggregation"?, "symmetric"?}."""
+        if not isinstance(d, dict):
+            raise InputError("topology JSON must be an object")
+        version = d.get("format_version", FORMAT_VERSION)
+        if version != FORMAT_VERSION:
+            raise InputError(f"topology format_version {version!r} is not supported "
+                             f"(expected {FORMAT_VERSION})")
+        for key in ("name", "node_of"):
+            if key not in d:
+                raise InputError(f"topology JSON: missing field {key!r}")
+        if "links" in d:
+            links = []
+            for i, ln in enumerate(d["links"]):
+                try:
+                    a, b = ln["alpha"], ln["beta"]
+                    if isinstance(a, dict):
+                        a = [a[p] for p in PHASES]
+                    if isinstance(b, dict):
+                        b = [b[p] for p in PHASES]
+                    links.append((ln["src"], ln["dst"], a, b))
+                except (KeyError, TypeError) as e:
+                    raise InputError(f"topology JSON: links[{i}] lacks {e}") from None
+            paths = {(p["src"], p["dst"]): p["via"] for p in d.get("paths", [])}
+            return cls.from_links(d["name"], d["node_of"], links, paths=paths,
+                                  aggregation=d.get("aggregation", "store-and-forward"),
+                                  symmetric=bool(d.get("symmetric", False)))
+        for key in ("alpha", "beta"):
+            if key not in d:
+                raise InputError(f"topology JSON: missing field {key!r} (or give 'links')")
+
+        def stack(m: Any, key: str) -> np.ndarray:
+            if isinstance(m, dict):
+                missing = [p for p in PHASES if p not in m]
+                if missing:
+                    raise InputError(f"topology JSON: {key} lacks phase {missing[0]!r}")
+                m = [m[p] for p in PHASES]
+            try:
+                return np.asarray(m, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise InputError(f"topology JSON: {key} is not a numeric matrix") from None
+
+        return cls(str(d["name"]), np.asarray(d["node_of"]), stack(d["alpha"], "alpha"),
+                   stack(d["beta"], "beta"))
+
+    def save(self, path: str | os.PathLike) -> None:
+        write_text_atomic(path, json.dumps(self.to_json()) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Topology":
+        try:
+            d = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise InputError(f"{path}: no such topology file") from None
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_json(d)
+
+    # ---- links -> matrices -----------------------------------------------------------------
+    @classmethod
+    def from_links(cls, name: str, node_of: Sequence[int], links: Iterable[tuple],
+                   paths: dict[tuple[int, int], Sequence] | None = None,
+                   aggregation: str = "store-and-forward", symmetric: bool = False) -> "Topology":
+        """Build a topology from directed links (src, dst, alpha, beta).
+
+        alpha/beta: a number (every phase) or three numbers (metadata, dispatch, combine).
+        Vertices: ints 0..G-1 are devices, other names (str) switches / NICs / hosts.
+        paths: {(u, v): [u, w1, ..., v]} fixes the route of a device pair; the others take the
+        cheapest route (cost alpha + beta * 1 MiB, per phase). Hop parameters along a route are
+        aggregated store-and-forward (sum alpha, sum beta) or cut-through (sum alpha, max beta).
+        symmetric: add the reverse of every link with the same parameters.
+        """
+        from scipy.sparse.csgraph import shortest_path
+
+        if aggregation not in AGGREGATIONS:
+            raise InputError(f"unknown aggregation {aggregation!r}; choose one of: "
+                             f"{', '.join(AGGREGATIONS)}")
+        node_of = np.asarray(node_of, dtype=np.int32)
+        G = node_of.size
+        verts: dict[Any, int] = {g: g for g in range(G)}
+        hop: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+        def vid(x: Any) -> int:
+            if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+                if not 0 <= int(x) < G:
+                    raise InputError(f"topology {name}: link endpoint {x} is not a device 0..{G - 1}")
+                return int(x)
+            return verts.setdefault(str(x), len(verts))
+
+        def three(x: Any, what: str) -> np.ndarray:
+            a = np.asarray(x, dtype=np.float64).reshape(-1)
+            if a.size == 1:
+                a = np.repeat(a, len(PHASES))
+            if a.size != len(PHASES) or not np.isfinite(a).all() or (a < 0).any():
+                raise InputError(f"topology {name}: link {what} must be one or {len(PHASES)} "
+                                 f"non-negative numbers, got {x!r}")
+            return a
+
+        for ln in links:
+            if len(ln) != 4:
+                raise InputError(f"topology {name}: a link is (src, dst, alpha, beta), got {ln!r}")
+            s, t, a, b = ln
+            u, v = vid(s), vid(t)
+            pair = (three(a, "alpha"), three(b, "beta"))
+            hop[(u, v)] = pair
+            if symmetric:
+                hop.setdefault((v, u), pair)
+        V = len(verts)
+        A = np.zeros((len(PHASES), V, V))
+        B = np.zeros((len(PHASES), V, V))
+        has = np.zeros((V, V), bool)
+        for (u, v), (a, b) in hop.items():
+            A[:, u, v], B[:, u, v], has[u, v] = a, b, True
+        alpha = np.zeros((len(PHASES), G, G))
+        beta = np.zeros((len(PHASES), G, G))
+        fixed = {(vid(u), vid(v)): [vid(x) for x in via] for (u, v), via in (paths or {}).items()}
+        for p in range(len(PHASES)):
+            w = np.where(has, A[p] + B[p] * REF_BYTES + 1e-30, 0.0)   # tiny: zero-cost links exist
+            _, pred = shortest_path(w, directed=True, return_predecessors=True, indices=range(G))
+            for u in range(G):
+                for v in range(G):
+                    if u == v:
+                        continue
+                    route = fixed.get((u, v))
+                    if route is None:
+                        if pred[u, v] < 0:
+                            raise InputError(f"topology {name}: no route from device {u} to {v}")
+                        route = [v]
+                        while route[-1] != u:
+                            route.append(int(pred[u, route[-1]]))
+                        route.reverse()
+                    elif route[0] != u or route[-1] != v:
+                        raise InputError(f"topology {name}: path for ({u}, {v}) must start at "
+                                         f"{u} and end at {v}")
+                    hops = list(zip(route[:-1], route[1:]))
+                    for h in hops:
+                        if not has[h]:
+                            raise InputError(f"topology {name}: path ({u}, {v}) uses a missing "
+                                             f"link {h}")
+                    ha = np.array([A[p][h] for h in hops])
+                    hb = np.array([B[p][h] for h in hops])
+                    alpha[p, u, v] = ha.sum()
+                    beta[p, u, v] = hb.sum() if aggregation == "store-and-forward" else hb.max()
+        return cls(name, node_of, alpha, beta)
+
+
+# ---- presets ---------------------------------------------------------------------------------
+GB = 1e9
+NVLINK_ALPHA = 429e-9           # CAMoE Fig. 3: direct NVLink write latency
+HOST_ALPHA = 8325e-9            # CAMoE Fig. 3: host path through the CPU
+TOPOLOGIES: Registry[Callable[[int | None], Topology]] = Registry("topology")
+
+
+def _single_node(name: str, nodes: int | None) -> None:
+    if nodes not in (None, 1):
+        raise InputError(f"topology {name} is one server; --nodes {nodes} does not apply")
+
+
+@TOPOLOGIES.register("nvlink8")
+def _nvlink8(nodes: int | None = None) -> Topology:
+    _single_node("nvlink8", nodes)
+    G = 8
+    links = [(u, v, NVLINK_ALPHA, 1 / (900 * GB)) for u in range(G) for v in range(G) if u != v]
+    return Topology.from_links("nvlink8", np.zeros(G, np.int32), links)
+
+
+@TOPOLOGIES.register("pcie-upi8")
+def _pcie_upi8(nodes: int | None = None) -> Topology:
+    # nodes = the two sockets (PCIe groups): the locality level placement solvers group by
+    if nodes not in (None, 2):
+        raise InputError(f"topology pcie-upi8 has 2 sockets; --nodes {nodes} does not apply")
+    pcie, upi = (1e-6, 1 / (64 * GB)), (HOST_ALPHA, 1 / (20 * GB))
+    links = []
+    for g in range(8):
+        sw = f"pcie{g // 4}"
+        links += [(g, sw, *pcie), (sw, g, *pcie)]
+    links += [("pcie0", "pcie1", *upi), ("pcie1", "pcie0", *upi)]
+    return Topology.from_links("pcie-upi8", np.repeat([0, 1], 4), links, aggregation="cut-through")
+
+
+@TOPOLOGIES.register("a100x4-ib")
+def _a100x4_ib(nodes: int | None = None) -> Topology:
+    n = 2 if nodes is None else int(nodes)
+    if n < 1:
+        raise InputError(f"topology a100x4-ib: --nodes must be >= 1, got {n}")
+    G = 4 * n
+    node_of = np.repeat(np.arange(n), 4)
+    links = [(u, v, NVLINK_ALPHA, 1 / (600 * GB)) for u in range(G) for v in range(G)
+             if u != v and node_of[u] == node_of[v]]
+    ib = (1e-6, 1 / (25 * GB))
+    for g in range(G):
+        links += [(g, "ib", *ib), ("ib", g, *ib)]
+    name = "a100x4-ib" if nodes is None else f"a100x4-ib:{n}"
+    return Topology.from_links(name, node_of, links, aggregation="cut-through")
+
+
+# CAMoE appendix A.3: per source node, (destination node, netem delay s, tbf rate Mbit/s)
+_CAMOE_TC = {0: [(1, 0.65e-3, 1500), (2, 0.56e-3, 1500), (3, 0.55e-3, 1500)],
+             1: [(0, 0.645e-3, 1500), (2, 0.63e-3, 10000), (3, 0.65e-3, 10000)],
+             2: [(0, 0.56e-3, 1500), (1, 0.63e-3, 10000), (3, 70e-6, 10000)],
+             3: [(0, 0.565e-3, 1500), (1, 0.65e-3, 10000), (2, 65e-6, 10000)]}
+# software overhead per phase on top of the link delay (CAMoE §4.3 fits minus netem delay)
+_CAMOE_PHASE_ALPHA = np.array([0.0, 2.09e-3, 0.32e-3])
+# intra-node GPU pair per node (CAMoE Fig. 3 kinds): (alpha s, bytes/s)
+_CAMOE_INTRA = [(NVLINK_ALPHA, 300 * GB), (2 * NVLINK_ALPHA, 300 * GB), (2e-6, 32 * GB),
+                (HOST_ALPHA, 16 * GB)]
+
+
+@TOPOLOGIES.register("hetero-cloud")
+def _hetero_cloud(nodes: int | None = None) -> Topology:
+    n = 4 if nodes is None else int(nodes)
+    if not 2 <= n <= 4:
+        raise InputError(f"topology hetero-cloud has 2..4 nodes (CAMoE's table), got {n}")
+    per = 2
+    node_of = np.repeat(np.arange(n), per)
+    links = []
+    for m in range(n):
+        a, bw = _CAMOE_INTRA[m]
+        d0, d1 = m * per, m * per + 1
+        links += [(d0, d1, a, 1 / bw), (d1, d0, a, 1 / bw)]
+        for dst, delay, mbit in _CAMOE_TC[m]:
+            if dst >= n:
+                continue
+            beta = 8 / (mbit * 1e6)
+            for u in range(m * per, (m + 1) * per):
+                for v in range(dst * per, (dst + 1) * per):
+                    links.append((u, v, delay + _CAMOE_PHASE_ALPHA, beta))
+    name = "hetero-cloud" if nodes is None else f"hetero-cloud:{n}"
+    return Topology.from_links(name, node_of, links)
+
+
+def topology_preset(name: str, nodes: int | None = None) -> Topology:
+    """The preset `name` (TOPOLOGIES), with `nodes` nodes where the preset scales."""
+    return TOPOLOGIES.get(name)(nodes)
+
+
+def load_topology(name_or_path: str | os.PathLike, nodes: int | None = None) -> Topology:
+    """A preset name (optionally "name:N" for N nodes) or a topology JSON file."""
+    s = str(name_or_path)
+    base, _, n = s.partition(":")
+    if base in TOPOLOGIES:
+        if n:
+            if not n.isdigit():
+                raise InputError(f"topology {s!r}: the node count after ':' must be an integer")
+            if nodes is not None and nodes != int(n):
+                raise InputError(f"topology {s!r} contradicts --nodes {nodes}")
+            nodes = int(n)
+        return topology_preset(base, nodes)
+    p = Path(s)
+    if p.suffix == ".json" or p.exists():
+        topo = Topology.load(p)
+        if nodes is not None and nodes != topo.num_nodes:
+            raise InputError(f"{p}: topology has {topo.num_nodes} nodes, --nodes says {nodes}")
+        return topo
+    raise InputError(f"unknown topology {s!r}: neither a preset ({', '.join(TOPOLOGIES)}) "
+                     f"nor a JSON file")
