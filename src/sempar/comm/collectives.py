@@ -1,0 +1,93 @@
+"""The collectives of an MoE layer as bytes per directed device pair (s-MoE §3.2, CAMoE eq. 9).
+
+Ring collectives (s-MoE §3.2, Preliminary 1). On G devices in ring order (device ids: nodes are
+contiguous, so the ring crosses each node boundary once), for a buffer of X bytes:
+
+- all-reduce (AR): 2(G - 1) steps of X / G bytes: each device sends 2(G - 1) X / G to its successor;
+- reduce-scatter (RS) and all-gather (AG): G - 1 steps, (G - 1) X / G per device.
+
+Their time is steps x the slowest ring edge's alpha + beta * X / G (every step waits for the
+slowest edge), with the `dispatch` link parameters.
+
+All-to-all (Preliminary 2 and CAMoE eq. 9): copies per directed pair counted from the real
+routing: `pair_counts` turns src int[T] and dst int[T, k] into int64[batches, G, G] with
+`np.bincount` over keys batch * G^2 + src * G + dst, never a loop over tokens. Without
+de-duplication every (token, expert) whose serving device is not the token's home is one copy
+(DeepSpeed-MoE, Tutel); with de-duplication a token goes once to each distinct remote device
+(s-MoE §4 (c), DeepEP), and the combine returns one partial sum per device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sempar.comm.topology import Topology
+
+RING_STEPS = {"AR": lambda G: 2 * (G - 1), "RS": lambda G: G - 1, "AG": lambda G: G - 1}
+
+
+def ring_volume(kind: str, G: int, nbytes: float) -> float:
+    """Bytes each device sends in a ring `kind` over a buffer of `nbytes` (s-MoE Prelim. 1)."""
+    return RING_STEPS[kind](G) * nbytes / G
+
+
+def ring_pairs(kind: str, G: int, nbytes: float) -> np.ndarray:
+    """float64[G, G]: bytes each device sends to its ring successor (g -> g + 1 mod G)."""
+    out = np.zeros((G, G))
+    if G > 1:
+        out[np.arange(G), (np.arange(G) + 1) % G] = ring_volume(kind, G, nbytes)
+    return out
+
+
+def ring_seconds(topo: Topology, kind: str, nbytes: np.ndarray) -> np.ndarray:
+    """float64[...]: time of a ring `kind` over buffers of `nbytes` (one per batch):
+    steps x max over ring edges of alpha + beta * nbytes / G (dispatch parameters)."""
+    G = topo.num_devices
+    nbytes = np.asarray(nbytes, dtype=np.float64)
+    if G == 1:
+        return np.zeros_like(nbytes)
+    src, dst = np.arange(G), (np.arange(G) + 1) % G
+    a, b = topo.alpha[1, src, dst], topo.beta[1, src, dst]
+    step = (a[None, :] + b[None, :] * (nbytes.reshape(-1, 1) / G)).max(axis=1)
+    return (RING_STEPS[kind](G) * step).reshape(nbytes.shape) * (nbytes > 0)
+
+
+def dedup_targets(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """int[T, k]: `dst` with every repeated device of a row replaced by the row's `src`, so that
+    counting pairs off the diagonal counts each distinct remote device once (row order lost)."""
+    s = np.sort(dst, axis=1)
+    dup = np.zeros(s.shape, bool)
+    dup[:, 1:] = s[:, 1:] == s[:, :-1]
+    return np.where(dup, src[:, None].astype(s.dtype), s)
+
+
+def pair_counts(src: np.ndarray, dst: np.ndarray, batch_base: np.ndarray, num_batches: int,
+                G: int, reverse: bool = False) -> np.ndarray:
+    """int64[batches, G, G]: copies sent from src[t] to each dst[t, j] != src[t], per batch.
+
+    src: int[T]; dst: int[T, k] (or int[T]); batch_base: int[T] = batch index * G * G.
+    reverse: count dst -> src instead (the combine of a dispatch)."""
+    src = src.astype(np.int32, copy=False)
+    dst = dst.astype(np.int32, copy=False)
+    if dst.ndim == 1:
+        dst = dst[:, None]
+    if reverse:
+        key = (batch_base + src)[:, None] + dst * G
+    else:
+        key = (batch_base + src * G)[:, None] + dst
+    c = np.bincount(key.ravel(), minlength=num_batches * G * G).reshape(num_batches, G, G)
+    c[:, np.arange(G), np.arange(G)] = 0
+    return c
+
+
+def all_to_all_volume(counts: np.ndarray, per_copy: float, header: float = 0.0,
+                      every_pair: bool = False) -> np.ndarray:
+    """float64[..., G, G]: bytes per pair = copies x per_copy (+ header where anything is sent,
+    or on every off-diagonal pair with every_pair)."""
+    b = counts * float(per_copy)
+    if header:
+        G = counts.shape[-1]
+        off = ~np.eye(G, dtype=bool)
+        mask = off if every_pair else (counts > 0)
+        b = b + header * mask
+    return b

@@ -1,0 +1,93 @@
+"""Pipelines: the collectives of one MoE layer, per design.md (Vocabulary, Pipelines).
+
+| name | attention | per MoE layer | home of a token | dedup | metadata |
+| --- | --- | --- | --- | --- | --- |
+| `ds-moe` | TP | AR -> A2A dispatch -> A2A combine -> AG (s-MoE §3.2) | contiguous chunk of the batch | no | separate |
+| `sglang-tp` | TP | AR (attention) + AR (expert TP) (s-MoE's SGLang baseline) | - (no EP) | - | - |
+| `smoe` = `semmoe-tp` | TP | shuffled RS -> A2A -> A2A -> shuffled AG | re-batched chunk (schedulers) | yes | one-shot |
+| `attn-dp` | DP | A2A dispatch -> A2A combine | DP rank of the request | no | separate |
+| `sglang-ep` | DP | one-shot dispatch (DeepEP) -> combine | DP rank of the request | yes | one-shot |
+| `exflow` | DP, context-coherent | one A2A dispatch per layer (+ partial combine for k > 1); one AG of the new tokens per batch | layer 0: DP rank; then the device of its top-1 expert | no | separate |
+
+Choices where the papers are vague (ours):
+
+- `smoe` counts the shuffled all-gather that closes every layer (s-MoE Alg. 2 runs it: "After
+  MoE computing is complete, s-MoE runs the allgather"), although s-MoE §3.2's closed form
+  leaves it out; `count_sag=False` reproduces the closed form. The shuffle itself is fused into
+  the ring (s-MoE §4 (a)): SRS moves exactly the bytes of a ring RS (equal chunks, by the align
+  step), SAG those of a ring AG.
+- `ds-moe` all-reduces the whole batch then gives each device its contiguous chunk (DeepSpeed-MoE),
+  so its homes never use a token scheduler; its A2A sends one copy per activation.
+- `exflow` (ExFlow §IV-A): after a layer the token stays on the device of its first (top-1)
+  expert; with top-k > 1 the other k - 1 expert outputs are sent there (the `combine` phase:
+  "partial combine"), which ExFlow Table I does not count (`partial_combine=False` reproduces
+  Table I). The per-iteration all-gather of the new tokens is charged once per batch, at the last
+  layer: every device sends the tokens it holds to the G - 1 others (Table I writes G for G - 1).
+- Metadata, `separate`: an extra all-to-all before dispatch (CAMoE eq. 9's preprocess) carrying
+  the token counts per expert (N x 4 bytes, every pair) and each copy's top-k ids and weights
+  (k x 8 bytes); `one-shot` (s-MoE §4 (b)): the ids and weights ride in the dispatch packet, no
+  metadata collective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sempar.registry import Registry
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    attention: str              # "tp" | "dp"
+    steps: tuple[str, ...]      # in order: AR, RS, AG (rings), A2A-dispatch, A2A-combine
+    dedup: bool                 # de-duplicate the dispatch (and combine)
+    one_shot: bool              # metadata packed with the activations (s-MoE §4)
+    scheduled: bool             # may place tokens with the online schedulers
+    description: str
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def expert_parallel(self) -> bool:
+        return "A2A-dispatch" in self.steps
+
+    @property
+    def chained(self) -> bool:
+        """ExFlow: a token's home at layer l + 1 is its top-1 expert's device at layer l."""
+        return self.name == "exflow"
+
+
+PIPELINES: Registry[Pipeline] = Registry("pipeline")
+
+
+def _add(p: Pipeline) -> Pipeline:
+    PIPELINES.add(p.name, p)
+    for a in p.aliases:
+        PIPELINES.add(a, p)
+    return p
+
+
+_add(Pipeline("ds-moe", "tp", ("AR", "A2A-dispatch", "A2A-combine", "AG"), False, False, False,
+              "DeepSpeed-MoE: attention TP + EP: AR -> A2A -> A2A -> AG"))
+_add(Pipeline("sglang-tp", "tp", ("AR", "AR"), False, False, False,
+              "SGLang TP for attention and experts: AR + AR"))
+_add(Pipeline("smoe", "tp", ("RS", "A2A-dispatch", "A2A-combine", "AG"), True, True, True,
+              "s-MoE / Sem-MoE attention TP with token re-batching: SRS -> A2A -> A2A -> SAG",
+              aliases=("semmoe-tp",)))
+_add(Pipeline("attn-dp", "dp", ("A2A-dispatch", "A2A-combine"), False, False, True,
+              "attention DP + EP: A2A dispatch -> A2A combine, no de-duplication"))
+_add(Pipeline("sglang-ep", "dp", ("A2A-dispatch", "A2A-combine"), True, True, True,
+              "attention DP + EP as SGLang runs it with DeepEP: one-shot dedup dispatch -> combine"))
+_add(Pipeline("exflow", "dp", ("A2A-dispatch", "A2A-combine", "AG-iteration"), False, False, True,
+              "ExFlow context-coherent EP: one A2A per layer + AG of new tokens per iteration"))
+
+
+def pipeline_names() -> list[str]:
+    """Distinct pipelines (aliases left out), in registration order."""
+    seen, out = set(), []
+    for n in PIPELINES:
+        p = PIPELINES.get(n)
+        if p.name not in seen:
+            seen.add(p.name)
+            out.append(p.name)
+    return out

@@ -1,0 +1,240 @@
+"""The simulator: trace + placement + homes + topology + pipeline -> bytes per pair and seconds.
+
+Per batch of `batch` consecutive tokens (2,048 by default, design.md's tp batch) and per MoE
+layer, the pipeline's collectives (pipelines.py) become byte matrices float64[G, G]; their time:
+
+- all-to-all phases (metadata, dispatch, combine): CAMoE eq. 9, max over directed pairs of
+  alpha + beta * bytes for that phase;
+- rings (AR / RS / AG): steps x the slowest ring edge (collectives.ring_seconds);
+- ExFlow's all-gather of the new tokens: every device sends its tokens to every other, timed by
+  eq. 9 with the dispatch parameters, charged at the last layer.
+
+A layer's `a2a_seconds` is metadata + dispatch + combine (eq. 9); `comm_seconds` adds the rings.
+Per batch these are summed over layers (one pass of the batch through the model); the report
+gives their mean and p95 over batches, and per layer the mean over batches.
+
+The serving replica of an activation is the one nearest to the token's home under the
+topology (cost of one hidden vector on the dispatch links; home first, ties to the lower id).
+LAR and remote copies (design.md): over (token, layer, expert) the share served on the home
+device, and per (token, layer) the distinct remote devices.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sempar.comm.collectives import (all_to_all_volume, dedup_targets, pair_counts, ring_pairs,
+                                     ring_seconds)
+from sempar.comm.pipelines import Pipeline
+from sempar.comm.topology import PHASES, Topology
+from sempar.errors import InputError
+from sempar.placement.placement import Placement
+
+BATCH = 2048
+# Hidden sizes of the models of trace/presets.py (config.json of each checkpoint).
+HIDDEN_SIZES = {"mixtral-8x7b": 4096, "deepseek-v2-lite": 2048, "olmoe-1b-7b": 2048,
+                "qwen3-30b-a3b": 2048, "deepseek-v3": 7168}
+COLUMNS = PHASES + ("collectives",)
+
+
+@dataclass
+class SimOptions:
+    """hidden: elements per token vector; dtype_bytes: 2 = bf16. dedup / one_shot: None = the
+    pipeline's default. meta_bytes: per selected expert per copy (int32 id + fp32 weight);
+    count_bytes: per expert in the separate metadata collective's counts (CAMoE's s_cnt)."""
+
+    hidden: int
+    dtype_bytes: int = 2
+    batch: int = BATCH
+    dedup: bool | None = None
+    one_shot: bool | None = None
+    meta_bytes: int = 8
+    count_bytes: int = 4
+    count_sag: bool = True
+    partial_combine: bool = True
+
+    @property
+    def token_bytes(self) -> int:
+        return int(self.hidden) * int(self.dtype_bytes)
+
+
+def resolve_hidden(model: str, extra: dict | None = None, hidden: int | None = None) -> int:
+    """Hidden size: `hidden` if given, else the trace metadata's, our tiny model's config.json,
+    or the preset table; InputError when none is known."""
+    if hidden is not None:
+        if hidden < 1:
+            raise InputError(f"--hidden: {hidden} is not a positive integer")
+        return int(hidden)
+    if extra and isinstance(extra.get("hidden_size"), int):
+        return int(extra["hidden_size"])
+    from sempar.paths import assets_dir
+
+    cfg = assets_dir() / "models" / model / "config.json"
+    if cfg.is_file():
+        return int(json.loads(cfg.read_text())["hidden_size"])
+    if model in HIDDEN_SIZES:
+        return HIDDEN_SIZES[model]
+    raise InputError(f"hidden size of model {model!r} is unknown: give --hidden")
+
+
+def replica_table(placement: Placement, topo: Topology, nbytes: float) -> tuple[np.ndarray, bool]:
+    """(table, by_home): int16[L, N] device of each expert when none is replicated (by_home
+    False), else int16[L, G, N] the replica nearest to each home device."""
+    hosts = placement.hosts()                                   # [L, G, N]
+    if (hosts.sum(axis=1) == 1).all():
+        return hosts.argmax(axis=1).astype(np.int16), False
+    G = placement.num_devices
+    cost = topo.pair_cost("dispatch", nbytes).copy()
+    cost[np.arange(G), np.arange(G)] = -1.0                     # home first
+    out = np.empty((placement.num_layers, G, placement.num_experts), np.int16)
+    for l in range(placement.num_layers):
+        score = np.where(hosts[l][None, :, :], cost[:, :, None], np.inf)   # [g, d, e]
+        out[l] = score.argmin(axis=1)
+    return out, True
+
+
+def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement, topo: Topology,
+             pipeline: Pipeline, opts: SimOptions) -> dict:
+    """Bytes and seconds of `pipeline` for routing `experts` int[T, L, k] with homes
+    `home` int[T, L] (for exflow only column 0 is used; None for pipelines without EP).
+
+    Returns {"layers": [...], "total": {...}, "per_batch": {"a2a_seconds": float[B],
+    "comm_seconds": float[B]}, "bytes_per_pair": float64[L, 4, G, G]} (columns: metadata,
+    dispatch, combine, collectives; summed over batches)."""
+    T, L, k = experts.shape
+    G = topo.num_devices
+    if placement.num_devices != G:
+        raise InputError(f"placement has {placement.num_devices} devices, topology {topo.name} "
+                         f"has {G}")
+    if placement.num_layers != L:
+        raise InputError(f"placement has {placement.num_layers} layers, the trace {L}")
+    if T == 0:
+        raise InputError("the trace holds no tokens to simulate")
+    H = opts.token_bytes
+    B = int(opts.batch)
+    if B < 1:
+        raise InputError(f"--batch: {B} is not a positive integer")
+    nb = -(-T // B)
+    batch_of = np.arange(T, dtype=np.int64) // B
+    wide = nb * G * G >= 2 ** 31
+    base = (batch_of * G * G).astype(np.int64 if wide else np.int32)
+    ntok = np.bincount(batch_of, minlength=nb).astype(np.float64)
+    dedup = pipeline.dedup if opts.dedup is None else opts.dedup
+    one_shot = pipeline.one_shot if opts.one_shot is None else opts.one_shot
+    meta = k * opts.meta_bytes
+    header = placement.num_experts * opts.count_bytes
+
+    secs = np.zeros((nb, L, len(COLUMNS)))
+    pair_bytes = np.zeros((L, len(COLUMNS), G, G))
+    lar = np.full(L, np.nan)
+    copies = np.full(L, np.nan)
+    ep = pipeline.expert_parallel
+    if ep:
+        if home is None:
+            raise InputError(f"pipeline {pipeline.name} needs token homes")
+        table, by_home = replica_table(placement, topo, H)
+        cur = np.asarray(home[:, 0], np.int32)
+    for l in range(L):
+        if ep:
+            h = cur if pipeline.chained else np.asarray(home[:, l], np.int32)
+            e = experts[:, l, :]
+            serve = (table[l][h[:, None], e] if by_home else table[l][e]).astype(np.int32)
+            lar[l] = float(np.count_nonzero(serve == h[:, None])) / serve.size
+            dd = dedup_targets(h, serve)
+            cnt_dd = pair_counts(h, dd, base, nb, G)
+            copies[l] = cnt_dd.sum() / T
+            cnt = cnt_dd if dedup else pair_counts(h, serve, base, nb, G)
+            disp = all_to_all_volume(cnt, H + (meta if one_shot else 0))
+            mbytes = (np.zeros_like(disp) if one_shot
+                      else all_to_all_volume(cnt, meta, header, every_pair=True))
+            if pipeline.chained:
+                nxt = serve[:, 0]
+                if k > 1 and opts.partial_combine:
+                    others = serve[:, 1:]
+                    if dedup:
+                        others = dedup_targets(nxt, others)
+                    ccnt = pair_counts(nxt, others, base, nb, G, reverse=True)
+                else:
+                    ccnt = np.zeros_like(cnt)
+                cur = nxt
+            else:
+                ccnt = cnt.transpose(0, 2, 1)
+            comb = all_to_all_volume(ccnt, H)
+            for i, b in enumerate((mbytes, disp, comb)):
+                secs[:, l, i] = topo.a2a_seconds(i, b)
+                pair_bytes[l, i] = b.sum(axis=0)
+        X = ntok * H
+        for step in pipeline.steps:
+            if step in ("AR", "RS", "AG"):
+                if step == "AG" and pipeline.name == "smoe" and not opts.count_sag:
+                    continue
+                secs[:, l, 3] += ring_seconds(topo, step, X)
+                pair_bytes[l, 3] += ring_pairs(step, G, X.sum())
+            elif step == "AG-iteration" and l == L - 1:
+                held = np.bincount(batch_of * G + cur, minlength=nb * G).reshape(nb, G) * float(H)
+                ag = np.repeat(held[:, :, None], G, axis=2)
+                ag[:, np.arange(G), np.arange(G)] = 0.0
+                secs[:, l, 3] += topo.a2a_seconds("dispatch", ag)
+                pair_bytes[l, 3] += ag.sum(axis=0)
+    return _report(pipeline, topo, secs, pair_bytes, lar, copies, T, nb, dedup, one_shot, opts)
+
+
+def _report(pipeline: Pipeline, topo: Topology, secs: np.ndarray, pair_bytes: np.ndarray,
+            lar: np.ndarray, copies: np.ndarray, T: int, nb: int, dedup: bool, one_shot: bool,
+            opts: SimOptions) -> dict:
+    a2a_b = secs[:, :, :3].sum(axis=(1, 2))                    # per batch, all layers
+    comm_b = secs.sum(axis=(1, 2))
+    layers = []
+    for l in range(secs.shape[1]):
+        a2a_l = secs[:, l, :3].sum(axis=1)
+        layers.append({
+            "layer": l,
+            "bytes": float(pair_bytes[l].sum()),
+            "bytes_by_phase": {c: float(pair_bytes[l, i].sum()) for i, c in enumerate(COLUMNS)},
+            "bytes_per_pair": pair_bytes[l].sum(axis=0),
+            "a2a_seconds": float(a2a_l.mean()),
+            "a2a_seconds_p95": float(np.percentile(a2a_l, 95)),
+            "seconds_by_phase": {c: float(secs[:, l, i].mean()) for i, c in enumerate(COLUMNS)},
+            "comm_seconds": float(secs[:, l].sum(axis=1).mean()),
+            "lar": None if np.isnan(lar[l]) else float(lar[l]),
+            "remote_copies_per_token": None if np.isnan(copies[l]) else float(copies[l]),
+        })
+    total_bytes = float(pair_bytes.sum())
+    ep = not np.isnan(lar).all()
+    total = {
+        "bytes": total_bytes,
+        "bytes_by_phase": {c: float(pair_bytes[:, i].sum()) for i, c in enumerate(COLUMNS)},
+        "bytes_per_pair": pair_bytes.sum(axis=(0, 1)),
+        "bytes_per_token": total_bytes / T,
+        "a2a_seconds_mean": float(a2a_b.mean()),
+        "a2a_seconds_p95": float(np.percentile(a2a_b, 95)),
+        "comm_seconds_mean": float(comm_b.mean()),
+        "comm_seconds_p95": float(np.percentile(comm_b, 95)),
+        "lar_mean": float(np.nanmean(lar)) if ep else None,
+        "lar_p50": float(np.nanmedian(lar)) if ep else None,
+        "remote_copies_per_token": float(np.nanmean(copies)) if ep else None,
+        "tokens": int(T), "batches": int(nb),
+    }
+    return {"pipeline": pipeline.name, "topology": topo.name, "devices": topo.num_devices,
+            "nodes": topo.num_nodes, "batch": opts.batch, "hidden": opts.hidden,
+            "dtype_bytes": opts.dtype_bytes, "dedup": dedup if pipeline.expert_parallel else None,
+            "metadata": ("one-shot" if one_shot else "separate") if pipeline.expert_parallel else None,
+            "layers": layers, "total": total,
+            "per_batch": {"a2a_seconds": a2a_b, "comm_seconds": comm_b},
+            "bytes_per_pair": pair_bytes}
+
+
+def summary(result: dict) -> dict:
+    """The result without the bulky arrays (per-batch series, [L, 4, G, G] tensor)."""
+    return {k: v for k, v in result.items() if k not in ("per_batch", "bytes_per_pair")}
+
+
+def save_result(result: dict, path: str | Path) -> None:
+    from sempar.atomic import write_text_atomic
+    from sempar.cli import _json_default
+
+    write_text_atomic(path, json.dumps(summary(result), default=_json_default) + "\n")
