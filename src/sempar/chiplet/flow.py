@@ -15,7 +15,9 @@ neighbour pair, and a micro-slice ring buffer of S = buffer_bytes // micro_slice
 - Rule 4: every die loads the next micro-slice of the priority list as soon as its DDR channel and
   buffer allow (pull): the micro-slice goes to the die whose channel and next slot free first,
   trajectory dies preferred on ties; the first micro-slice of a unit enters at Alg. 1's c*.
-- Rule 5 (optional): the micro-slice goes to the trajectory die with the most free slots.
+- Rule 5 (optional): the DDR channel that frees first streams the micro-slice straight into the
+  trajectory die with the most free slots (ours: the IO-die DDR controller can deliver any
+  channel's data to any die; without Rule 5 it lands in the buffer of the die that pulled it).
 
 Times are list-scheduled (each resource keeps its next free time; a task starts when its inputs and
 its resources are ready), so an instance costs O(experts x M x visits) vector steps over B.
@@ -143,24 +145,29 @@ def simulate_flow(counts: np.ndarray, cfg: ChipletConfig, expert_params: int, we
                 continue
             in_m = ((m[:, None] >> np.arange(D)) & 1).astype(bool)
             si_all = slot_cnt % S
-            slot_ready = slot_rel[ar[:, None], np.arange(D)[None, :], si_all]
-            ready = np.maximum(ddr_free, slot_ready)
+            slot_ready = slot_rel.reshape(B * D, S)[(ar[:, None] * D + np.arange(D)).ravel(),
+                                                     si_all.ravel()].reshape(B, D)
             if rule5:
-                free_slots = (slot_rel <= ready[:, :, None]).sum(axis=2)
-                score = np.where(in_m, free_slots - ready * 1e-3, -np.inf)   # roomiest, then earliest
-                a = np.argmax(score, axis=1)
+                # Rule 5: the channel that frees first streams the micro-slice into the trajectory
+                # die with the most free slots (the DDR controller "sends" it there)
+                ch = np.argmin(ddr_free, axis=1)
+                t_ch = ddr_free[ar, ch]
+                free_slots = (slot_rel <= t_ch[:, None, None]).sum(axis=2)
+                a = np.argmax(np.where(in_m, free_slots - slot_ready * 1e-3, -np.inf), axis=1)
             else:
+                ready = np.maximum(ddr_free, slot_ready)
                 a = np.argmin(ready + eps * (~in_m), axis=1)
                 if j < width:               # Alg. 1 line 7: the unit's first micro-slice to c*
                     a = np.where(valid & in_m[ar, cstar], cstar, a)
-            si, free_at = acquire(a, ready[ar, a], valid)
-            t0 = np.maximum(ddr_free[ar, a], free_at)
+                ch = a
+            si, free_at = acquire(a, slot_ready[ar, a], valid)
+            t0 = np.maximum(ddr_free[ar, ch], free_at)
             occupy(a, si, t0, valid)
             t_arr = t0 + t_load + cfg.ddr_latency_s
-            ddr_free[ar, a] = np.where(valid, t0 + t_load, ddr_free[ar, a])
-            ddr_busy[ar, a] += np.where(valid, t_load, 0.0)
+            ddr_free[ar, ch] = np.where(valid, t0 + t_load, ddr_free[ar, ch])
+            ddr_busy[ar, ch] += np.where(valid, t_load, 0.0)
             if snap is not None and valid[snap]:
-                activity.append(("ddr", int(a[snap]), float(t0[snap]), float(t0[snap] + t_load), int(e[snap])))
+                activity.append(("ddr", int(ch[snap]), float(t0[snap]), float(t0[snap] + t_load), int(e[snap])))
             cur, cur_si, here = a.copy(), si, t_arr
             cur_done = t_arr.copy()              # when the current holder has finished computing
             nv = np.where(valid, nv_t[a, m], 0)

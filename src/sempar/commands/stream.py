@@ -1,0 +1,126 @@
+"""`sempar stream`: the FSE-DP multi-chiplet simulator (sempar.chiplet) on a routing trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("stream")(stream)
+
+
+def load_workload(model: str, trace: Optional[Path], tokens_per_iter: int, iterations: int, seed: int):
+    """The model and its workload: from `trace`, or a synthetic trace of the model's own shape."""
+    from sempar.chiplet.models import MODELS
+    from sempar.chiplet.workload import assemble
+    from sempar.errors import InputError
+
+    m = MODELS.get(model)
+    if trace is not None:
+        from sempar.trace import read_trace
+        if not Path(trace).exists():
+            raise InputError(f"--trace: {trace} does not exist")
+        tr = read_trace(trace)
+        source = str(trace)
+    else:
+        from sempar.trace.presets import PRESETS
+        from sempar.trace.schema import TraceMeta
+        from sempar.trace.synth import synthesize
+        shape = PRESETS.get(m.name) if m.name in PRESETS else TraceMeta(m.name, m.layers, m.experts, m.top_k, 32000)
+        need = tokens_per_iter * iterations
+        tokens = int(need * 1.3) + 1024
+        tr = synthesize(shape, tokens, requests=max(2, tokens // 160), seed=seed)
+        source = f"synthetic:{m.name}"
+    return m, assemble(tr, m, tokens_per_iter, iterations, source=source)
+
+
+def stream(
+    model: str = typer.Option("qwen3-30b-a3b", help="model shape of FSE-DP Table I: phi-3.5-moe, yuan2.0-m32, deepseek-moe-16b, qwen3-30b-a3b"),
+    trace: Optional[Path] = typer.Option(None, help="routing trace (Parquet); default a synthetic trace of the model"),
+    tokens_per_iter: int = typer.Option(64, help="input tokens per iteration (paper: 16, 64, 256, 1024)"),
+    iterations: int = typer.Option(100, help="forward iterations (paper: 100)"),
+    strategy: str = typer.Option("all", help="'all' or comma-separated: ep, hydra, fsedp-naive, fsedp, fsedp+paired-load, ..."),
+    mesh: str = typer.Option("2x2", help="die mesh ROWSxCOLS"),
+    buffer_mb: float = typer.Option(16.0, help="on-chip expert buffer per die (MiB)"),
+    ddr_gbps: float = typer.Option(25.6, help="DDR bandwidth per die (GB/s)"),
+    d2d_gbps: float = typer.Option(288.0, help="D2D bandwidth per mesh link (GB/s)"),
+    precision: str = typer.Option("int8", help="weight precision: fp32, bf16, fp16, int8, fp8, int4"),
+    micro_slices: int = typer.Option(8, help="micro-slices per expert"),
+    sweeps: bool = typer.Option(False, "--sweeps", help="also run the design-space sweeps (Figs. 16-18)"),
+    sweep_iterations: int = typer.Option(3, help="iterations per sweep point"),
+    seed: int = typer.Option(0, help="seed of the synthetic trace"),
+    plot: Optional[Path] = typer.Option(None, help="write the figures into this folder"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Compare EP, Hydra and the FSE-DP variants on a multi-chiplet package (FSE-DP paper)."""
+    from sempar.chiplet import sweeps as sw
+    from sempar.chiplet.hardware import MB, ChipletConfig, area_mm2, feasible, parse_mesh, power_w
+    from sempar.chiplet.flow import micro_slice_slots
+    from sempar.chiplet.models import precision_bytes
+    from sempar.chiplet.simulate import simulate
+    from sempar.chiplet.strategies import resolve
+    from sempar.errors import InputError
+    from sempar.progress import progress_bar, steps
+
+    rows, cols = parse_mesh(mesh)
+    if buffer_mb <= 0 or ddr_gbps <= 0 or d2d_gbps <= 0:
+        raise InputError("--buffer-mb, --ddr-gbps and --d2d-gbps must be positive")
+    if sweep_iterations < 1:
+        raise InputError(f"--sweep-iterations: {sweep_iterations} must be at least 1")
+    strategies = resolve(strategy)
+    cfg = ChipletConfig(rows=rows, cols=cols, buffer_bytes=int(buffer_mb * MB), ddr_bw_per_die=ddr_gbps * 1e9,
+                        d2d_bw=d2d_gbps * 1e9)
+    m, wl = load_workload(model, trace, tokens_per_iter, iterations, seed)
+    wb = precision_bytes(precision)
+    if any(s.kind == "flow" for s in strategies):
+        micro_slice_slots(cfg, m.expert_params * wb, micro_slices)
+    with steps("stream", len(strategies)) as step:
+        results = simulate(wl, cfg, strategies, precision, micro_slices, progress=step)
+    sweep_out = None
+    if sweeps:
+        short = type(wl)(wl.model, wl.tokens_per_iter, wl.iterations[:sweep_iterations], wl.experts,
+                         wl.row_index, wl.trace_layers, wl.wrapped, wl.source)
+        total = sum(sw.points(k) for k in ("buffer_x_ddr", "ddr_x_d2d", "microslice_x_buffer", "scaling"))
+        with progress_bar("sweeps", total) as advance:
+            sweep_out = {"buffer_x_ddr": sw.buffer_x_ddr(short, cfg, precision, micro_slices, tick=advance),
+                         "ddr_x_d2d": sw.ddr_x_d2d(short, cfg, precision, micro_slices, tick=advance),
+                         "microslice_x_buffer": sw.microslice_x_buffer(short, cfg, precision, tick=advance),
+                         "scaling": sw.scaling(short, cfg, precision, micro_slices, tick=advance)}
+    written = []
+    if plot is not None:
+        from sempar.chiplet.plots import write_plots
+        written = write_plots(plot, results, sweep_out, f"{m.name}, {tokens_per_iter} tokens/iter")
+    base = results.get("ep")
+    out = {"model": m.name, "tokens_per_iter": tokens_per_iter, "iterations": iterations,
+           "trace": wl.source, "trace_wrapped": wl.wrapped, "precision": precision,
+           "micro_slices": micro_slices,
+           "hardware": {"mesh": f"{rows}x{cols}", "buffer_bytes_per_die": cfg.buffer_bytes,
+                        "ddr_bw_per_die": cfg.ddr_bw_per_die, "d2d_bw": cfg.d2d_bw,
+                        "area_mm2_per_die": area_mm2(cfg), "power_w": power_w(cfg),
+                        "within_limits": feasible(cfg)},
+           "strategies": {n: {**r.to_json(),
+                              **({"speedup_vs_ep": base.layer_latency_s / r.layer_latency_s} if base else {})}
+                          for n, r in results.items()}}
+    if sweep_out:
+        out["sweeps"] = sweep_out
+    if plot is not None:
+        out["plots"] = written
+    if json_out:
+        from sempar.cli import emit_json
+        emit_json(out)
+        return
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"sempar stream: {m.name}, {tokens_per_iter} tokens/iter, {iterations} iterations, {rows}x{cols}")
+    for c in ("strategy", "layer latency (us)", "speedup vs EP", "e2e latency (s)", "utilization", "peak on-chip (MiB)"):
+        t.add_column(c, justify="right" if c != "strategy" else "left")
+    for n, r in results.items():
+        sp = f"{base.layer_latency_s / r.layer_latency_s:.2f}x" if base else "-"
+        t.add_row(n, f"{r.layer_latency_s * 1e6:.1f}", sp, f"{r.e2e_latency_s:.3f}", f"{r.utilization:.3f}",
+                  f"{r.peak_bytes / MB:.1f}")
+    Console(width=140).print(t)
+    for p in written:
+        typer.echo(f"wrote {p}")
