@@ -150,3 +150,26 @@ def test_dedup_cuts_copies_and_registry():
     dd = b["total"]["bytes_by_phase"]["dispatch"] / 64 / (T * L)
     assert dd == pytest.approx(b["total"]["remote_copies_per_token"]) and dd < no_dedup
     assert b["total"]["a2a_seconds_mean"] < a["total"]["a2a_seconds_mean"]
+
+
+@pytest.mark.parametrize("G_, replicas", [(4, False), (8, False), (8, True), (12, False),
+                                          (12, True), (70, False)])
+def test_route_counts_match_brute_force(G_, replicas):
+    from sempar.comm.collectives import route_counts
+
+    rng = np.random.default_rng(G_)
+    T, k, N, nb = 3000, 5, 2 * G_ + 3, 3
+    experts = rng.integers(0, N, (T, k))
+    src = rng.integers(0, G_, T).astype(np.int32)
+    batch = np.sort(rng.integers(0, nb, T))
+    if replicas:
+        table = rng.integers(0, G_, (G_, N))                     # replica per (home, expert)
+        serve = table[src[:, None], experts]
+    else:
+        table = rng.integers(0, G_, N)
+        serve = table[experts]
+    cnt, dd, local = route_counts(src, experts, table, replicas, batch, nb, G_)
+    base = batch * G_ * G_
+    assert np.array_equal(cnt, pair_counts(src, serve, base, nb, G_))
+    assert np.array_equal(dd, pair_counts(src, dedup_targets(src, serve), base, nb, G_))
+    assert local == int((serve == src[:, None]).sum())

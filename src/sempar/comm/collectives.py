@@ -80,6 +80,85 @@ def pair_counts(src: np.ndarray, dst: np.ndarray, batch_base: np.ndarray, num_ba
     return c
 
 
+def _bits_dtype(G: int):
+    return np.uint8 if G <= 8 else np.uint16 if G <= 16 else np.uint32 if G <= 32 else np.uint64
+
+
+def _device_bits(table: np.ndarray, experts: np.ndarray, lookup: np.ndarray, by_home: bool,
+                 G: int) -> np.ndarray:
+    """uint[T]: bitmask of the devices serving each token's experts."""
+    dt = _bits_dtype(G)
+    if by_home:
+        bit_of = np.left_shift(dt(1), np.arange(G, dtype=dt))
+        x = bit_of[table[lookup[:, None], experts]]
+    else:
+        x = np.left_shift(dt(1), table.astype(dt))[experts]      # [T, k]
+    if dt == np.uint8 and x.shape[1] == 8:                      # OR the 8 bytes of a uint64
+        y = x.view(np.uint64).ravel()
+        for sh in (32, 16, 8):
+            y = y | (y >> np.uint64(sh))
+        return (y & np.uint64(255)).astype(np.uint8)
+    return np.bitwise_or.reduce(x, axis=1)
+
+
+def route_counts(src: np.ndarray, experts: np.ndarray, table: np.ndarray, by_home: bool,
+                 batch: np.ndarray, num_batches: int, G: int, dedup: bool = True,
+                 lookup: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """Copies of one layer's dispatch, per batch and directed pair, from the token level.
+
+    src: int32[T] homes; experts: int[T, k]; table: int[N] device of each expert (by_home False)
+    or int[G, N] the replica serving each expert for each home (by_home True); batch: int[T].
+    Returns (copies int64[B, G, G] without de-duplication, copies with de-duplication (None if
+    not asked), activations served on the home device). Vectorised: without replicas the
+    (batch, home, expert) histogram times the expert -> device one-hot; the de-duplicated count
+    from each token's bitmask of serving devices, histogrammed by (batch, home, bitmask) for
+    G <= 10, else one bincount per device; never a loop over tokens. lookup: int[T] the device
+    whose nearest replicas serve (default src; ExFlow's partial combine sends from the replicas
+    chosen for the token's home to its next device)."""
+    T, k = experts.shape
+    experts = np.ascontiguousarray(experts)
+    bs = batch.astype(np.int64) * G + src                        # batch * G + home
+    serve = None
+    if by_home:
+        serve = table[(src if lookup is None else lookup)[:, None], experts].astype(np.int64)
+        cnt = np.bincount((bs[:, None] * G + serve).ravel(),
+                          minlength=num_batches * G * G).reshape(num_batches, G, G)
+    else:
+        N = table.size
+        hist = np.bincount((bs[:, None] * N + experts).ravel(), minlength=num_batches * G * N)
+        onehot = np.zeros((N, G))
+        onehot[np.arange(N), table] = 1.0
+        cnt = np.rint(hist.reshape(num_batches * G, N).astype(np.float64) @ onehot
+                      ).astype(np.int64).reshape(num_batches, G, G)
+    diag = np.arange(G)
+    local = int(cnt[:, diag, diag].sum())
+    cnt[:, diag, diag] = 0
+    dd = None
+    if dedup:
+        if G > 64:
+            if serve is None:
+                serve = table[experts]
+            dd = pair_counts(src, dedup_targets(src, serve), (batch * G * G).astype(np.int64),
+                             num_batches, G)
+        else:
+            bits = _device_bits(table, experts, src if lookup is None else lookup, by_home, G)
+            if G <= 10:
+                P = 1 << G
+                h = np.bincount(bs * P + bits, minlength=num_batches * G * P)
+                bitmat = ((np.arange(P)[:, None] >> diag[None, :]) & 1).astype(np.float64)
+                dd = np.rint(h.reshape(num_batches * G, P).astype(np.float64) @ bitmat
+                             ).astype(np.int64).reshape(num_batches, G, G)
+            else:
+                dt = bits.dtype.type
+                dd = np.empty((num_batches * G, G), np.int64)
+                for d in range(G):
+                    dd[:, d] = np.bincount(bs[((bits >> dt(d)) & dt(1)).astype(bool)],
+                                           minlength=num_batches * G)
+                dd = dd.reshape(num_batches, G, G)
+            dd[:, diag, diag] = 0
+    return cnt, dd, local
+
+
 def all_to_all_volume(counts: np.ndarray, per_copy: float, header: float = 0.0,
                       every_pair: bool = False) -> np.ndarray:
     """float64[..., G, G]: bytes per pair = copies x per_copy (+ header where anything is sent,

@@ -27,8 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sempar.comm.collectives import (all_to_all_volume, dedup_targets, pair_counts, ring_pairs,
-                                     ring_seconds)
+from sempar.comm.collectives import all_to_all_volume, ring_pairs, ring_seconds, route_counts
 from sempar.comm.pipelines import Pipeline
 from sempar.comm.topology import PHASES, Topology
 from sempar.errors import InputError
@@ -120,8 +119,6 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
         raise InputError(f"--batch: {B} is not a positive integer")
     nb = -(-T // B)
     batch_of = np.arange(T, dtype=np.int64) // B
-    wide = nb * G * G >= 2 ** 31
-    base = (batch_of * G * G).astype(np.int64 if wide else np.int32)
     ntok = np.bincount(batch_of, minlength=nb).astype(np.float64)
     dedup = pipeline.dedup if opts.dedup is None else opts.dedup
     one_shot = pipeline.one_shot if opts.one_shot is None else opts.one_shot
@@ -142,22 +139,22 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
         if ep:
             h = cur if pipeline.chained else np.asarray(home[:, l], np.int32)
             e = experts[:, l, :]
-            serve = (table[l][h[:, None], e] if by_home else table[l][e]).astype(np.int32)
-            lar[l] = float(np.count_nonzero(serve == h[:, None])) / serve.size
-            dd = dedup_targets(h, serve)
-            cnt_dd = pair_counts(h, dd, base, nb, G)
+            cnt, cnt_dd, local = route_counts(h, e, table[l], by_home, batch_of, nb, G)
+            lar[l] = local / (T * k)
             copies[l] = cnt_dd.sum() / T
-            cnt = cnt_dd if dedup else pair_counts(h, serve, base, nb, G)
+            if dedup:
+                cnt = cnt_dd
             disp = all_to_all_volume(cnt, H + (meta if one_shot else 0))
             mbytes = (np.zeros_like(disp) if one_shot
                       else all_to_all_volume(cnt, meta, header, every_pair=True))
             if pipeline.chained:
-                nxt = serve[:, 0]
+                first = e[:, 0]
+                nxt = (table[l][h, first] if by_home else table[l][first]).astype(np.int32)
                 if k > 1 and opts.partial_combine:
-                    others = serve[:, 1:]
-                    if dedup:
-                        others = dedup_targets(nxt, others)
-                    ccnt = pair_counts(nxt, others, base, nb, G, reverse=True)
+                    # the other experts' outputs go to the top-1 expert's device (ExFlow)
+                    ocnt, odd, _ = route_counts(nxt, e[:, 1:], table[l], by_home, batch_of, nb,
+                                                G, dedup=dedup, lookup=h)
+                    ccnt = (odd if dedup else ocnt).transpose(0, 2, 1)
                 else:
                     ccnt = np.zeros_like(cnt)
                 cur = nxt
