@@ -75,8 +75,9 @@ def resolve_hidden(model: str, extra: dict | None = None, hidden: int | None = N
     cfg = assets_dir() / "models" / model / "config.json"
     if cfg.is_file():
         return int(json.loads(cfg.read_text())["hidden_size"])
-    if model in HIDDEN_SIZES:
-        return HIDDEN_SIZES[model]
+    base = model.split(":")[-1]                                 # "synthetic:qwen3-30b-a3b"
+    if base in HIDDEN_SIZES:
+        return HIDDEN_SIZES[base]
     raise InputError(f"hidden size of model {model!r} is unknown: give --hidden")
 
 
