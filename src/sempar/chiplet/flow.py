@@ -5,8 +5,8 @@ split into M micro-slices (§IV-C's single-level notation); each micro-slice is 
 one die's buffer and then streams along the expert's ring trajectory (trajectory.py) through every
 die that holds tokens of that expert, is computed there on the local tokens and is released after
 the last visit. Resources per die: one DDR channel, one compute array, one egress queue per mesh
-neighbour pair, and a micro-slice ring buffer of S = buffer_bytes // micro_slice_bytes slots (§IV:
-"a micro-slice-based ring buffer").
+neighbour pair, and a buffer of S = buffer_bytes // micro_slice_bytes micro-slice slots (a slot is
+taken when the micro-slice starts arriving and freed when it has been computed and forwarded).
 
 - Rule 1: a micro-slice that arrives is forwarded at once (eager, Fig. 4(b)) while it is computed;
   its slot is freed when both are done.
@@ -20,8 +20,8 @@ neighbour pair, and a micro-slice ring buffer of S = buffer_bytes // micro_slice
   channel's data to any die; without Rule 5 it lands in the buffer of the die that pulled it).
 
 Times are list-scheduled (each resource keeps its next free time; a task starts when its inputs and
-its resources are ready), so an instance costs O(experts x M x visits) vector steps over B.
-Peak buffer occupancy is tracked exactly on a sample of instances (`peak_of`).
+its resources are ready), so an instance costs O(experts x M x visits) steps; the kernel is compiled
+with numba (cached on disk). Peak buffer occupancy (slots held at once) is tracked per die.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
 
 from sempar.chiplet.hardware import ChipletConfig
 from sempar.chiplet.trajectory import unit_order, visit_table
@@ -51,6 +52,16 @@ class FlowResult:
     activity: list = field(default_factory=list)
 
 
+def auto_micro_slices(cfg: ChipletConfig, expert_bytes: float, min_slots: int = 8) -> int:
+    """Default micro-slice count (ours): 8 (§VI-D: "a micro-slice number below 10 is preferred"),
+    doubled until the buffer holds `min_slots` micro-slices (large experts such as Phi-3.5's; §VI-D:
+    their latency is governed by the buffer, Fig. 17(a))."""
+    m = 8
+    while cfg.buffer_bytes // (expert_bytes / m) < min_slots and m < 1024:
+        m *= 2
+    return m
+
+
 def micro_slice_slots(cfg: ChipletConfig, expert_bytes: float, micro_slices: int) -> int:
     """Buffer slots per die; InputError when fewer than two micro-slices fit (one computing, one
     arriving: the minimum for Rule 1)."""
@@ -66,7 +77,7 @@ def micro_slice_slots(cfg: ChipletConfig, expert_bytes: float, micro_slices: int
 
 def simulate_flow(counts: np.ndarray, cfg: ChipletConfig, expert_params: int, weight_bytes: float,
                   micro_slices: int = 8, paired: bool = False, rule5: bool = False,
-                  snapshot: int | None = None, peak_sample: int = 64) -> FlowResult:
+                  snapshot: int | None = None) -> FlowResult:
     """Simulate FSE-DP (A2 / A3 / A4) on instances with counts int[B, E, D] (tokens of expert e
     homed on die d). `weight_bytes` is bytes per weight."""
     B, E, D = counts.shape
@@ -75,133 +86,171 @@ def simulate_flow(counts: np.ndarray, cfg: ChipletConfig, expert_params: int, we
     M = int(micro_slices)
     ms_bytes = expert_params * weight_bytes / M
     S = micro_slice_slots(cfg, expert_params * weight_bytes, M)
-    t_load = ms_bytes / cfg.ddr_bw_per_die
-    t_xfer = ms_bytes / cfg.d2d_bw
-    lat = cfg.fdi_latency_s + cfg.hop_latency_s
-    t_pass = 2.0 * cfg.lanes * (expert_params / M) / cfg.peak_ops
     vis_t, nv_t, hop_t = visit_table(cfg.rows, cfg.cols)
-    vis_t = vis_t.astype(np.int64)
-    hop_t = hop_t.astype(np.float64)
-    nv_t = nv_t.astype(np.int64)
-
     totals = counts.sum(axis=2)
     order, width = unit_order(totals, paired)
     bits = (1 << np.arange(D, dtype=np.int64))
-    masks = ((counts > 0) * bits).sum(axis=2)                       # int64[B, E]
-    passes = -(-counts // cfg.lanes)                                 # ceil(n / lanes)
-    n_act = (totals > 0).sum(axis=1)
-    units = int(-(-n_act.max() // width)) if B else 0
-
-    ar = np.arange(B)
-    ddr_free = np.zeros((B, D))
-    comp_free = np.zeros((B, D))
-    link_free = np.zeros((B, D, D))
-    slot_rel = np.zeros((B, D, S))
-    slot_cnt = np.zeros((B, D), np.int64)
+    masks = ((counts > 0) * bits).sum(axis=2).astype(np.int64)          # int64[B, E]
+    passes = (-(-counts // cfg.lanes)).astype(np.int32)                 # ceil(n / lanes)
+    n_act = (totals > 0).sum(axis=1).astype(np.int64)
+    latency = np.zeros(B)
     busy = np.zeros((B, D))
     ddr_busy = np.zeros((B, D))
     d2d = np.zeros(B)
-    done = np.zeros(B)
-    peak_of = np.unique(np.linspace(0, B - 1, min(B, peak_sample)).astype(np.int64)) if B else np.zeros(0, np.int64)
-    if snapshot is not None and snapshot not in peak_of:
-        peak_of = np.sort(np.r_[peak_of, snapshot])
-    P = peak_of.size
-    peak = np.zeros((P, D), np.int64)
-    in_p = np.full(B, -1)
-    in_p[peak_of] = np.arange(P)
-    pmask = in_p >= 0
-    activity: list = []
-    snap = snapshot
-    eps = 1e-15
+    peak = np.zeros((B, D), np.int64)
+    snap = -1 if snapshot is None else int(snapshot)
+    cap = E * M * (2 * D + 1) if snap >= 0 else 1
+    rec_i = np.zeros((cap, 3), np.int64)          # kind (0 ddr, 1 d2d, 2 compute), die, expert
+    rec_t = np.zeros((cap, 2))
+    n = _kernel(passes, masks, order.astype(np.int64), n_act, width, M, S,
+                ms_bytes / cfg.ddr_bw_per_die, cfg.ddr_latency_s, ms_bytes / cfg.d2d_bw,
+                cfg.fdi_latency_s + cfg.hop_latency_s, 2.0 * cfg.lanes * (expert_params / M) / cfg.peak_ops,
+                cfg.ctrl_overhead_s, rule5, vis_t, nv_t, hop_t, snap, ms_bytes,
+                latency, busy, ddr_busy, d2d, peak, rec_i, rec_t)
+    kinds = ("ddr", "d2d", "compute")
+    activity = [(kinds[rec_i[i, 0]], int(rec_i[i, 1]), float(rec_t[i, 0]), float(rec_t[i, 1]), int(rec_i[i, 2]))
+                for i in range(n)]
+    return FlowResult(latency, busy, ddr_busy, d2d, peak, np.arange(B), ms_bytes, activity)
 
-    def acquire(die: np.ndarray, t_ready: np.ndarray, live: np.ndarray):
-        """Reserve the next ring-buffer slot of `die`; return (slot index, time it is free)."""
-        si = slot_cnt[ar, die] % S
-        free_at = slot_rel[ar, die, si]
-        return si, free_at
 
-    def occupy(die: np.ndarray, si: np.ndarray, t: np.ndarray, live: np.ndarray):
-        slot_cnt[ar, die] += live
-        slot_rel[ar, die, si] = np.where(live, np.inf, slot_rel[ar, die, si])   # held until released
-        if P:
-            sel = pmask & live
-            if sel.any():
-                b = np.flatnonzero(sel)
-                occ = (slot_rel[b, die[b], :] > t[b, None]).sum(axis=1)
-                pi = in_p[b]
-                peak[pi, die[b]] = np.maximum(peak[pi, die[b]], occ)
+@njit(cache=True)
+def _argmin_slot(row):
+    best, k = row[0], 0
+    for i in range(1, row.size):
+        if row[i] < best:
+            best, k = row[i], i
+    return k
 
-    for u in range(units):
-        ue = order[:, u * width:(u + 1) * width]                    # int64[B, width]
-        umask = np.bitwise_or.reduce(masks[ar[:, None], ue], axis=1)
-        # Alg. 1: c* = the first idle chiplet of the unit's trajectory (earliest free compute)
-        in_traj = ((umask[:, None] >> np.arange(D)) & 1).astype(bool)
-        cstar = np.argmin(np.where(in_traj, comp_free, np.inf), axis=1)
-        for j in range(width * M):
-            e = ue[:, j % width]
-            m = masks[ar, e]
-            valid = m > 0
-            if not valid.any():
-                continue
-            in_m = ((m[:, None] >> np.arange(D)) & 1).astype(bool)
-            si_all = slot_cnt % S
-            slot_ready = slot_rel.reshape(B * D, S)[(ar[:, None] * D + np.arange(D)).ravel(),
-                                                     si_all.ravel()].reshape(B, D)
-            if rule5:
-                # Rule 5: the channel that frees first streams the micro-slice into the trajectory
-                # die with the most free slots (the DDR controller "sends" it there)
-                ch = np.argmin(ddr_free, axis=1)
-                t_ch = ddr_free[ar, ch]
-                free_slots = (slot_rel <= t_ch[:, None, None]).sum(axis=2)
-                a = np.argmax(np.where(in_m, free_slots - slot_ready * 1e-3, -np.inf), axis=1)
-            else:
-                ready = np.maximum(ddr_free, slot_ready)
-                a = np.argmin(ready + eps * (~in_m), axis=1)
-                if j < width:               # Alg. 1 line 7: the unit's first micro-slice to c*
-                    a = np.where(valid & in_m[ar, cstar], cstar, a)
-                ch = a
-            si, free_at = acquire(a, slot_ready[ar, a], valid)
-            t0 = np.maximum(ddr_free[ar, ch], free_at)
-            occupy(a, si, t0, valid)
-            t_arr = t0 + t_load + cfg.ddr_latency_s
-            ddr_free[ar, ch] = np.where(valid, t0 + t_load, ddr_free[ar, ch])
-            ddr_busy[ar, ch] += np.where(valid, t_load, 0.0)
-            if snap is not None and valid[snap]:
-                activity.append(("ddr", int(ch[snap]), float(t0[snap]), float(t0[snap] + t_load), int(e[snap])))
-            cur, cur_si, here = a.copy(), si, t_arr
-            cur_done = t_arr.copy()              # when the current holder has finished computing
-            nv = np.where(valid, nv_t[a, m], 0)
-            for v in range(int(nv.max())):
-                live = v < nv
-                d = np.where(live, vis_t[a, m, v], cur)
-                move = live & (d != cur)
-                if move.any():
-                    si2, free2 = acquire(d, here, move)
-                    s0 = np.maximum.reduce([here, link_free[ar, cur, d], free2])
-                    hops = hop_t[a, m, v]
-                    arrive = s0 + t_xfer + hops * lat
-                    link_free[ar, cur, d] = np.where(move, s0 + t_xfer, link_free[ar, cur, d])
-                    occupy(d, si2, s0, move)
-                    rel = np.maximum(cur_done, s0 + t_xfer)
-                    slot_rel[ar, cur, cur_si] = np.where(move, rel, slot_rel[ar, cur, cur_si])
-                    d2d += np.where(move, ms_bytes * np.maximum(hops, 1), 0.0)
-                    if snap is not None and move[snap]:
-                        activity.append(("d2d", int(cur[snap]), float(s0[snap]), float(s0[snap] + t_xfer),
-                                         int(e[snap])))
-                    here = np.where(move, arrive, here)
-                    cur_si = np.where(move, si2, cur_si)
-                    cur = np.where(move, d, cur)
-                # Rule 1/2: compute on the local tokens of expert e
-                n_pass = passes[ar, e, d]
-                dur = np.where(live, n_pass * t_pass + cfg.ctrl_overhead_s, 0.0)
-                c0 = np.maximum(here, comp_free[ar, d])
-                c1 = c0 + dur
-                comp_free[ar, d] = np.where(live, c1, comp_free[ar, d])
-                busy[ar, d] += dur
-                cur_done = np.where(live, c1, cur_done)
-                done = np.maximum(done, np.where(live, c1, 0.0))
-                if snap is not None and live[snap]:
-                    activity.append(("compute", int(d[snap]), float(c0[snap]), float(c1[snap]), int(e[snap])))
-            # Rule 3: release after the last visit
-            slot_rel[ar, cur, cur_si] = np.where(valid, cur_done, slot_rel[ar, cur, cur_si])
-    return FlowResult(done, busy, ddr_busy, d2d, peak, peak_of, ms_bytes, activity)
+
+@njit(cache=True)
+def _held(row, t):
+    c = 0
+    for i in range(row.size):
+        if row[i] > t:
+            c += 1
+    return c
+
+
+@njit(cache=True)
+def _kernel(passes, masks, order, n_act, width, M, S, t_load, ddr_lat, t_xfer, lat, t_pass, ctrl,
+            rule5, vis_t, nv_t, hop_t, snap, ms_bytes, latency, busy, ddr_busy, d2d, peak, rec_i, rec_t):
+    B, E, D = passes.shape
+    n_rec = 0
+    inf = np.inf
+    for b in range(B):
+        ddr_free = np.zeros(D)
+        comp_free = np.zeros(D)
+        link_free = np.zeros((D, D))
+        slot_rel = np.zeros((D, S))
+        done = 0.0
+        units = (n_act[b] + width - 1) // width
+        for u in range(units):
+            umask = 0
+            for w in range(width):
+                p = u * width + w
+                if p < E:
+                    umask |= masks[b, order[b, p]]
+            cstar = -1                     # Alg. 1: first idle chiplet of the unit's trajectory
+            best = inf
+            for d in range(D):
+                if (umask >> d) & 1 and comp_free[d] < best:
+                    best = comp_free[d]
+                    cstar = d
+            for j in range(width * M):
+                p = u * width + j % width
+                if p >= E:
+                    continue
+                e = order[b, p]
+                m = masks[b, e]
+                if m == 0:
+                    continue
+                if rule5:
+                    ch = 0
+                    for d in range(1, D):
+                        if ddr_free[d] < ddr_free[ch]:
+                            ch = d
+                    t_ch = ddr_free[ch]
+                    a = -1
+                    best = -inf
+                    for d in range(D):
+                        if (m >> d) & 1:
+                            free = 0
+                            smin = inf
+                            for k in range(S):
+                                if slot_rel[d, k] <= t_ch:
+                                    free += 1
+                                if slot_rel[d, k] < smin:
+                                    smin = slot_rel[d, k]
+                            score = free - smin * 1e-3
+                            if score > best:
+                                best = score
+                                a = d
+                else:
+                    a = -1
+                    best = inf
+                    for d in range(D):
+                        smin = inf
+                        for k in range(S):
+                            if slot_rel[d, k] < smin:
+                                smin = slot_rel[d, k]
+                        r = max(ddr_free[d], smin)
+                        if not (m >> d) & 1:
+                            r += 1e-15
+                        if r < best:
+                            best = r
+                            a = d
+                    if j < width and cstar >= 0 and (m >> cstar) & 1:   # Alg. 1 line 7
+                        a = cstar
+                    ch = a
+                si = _argmin_slot(slot_rel[a])
+                t0 = max(ddr_free[ch], slot_rel[a, si])
+                slot_rel[a, si] = inf
+                occ = _held(slot_rel[a], t0)
+                if occ > peak[b, a]:
+                    peak[b, a] = occ
+                t_arr = t0 + t_load + ddr_lat
+                ddr_free[ch] = t0 + t_load
+                ddr_busy[b, ch] += t_load
+                if b == snap:
+                    rec_i[n_rec, 0] = 0; rec_i[n_rec, 1] = ch; rec_i[n_rec, 2] = e
+                    rec_t[n_rec, 0] = t0; rec_t[n_rec, 1] = t0 + t_load
+                    n_rec += 1
+                cur = a
+                cur_si = si
+                here = t_arr
+                cur_done = t_arr
+                for v in range(nv_t[a, m]):
+                    d = vis_t[a, m, v]
+                    if d != cur:
+                        si2 = _argmin_slot(slot_rel[d])
+                        s0 = max(here, link_free[cur, d], slot_rel[d, si2])
+                        hops = hop_t[a, m, v]
+                        link_free[cur, d] = s0 + t_xfer
+                        slot_rel[d, si2] = inf
+                        occ = _held(slot_rel[d], s0)
+                        if occ > peak[b, d]:
+                            peak[b, d] = occ
+                        slot_rel[cur, cur_si] = max(cur_done, s0 + t_xfer)
+                        d2d[b] += ms_bytes * max(hops, 1)
+                        if b == snap:
+                            rec_i[n_rec, 0] = 1; rec_i[n_rec, 1] = cur; rec_i[n_rec, 2] = e
+                            rec_t[n_rec, 0] = s0; rec_t[n_rec, 1] = s0 + t_xfer
+                            n_rec += 1
+                        here = s0 + t_xfer + hops * lat
+                        cur_si = si2
+                        cur = d
+                    dur = passes[b, e, d] * t_pass + ctrl           # Rules 1-2: compute local tokens
+                    c0 = max(here, comp_free[d])
+                    c1 = c0 + dur
+                    comp_free[d] = c1
+                    busy[b, d] += dur
+                    cur_done = c1
+                    if c1 > done:
+                        done = c1
+                    if b == snap:
+                        rec_i[n_rec, 0] = 2; rec_i[n_rec, 1] = d; rec_i[n_rec, 2] = e
+                        rec_t[n_rec, 0] = c0; rec_t[n_rec, 1] = c1
+                        n_rec += 1
+                slot_rel[cur, cur_si] = cur_done                    # Rule 3
+        latency[b] = done
+    return n_rec

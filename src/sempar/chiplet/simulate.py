@@ -23,7 +23,7 @@ import numpy as np
 from sempar.chiplet.attention import attention_seconds
 from sempar.chiplet.buffering import buffered_instances
 from sempar.chiplet.ep import contiguous_placement, simulate_ep
-from sempar.chiplet.flow import simulate_flow
+from sempar.chiplet.flow import auto_micro_slices, simulate_flow
 from sempar.chiplet.hardware import ChipletConfig
 from sempar.chiplet.hydra import hydra_homes, hydra_placement
 from sempar.chiplet.models import precision_bytes
@@ -92,11 +92,14 @@ def snapshot_index(inst: Instances) -> int:
 
 
 def simulate(wl: Workload, cfg: ChipletConfig, strategies: list[Strategy], precision: str = "int8",
-             micro_slices: int = 8, progress: Callable[[str], None] | None = None) -> dict[str, StrategyResult]:
-    """Run every strategy on the workload; results by strategy name."""
+             micro_slices: int | None = None, progress: Callable[[str], None] | None = None) -> dict[str, StrategyResult]:
+    """Run every strategy on the workload; results by strategy name. `micro_slices` None: auto
+    (flow.auto_micro_slices)."""
     model = wl.model
     wb = precision_bytes(precision)
     D = cfg.dies
+    if micro_slices is None:
+        micro_slices = auto_micro_slices(cfg, model.expert_params * wb)
     plain = plain_instances(wl)
     cache: dict = {}
 

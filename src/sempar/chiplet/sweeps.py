@@ -36,7 +36,7 @@ def _point(wl: Workload, cfg: ChipletConfig, strategy: str, precision: str, micr
         return None
 
 
-def buffer_x_ddr(wl, cfg, precision="int8", micro_slices=8, buffers=BUFFERS_MB, ddr=DDR_GBPS,
+def buffer_x_ddr(wl, cfg, precision="int8", micro_slices=None, buffers=BUFFERS_MB, ddr=DDR_GBPS,
                  strategy="fsedp+paired-load", tick: Callable[[], None] | None = None) -> dict:
     util = np.full((len(buffers), len(ddr)), np.nan)
     ok = np.zeros_like(util, bool)
@@ -52,7 +52,7 @@ def buffer_x_ddr(wl, cfg, precision="int8", micro_slices=8, buffers=BUFFERS_MB, 
             "utilization": util.tolist(), "feasible": ok.tolist(), "strategy": strategy}
 
 
-def ddr_x_d2d(wl, cfg, precision="int8", micro_slices=8, ddr=DDR_GBPS, d2d=D2D_GBPS, buffer_mb=14,
+def ddr_x_d2d(wl, cfg, precision="int8", micro_slices=None, ddr=DDR_GBPS, d2d=D2D_GBPS, buffer_mb=14,
               strategy="fsedp+paired-load", tick: Callable[[], None] | None = None) -> dict:
     util = np.full((len(ddr), len(d2d)), np.nan)
     ok = np.zeros_like(util, bool)
@@ -82,7 +82,7 @@ def microslice_x_buffer(wl, cfg, precision="int8", micro=MICRO_SLICES, buffers=B
             "strategy": strategy}
 
 
-def scaling(wl, cfg, precision="int8", micro_slices=8, meshes=MESHES,
+def scaling(wl, cfg, precision="int8", micro_slices=None, meshes=MESHES,
             strategies=("ep", "hydra", "fsedp+paired-load"), tick: Callable[[], None] | None = None) -> dict:
     out = {s: [] for s in strategies}
     for r_, c_ in meshes:

@@ -48,7 +48,7 @@ def stream(
     ddr_gbps: float = typer.Option(25.6, help="DDR bandwidth per die (GB/s)"),
     d2d_gbps: float = typer.Option(288.0, help="D2D bandwidth per mesh link (GB/s)"),
     precision: str = typer.Option("int8", help="weight precision: fp32, bf16, fp16, int8, fp8, int4"),
-    micro_slices: int = typer.Option(8, help="micro-slices per expert"),
+    micro_slices: int = typer.Option(0, help="micro-slices per expert (0: 8, more when the buffer holds fewer than 8)"),
     sweeps: bool = typer.Option(False, "--sweeps", help="also run the design-space sweeps (Figs. 16-18)"),
     sweep_iterations: int = typer.Option(3, help="iterations per sweep point"),
     seed: int = typer.Option(0, help="seed of the synthetic trace"),
@@ -58,7 +58,7 @@ def stream(
     """Compare EP, Hydra and the FSE-DP variants on a multi-chiplet package (FSE-DP paper)."""
     from sempar.chiplet import sweeps as sw
     from sempar.chiplet.hardware import MB, ChipletConfig, area_mm2, feasible, parse_mesh, power_w
-    from sempar.chiplet.flow import micro_slice_slots
+    from sempar.chiplet.flow import auto_micro_slices, micro_slice_slots
     from sempar.chiplet.models import precision_bytes
     from sempar.chiplet.simulate import simulate
     from sempar.chiplet.strategies import resolve
@@ -75,6 +75,9 @@ def stream(
                         d2d_bw=d2d_gbps * 1e9)
     m, wl = load_workload(model, trace, tokens_per_iter, iterations, seed)
     wb = precision_bytes(precision)
+    if micro_slices < 0:
+        raise InputError(f"--micro-slices: {micro_slices} must be at least 1 (0 = auto)")
+    micro_slices = micro_slices or auto_micro_slices(cfg, m.expert_params * wb)
     if any(s.kind == "flow" for s in strategies):
         micro_slice_slots(cfg, m.expert_params * wb, micro_slices)
     with steps("stream", len(strategies)) as step:
