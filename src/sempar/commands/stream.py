@@ -59,7 +59,7 @@ def stream(
     from sempar.chiplet import sweeps as sw
     from sempar.chiplet.hardware import MB, ChipletConfig, area_mm2, feasible, parse_mesh, power_w
     from sempar.chiplet.flow import auto_micro_slices, micro_slice_slots
-    from sempar.chiplet.models import precision_bytes
+    from sempar.chiplet.models import MODELS, precision_bytes
     from sempar.chiplet.simulate import simulate
     from sempar.chiplet.strategies import resolve
     from sempar.errors import InputError
@@ -71,15 +71,22 @@ def stream(
     if sweep_iterations < 1:
         raise InputError(f"--sweep-iterations: {sweep_iterations} must be at least 1")
     strategies = resolve(strategy)
-    cfg = ChipletConfig(rows=rows, cols=cols, buffer_bytes=int(buffer_mb * MB), ddr_bw_per_die=ddr_gbps * 1e9,
-                        d2d_bw=d2d_gbps * 1e9)
-    m, wl = load_workload(model, trace, tokens_per_iter, iterations, seed)
-    wb = precision_bytes(precision)
+    if tokens_per_iter < 1:
+        raise InputError(f"--tokens-per-iter: {tokens_per_iter} must be at least 1")
+    if iterations < 1:
+        raise InputError(f"--iterations: {iterations} must be at least 1")
     if micro_slices < 0:
         raise InputError(f"--micro-slices: {micro_slices} must be at least 1 (0 = auto)")
+    if trace is not None and not Path(trace).exists():
+        raise InputError(f"--trace: {trace} does not exist")
+    cfg = ChipletConfig(rows=rows, cols=cols, buffer_bytes=int(buffer_mb * MB), ddr_bw_per_die=ddr_gbps * 1e9,
+                        d2d_bw=d2d_gbps * 1e9)
+    wb = precision_bytes(precision)
+    m = MODELS.get(model)
     micro_slices = micro_slices or auto_micro_slices(cfg, m.expert_params * wb)
     if any(s.kind == "flow" for s in strategies):
         micro_slice_slots(cfg, m.expert_params * wb, micro_slices)
+    m, wl = load_workload(model, trace, tokens_per_iter, iterations, seed)
     with steps("stream", len(strategies)) as step:
         results = simulate(wl, cfg, strategies, precision, micro_slices, progress=step)
     sweep_out = None
