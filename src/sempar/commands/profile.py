@@ -1,0 +1,146 @@
+"""`sempar profile`: the two-phase alpha-beta profiler (CAMoE Alg. 1) over torch.distributed,
+on a namespace testbed (`--testbed PRESET`, root) or on local processes over loopback; writes a
+Topology JSON and checks its fidelity against measured all-to-all times (CAMoE eq. 9, Fig. 6)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import typer
+
+from sempar.errors import InputError
+
+
+def _ints(s: str, what: str) -> list[int]:
+    try:
+        out = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"{what}: {s!r} is not a comma-separated list of integers") from None
+    if not out or min(out) < 1:
+        raise InputError(f"{what}: give positive integers, got {s!r}")
+    return out
+
+
+def run_profile(hosts: int, testbed: str | None = None, scale: float = 1 / 8000,
+                sizes: list[int] | None = None, reps: int = 3, fidelity: bool = True,
+                case_sizes: list[int] | None = None, method: str = "p2p",
+                timeout_s: float = 300.0, op_timeout_s: float = 30.0, fault: str | None = None,
+                name: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """(profiled Topology, result dict) — brings a testbed up and down around the run when
+    `testbed` names a preset; loopback processes otherwise. Raises TestbedError/LaunchError."""
+    from sempar.testbed import fidelity as F
+    from sempar.testbed import netns, profiler
+    from sempar.testbed.launch import launch
+
+    if not 2 <= hosts <= netns.MAX_HOSTS:
+        raise InputError(f"--hosts must be 2..{netns.MAX_HOSTS}, got {hosts}")
+    if reps < 1:
+        raise InputError(f"--reps must be at least 1, got {reps}")
+    if method not in F.METHODS:
+        raise InputError(f"--method {method!r}: choose one of {', '.join(F.METHODS)}")
+    if timeout_s <= 0 or op_timeout_s <= 0:
+        raise InputError("--timeout and --op-timeout must be positive")
+    sizes = sorted(set(sizes or profiler.DEFAULT_SIZES))
+    if len(sizes) < 2:
+        raise InputError("--sizes: give at least 2 message sizes (alpha and beta are fitted)")
+    if max(sizes) > 1 << 28:
+        raise InputError(f"--sizes: {max(sizes)} bytes is more than 256 MiB")
+    shaped = netns.resolve_preset(testbed, hosts) if testbed else None
+    if shaped is not None:
+        netns.shaped_rates(shaped, scale)            # checks --scale before anything is created
+    cases = F.fidelity_cases(hosts, case_sizes or F.DEFAULT_CASE_SIZES) if fidelity else []
+    args = {"profile": {"sizes": sizes, "reps": reps}, "cases": [c["bytes"] for c in cases],
+            "reps": reps, "method": method}
+    entry = "sempar.testbed.fidelity:profile_and_a2a_rank"
+    kw = dict(timeout_s=timeout_s, op_timeout_s=op_timeout_s, fault=fault)
+    if shaped is not None:
+        with netns.testbed(hosts, shaped, scale, name=name, preset=testbed,
+                           ttl_s=timeout_s + 60) as tb:
+            out = launch(entry, hosts, args, tb=tb, **kw)
+    else:
+        out = launch(entry, hosts, args, **kw)
+    label = f"profiled-{testbed or 'loopback'}-{hosts}"
+    topo, summary = profiler.assemble(out["profile"], name=label,
+                                      node_of=None if shaped is None else shaped.node_of)
+    result: dict[str, Any] = {"profile": summary, "latency_shaped": False}
+    if shaped is not None:
+        result["testbed"] = {"preset": testbed, "shaped_topology": shaped.name, "scale": scale,
+                             "shaped_bw_Bps": netns.shaped_rates(shaped, scale).tolist()}
+    result["profiled_bw_Bps"] = profiler.bandwidth_matrix(topo).tolist()
+    result["profiled_alpha_s"] = topo.alpha[1].tolist()
+    if fidelity:
+        rep = F.fidelity_report(topo, cases, out["a2a"])
+        rep["method"] = method
+        result["fidelity"] = rep
+    return topo, result
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("profile")
+    def profile_cmd(
+        hosts: int = typer.Option(..., "--hosts", help="ranks (devices) to profile, 2..64"),
+        out: Path = typer.Option(Path("topo.json"), "--out", help="topology JSON to write"),
+        testbed: Optional[str] = typer.Option(None, "--testbed", "--preset", help="bring up a "
+                                              "namespace testbed shaped as this preset or JSON "
+                                              "FILE (root); default: local processes, loopback"),
+        scale: float = typer.Option(1 / 8000, "--scale", help="testbed: shaped bytes/s per "
+                                    "preset bytes/s (1/8000: 64 GB/s -> 64 Mbit/s)"),
+        sizes: Optional[str] = typer.Option(None, "--sizes", help="message sizes in bytes, "
+                                            "comma-separated (default 4096,65536,262144,786432)"),
+        reps: int = typer.Option(3, "--reps", help="repeats per measurement (median)"),
+        fidelity: bool = typer.Option(True, "--fidelity/--no-fidelity",
+                                      help="measure all-to-all cases against eq. 9"),
+        method: str = typer.Option("p2p", "--method", help="all-to-all measured: p2p (all "
+                                   "isend/irecv at once) or all_to_all_single (gloo alltoallv)"),
+        plot: Optional[Path] = typer.Option(None, "--plot", help="PNG: predicted vs measured"),
+        timeout: float = typer.Option(300.0, "--timeout", help="hard limit of the run, seconds"),
+        op_timeout: float = typer.Option(30.0, "--op-timeout", help="limit of one collective / "
+                                         "send / recv, seconds (a dead or hung rank)"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    ) -> None:
+        """Profile alpha-beta per directed pair (CAMoE Alg. 1) and write a Topology JSON."""
+        from sempar.cli import emit_json
+        from sempar.commands.testbed import fail_env
+        from sempar.testbed.fidelity import plot_fidelity
+        from sempar.testbed.netns import TestbedError
+
+        if plot is not None and not fidelity:
+            raise InputError("--plot needs the fidelity cases (drop --no-fidelity)")
+        sz = _ints(sizes, "--sizes") if sizes else None
+        try:
+            topo, res = run_profile(hosts, testbed, scale, sz, reps, fidelity, method=method,
+                                    timeout_s=timeout, op_timeout_s=op_timeout)
+        except TestbedError as e:
+            fail_env(e)
+        topo.save(out)
+        if plot is not None:
+            plot_fidelity(res["fidelity"], plot, title=f"{topo.name}: median |error| "
+                          f"{res['fidelity']['median_abs_error'] * 100:.1f} % "
+                          f"({res['fidelity']['num_cases']} cases)")
+        if as_json:
+            emit_json({"topology": str(out), **res})
+            return
+        _print_summary(topo, res, out)
+
+
+def _print_summary(topo, res: dict[str, Any], out: Path) -> None:
+    G = topo.num_devices
+    bw = np.asarray(res["profiled_bw_Bps"])
+    shaped = np.asarray(res["testbed"]["shaped_bw_Bps"]) if "testbed" in res else None
+    print(f"wrote {out}: {topo.name}, {G} devices ({res['profile']['seconds']:.1f} s of profiling)")
+    print("pair     profiled MB/s" + ("   shaped MB/s" if shaped is not None else "") +
+          "   alpha us (stack latency: not shaped)")
+    for u in range(G):
+        for v in range(G):
+            if u != v:
+                s = f"   {shaped[u, v] / 1e6:11.2f}" if shaped is not None else ""
+                print(f"{u} -> {v}   {bw[u, v] / 1e6:13.2f}{s}   "
+                      f"{res['profiled_alpha_s'][u][v] * 1e6:8.0f}")
+    if "fidelity" in res:
+        f = res["fidelity"]
+        print(f"fidelity ({f['method']}): median |predicted - measured| / measured = "
+              f"{f['median_abs_error'] * 100:.1f} % over {f['num_cases']} cases; by kind: " +
+              ", ".join(f"{k} {v * 100:.1f} %" for k, v in f["by_kind"].items()))

@@ -1,0 +1,383 @@
+"""Network-namespace testbed: G hosts on one bridge, every directed pair's bandwidth shaped.
+
+Layout of a testbed named `T` with G hosts (all names start with `sempar-`):
+
+- namespace `sempar-T-br` holds bridge `br0` and one port `p<i>` per host;
+- namespace `sempar-T-h<i>` holds `eth0` (the other end of `p<i>`) with address 10.77.0.<i+1>/24
+  and `lo`. Addresses live only inside our own namespaces: nothing is added to the root one.
+- shaping (bandwidth only): on each host's egress `eth0` an htb qdisc with one class per
+  destination address (a u32 filter on `ip dst`), rate = ceil = the pair's shaped bandwidth
+  `scale / beta[dispatch][u][v]` bytes/s; other traffic (ARP) goes to an unshaped default class.
+  This kernel has no `netem`, so **latency cannot be shaped**: a profiled alpha is the stack's own
+  latency (Python + gloo + TCP + veth), not the preset's.
+- `scale` maps the preset's bandwidths onto what 2 shared cores can push: the default
+  1/8000 turns 64 GB/s into 8 MB/s (64 Mbit/s) and 20 GB/s into 2.5 MB/s (20 Mbit/s).
+
+State: one JSON file per testbed under `$SEMPAR_TESTBED_DIR` (default /run/sempar-testbed), so
+`down` finds everything; `down_all` also removes stray `sempar-*` namespaces. `testbed()` is a
+context manager that always tears down (finally, atexit, SIGTERM/SIGHUP/SIGINT).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from sempar.atomic import write_text_atomic
+from sempar.comm.topology import Topology, load_topology, phase_index
+from sempar.errors import InputError
+
+PREFIX = "sempar-"
+SUBNET = "10.77.0"
+DEFAULT_SCALE = 1 / 8000
+DEFAULT_TTL_S = 3600.0
+CMD_TIMEOUT_S = 20.0
+MAX_HOSTS = 64
+
+
+class TestbedError(RuntimeError):
+    """The environment refused (not root, no `ip`/`tc`, a command failed): exit code 1."""
+
+    __test__ = False    # not a pytest class
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("SEMPAR_TESTBED_DIR", "/run/sempar-testbed"))
+
+
+# ---- capability -----------------------------------------------------------------------------
+def netns_available() -> tuple[bool, str]:
+    """(True, "") when we are root and `ip netns` / veth / bridge / htb work, else (False, why).
+
+    Probes by creating and deleting a namespace; never raises."""
+    if os.name != "posix" or os.geteuid() != 0:
+        return False, "not root"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return False, f"no `{tool}` command"
+    probe = f"{PREFIX}probe-{os.getpid()}"
+    try:
+        _run(["ip", "netns", "add", probe])
+        try:
+            _run(["ip", "netns", "exec", probe, "ip", "link", "add", "br0", "type", "bridge"])
+            _run(["ip", "netns", "exec", probe, "ip", "link", "add", "a0", "type", "veth",
+                  "peer", "name", "b0"])
+            _run(["ip", "netns", "exec", probe, "ip", "link", "set", "a0", "up"])
+            _run(["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "a0", "root",
+                  "handle", "1:", "htb", "default", "1"])
+        finally:
+            _run(["ip", "netns", "delete", probe], check=False)
+    except (TestbedError, OSError) as e:
+        return False, str(e)
+    return True, ""
+
+
+def _run(cmd: list[str], check: bool = True, input: str | None = None) -> str:
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, input=input, timeout=CMD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise TestbedError(f"`{' '.join(cmd)}` took more than {CMD_TIMEOUT_S:.0f} s") from None
+    except FileNotFoundError:
+        raise TestbedError(f"`{cmd[0]}` not found (the testbed needs iproute2)") from None
+    if check and r.returncode != 0:
+        msg = (r.stderr.strip() or r.stdout.strip()).splitlines()
+        raise TestbedError(f"`{' '.join(cmd)}` failed: {msg[-1] if msg else r.returncode}")
+    return r.stdout
+
+
+# ---- presets -> rates ------------------------------------------------------------------------
+def spread_devices(node_of: np.ndarray, hosts: int) -> list[int]:
+    """`hosts` device ids taken round-robin over nodes (both sockets, both IB nodes, ...), sorted."""
+    by_node = [list(np.flatnonzero(node_of == n)) for n in range(int(node_of.max()) + 1)]
+    picked: list[int] = []
+    while len(picked) < hosts:
+        for devs in by_node:
+            if devs and len(picked) < hosts:
+                picked.append(int(devs.pop(0)))
+    return sorted(picked)
+
+
+def subset_topology(topo: Topology, devices: list[int]) -> Topology:
+    idx = np.asarray(devices)
+    _, node_of = np.unique(topo.node_of[idx], return_inverse=True)
+    return Topology(f"{topo.name}[{','.join(map(str, devices))}]", node_of,
+                    topo.alpha[:, idx][:, :, idx], topo.beta[:, idx][:, :, idx])
+
+
+def resolve_preset(preset: str, hosts: int) -> Topology:
+    """The topology the testbed shapes: a preset (pcie-upi8, a100x4-ib, ...) or a JSON FILE, cut
+    to `hosts` devices spread over its nodes (a100x4-ib grows nodes to fit)."""
+    if not 2 <= hosts <= MAX_HOSTS:
+        raise InputError(f"--hosts must be 2..{MAX_HOSTS}, got {hosts}")
+    base = str(preset).partition(":")[0]
+    nodes = None
+    if base == "a100x4-ib" and ":" not in str(preset) and hosts > 8:
+        nodes = -(-hosts // 4)
+    topo = load_topology(preset, nodes)
+    if topo.num_devices < hosts:
+        raise InputError(f"topology {topo.name} has {topo.num_devices} devices, --hosts {hosts} "
+                         f"asks for more")
+    if topo.num_devices == hosts:
+        return topo
+    return subset_topology(topo, spread_devices(topo.node_of, hosts))
+
+
+def shaped_rates(topo: Topology, scale: float = DEFAULT_SCALE,
+                 phase: str = "dispatch") -> np.ndarray:
+    """float64[G, G]: bytes/s per directed pair = scale / beta (diagonal 0)."""
+    if not (scale > 0 and np.isfinite(scale)):
+        raise InputError(f"--scale must be a positive number, got {scale}")
+    beta = topo.beta[phase_index(phase)]
+    G = topo.num_devices
+    off = ~np.eye(G, dtype=bool)
+    if (beta[off] <= 0).any():
+        raise InputError(f"topology {topo.name}: a pair has beta 0 (infinite bandwidth); "
+                         f"it cannot be shaped")
+    rates = np.zeros((G, G))
+    rates[off] = scale / beta[off]
+    if rates[off].min() < 8e3:
+        raise InputError(f"--scale {scale:g} shapes a pair below 64 kbit/s; use a larger scale")
+    return rates
+
+
+def host_addr(i: int) -> str:
+    return f"{SUBNET}.{i + 1}"
+
+
+def tc_script(rates_row: np.ndarray, src: int) -> str:
+    """`tc -batch` lines shaping host `src`'s egress eth0: one htb class + u32 filter per
+    destination address, rate = ceil = rates_row[dst] bytes/s."""
+    lines = ["qdisc add dev eth0 root handle 1: htb default 1 r2q 1",
+             "class add dev eth0 parent 1: classid 1:1 htb rate 10gbit burst 256k cburst 256k"]
+    for dst, rate in enumerate(rates_row):
+        if dst == src:
+            continue
+        bits = max(int(round(rate * 8)), 8000)
+        cid = 10 + dst
+        lines += [f"class add dev eth0 parent 1: classid 1:{cid:x} htb rate {bits}bit "
+                  f"ceil {bits}bit burst 15k cburst 15k",
+                  f"qdisc add dev eth0 parent 1:{cid:x} handle {cid:x}: pfifo limit 10000",
+                  f"filter add dev eth0 protocol ip parent 1: prio 1 u32 match ip dst "
+                  f"{host_addr(dst)}/32 flowid 1:{cid:x}"]
+    return "\n".join(lines) + "\n"
+
+
+# ---- the testbed -----------------------------------------------------------------------------
+@dataclass
+class Testbed:
+    name: str
+    hosts: int
+    preset: str
+    scale: float
+    rates: list            # [G][G] shaped bytes/s
+    node_of: list          # [G] node ids of the shaped topology
+    created: float = field(default_factory=time.time)
+    expires: float = 0.0
+    owner_pid: int = field(default_factory=os.getpid)
+
+    @property
+    def bridge_ns(self) -> str:
+        return f"{PREFIX}{self.name}-br"
+
+    def host_ns(self, i: int) -> str:
+        return f"{PREFIX}{self.name}-h{i}"
+
+    @property
+    def namespaces(self) -> list[str]:
+        return [self.host_ns(i) for i in range(self.hosts)] + [self.bridge_ns]
+
+    def addr(self, i: int) -> str:
+        return host_addr(i)
+
+    @property
+    def state_file(self) -> Path:
+        return state_dir() / f"{self.name}.json"
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["namespaces"] = self.namespaces
+        d["addresses"] = [self.addr(i) for i in range(self.hosts)]
+        return d
+
+
+def _check_name(name: str) -> str:
+    if not name or len(name) > 20 or not all(c.isalnum() or c == "-" for c in name):
+        raise InputError(f"testbed name {name!r} must be 1-20 letters, digits or '-'")
+    return name
+
+
+def existing_namespaces() -> list[str]:
+    if shutil.which("ip") is None:
+        return []
+    out = _run(["ip", "netns", "list"], check=False)
+    return [ln.split()[0] for ln in out.splitlines() if ln.strip().startswith(PREFIX)]
+
+
+def create(hosts: int, topo: Topology, scale: float = DEFAULT_SCALE, name: str | None = None,
+           preset: str = "", ttl_s: float = DEFAULT_TTL_S) -> Testbed:
+    """Bring up the namespaces, bridge, addresses and shaping; on any failure remove what was
+    made and raise TestbedError. Writes the state file before creating anything."""
+    if topo.num_devices != hosts:
+        raise InputError(f"topology {topo.name} has {topo.num_devices} devices, not {hosts}")
+    rates = shaped_rates(topo, scale)
+    ok, why = netns_available()
+    if not ok:
+        raise TestbedError(f"the testbed needs root with `ip netns`, veth, bridge and tc htb: {why}")
+    reap_expired()
+    name = _check_name(name or f"t{os.getpid()}")
+    tb = Testbed(name, hosts, preset or topo.name, float(scale), rates.tolist(),
+                 topo.node_of.tolist(), expires=time.time() + ttl_s)
+    clash = set(tb.namespaces) & set(existing_namespaces())
+    if clash:
+        raise InputError(f"testbed {name} already exists ({sorted(clash)[0]}); "
+                         f"`sempar testbed down {name}` first")
+    tb.state_file.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(tb.state_file, json.dumps(tb.to_json()) + "\n")
+    try:
+        _bring_up(tb, rates)
+    except BaseException:
+        destroy(tb)
+        raise
+    return tb
+
+
+def _bring_up(tb: Testbed, rates: np.ndarray) -> None:
+    br = tb.bridge_ns
+    _run(["ip", "netns", "add", br])
+    nsx = ["ip", "netns", "exec"]
+    _run(nsx + [br, "ip", "link", "add", "br0", "type", "bridge"])
+    _run(nsx + [br, "ip", "link", "set", "br0", "up"])
+    for i in range(tb.hosts):
+        ns = tb.host_ns(i)
+        _run(["ip", "netns", "add", ns])
+        _run(nsx + [br, "ip", "link", "add", f"p{i}", "type", "veth", "peer", "name", "eth0",
+                    "netns", ns])
+        _run(nsx + [br, "ip", "link", "set", f"p{i}", "master", "br0"])
+        _run(nsx + [br, "ip", "link", "set", f"p{i}", "up"])
+        _run(nsx + [ns, "ip", "link", "set", "lo", "up"])
+        _run(nsx + [ns, "ip", "addr", "add", f"{tb.addr(i)}/24", "dev", "eth0"])
+        _run(nsx + [ns, "ip", "link", "set", "eth0", "up"])
+        _run(nsx + [ns, "tc", "-batch", "-"], input=tc_script(rates[i], i))
+
+
+def destroy(tb: Testbed | str) -> list[str]:
+    """Delete the testbed's namespaces (their veths and bridge go with them) and its state file;
+    returns the namespaces removed. Never raises for what is already gone."""
+    if isinstance(tb, str):
+        tb = load_state(tb) or Testbed(tb, 0, "", 1.0, [], [])
+    present = set(existing_namespaces())
+    ours = [ns for ns in present if ns.startswith(f"{PREFIX}{tb.name}-")]
+    removed = []
+    for ns in sorted(set(tb.namespaces) | set(ours)):
+        if ns in present:
+            _run(["ip", "netns", "delete", ns], check=False)
+            removed.append(ns)
+    with contextlib.suppress(FileNotFoundError):
+        tb.state_file.unlink()
+    return removed
+
+
+def load_state(name: str) -> Testbed | None:
+    p = state_dir() / f"{name}.json"
+    try:
+        d = json.loads(p.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    keys = Testbed.__dataclass_fields__
+    return Testbed(**{k: v for k, v in d.items() if k in keys})
+
+
+def list_testbeds() -> list[Testbed]:
+    d = state_dir()
+    if not d.is_dir():
+        return []
+    return [tb for p in sorted(d.glob("*.json")) if (tb := load_state(p.stem)) is not None]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_expired() -> list[str]:
+    """Remove testbeds past their expiry time (`up --ttl`); returns namespaces removed."""
+    removed: list[str] = []
+    for tb in list_testbeds():
+        if tb.expires and tb.expires < time.time():
+            removed += destroy(tb)
+    return removed
+
+
+def down_all() -> list[str]:
+    """Remove every recorded testbed and any stray `sempar-*` namespace."""
+    removed: list[str] = []
+    for tb in list_testbeds():
+        removed += destroy(tb)
+    for ns in existing_namespaces():
+        _run(["ip", "netns", "delete", ns], check=False)
+        removed.append(ns)
+    return removed
+
+
+# ---- always tear down ------------------------------------------------------------------------
+class _Signalled(BaseException):
+    pass
+
+
+@contextlib.contextmanager
+def teardown_guard(cleanup) -> Iterator[None]:
+    """Run `cleanup()` exactly once on normal exit, exception, SIGTERM/SIGHUP/SIGINT or atexit."""
+    done = [False]
+
+    def once() -> None:
+        if not done[0]:
+            done[0] = True
+            cleanup()
+
+    def on_signal(signum, frame):
+        raise _Signalled(f"signal {signal.Signals(signum).name}")
+
+    old = {}
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        with contextlib.suppress(ValueError, OSError):     # not the main thread
+            old[s] = signal.signal(s, on_signal)
+    atexit.register(once)
+    try:
+        yield
+    except _Signalled as e:
+        raise TestbedError(f"interrupted by {e}; testbed torn down") from None
+    finally:
+        once()
+        atexit.unregister(once)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def testbed(hosts: int, topo: Topology, scale: float = DEFAULT_SCALE, name: str | None = None,
+            preset: str = "", ttl_s: float = DEFAULT_TTL_S) -> Iterator[Testbed]:
+    """A testbed that exists for the `with` block only, whatever happens inside."""
+    box: list[Testbed] = []
+    nm = _check_name(name or f"t{os.getpid()}")
+    with teardown_guard(lambda: box and destroy(box[0])):
+        box.append(create(hosts, topo, scale, nm, preset, ttl_s))
+        yield box[0]
+
+
+testbed.__test__ = False    # type: ignore[attr-defined]
