@@ -84,15 +84,10 @@ def _bits_dtype(G: int):
     return np.uint8 if G <= 8 else np.uint16 if G <= 16 else np.uint32 if G <= 32 else np.uint64
 
 
-def _device_bits(table: np.ndarray, experts: np.ndarray, lookup: np.ndarray, by_home: bool,
-                 G: int) -> np.ndarray:
-    """uint[T]: bitmask of the devices serving each token's experts."""
+def _device_bits(serve: np.ndarray, G: int) -> np.ndarray:
+    """uint[T]: bitmask of the devices in each row of serve int[T, k]."""
     dt = _bits_dtype(G)
-    if by_home:
-        bit_of = np.left_shift(dt(1), np.arange(G, dtype=dt))
-        x = bit_of[table[lookup[:, None], experts]]
-    else:
-        x = np.left_shift(dt(1), table.astype(dt))[experts]      # [T, k]
+    x = np.left_shift(dt(1), serve.astype(dt))
     if dt == np.uint8 and x.shape[1] == 8:                      # OR the 8 bytes of a uint64
         y = x.view(np.uint64).ravel()
         for sh in (32, 16, 8):
@@ -109,45 +104,37 @@ def route_counts(src: np.ndarray, experts: np.ndarray, table: np.ndarray, by_hom
     src: int32[T] homes; experts: int[T, k]; table: int[N] device of each expert (by_home False)
     or int[G, N] the replica serving each expert for each home (by_home True); batch: int[T].
     Returns (copies int64[B, G, G] without de-duplication, copies with de-duplication (None if
-    not asked), activations served on the home device). Vectorised: without replicas the
-    (batch, home, expert) histogram times the expert -> device one-hot; the de-duplicated count
+    not asked), activations served on the home device). Vectorised: one bincount over keys
+    (batch, home, serving device) for all copies; the de-duplicated count
     from each token's bitmask of serving devices, histogrammed by (batch, home, bitmask) for
     G <= 10, else one bincount per device; never a loop over tokens. lookup: int[T] the device
     whose nearest replicas serve (default src; ExFlow's partial combine sends from the replicas
     chosen for the token's home to its next device)."""
     T, k = experts.shape
-    experts = np.ascontiguousarray(experts)
+    experts = np.ascontiguousarray(experts)              # strided gathers cost 3x
     bs = batch.astype(np.int64) * G + src                        # batch * G + home
-    serve = None
-    if by_home:
-        serve = table[(src if lookup is None else lookup)[:, None], experts].astype(np.int64)
-        cnt = np.bincount((bs[:, None] * G + serve).ravel(),
-                          minlength=num_batches * G * G).reshape(num_batches, G, G)
-    else:
-        N = table.size
-        hist = np.bincount((bs[:, None] * N + experts).ravel(), minlength=num_batches * G * N)
-        onehot = np.zeros((N, G))
-        onehot[np.arange(N), table] = 1.0
-        cnt = np.rint(hist.reshape(num_batches * G, N).astype(np.float64) @ onehot
-                      ).astype(np.int64).reshape(num_batches, G, G)
+    table = np.asarray(table)
+    small = table.astype(np.uint8 if G <= 256 else np.int32)
+    serve = small[(src if lookup is None else lookup)[:, None], experts] if by_home else small[experts]
+    cnt = np.bincount(((bs * G)[:, None] + serve).ravel(),
+                      minlength=num_batches * G * G).reshape(num_batches, G, G)
     diag = np.arange(G)
     local = int(cnt[:, diag, diag].sum())
     cnt[:, diag, diag] = 0
     dd = None
     if dedup:
         if G > 64:
-            if serve is None:
-                serve = table[experts]
             dd = pair_counts(src, dedup_targets(src, serve), (batch * G * G).astype(np.int64),
                              num_batches, G)
         else:
-            bits = _device_bits(table, experts, src if lookup is None else lookup, by_home, G)
+            bits = _device_bits(serve, G)
             if G <= 10:
                 P = 1 << G
                 h = np.bincount(bs * P + bits, minlength=num_batches * G * P)
-                bitmat = ((np.arange(P)[:, None] >> diag[None, :]) & 1).astype(np.float64)
-                dd = np.rint(h.reshape(num_batches * G, P).astype(np.float64) @ bitmat
-                             ).astype(np.int64).reshape(num_batches, G, G)
+                h = h.reshape((num_batches * G,) + (2,) * G)     # axis G - d: bit d
+                axes = set(range(1, G + 1))
+                dd = np.stack([h.sum(axis=tuple(axes - {G - d}))[:, 1] for d in range(G)],
+                              axis=1).reshape(num_batches, G, G)
             else:
                 dt = bits.dtype.type
                 dd = np.empty((num_batches * G, G), np.int64)

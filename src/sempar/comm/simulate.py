@@ -139,7 +139,7 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
     for l in range(L):
         if ep:
             h = cur if pipeline.chained else np.asarray(home[:, l], np.int32)
-            e = experts[:, l, :]
+            e = np.ascontiguousarray(experts[:, l, :])
             cnt, cnt_dd, local = route_counts(h, e, table[l], by_home, batch_of, nb, G)
             lar[l] = local / (T * k)
             copies[l] = cnt_dd.sum() / T
