@@ -173,3 +173,24 @@ def test_route_counts_match_brute_force(G_, replicas):
     assert np.array_equal(cnt, pair_counts(src, serve, base, nb, G_))
     assert np.array_equal(dd, pair_counts(src, dedup_targets(src, serve), base, nb, G_))
     assert local == int((serve == src[:, None]).sum())
+
+
+def test_nearest_replica_follows_the_topology():
+    from sempar.comm.simulate import replica_table
+
+    # 8 devices x 2 slots, 15 experts: expert 0 on devices 1 and 5 (one per pcie-upi8 socket)
+    rows = [[0, 1], [0, 2], [3, 4], [5, 6], [7, 8], [0, 9], [10, 11], [12, 13]]
+    rows[0] = [14, 1]
+    pl = Placement(np.array([sum(rows, [])]), 15, 8)
+    table, by_home = replica_table(pl, topology_preset("pcie-upi8"), 4096)
+    assert by_home
+    assert table[0, 0, 0] == 1 and table[0, 3, 0] == 1          # socket 0 -> device 1
+    assert table[0, 6, 0] == 5 and table[0, 5, 0] == 5          # socket 1 -> device 5 (home)
+    assert table[0, 1, 0] == 1
+    # simulated: a token at home 6 selecting expert 0 is served on device 5, in its socket
+    ex = np.zeros((4, 1, 1), np.int32)
+    home = np.array([[6], [1], [0], [5]])
+    r = simulate(ex, home, pl, topology_preset("pcie-upi8"), PIPELINES.get("attn-dp"), opts())
+    assert r["total"]["lar_mean"] == pytest.approx(0.5)
+    pairs = np.array(r["total"]["bytes_per_pair"])
+    assert pairs[6, 5] > 0 and pairs[0, 1] > 0 and pairs[:, 4:][:4].sum() == 0
