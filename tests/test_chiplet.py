@@ -25,7 +25,7 @@ W = P * 1.0                       # int8 bytes per expert
 
 
 def fast(**kw) -> ChipletConfig:
-    base = dict(ctrl_overhead_s=0.0, ddr_latency_s=0.0, fdi_latency_s=0.0, hop_latency_s=0.0)
+    base = dict(ctrl_overhead_s=0.0, xfer_overhead_s=0.0, ddr_latency_s=0.0, fdi_latency_s=0.0, hop_latency_s=0.0)
     base.update(kw)
     return ChipletConfig(**base)
 
@@ -76,7 +76,7 @@ def test_flow_conservation_and_memory(paired, rule5):
     assert r.peak_slots.max() <= S and r.peak_slots.max() >= 1
     # each micro-slice loaded exactly once from DDR
     active = (counts.sum(axis=2) > 0).sum(axis=1)
-    assert r.ddr_busy.sum(axis=1) == pytest.approx(active * M * (W / M) / cfg.ddr_bw_per_die)
+    assert r.ddr_busy.sum(axis=1) == pytest.approx(active * M * ((W / M) / cfg.ddr_bw_per_die + cfg.xfer_overhead_s))
     # Alg. 1 + rules never run two micro-slices on one die at once (snapshot instance)
     comp = sorted((d, s, e) for k, d, s, e, _ in r.activity if k == "compute")
     assert len(comp) == np.count_nonzero(counts[2]) * M

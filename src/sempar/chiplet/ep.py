@@ -75,7 +75,7 @@ def simulate_ep(inst: Instances, die_of: np.ndarray, home: np.ndarray, cfg: Chip
             h = np.flatnonzero(die_of[l] == d)
             hosted[l, d, :h.size] = h
     w_bytes = expert_params * weight_bytes
-    t_load = w_bytes / cfg.ddr_bw_per_die
+    t_load = w_bytes / cfg.ddr_bw_per_die + cfg.xfer_overhead_s
     t_pass = 2.0 * cfg.lanes * expert_params / cfg.peak_ops
     ar = np.arange(B)[:, None]
     load_free = np.zeros((B, D))

@@ -103,7 +103,8 @@ def simulate_flow(counts: np.ndarray, cfg: ChipletConfig, expert_params: int, we
     rec_i = np.zeros((cap, 3), np.int64)          # kind (0 ddr, 1 d2d, 2 compute), die, expert
     rec_t = np.zeros((cap, 2))
     n = _kernel(passes, masks, order.astype(np.int64), n_act, width, M, S,
-                ms_bytes / cfg.ddr_bw_per_die, cfg.ddr_latency_s, ms_bytes / cfg.d2d_bw,
+                ms_bytes / cfg.ddr_bw_per_die + cfg.xfer_overhead_s, cfg.ddr_latency_s,
+                ms_bytes / cfg.d2d_bw + cfg.xfer_overhead_s,
                 cfg.fdi_latency_s + cfg.hop_latency_s, 2.0 * cfg.lanes * (expert_params / M) / cfg.peak_ops,
                 cfg.ctrl_overhead_s, rule5, vis_t, nv_t, hop_t, snap, ms_bytes,
                 latency, busy, ddr_busy, d2d, peak, rec_i, rec_t)

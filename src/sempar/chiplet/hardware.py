@@ -11,7 +11,8 @@ Choices the paper leaves open ("ours"):
   (2048 MACs = 128 weight columns x 16 token lanes), so a micro-slice visited with n tokens costs
   ceil(n / 16) passes: few-token experts are weight-streaming bound, as in the paper's Fig. 6 where a
   DDR load takes about 4 x one micro-slice compute. Each micro-slice compute also pays
-  `ctrl_overhead_s` (scheduling, header; §VI-D, Fig. 17).
+  `ctrl_overhead_s` and each DDR load or D2D transfer `xfer_overhead_s` (§IV: finer micro-slices
+  "increase relative control/scheduling overhead and per-transfer header cost"; Fig. 17).
 - **DDR.** One DDR channel per die (`ddr_bw_per_die`, 25.6 GB/s; 4 x 25.6 GB/s for 2x2): a die can
   pull at most one channel's bandwidth; the package total grows with the die count.
 - **D2D.** Every directed mesh link carries `d2d_bw`; a transfer of b bytes over h hops takes
@@ -52,6 +53,7 @@ class ChipletConfig:
     ddr_bw_per_die: float = 25.6e9      # one DDR3-1600 channel per die (Table I: 4 x 25.6 GB/s)
     ddr_latency_s: float = 100e-9       # ours
     ctrl_overhead_s: float = 0.25e-6    # per micro-slice compute (ours; Fig. 17's control cost)
+    xfer_overhead_s: float = 0.5e-6     # per DDR burst / D2D packet: descriptor + header (ours)
     act_bytes: int = 2                  # bf16 activations (ours)
 
     def __post_init__(self) -> None:

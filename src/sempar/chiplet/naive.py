@@ -33,10 +33,10 @@ def simulate_naive(counts: np.ndarray, n_tokens: np.ndarray, cfg: ChipletConfig,
     """counts int[B, E, D] (tokens of expert e homed on die d); n_tokens int[B] tokens per instance."""
     B, E, D = counts.shape
     slice_bytes = expert_params * weight_bytes / D
-    t_load = slice_bytes / cfg.ddr_bw_per_die + cfg.ddr_latency_s
+    t_load = slice_bytes / cfg.ddr_bw_per_die + cfg.xfer_overhead_s + cfg.ddr_latency_s
     lat = cfg.fdi_latency_s + cfg.hop_latency_s
     ring_hops = cfg.mesh.hops[cfg.mesh.ring, np.roll(cfg.mesh.ring, -1)].max()
-    t_xfer = slice_bytes / cfg.d2d_bw + ring_hops * lat
+    t_xfer = slice_bytes / cfg.d2d_bw + cfg.xfer_overhead_s + ring_hops * lat
     t_pass = 2.0 * cfg.lanes * (expert_params / D) / cfg.peak_ops
     tok_bytes = d_model * cfg.act_bytes
     totals = counts.sum(axis=2)
