@@ -81,6 +81,7 @@ def test_assemble_refines_bottleneck_edges():
     # under contention rank 0's one-to-many takes 1.5x its predicted bottleneck 0 -> 2
     p2 = [["d", 0, m, 1.5 * (1e-4 + m / 2e6)] for m in sizes]
     p2 += [["c", 1, m, 1e-4 + m / 2e6] for m in sizes]
+    p2 += [["d", 1, 65536, 1.0]]             # one size only (0.1 s): cannot refit, baseline kept
     raw = {"world": G, "sizes": sizes, "reps": 1, "seconds": 1.0, "p1": p1, "p2": p2,
            "rtt1": [[u, v, 2e-4] for u in range(G) for v in range(G) if u != v]}
     topo, summ = profiler.assemble(raw, node_of=[0, 0, 1])
@@ -89,6 +90,7 @@ def test_assemble_refines_bottleneck_edges():
     d = profiler.bandwidth_matrix(topo, "dispatch")
     assert d[0, 2] == pytest.approx(2e6 / 1.5, rel=1e-6)     # refined edge
     assert d[0, 1] == pytest.approx(8e6)                     # not the bottleneck: baseline
+    assert d[1, 2] == pytest.approx(2e6)                     # single-size sample: baseline
     c = profiler.bandwidth_matrix(topo, "combine")
     assert c[2, 1] == pytest.approx(2e6)                     # combine bottleneck into 1 is 2 -> 1
     assert {(e["phase"], e["src"], e["dst"]) for e in summ["refined_edges"]} == {

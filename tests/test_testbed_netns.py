@@ -115,8 +115,7 @@ def test_profile_on_testbed_matches_shaping(tmp_path):
     within 15 % of measured (median over the cases)."""
     out = tmp_path / "topo.json"
     before = set(netns.existing_namespaces())
-    r = _cli("profile", "--hosts", "3", "--testbed", "pcie-upi8", "--sizes",
-             "16384,131072,393216", "--reps", "1", "--out", str(out), "--json", timeout=300)
+    r = _cli("profile", "--hosts", "3", "--testbed", "pcie-upi8", "--reps", "2", "--out", str(out), "--json", timeout=300)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     shaped = np.asarray(d["testbed"]["shaped_bw_Bps"])

@@ -4,9 +4,8 @@ Topology JSON and checks its fidelity against measured all-to-all times (CAMoE e
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import typer
@@ -83,19 +82,19 @@ def register(app: typer.Typer) -> None:
     def profile_cmd(
         hosts: int = typer.Option(..., "--hosts", help="ranks (devices) to profile, 2..64"),
         out: Path = typer.Option(Path("topo.json"), "--out", help="topology JSON to write"),
-        testbed: Optional[str] = typer.Option(None, "--testbed", "--preset", help="bring up a "
+        testbed: str | None = typer.Option(None, "--testbed", "--preset", help="bring up a "
                                               "namespace testbed shaped as this preset or JSON "
                                               "FILE (root); default: local processes, loopback"),
         scale: float = typer.Option(1 / 8000, "--scale", help="testbed: shaped bytes/s per "
                                     "preset bytes/s (1/8000: 64 GB/s -> 64 Mbit/s)"),
-        sizes: Optional[str] = typer.Option(None, "--sizes", help="message sizes in bytes, "
+        sizes: str | None = typer.Option(None, "--sizes", help="message sizes in bytes, "
                                             "comma-separated (default 4096,65536,262144,786432)"),
         reps: int = typer.Option(3, "--reps", help="repeats per measurement (median)"),
         fidelity: bool = typer.Option(True, "--fidelity/--no-fidelity",
                                       help="measure all-to-all cases against eq. 9"),
         method: str = typer.Option("p2p", "--method", help="all-to-all measured: p2p (all "
                                    "isend/irecv at once) or all_to_all_single (gloo alltoallv)"),
-        plot: Optional[Path] = typer.Option(None, "--plot", help="PNG: predicted vs measured"),
+        plot: Path | None = typer.Option(None, "--plot", help="PNG: predicted vs measured"),
         timeout: float = typer.Option(300.0, "--timeout", help="hard limit of the run, seconds"),
         op_timeout: float = typer.Option(30.0, "--op-timeout", help="limit of one collective / "
                                          "send / recv, seconds (a dead or hung rank)"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Optional
 
 import typer
 
@@ -30,7 +29,7 @@ def register(app: typer.Typer) -> None:
                                       "(pcie-upi8, a100x4-ib[:N], ...) or topology JSON FILE"),
            scale: float = typer.Option(1 / 8000, "--scale", help="shaped bytes/s per preset "
                                        "bytes/s (default 1/8000: 64 GB/s -> 64 Mbit/s)"),
-           name: Optional[str] = typer.Option(None, "--name", help="testbed name (default t<pid>)"),
+           name: str | None = typer.Option(None, "--name", help="testbed name (default t<pid>)"),
            ttl: float = typer.Option(3600.0, "--ttl", help="seconds until a later up/status/down "
                                      "removes it"),
            as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
@@ -57,7 +56,7 @@ def register(app: typer.Typer) -> None:
             print(f"{tb.host_ns(i)}  {tb.addr(i)}  Mbit/s {rates}")
 
     @tb_app.command("down")
-    def down(name: Optional[str] = typer.Argument(None, help="testbed name (default: every "
+    def down(name: str | None = typer.Argument(None, help="testbed name (default: every "
                                                   "testbed and stray sempar-* namespace)"),
              as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
         """Remove a testbed (or all of them): namespaces, veths, bridge, state file."""

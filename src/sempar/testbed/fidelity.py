@@ -12,8 +12,9 @@ measured| / measured; the figure is the median over cases (CAMoE Fig. 6 plots th
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

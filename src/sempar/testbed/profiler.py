@@ -10,8 +10,8 @@ Phase 2 (congestion-aware): for every source u and size M, a one-to-many pattern
 every other rank at once); the baseline predicts the bottleneck edge
 v* = argmax_v alpha0[u,v] + beta0[u,v] * M and the pattern's time is a sample of that edge under
 contention (dispatch). Combine uses the symmetric many-to-one pattern into u and its predicted
-bottleneck v* -> u. Edges with samples at >= 2 sizes are refitted from them (one size: alpha0
-kept, beta from the sample); the others, and the metadata phase, keep the baseline (Alg. 1 line 731).
+bottleneck v* -> u. Edges with samples at >= 2 sizes are refitted from them; the others (one
+size cannot separate alpha from beta), and the metadata phase, keep the baseline (Alg. 1 l. 731).
 
 Alg. 1 loops over phases m/d/c in phase 1 too; here the three phases move the same bytes over the
 same link, so one isolated sweep serves all three. Unlike CAMoE ("no warm-ups or repeated
@@ -22,7 +22,8 @@ Timing is local to the initiating rank, so it needs no clock shared between host
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -189,12 +190,9 @@ def assemble(raw: dict[str, Any], name: str = "profiled",
     for (kind, u, v), pts in sorted(edge_pts.items()):
         p = pd if kind == "d" else pc
         ms = [m for m, _ in pts]
-        if len(set(ms)) >= 2:
-            alpha[p, u, v], beta[p, u, v] = fit_alpha_beta(*zip(*pts), floor_alpha=lat.get((u, v), 0.0))
-        else:
-            m, t = pts[0]
-            if t > a0[u, v]:
-                beta[p, u, v] = (t - a0[u, v]) / m
+        if len(set(ms)) < 2:      # one size cannot separate alpha from beta: keep the baseline
+            continue
+        alpha[p, u, v], beta[p, u, v] = fit_alpha_beta(*zip(*pts), floor_alpha=lat.get((u, v), 0.0))
         refined.append({"phase": PHASES[p], "src": u, "dst": v, "samples": len(pts),
                         "baseline_bw_Bps": 1 / b0[u, v], "refined_bw_Bps": 1 / beta[p, u, v]})
     node = np.zeros(G, np.int32) if node_of is None else np.asarray(node_of, np.int32)
