@@ -179,7 +179,7 @@ class Instances:
     def counts(self, dies: int, home: np.ndarray | None = None) -> np.ndarray:
         """int32[B, E, D]: tokens of expert e homed on die d in instance b."""
         home = self.home(dies) if home is None else home
-        E, K = self.num_experts, self.experts.shape[1]
+        E = self.num_experts
         inst = np.repeat(np.arange(self.B), self.sizes())
         out = np.zeros(self.B * E * dies, np.int64)
         step = 1 << 20
