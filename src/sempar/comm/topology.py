@@ -108,10 +108,8 @@ class Topology:
                 p, u, v = np.argwhere(m < 0)[0]
                 raise InputError(f"topology {self.name}: {key}[{PHASES[p]}][{u}][{v}] = "
                                  f"{m[p, u, v]} is negative")
-        if (self.node_of < 0).any():
-            raise InputError(f"topology {self.name}: node_of holds a negative node id")
         used = np.unique(self.node_of)
-        if used.size != used.max() + 1:
+        if used[0] < 0 or used.size != used.max() + 1:
             raise InputError(f"topology {self.name}: node ids must be 0..n-1 with none skipped, "
                              f"got {used.tolist()}")
         eye = np.eye(G, dtype=bool)
@@ -138,10 +136,8 @@ class Topology:
         return float(m) if m.ndim == 0 else m
 
     def pair_cost(self, phase: str | int, nbytes: float) -> np.ndarray:
-        """float64[G, G]: the cost of `nbytes` on every pair (diagonal 0): a distance for
-        choosing the replica nearest to a token's home."""
-        p = phase_index(phase)
-        return self.alpha[p] + self.beta[p] * float(nbytes)
+        """float64[G, G]: cost of `nbytes` on every pair (diagonal 0), nearest-replica distance."""
+        return self.alpha[phase_index(phase)] + self.beta[phase_index(phase)] * float(nbytes)
 
     # ---- I/O ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -287,10 +283,8 @@ class Topology:
                         raise InputError(f"topology {name}: path for ({u}, {v}) must start at "
                                          f"{u} and end at {v}")
                     hops = list(zip(route[:-1], route[1:]))
-                    for h in hops:
-                        if not has[h]:
-                            raise InputError(f"topology {name}: path ({u}, {v}) uses a missing "
-                                             f"link {h}")
+                    if not all(has[h] for h in hops):
+                        raise InputError(f"topology {name}: path ({u}, {v}) uses a missing link")
                     ha = np.array([A[p][h] for h in hops])
                     hb = np.array([B[p][h] for h in hops])
                     alpha[p, u, v] = ha.sum()
@@ -305,14 +299,10 @@ HOST_ALPHA = 8325e-9            # CAMoE Fig. 3: host path through the CPU
 TOPOLOGIES: Registry[Callable[[int | None], Topology]] = Registry("topology")
 
 
-def _single_node(name: str, nodes: int | None) -> None:
-    if nodes not in (None, 1):
-        raise InputError(f"topology {name} is one server; --nodes {nodes} does not apply")
-
-
 @TOPOLOGIES.register("nvlink8")
 def _nvlink8(nodes: int | None = None) -> Topology:
-    _single_node("nvlink8", nodes)
+    if nodes not in (None, 1):
+        raise InputError(f"topology nvlink8 is one server; --nodes {nodes} does not apply")
     G = 8
     links = [(u, v, NVLINK_ALPHA, 1 / (900 * GB)) for u in range(G) for v in range(G) if u != v]
     return Topology.from_links("nvlink8", np.zeros(G, np.int32), links)
