@@ -158,7 +158,7 @@ class Runner:
         x = fn(ids, batch)
         if x is None:
             return None
-        return self._logits(x.view(B, S, -1))
+        return self._logits(x.view(B, S, self.cfg.hidden_size))
 
     def _timed(self, l: int, t0: float) -> None:
         import time
@@ -185,8 +185,8 @@ class Runner:
 
         B, S = ids.shape
         T, G, me = B * S, self.comm.world, self.comm.rank
-        x = self.inner.embed_tokens(ids).reshape(T, -1)                 # replicated
-        H = x.shape[1]
+        H = self.cfg.hidden_size
+        x = self.inner.embed_tokens(ids).reshape(T, H)                  # replicated
         # contiguous chunks, the simulator's home_tp_contiguous: token i -> i * G // T
         dev = torch.arange(T, device=ids.device) * G // max(T, 1)
         chunks = torch.bincount(dev, minlength=G).tolist()
@@ -208,8 +208,8 @@ class Runner:
 
         B, S = ids.shape
         T, G, me = B * S, self.comm.world, self.comm.rank
-        x = self.inner.embed_tokens(ids).reshape(T, -1)
-        H = x.shape[1]
+        H = self.cfg.hidden_size
+        x = self.inner.embed_tokens(ids).reshape(T, H)
         plan_fn = REBATCHERS.get(self.rebatch)
         for l in range(len(self.layers)):
             t0 = time.perf_counter()
@@ -234,8 +234,8 @@ class Runner:
         T = B * S
         mine = (batch.request_rank.to(ids.device) == self.comm.rank).nonzero()[:, 0]
         gid = (mine[:, None] * S + torch.arange(S, device=ids.device)[None]).reshape(-1)
-        x = self.inner.embed_tokens(ids[mine]).reshape(gid.numel(), -1)
         H = self.cfg.hidden_size
+        x = self.inner.embed_tokens(ids[mine]).reshape(gid.numel(), H)
         for l in range(len(self.layers)):
             t0 = time.perf_counter()
             # context coherence: every rank gets every held token's hidden state

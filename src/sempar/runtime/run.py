@@ -6,7 +6,20 @@
     res.bytes           # {(layer, collective): int64[G, G] bytes src -> dst}; layer -1: output
     res.dispatch_combine()   # int64[L, 2, G, G], comparable with simulate()'s bytes_per_pair
 
-`rank_main(rank, world, port, spec)` is the per-process entry: `launch` spawns it locally; the
+Against `sempar.comm.simulate` (SimOptions(hidden=H, dtype_bytes=4, batch=T, dedup=True,
+one_shot=True), a uniform topology, the same homes), tested equal per layer and pair:
+
+- dispatch and combine of attn-dp (= `sglang-ep`), tp-allreduce (= `ds-moe` with dedup and
+  one-shot metadata), tp-rebatch (= `smoe`, homes from the same re-batching plans): exact;
+- exflow: combine exact; dispatch = the simulator's + 4 bytes per copy (the global token index
+  the top-1 device needs to place the token in the next layer's context);
+- not in the simulator: `sizes` (8 bytes per pair per all2allv with unknown receive sizes),
+  `output` (final hidden states to rank 0), exflow's per-layer `context-ag` (the simulator
+  charges one all-gather of the new tokens per decode iteration); the attention collectives are
+  direct all-to-all RS / AG (per-rank totals equal the ring's with equal chunks; per pair they
+  spread over all peers where the simulator puts them on the ring successor).
+
+`rank_main(rank, world, port, specs)` is the per-process entry: `launch` spawns it locally; the
 testbed can run it in network namespaces (spec.addr / MASTER_ADDR the rendezvous address).
 """
 
