@@ -32,6 +32,8 @@ def test_stream_json_contract_and_plots(tmp_path):
             assert s[k] > 0
         assert 0 < s["utilization"] <= 1
         assert len(s["layer_latency_by_layer_s"]) == 48
+        tl = s["utilization_timeline"]
+        assert len(tl["t_s"]) == 50 and max(tl["utilization"]) <= 1 + 1e-9
     assert out["strategies"]["ep"]["speedup_vs_ep"] == pytest.approx(1.0)
     got = sorted(p.name for p in plots.iterdir())
     assert {"fig11_utilization_timeline.png", "fig12_peak_memory.png", "fig13_activity.png",

@@ -80,7 +80,7 @@ class StrategyResult:
                 "utilization": self.utilization, "peak_onchip_bytes": self.peak_bytes,
                 "layer_latency_by_layer_s": self.by_layer(),
                 "moe_seconds": float(self.moe_s.sum()), "attention_seconds": float(self.attn_s.sum()),
-                **self.extra}
+                "utilization_timeline": self.timeline(), **self.extra}
 
 
 def snapshot_index(inst: Instances) -> int:
