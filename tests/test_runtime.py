@@ -149,7 +149,8 @@ def skewed_model(tmp_path_factory):
     return str(d)
 
 
-GROUPS = [("tiny-moe64", 2), ("tiny-mixtral", 2), ("tiny-moe64", 4), ("tiny-mixtral", 4)]
+GROUPS = [("tiny-moe64", 2), ("tiny-mixtral", 2), ("tiny-moe64", 4),
+          pytest.param("tiny-mixtral", 4, marks=pytest.mark.slow)]
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +172,7 @@ def group_results(request, skewed_model):
             cache[(model, G)] = (ids, specs, extra, res, time.perf_counter() - t0)
         return cache[(model, G)]
 
+    get.cache = cache
     return get
 
 
@@ -236,8 +238,8 @@ def test_edge_cases(group_results):
 
 def test_group_time_budget(group_results):
     """Each spawned group (up to 20 forwards) stays well inside the deadline."""
-    for model, G in GROUPS:
-        elapsed = group_results(model, G)[4]
+    for (model, G), entry in sorted(group_results.cache.items()):
+        elapsed = entry[4]
         print(f"{model} G={G}: {elapsed:.1f} s")
         assert elapsed < 300, (model, G, elapsed)
     for what, d in sorted(DIFFS.items()):
@@ -252,7 +254,7 @@ def test_dead_or_hung_rank_fails_fast(kind):
                    fault={"rank": 1, "layer": 1, "kind": kind})
     t0 = time.perf_counter()
     with pytest.raises(RankFailure) as err:
-        run(spec, G, deadline=90, grace=10)
+        run(spec, G, deadline=90, grace=3)
     elapsed = time.perf_counter() - t0
     msg = str(err.value)
     assert "rank" in msg and ("dispatch" in msg or "exited" in msg or "died" in msg), msg
