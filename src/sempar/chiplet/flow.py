@@ -75,6 +75,14 @@ def micro_slice_slots(cfg: ChipletConfig, expert_bytes: float, micro_slices: int
     return slots
 
 
+def _jit(fn):
+    """numba-compile with an on-disk cache; without one where no cache folder is writable."""
+    try:
+        return njit(cache=True)(fn)
+    except RuntimeError:  # pragma: no cover - read-only install without a user cache
+        return njit(fn)
+
+
 def simulate_flow(counts: np.ndarray, cfg: ChipletConfig, expert_params: int, weight_bytes: float,
                   micro_slices: int = 8, paired: bool = False, rule5: bool = False,
                   snapshot: int | None = None) -> FlowResult:
@@ -114,7 +122,7 @@ def simulate_flow(counts: np.ndarray, cfg: ChipletConfig, expert_params: int, we
     return FlowResult(latency, busy, ddr_busy, d2d, peak, np.arange(B), ms_bytes, activity)
 
 
-@njit(cache=True)
+@_jit
 def _argmin_slot(row):
     best, k = row[0], 0
     for i in range(1, row.size):
@@ -123,7 +131,7 @@ def _argmin_slot(row):
     return k
 
 
-@njit(cache=True)
+@_jit
 def _held(row, t):
     c = 0
     for i in range(row.size):
@@ -132,7 +140,7 @@ def _held(row, t):
     return c
 
 
-@njit(cache=True)
+@_jit
 def _kernel(passes, masks, order, n_act, width, M, S, t_load, ddr_lat, t_xfer, lat, t_pass, ctrl,
             rule5, vis_t, nv_t, hop_t, snap, ms_bytes, latency, busy, ddr_busy, d2d, peak, rec_i, rec_t):
     B, E, D = passes.shape
