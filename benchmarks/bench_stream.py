@@ -67,6 +67,7 @@ def fidelity(iterations: int) -> dict:
     fig17_phi = sw.microslice_x_buffer(wl, ChipletConfig(), micro=(8, 16, 32, 64), buffers=(8, 16, 32, 64))
     m, wl = load_workload("qwen3-30b-a3b", None, 64, 2, 0)
     fig18 = sw.scaling(wl, ChipletConfig())
+    fig16a = sw.buffer_x_ddr(wl, ChipletConfig())
     small = {}
     for model in MODELS:                      # FSE-DP's elastic buffer: 8 MiB per die (32 MiB package)
         m, wl = load_workload(model, None, 64, iterations, 0)
@@ -78,7 +79,7 @@ def fidelity(iterations: int) -> dict:
         m, wl = load_workload("yuan2.0-m32", None, T, iterations, 0)
         r = simulate(wl, ChipletConfig(buffer_bytes=4 * MB), resolve("fsedp,fsedp+paired-load"), micro_slices=16)
         tight[T] = r["fsedp"].layer_latency_s / r[A3].layer_latency_s
-    return {"rows": rows, "fig17_qwen": fig17, "fig17_phi": fig17_phi, "fig18": fig18, "buffer8": small,
+    return {"rows": rows, "fig17_qwen": fig17, "fig17_phi": fig17_phi, "fig18": fig18, "fig16a": fig16a, "buffer8": small,
             "paired_tight": tight}
 
 
@@ -101,6 +102,11 @@ def summarise(f: dict) -> list[tuple[str, str, str]]:
     phi_buf = np.nanmin(plat, axis=0)
     sc = f["fig18"]
     b8 = f["buffer8"]
+    g = f["fig16a"]
+    u16 = np.array(g["utilization"], float)
+    ok16 = np.array(g["feasible"])
+    need = [(b, d) for i, b in enumerate(g["buffer_mb"]) for j, d in enumerate(g["ddr_gbps_per_die"])
+            if u16[i, j] > 0.6 and ok16[i, j]]
     return [
         ("FSE-DP+paired-load speedup vs EP (per layer)", "1.22-2.00x", f"{min(a3):.2f}-{max(a3):.2f}x"),
         ("FSE-DP+paired-load speedup vs Hydra", "1.22-2.00x", f"{min(a3h):.2f}-{max(a3h):.2f}x"),
@@ -121,6 +127,8 @@ def summarise(f: dict) -> list[tuple[str, str, str]]:
         ("best micro-slice count, Qwen3, buffer 4..32 MiB", "< 10", ", ".join(map(str, best_m))),
         ("Phi-3.5 best latency, buffer 8/16/32/64 MiB (ms)", "buffer-driven",
          " / ".join(f"{1e3 * x:.2f}" for x in phi_buf)),
+        ("Fig. 16(a) Qwen3 64 tokens: feasible points with utilization > 60%", ">= 48 GB/s/die and >= 16 MB",
+         ", ".join(f"{b} MiB @ {d} GB/s" for b, d in need) or "none"),
         ("utilization 2x2 / 3x3 / 4x4 (EP; Hydra; FSE-DP)", "EP drops most",
          "; ".join(" / ".join(f"{u:.2f}" for u in sc["utilization"][s]) for s in sc["utilization"])),
     ]

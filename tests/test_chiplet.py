@@ -228,3 +228,19 @@ def test_limits_and_auto_slices():
     assert resolve("A3,+rule5")[1].rule5
     with pytest.raises(InputError):
         resolve("nope")
+
+
+def test_sweeps_scaling_and_limits(qwen_small):
+    """Fig. 18: EP's utilization falls from 2x2 to 4x4 while FSE-DP stays far above it (measured
+    on 2 iterations: EP 0.14 / 0.12 / 0.10, FSE-DP 0.30 / 0.35 / 0.36); Fig. 16: eqs. 1-2 mark
+    the fast-DDR corner infeasible."""
+    from sempar.chiplet import sweeps as sw
+    wl = type(qwen_small)(qwen_small.model, 16, qwen_small.iterations[:2], qwen_small.experts,
+                          qwen_small.row_index, qwen_small.trace_layers)
+    sc = sw.scaling(wl, ChipletConfig())
+    ep, fse = sc["utilization"]["ep"], sc["utilization"]["fsedp+paired-load"]
+    assert ep[2] < ep[0] and min(fse) > 2 * max(ep)
+    g = sw.buffer_x_ddr(wl, ChipletConfig(), buffers=(8, 16), ddr=(25.6, 64.0))
+    assert g["feasible"] == [[True, False], [True, False]]
+    u = np.array(g["utilization"])
+    assert (u[:, 1] > u[:, 0]).all()                      # more DDR bandwidth, higher utilization
