@@ -335,3 +335,39 @@ def test_cli_json(texts):
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["sweeps"][0]["points"][1]["lambda"] == 0.5 and "pareto" in d["sweeps"][0]
+
+
+def test_select_mode_keeps_unbiased_weights(tiny):
+    """mode="select": the bias picks the experts, the weights are the unbiased softmax at them."""
+    import torch
+
+    from sempar.routing.hook import FAMILIES, router_sites
+
+    _, sites = router_sites(tiny["tiny-mixtral"])
+    router = sites[0].module
+    h = torch.randn(10, router.hidden_dim, generator=torch.Generator().manual_seed(0))
+    bias = torch.zeros(10, router.num_experts)
+    bias[:, 7] = 50.0                                   # force expert 7 into every top-2
+    logits_b, w_sel, idx_sel = FAMILIES["mixtral"](router, h, lambda z: bias, "select")
+    _, w_log, idx_log = FAMILIES["mixtral"](router, h, lambda z: bias, "logits")
+    assert torch.equal(idx_sel, idx_log) and (idx_sel == 7).any(dim=1).all()
+    probs = torch.softmax(torch.nn.functional.linear(h, router.weight).float(), dim=-1)
+    want = probs.gather(1, idx_sel)
+    torch.testing.assert_close(w_sel, want / want.sum(-1, keepdim=True))
+    assert (w_log[idx_log == 7] > 0.99).all()           # CAMoE mode: the bias dominates weights
+    torch.testing.assert_close(logits_b, torch.nn.functional.linear(h, router.weight) + bias)
+
+
+def test_cli_tables(texts, tmp_path):
+    out = tmp_path / "t.json"
+    r = _cli("tables", "--model", "tiny-mixtral", "--topology", "pcie-upi8", "--text",
+             str(texts / "code.txt"), "--tokens-per-domain", "128", "--seq-len", "32",
+             "--batch-size", "4", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    unit = np.asarray(d["unit"])
+    assert unit.shape == (6, 8, 8)
+    # every row of the z-scored costs has mean 0, so each source's biases sum to ~0 (1 expert
+    # per device), and the local expert gets the largest bias (local costs 0)
+    np.testing.assert_allclose(unit.sum(axis=2), 0, atol=1e-5)
+    assert (unit.argmax(axis=2) == np.arange(8)).all()

@@ -6,3 +6,5 @@ from sempar.routing.cost_bias import (CostBiasTables, TokenBytes, a2a_layer_seco
                                       tables_from_routing, traffic_weighted_cost, unit_bias,
                                       zscore_row)
 from sempar.routing.hook import CostRoutingHook, supported_model_types  # noqa: F401
+from sempar.routing.report import pareto_plot  # noqa: F401,E402
+from sempar.routing.sweep import SweepConfig, run_sweeps  # noqa: F401,E402
