@@ -128,7 +128,8 @@ def summarise(f: dict) -> list[tuple[str, str, str]]:
         ("Phi-3.5 best latency, buffer 8/16/32/64 MiB (ms)", "buffer-driven",
          " / ".join(f"{1e3 * x:.2f}" for x in phi_buf)),
         ("Fig. 16(a) Qwen3 64 tokens: feasible points with utilization > 60%", ">= 48 GB/s/die and >= 16 MB",
-         ", ".join(f"{b} MiB @ {d} GB/s" for b, d in need) or "none"),
+         (f">= {min(d for _, d in need)} GB/s/die, buffer >= {min(b for b, _ in need)} MiB"
+          f" ({len(need)} points)") if need else "none"),
         ("utilization 2x2 / 3x3 / 4x4 (EP; Hydra; FSE-DP)", "EP drops most",
          "; ".join(" / ".join(f"{u:.2f}" for u in sc["utilization"][s]) for s in sc["utilization"])),
     ]
