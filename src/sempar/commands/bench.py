@@ -1,0 +1,73 @@
+"""`sempar bench`: real expert-parallel prefill of the tiny 64-expert model, vanilla vs exflow vs
+sempar, on the namespace testbed (root) or over loopback (sempar.runtime.bench)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from sempar.errors import InputError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench_cmd(
+        hosts: int = typer.Option(4, "--hosts", help="ranks (G): one per testbed host"),
+        preset: str = typer.Option("pcie-upi8", "--preset", help="testbed topology preset "
+                                   "(pcie-upi8, a100x4-ib, or a topology JSON FILE) or `none` "
+                                   "for loopback; without root / netns: loopback"),
+        scale: float = typer.Option(1 / 8000, "--scale", help="testbed: shaped bytes/s per "
+                                    "preset bytes/s (1/8000: 64 GB/s -> 8 MB/s)"),
+        batches: int = typer.Option(2, "--batches", help="prefill batches (distinct held-out "
+                                    "requests each)"),
+        batch_size: int = typer.Option(8, "--batch-size", help="requests per batch"),
+        seq: int = typer.Option(128, "--seq", help="tokens per request"),
+        repeats: int = typer.Option(3, "--repeats", help="timed forwards per batch (min)"),
+        methods: str | None = typer.Option(None, "--methods", help="comma-separated subset of "
+                                           "vanilla, vanilla-tp, exflow, sempar-dp, sempar-tp"),
+        timeout: float = typer.Option(600.0, "--timeout", help="hard limit of the run, seconds"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    ) -> None:
+        """MoE-layer and forward time, bytes (measured and predicted), LAR and logit error per
+        method; the result is also saved for `sempar demo` ($SEMPAR_BENCH_RESULT)."""
+        from sempar.cli import emit_json
+        from sempar.commands.testbed import fail_env
+        from sempar.runtime.bench import run_bench
+        from sempar.runtime.dist import RankFailure
+        from sempar.testbed.netns import TestbedError
+
+        if timeout <= 0:
+            raise InputError("--timeout must be positive")
+        ms = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+        progress = None if as_json else (lambda s: sys.stderr.write(s + "\n"))
+        try:
+            res = run_bench(hosts, preset, scale, batches, batch_size, seq, repeats, ms,
+                            timeout_s=timeout, progress=progress)
+        except (TestbedError, RankFailure) as e:
+            fail_env(e)
+        if as_json:
+            emit_json(res)
+            return
+        print_table(res)
+
+
+def print_table(res: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sempar.runtime.bench import TABLE_HEADER, bench_table_rows
+
+    where = (f"testbed {res['preset']} x {res['scale']:g}" if res["preset"] else "loopback")
+    t = Table(title=f"sempar bench: {res['model']}, G={res['hosts']}, {where}, "
+                    f"{res['batches']} x {res['batch_size']} x {res['seq']} tokens, "
+                    f"min of {res['repeats']}, median over batches")
+    for i, h in enumerate(TABLE_HEADER):
+        t.add_column(h, justify="left" if i < 2 else "right")
+    for row in bench_table_rows(res):
+        t.add_row(*row)
+    Console().print(t)
+    for m, why in res.get("skipped", {}).items():
+        print(f"skipped {m}: {why}")
+    if res.get("note"):
+        print(res["note"])
