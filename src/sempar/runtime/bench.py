@@ -65,20 +65,22 @@ def last_bench_result() -> dict | None:
 
 
 def bench_table_rows(result: dict) -> list[list[str]]:
-    """Rows [method, mode, MoE layer ms, forward ms, x vanilla, bytes sent, predicted, LAR,
-    max |dlogit|] of a result, formatted for a table (the header is `TABLE_HEADER`)."""
+    """Rows [method, mode, MoE layer ms, forward ms, x vanilla, dispatch+combine MB sent,
+    predicted, MB of every collective, LAR, max |dlogit|] of a result, formatted for a table
+    (the header is `TABLE_HEADER`)."""
     rows = []
     for name, m in result.get("methods", {}).items():
         rows.append([name, m.get("mode", ""), f"{m['moe_layer_seconds'] * 1e3:.1f}",
                      f"{m['forward_seconds'] * 1e3:.1f}",
                      "" if m.get("time_ratio") is None else f"{m['time_ratio']:.2f}",
-                     _mb(m["bytes_sent"]), _mb(m["bytes_predicted"]), f"{m['lar_mean']:.3f}",
+                     _mb(m["bytes_sent"]), _mb(m["bytes_predicted"]),
+                     _mb(m.get("bytes_total", float("nan"))), f"{m['lar_mean']:.3f}",
                      f"{m['max_abs_logit_diff']:.1e}"])
     return rows
 
 
 TABLE_HEADER = ["method", "mode", "MoE layer ms", "forward ms", "x vanilla", "sent MB (d+c)",
-                "predicted MB", "LAR", "max |dlogit|"]
+                "predicted MB", "all MB", "LAR", "max |dlogit|"]
 
 
 def _mb(b: float) -> str:
