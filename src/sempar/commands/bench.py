@@ -66,7 +66,9 @@ def print_table(res: dict) -> None:
         t.add_column(h, justify="left" if i < 2 else "right")
     for row in bench_table_rows(res):
         t.add_row(*row)
-    Console().print(t)
+    con = Console()
+    con.width = max(con.width, 132)
+    con.print(t)
     for m, why in res.get("skipped", {}).items():
         print(f"skipped {m}: {why}")
     if res.get("note"):
