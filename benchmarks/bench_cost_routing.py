@@ -12,7 +12,7 @@ points (Qwen3-30B-A3B, nine downstream tasks), and the Pareto point (largest mea
 --max-acc-loss accuracy budget). All latencies are simulated from the alpha-beta model, not
 measured; the comparison is of ratios. Asserts nothing.
 
-    python benchmarks/bench_cost_routing.py [--corpus /work/cache/corpus] [--tokens-per-domain 4096]
+    python benchmarks/bench_cost_routing.py [--corpus /work/cache/corpus] [--tokens-per-domain 2048]
         [--models tiny-moe64 tiny-mixtral] [--topologies hetero-cloud pcie-upi8] [--json] [--plot DIR]
 """
 
@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--topologies", nargs="+", default=["hetero-cloud", "pcie-upi8"])
     ap.add_argument("--ep", type=int, default=8)
     ap.add_argument("--lambdas", type=float, nargs="+", default=list(DEFAULT_LAMBDAS))
-    ap.add_argument("--tokens-per-domain", type=int, default=4096)
+    ap.add_argument("--tokens-per-domain", type=int, default=2048)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--token-bytes", type=int, default=None,
                     help="bytes of one hidden state (default: the model's hidden size in bf16)")

@@ -4,7 +4,8 @@ Protocol (ours where CAMoE is silent):
 - Text: held-out documents of every corpus domain (`sempar.tiny.data.split_corpus`: never
   trained on), tokenised, joined by end-of-text, cut into `seq_len` sequences, at most
   `tokens_per_domain` tokens per domain; sequences are interleaved across domains so every
-  batch mixes them. One batch (`batch_size` sequences) = one forward = one all-to-all sample.
+  batch mixes them. One batch (`batch_size` sequences) = one forward = one all-to-all sample
+  (a last, partial batch counts for quality but not for the all-to-all figures).
 - Homes (S): Attention-DP, sequence b of a batch on device b mod G (round-robin DP ranks).
 - Placement: `vanilla` (device g hosts experts [gE/G, (g+1)E/G)), `round-robin`, or a placement
   JSON; node ids from the topology.
