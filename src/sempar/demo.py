@@ -225,3 +225,5 @@ def run_demo(out_dir: Path) -> dict:
             shutil.rmtree(out_dir)
         shutil.copytree(ctx.work, out_dir)
     return summary
+
+from sempar import demo_system  # noqa: E402,F401  (registers the downstream stages after these)
