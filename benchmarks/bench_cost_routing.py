@@ -104,7 +104,7 @@ def main() -> None:
     print("\n== Pareto points (rule: " + results[0]["pareto"]["rule"] + ")")
     for r in results:
         print("  " + pareto_line(r))
-    print(f"\nwall time: " + ", ".join(f"{m} {s:.0f} s" for m, s in seconds.items()),
+    print("\nwall time: " + ", ".join(f"{m} {s:.0f} s" for m, s in seconds.items()),
           file=sys.stderr)
 
 
