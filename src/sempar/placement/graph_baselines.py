@@ -6,7 +6,7 @@ token-expert routing matrix as an undirected graph and solves the minimum k-cut 
 Balanced KMeans performs a two-stage balanced KMeans clustering for tokens and experts with the
 predicted routing affinity separately." That is all the paper says; the rest below is our choice.
 
-Both work per MoE layer on the fit trace's statistics from `semmoe.affinity_tables`: token
+Both work per MoE layer on the fit trace's statistics from `affinity_stats.AffinityStats`: token
 frequency a[u] and token -> expert confidence Cp[l, u, e] (so the co-activation count of token u
 and expert e is c[u, e] = a[u] * k * Cp[l, u, e], an integer). One cluster = one device; every
 expert is placed once (no replicas), N/G experts per device. Both return, besides the placement,
@@ -54,9 +54,9 @@ from scipy.optimize import linear_sum_assignment
 from threadpoolctl import threadpool_limits
 
 from sempar.errors import InputError
+from sempar.placement.affinity_stats import AffinityStats
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement
 from sempar.placement.placement import Placement
-from sempar.placement.semmoe import affinity_tables
 
 KMEANS_N_INIT = 1
 EXPERT_ROUNDS = 20
@@ -69,18 +69,11 @@ def _refuse_replicas(p: PlacementProblem, name: str) -> None:
         raise InputError(f"{name}: places every expert once; --redundant is not supported")
 
 
-def _tables(p: PlacementProblem):
-    """(tokens int64[U], Cp float32[L, U, N], a float64[U], counts int64[L, U, N])."""
-    tokens, Cp, a, *_ = affinity_tables(p)
-    k = p.trace.meta.top_k
-    counts = np.rint(Cp * (a[None, :, None] * k)).astype(np.int64)
-    return tokens, Cp, a, counts
-
-
-def _output(p: PlacementProblem, name: str, groups: np.ndarray, token_dev: np.ndarray,
-            tokens: np.ndarray, Cp: np.ndarray, info: dict) -> Placement:
-    """Placement from groups int[L, N] (device of each expert) and token_dev int[L, U]."""
-    return coclustered_placement(p, name, groups, tokens, Cp, token_dev, info)
+def _layer(stats: AffinityStats, l: int) -> tuple[np.ndarray, np.ndarray]:
+    """(Cp float32[U, N], counts int64[U, N]) of layer l, dense (these baselines run on small
+    problems; one layer at a time)."""
+    C = stats.counts(l)
+    return stats.cp(l).toarray(), C.toarray().astype(np.int64)
 
 
 # ---------------------------------------------------------------------------------------- metis
@@ -140,17 +133,16 @@ def metis(p: PlacementProblem) -> Placement:
     then equal expert counts per part (see the module docstring for the choices)."""
     _refuse_replicas(p, "metis")
     G = p.num_devices
-    tokens, Cp, a, counts = _tables(p)
-    L = Cp.shape[0]
+    stats = AffinityStats(p.trace)
     groups, tdev, cuts, moves = [], [], [], []
-    for l in range(L):
-        e, t, cut, mv = metis_layer(counts[l], a, G, p.seed)
+    for l in range(stats.L):
+        e, t, cut, mv = metis_layer(_layer(stats, l)[1], stats.a, G, p.seed)
         groups.append(e)
         tdev.append(t)
         cuts.append(cut)
         moves.append(mv)
-    return _output(p, "metis", np.stack(groups), np.stack(tdev), tokens, Cp,
-                   {"edge_cut": cuts, "fixup_moves": moves})
+    return coclustered_placement(p, "metis", np.stack(groups), stats, np.stack(tdev),
+                                 {"edge_cut": cuts, "fixup_moves": moves})
 
 
 # ------------------------------------------------------------------------------------- kmeans2d
@@ -228,15 +220,15 @@ def kmeans2d(p: PlacementProblem) -> Placement:
     tokens, token clusters matched to expert groups (see the module docstring for the choices)."""
     _refuse_replicas(p, "kmeans2d")
     G = p.num_devices
-    tokens, Cp, a, counts = _tables(p)
-    L, U, N = Cp.shape
+    stats = AffinityStats(p.trace)
     groups, tdev = [], []
     with threadpool_limits(1):                     # small problems: threads only add overhead
-        for l in range(L):
-            groups_l, tdev_l = _kmeans2d_layer(Cp[l], counts[l], a, G, p.seed)
+        for l in range(stats.L):
+            Cp, counts = _layer(stats, l)
+            groups_l, tdev_l = _kmeans2d_layer(Cp, counts, stats.a, G, p.seed)
             groups.append(groups_l)
             tdev.append(tdev_l)
-    return _output(p, "kmeans2d", np.stack(groups), np.stack(tdev), tokens, Cp, {})
+    return coclustered_placement(p, "kmeans2d", np.stack(groups), stats, np.stack(tdev), {})
 
 
 def _kmeans2d_layer(Cp: np.ndarray, counts: np.ndarray, a: np.ndarray, G: int, seed: int):

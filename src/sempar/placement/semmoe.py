@@ -26,6 +26,33 @@ EP 4 and 0.223 / 1.19 at EP 8; gamma 1 gives 0.360 / 1.05 and 0.219 / 1.06; gamm
 imbalance budget. (We also tried a marginal greedy score, each term normalised per expert
 and the load term counting only overflow above the mean: no better, not kept.)
 
+Scaling (ours; issue 4's target is DeepSeek-V3's shape: 58 layers x 256 experts, EP 64, 2M fit
+tokens, 128k distinct tokens, 7.8k requests, in <= 120 s and 8 GB):
+- statistics come one layer at a time from `AffinityStats` (sparse Cp; Q float32[L, R, N] and
+  A float64[L, N, N] are the only tables kept for all layers: 0.46 GB and 30 MB at that shape,
+  besides the cached sparse counts, 0.63 GB);
+- request vectors: the request's Q rows over all layers, L2-normalised, are R x (L N) = 7.8k x
+  14.8k there. When L N > `EXACT_MAX_DIM` (1024) the initial k-means (line 44) and RAF_r (the
+  request-request affinity, a dot product of those unit vectors) use a seeded Gaussian random
+  projection to `PROJ_DIM` (256) dimensions instead, divided by the exact norms: inner products
+  of unit vectors are kept to about +-1/sqrt(256) = 0.06 (Johnson-Lindenstrauss). The
+  projection is one 60 GFLOP pass (float32 GEMMs, layer by layer); on the raw vectors k-means
+  (E = 64, 3 inits) costs 15 GFLOP per Lloyd iteration and the greedy pass 15 GFLOP per
+  alternation step in 7.8k small matrix-vector products, and the R x LN copy is 0.46 GB more.
+  Smaller problems (tiny-moe64: 6 x 64 = 384) use the exact vectors as before;
+- fine-tuning swaps (same semantics: `ft_steps` random pairwise swaps between clusters, each
+  kept when it raises the score) are proposed in rounds of floor(E / 2) swaps over disjoint
+  cluster pairs (a random matching of the clusters). A swap's gain depends only on its two
+  clusters (their members, loads and request affinity), so swaps on disjoint pairs commute and
+  evaluating a round at once gives what evaluating it one swap after the other would; the
+  affinity of every expert to every cluster is kept up to date instead of recomputed, and all
+  layers advance together (`expert_place_layers`). Measured at the Qwen3-30B-A3B shape (48
+  layers, N = 128, EP 8, 2,560 swaps per layer and step): 12.8 s one swap at a time, 0.6 s.
+- the greedy request pass keeps its per-request loop (R = 7.8k requests: under 1 s with the
+  projected vectors).
+Measured (benchmarks/bench_placement_scale.py, 2 shared cores, load ~2): DeepSeek-V3 shape
+59 s (57 s CPU), 5.9 GB peak with the 4.1 GB trace; Qwen3 shape 17 s.
+
 Outputs besides the placement (in `info`): the fit requests' clusters and the token -> device
 table T[l, token] with its confidence Tp (the share of the token's expected
 activations at layer l that land on that device).
@@ -36,6 +63,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 
+from sempar.errors import InputError
+from sempar.placement.affinity_stats import AffinityStats
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement
 from sempar.placement.placement import Placement
 
@@ -43,114 +72,160 @@ ALPHA, BETA, GAMMA = 1.0, 1.0, 1.0
 ALPHA_R, BETA_R = 0.5, 1.0
 THETA = 0.5
 N_STEPS = 4
+EXACT_MAX_DIM = 1024    # ours: request vectors of at most L * N entries are used as they are
+PROJ_DIM = 256          # ours: dimension of the random projection above that
 
 
-def affinity_tables(problem: PlacementProblem):
-    """(tokens int64[U], Cp float32[L, U, N], a float64[U], Q float64[L, R, N], A float64[L, N, N],
-    request ids int64[R], request lengths int64[R], token index int64[T], request index int64[T])."""
-    t = problem.trace
-    L, N = t.meta.num_layers, t.meta.num_experts
-    tokens, tok = np.unique(t.token_id, return_inverse=True)
-    reqs, req = np.unique(t.request_id, return_inverse=True)
-    U, R = tokens.size, reqs.size
-    a = np.bincount(tok, minlength=U).astype(np.float64)
-    B = sparse.csr_matrix((np.ones(tok.size), (req, tok)), shape=(R, U))   # token counts per request
-    Cp = np.empty((L, U, N), np.float32)
-    Q = np.empty((L, R, N))
+def layer_tables(stats: AffinityStats) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(loads float64[L, N], Q float32[L, R, N], A float64[L, N, N]), one layer at a time."""
+    L, N, R = stats.L, stats.N, stats.R
+    loads = np.empty((L, N))
+    Q = np.empty((L, R, N), np.float32)
     A = np.empty((L, N, N))
     for l in range(L):
-        key = tok[:, None] * N + t.experts[:, l]
-        c = np.bincount(key.ravel(), minlength=U * N).reshape(U, N).astype(np.float64)
-        cp = c / c.sum(axis=1, keepdims=True)
-        Cp[l] = cp
-        Q[l] = B @ cp
-        A[l] = (cp * a[:, None]).T @ cp
-        np.fill_diagonal(A[l], 0.0)
-    lengths = np.bincount(req, minlength=R)
-    return tokens, Cp, a, Q, A, reqs, lengths, tok, req
+        loads[l] = stats.expert_load(l)
+        Q[l] = stats.request_affinity(l)
+        A[l] = stats.expert_affinity(l)
+    return loads, Q, A
+
+
+def request_features(Q: np.ndarray, seed: int) -> tuple[np.ndarray, str]:
+    """(float32[R, D] request vectors, how they were made).
+
+    The exact vectors are each request's Q rows over all layers, L2-normalised (D = L N). Above
+    `EXACT_MAX_DIM` a seeded Gaussian projection to `PROJ_DIM` dimensions of those unit vectors
+    (ours, see the module docstring).
+    """
+    L, R, N = Q.shape
+    norm = np.sqrt(np.einsum("lrn,lrn->r", Q, Q, dtype=np.float64))
+    inv = (1.0 / np.maximum(norm, 1e-12)).astype(np.float32)[:, None]
+    if L * N <= EXACT_MAX_DIM:
+        return Q.transpose(1, 0, 2).reshape(R, L * N) * inv, "exact"
+    rng = np.random.default_rng([seed, 0x5E3])
+    out = np.zeros((R, PROJ_DIM), np.float32)
+    for l in range(L):
+        W = rng.standard_normal((N, PROJ_DIM), dtype=np.float32) / np.float32(np.sqrt(PROJ_DIM))
+        out += Q[l] @ W
+    return out * inv, f"random projection to {PROJ_DIM}"
 
 
 def expert_place(loads: np.ndarray, A: np.ndarray, Qc: np.ndarray, E: int,
                  rng: np.random.Generator, ft_steps: int) -> np.ndarray:
-    """int64[N]: cluster of each expert for one layer (Alg. 1 lines 3-26).
+    """int64[N]: cluster of each expert for one layer (Alg. 1 lines 3-26), `expert_place_layers`.
 
-    loads float[N]; A float[N, N]; Qc float[E, N] = request-expert affinity summed per cluster.
+    loads float[N]; A float[N, N] (zero diagonal); Qc float[E, N] = request-expert affinity
+    summed per cluster.
     """
-    N = loads.size
+    return expert_place_layers(loads[None], A[None], Qc[None], E, rng, ft_steps)[0]
+
+
+def expert_place_layers(loads: np.ndarray, A: np.ndarray, Qc: np.ndarray, E: int,
+                        rng: np.random.Generator, ft_steps: int) -> np.ndarray:
+    """int64[L, N]: cluster of each expert (Alg. 1 lines 3-26), every layer independently.
+
+    loads float[L, N]; A float[L, N, N] (zero diagonal); Qc float[L, E, N] = request-expert
+    affinity summed per cluster. The layers advance together (one numpy step serves all L), and
+    fine-tuning proposes its `ft_steps` swaps per layer in rounds over disjoint cluster pairs
+    (module docstring).
+    """
+    L, N = loads.shape
     cap = N // E
-    za, zr, zl = max(A.sum(), 1e-12), max(Qc.sum(), 1e-12), max(loads.sum(), 1e-12)
-    member = np.zeros((E, N))
-    cnt = np.zeros(E, np.int64)
-    load_c = np.zeros(E)
-    cls = np.empty(N, np.int64)
-    for e in np.argsort(-loads, kind="stable"):
-        score = (ALPHA * (member @ A[e]) / za + BETA * Qc[:, e] / zr - GAMMA * load_c / zl)
+    li = np.arange(L)
+    za = np.maximum(A.sum(axis=(1, 2)), 1e-12)[:, None]
+    zr = np.maximum(Qc.sum(axis=(1, 2)), 1e-12)[:, None]
+    zl = np.maximum(loads.sum(axis=1), 1e-12)[:, None]
+    aff = np.zeros((L, N, E))              # aff[l, e, c] = sum of A[l, e, e'] over e' in c
+    cnt = np.zeros((L, E), np.int64)
+    load_c = np.zeros((L, E))
+    cls = np.empty((L, N), np.int64)
+    order = np.argsort(-loads, axis=1, kind="stable")
+    for j in range(N):
+        e = order[:, j]
+        score = ALPHA * aff[li, e] / za + BETA * Qc[li, :, e] / zr - GAMMA * load_c / zl
         score[cnt >= cap] = -np.inf
-        c = int(np.argmax(score))
-        cls[e] = c
-        member[c, e] = 1.0
-        cnt[c] += 1
-        load_c[c] += loads[e]
-
-    def gain(e1: int, e2: int) -> float:
-        c1, c2 = cls[e1], cls[e2]
-        d_aff = (A[e2] @ member[c1] - A[e2, e1] + A[e1] @ member[c2] - A[e1, e2]
-                 - (A[e1] @ member[c1] + A[e2] @ member[c2]))
-        d_req = Qc[c1, e2] + Qc[c2, e1] - Qc[c1, e1] - Qc[c2, e2]
-        d = loads[e2] - loads[e1]
-        mean = zl / E
-        d_bal = (abs(load_c[c1] + d - mean) + abs(load_c[c2] - d - mean)
-                 - abs(load_c[c1] - mean) - abs(load_c[c2] - mean))
-        return ALPHA * d_aff / za + BETA * d_req / zr - GAMMA * d_bal / zl
-
-    for _ in range(ft_steps if E > 1 else 0):
-        c1, c2 = rng.choice(E, 2, replace=False)
-        e1 = int(rng.choice(np.flatnonzero(cls == c1)))
-        e2 = int(rng.choice(np.flatnonzero(cls == c2)))
-        if gain(e1, e2) > 0:
-            member[c1, e1] = member[c2, e2] = 0.0
-            member[c1, e2] = member[c2, e1] = 1.0
-            cls[e1], cls[e2] = c2, c1
-            load_c[c1] += loads[e2] - loads[e1]
-            load_c[c2] += loads[e1] - loads[e2]
+        c = np.argmax(score, axis=1)
+        cls[li, e] = c
+        aff[li, :, c] += A[li, :, e]
+        cnt[li, c] += 1
+        load_c[li, c] += loads[li, e]
+    if E < 2 or ft_steps <= 0 or cap * E != N:
+        return cls
+    slots = np.argsort(cls, axis=1, kind="stable").reshape(L, E, cap)   # experts per cluster
+    mean = zl / E
+    lc = li[:, None]
+    done = 0
+    while done < ft_steps:
+        m = min(E // 2, ft_steps - done)
+        done += m
+        perm = np.argsort(rng.random((L, E)), axis=1)
+        c1, c2 = perm[:, :m], perm[:, m:2 * m]                          # [L, m]
+        i1, i2 = rng.integers(cap, size=(2, L, m))
+        e1, e2 = slots[lc, c1, i1], slots[lc, c2, i2]
+        d_aff = (aff[lc, e2, c1] - A[lc, e2, e1] + aff[lc, e1, c2] - A[lc, e1, e2]
+                 - (aff[lc, e1, c1] + aff[lc, e2, c2]))
+        d_req = Qc[lc, c1, e2] + Qc[lc, c2, e1] - Qc[lc, c1, e1] - Qc[lc, c2, e2]
+        d = loads[lc, e2] - loads[lc, e1]
+        l1, l2 = load_c[lc, c1], load_c[lc, c2]
+        d_bal = (np.abs(l1 + d - mean) + np.abs(l2 - d - mean)
+                 - np.abs(l1 - mean) - np.abs(l2 - mean))
+        ok = ALPHA * d_aff / za + BETA * d_req / zr - GAMMA * d_bal / zl > 0
+        if not ok.any():
+            continue
+        lk = np.broadcast_to(lc, ok.shape)[ok]
+        c1, c2, i1, i2, e1, e2, d = c1[ok], c2[ok], i1[ok], i2[ok], e1[ok], e2[ok], d[ok]
+        slots[lk, c1, i1], slots[lk, c2, i2] = e2, e1
+        cls[lk, e1], cls[lk, e2] = c2, c1
+        load_c[lk, c1] += d
+        load_c[lk, c2] -= d
+        delta = A[lk, :, e2] - A[lk, :, e1]                               # [swaps, N]
+        aff[lk, :, c1] += delta
+        aff[lk, :, c2] -= delta
     return cls
 
 
-def request_schedule(Q: np.ndarray, ecls: np.ndarray, lengths: np.ndarray, E: int) -> np.ndarray:
-    """int64[R]: cluster of each request (Alg. 1 lines 28-42), Q float[L, R, N], ecls int[L, N]."""
-    L, R, N = Q.shape
-    onehot = np.zeros((L, N, E))
+def local_activations(Q: np.ndarray, ecls: np.ndarray, E: int) -> np.ndarray:
+    """float64[R, E]: RAF_e, each request's expected activations on each cluster's experts,
+    summed over layers. Q float32[L, R, N], ecls int[L, N]."""
+    L, _, N = Q.shape
+    onehot = np.zeros((L, N, E), np.float32)
     onehot[np.arange(L)[:, None], np.arange(N)[None, :], ecls] = 1.0
-    raf_e = np.einsum("lrn,lne->re", Q, onehot)                   # activations local to each cluster
-    vec = Q.transpose(1, 0, 2).reshape(R, L * N)
-    vec = vec / np.maximum(np.linalg.norm(vec, axis=1, keepdims=True), 1e-12)
+    return np.matmul(Q, onehot).sum(axis=0, dtype=np.float64)
+
+
+def request_schedule(raf_e: np.ndarray, feats: np.ndarray, lengths: np.ndarray,
+                     E: int) -> np.ndarray:
+    """int64[R]: cluster of each request (Alg. 1 lines 28-42).
+
+    raf_e float[R, E] from `local_activations`; feats float[R, D] unit request vectors
+    (`request_features`): RAF_r of a request to a cluster is its summed dot product with the
+    cluster's requests, divided by the largest cluster size.
+    """
+    R, D = feats.shape
     cap = -(-R // E)
-    sums = np.zeros((E, L * N))
+    sums = np.zeros((E, D), feats.dtype)
     cnt = np.zeros(E, np.int64)
     out = np.empty(R, np.int64)
+    e_terms = raf_e / np.maximum(raf_e.sum(axis=1, keepdims=True), 1e-12)
     for r in np.argsort(-lengths, kind="stable"):
-        raf_r = sums @ vec[r] / max(cnt.max(), 1)
-        e_term = raf_e[r] / max(raf_e[r].sum(), 1e-12)
-        score = ALPHA_R * raf_r + BETA_R * e_term
+        raf_r = sums @ feats[r] / max(cnt.max(), 1)
+        score = ALPHA_R * raf_r + BETA_R * e_terms[r]
         score[cnt >= cap] = -np.inf
         c = int(np.argmax(score))
         out[r] = c
-        sums[c] += vec[r]
+        sums[c] += feats[r]
         cnt[c] += 1
     return out
 
 
-def _initial_requests(Q: np.ndarray, lengths: np.ndarray, E: int, seed: int) -> np.ndarray:
-    """Alg. 1 line 44: balanced k-means of the requests' expert-affinity vectors."""
+def _initial_requests(feats: np.ndarray, E: int, seed: int) -> np.ndarray:
+    """Alg. 1 line 44: balanced k-means of the requests' expert-affinity vectors feats[R, D]."""
     from sklearn.cluster import KMeans
 
-    L, R, N = Q.shape
-    vec = Q.transpose(1, 0, 2).reshape(R, L * N)
-    vec = vec / np.maximum(np.linalg.norm(vec, axis=1, keepdims=True), 1e-12)
+    R = feats.shape[0]
     if R < E:
         return np.arange(R) % E
-    km = KMeans(n_clusters=E, n_init=3, random_state=seed).fit(vec)
-    dist = km.transform(vec)                                       # [R, E]
+    km = KMeans(n_clusters=E, n_init=3, random_state=seed).fit(feats)
+    dist = km.transform(feats)                                     # [R, E]
     cap = -(-R // E)
     cnt = np.zeros(E, np.int64)
     out = np.empty(R, np.int64)
@@ -162,12 +237,13 @@ def _initial_requests(Q: np.ndarray, lengths: np.ndarray, E: int, seed: int) -> 
     return out
 
 
-def objective(Q: np.ndarray, ecls: np.ndarray, rcls: np.ndarray, lengths: np.ndarray,
-              E: int) -> float:
-    """Sem-MoE §3.3: theta * token imbalance + (1 - theta) * remote activations (fit data)."""
-    L = Q.shape[0]
-    local = sum((Q[l] * (ecls[l][None, :] == rcls[:, None])).sum() for l in range(L))
-    remote = Q.sum() - local
+def objective(raf_e: np.ndarray, total: float, rcls: np.ndarray, lengths: np.ndarray,
+              E: int, L: int) -> float:
+    """Sem-MoE §3.3: theta * token imbalance + (1 - theta) * remote activations (fit data).
+
+    raf_e float[R, E] (`local_activations` of the expert clusters); total = Q.sum()."""
+    local = raf_e[np.arange(rcls.size), rcls].sum()
+    remote = total - local
     tokens = np.bincount(rcls, weights=lengths, minlength=E)
     imbalance = np.abs(tokens - lengths.sum() / E).sum() * L      # per layer, like the activations
     return THETA * imbalance + (1 - THETA) * remote
@@ -176,27 +252,29 @@ def objective(Q: np.ndarray, ecls: np.ndarray, rcls: np.ndarray, lengths: np.nda
 @SOLVERS.register("semmoe")
 def semmoe(p: PlacementProblem) -> Placement:
     """Co-cluster experts and requests (one device per cluster); no replicas, nodes ignored."""
-    from sempar.errors import InputError
-
     if p.redundant:
         raise InputError("semmoe: places every expert once; --redundant is not supported")
     meta = p.trace.meta
     L, N, E = meta.num_layers, meta.num_experts, p.num_devices
     rng = np.random.default_rng(p.seed)
-    tokens, Cp, a, Q, A, reqs, lengths, tok, req = affinity_tables(p)
-    loads = np.einsum("u,lun->ln", a, Cp)
-    rcls = _initial_requests(Q, lengths, E, p.seed)
+    stats = AffinityStats(p.trace)
+    R, lengths = stats.R, stats.lengths
+    loads, Q, A = layer_tables(stats)
+    total = float(Q.sum(dtype=np.float64))
+    feats, how = request_features(Q, p.seed)
+    rcls = _initial_requests(feats, E, p.seed)
     best = None
     for step in range(N_STEPS):
-        onehot_r = np.zeros((E, reqs.size))
-        onehot_r[rcls, np.arange(reqs.size)] = 1.0
-        ecls = np.stack([expert_place(loads[l], A[l], onehot_r @ Q[l], E, rng, 20 * N)
-                         for l in range(L)])
-        rcls = request_schedule(Q, ecls, lengths, E)
-        score = objective(Q, ecls, rcls, lengths, E)
+        onehot_r = sparse.csr_matrix((np.ones(R, np.float32), (rcls, np.arange(R))), shape=(E, R))
+        Qc = np.stack([onehot_r @ Q[l] for l in range(L)]).astype(np.float64)     # [L, E, N]
+        ecls = expert_place_layers(loads, A, Qc, E, rng, 20 * N)
+        raf_e = local_activations(Q, ecls, E)
+        rcls = request_schedule(raf_e, feats, lengths, E)
+        score = objective(raf_e, total, rcls, lengths, E, L)
         if best is None or score < best[0]:
             best = (score, ecls.copy(), rcls.copy(), step)
+    del Q, A, feats
     score, ecls, rcls, step = best
-    return coclustered_placement(p, "semmoe", ecls, tokens, Cp, info={
-        "objective": float(score), "best_step": int(step),
-        "request_cluster": {"request_id": reqs.tolist(), "device": rcls.tolist()}})
+    return coclustered_placement(p, "semmoe", ecls, stats, info={
+        "objective": float(score), "best_step": int(step), "request_features": how,
+        "request_cluster": {"request_id": stats.reqs.tolist(), "device": rcls.tolist()}})
