@@ -16,27 +16,31 @@ COST_LAMBDAS = (0.0, 0.1, 0.25)
 COST_TOKENS_PER_DOMAIN = 512
 
 
-def _moe64(ctx: DemoContext):
-    """(name, trace) of the first default trace with at least 16 experts, or None."""
-    from sempar.trace import read_trace
+def on_moe64(stage):
+    """Run `stage(ctx, name, trace)` on the first default trace with at least 16 experts (the
+    64-expert model's); without one the stage contributes nothing."""
+    from functools import wraps
 
-    for name, entry in ctx.results["trace"].items():
-        t = read_trace(entry["path"])
-        if t.meta.num_experts >= 16:
-            return name, t
-    return None
+    @wraps(stage)
+    def run(ctx: DemoContext) -> dict:
+        from sempar.trace import read_trace
+
+        for name, entry in ctx.results["trace"].items():
+            t = read_trace(entry["path"])
+            if t.meta.num_experts >= 16:
+                return stage(ctx, name, t)
+        return {}
+
+    return run
 
 
 @STAGES.register("simulate")
-def stage_simulate(ctx: DemoContext) -> dict:
+@on_moe64
+def stage_simulate(ctx: DemoContext, name: str, trace) -> dict:
     """Vanilla against sempar (semmoe + online schedulers) per pipeline on two topologies, EP 8."""
     from sempar.comm.compare import Study, plot_grid, run_grid
     from sempar.comm.simulate import SimOptions, resolve_hidden
 
-    found = _moe64(ctx)
-    if found is None:
-        return {}
-    name, trace = found
     trace = _sample_requests(trace, int(EVAL_TOKENS / 0.8))
     opts = SimOptions(hidden=resolve_hidden(trace.meta.model, trace.meta.extra, None))
     rows = run_grid(Study.from_trace(trace, opts), SIM_METHODS, SIM_PIPELINES, SIM_TOPOLOGIES)
@@ -70,15 +74,12 @@ def _dev_sequences(trace, tokens_per_domain: int, seq_len: int = 256):
 
 
 @STAGES.register("cost-route")
-def stage_cost_route(ctx: DemoContext) -> dict:
+@on_moe64
+def stage_cost_route(ctx: DemoContext, name: str, trace) -> dict:
     """CAMoE cost-aware routing: a short lambda sweep of the 64-expert model on hetero-cloud."""
     from sempar.routing.report import pareto_plot
     from sempar.routing.sweep import SweepConfig, run_sweeps
 
-    found = _moe64(ctx)
-    if found is None:
-        return {}
-    name, trace = found
     cfg = SweepConfig(model=trace.meta.model, topologies=("hetero-cloud",), ep=8,
                       lambdas=COST_LAMBDAS, tokens_per_domain=COST_TOKENS_PER_DOMAIN,
                       seq_len=128, batch_size=4)
@@ -98,7 +99,8 @@ def stage_cost_route(ctx: DemoContext) -> dict:
 
 
 @STAGES.register("stream")
-def stage_stream(ctx: DemoContext) -> dict:
+@on_moe64
+def stage_stream(ctx: DemoContext, name: str, trace) -> dict:
     """The FSE-DP chiplet simulator: every strategy, Qwen3-30B-A3B shape, 64 tokens/iteration."""
     from sempar.chiplet.flow import auto_micro_slices
     from sempar.chiplet.hardware import ChipletConfig
@@ -107,10 +109,6 @@ def stage_stream(ctx: DemoContext) -> dict:
     from sempar.chiplet.strategies import resolve
     from sempar.chiplet.workload import assemble
 
-    found = _moe64(ctx)
-    if found is None:
-        return {}
-    name, trace = found
     model, iters, tokens = MODELS.get("qwen3-30b-a3b"), 20, 64
     cfg = ChipletConfig()
     micro = auto_micro_slices(cfg, model.expert_params * precision_bytes("int8"))
