@@ -216,8 +216,9 @@ def _homes(mode: str, spec, L: int) -> np.ndarray:
         return np.repeat(rr[:, None], L, axis=1).astype(np.int32)
     if mode == "tp-allreduce":
         return home_tp_contiguous(T, G, L, batch=T)
-    return np.stack([plan_align(spec.targets[l], G).home_device().numpy() for l in range(L)],
-                    axis=1).astype(np.int32)
+    prio = spec.priority
+    return np.stack([plan_align(spec.targets[l], G, None if prio is None else prio[l])
+                     .home_device().numpy() for l in range(L)], axis=1).astype(np.int32)
 
 
 def predicted(spec, experts: np.ndarray, pipeline: str, hidden: int
@@ -267,14 +268,16 @@ def plan_specs(G: int, batches: list[torch.Tensor], methods: list[str], model: s
         B, S = ids.shape
         for m in methods:
             solver, mode, policy, _ = METHODS[m]
-            rr, targets = torch.arange(B) % G, None
+            rr, targets, prio = torch.arange(B) % G, None, None
             if policy == "alg2":
                 rr = torch.from_numpy(scheds[solver].home_dp(tr, "alg2")[::S, 0].astype(np.int64))
             elif policy == "online":
-                dev, _ = scheds[solver].predict(tr)
+                dev, conf = scheds[solver].predict(tr)
                 targets = torch.from_numpy(np.ascontiguousarray(dev.T).astype(np.int64))
+                prio = torch.from_numpy(np.ascontiguousarray(conf.T).astype(np.float32))
             specs.append(RunSpec(model, ids, placements[solver], mode, request_rank=rr,
-                                 targets=targets, timeout=timeout, repeats=repeats))
+                                 targets=targets, priority=prio, timeout=timeout,
+                                 repeats=repeats))
             ctx.append({"method": m, "batch": bi, "experts": experts, "logits": logits})
     return specs, ctx, placements, skipped
 

@@ -40,11 +40,14 @@ MODES = ("attn-dp", "tp-allreduce", "tp-rebatch", "exflow")
 @dataclass
 class Batch:
     """input_ids: int64[B, S]; request_rank: int64[B] DP rank of each request (attn-dp, exflow);
-    targets: int64[L, B*S] preferred device per token and layer for tp-rebatch (-1: none)."""
+    targets: int64[L, B*S] preferred device per token and layer for tp-rebatch (-1: none);
+    priority: float[L, B*S] or None, the targets' confidences: a full device keeps its most
+    confident tokens (`rebatch.plan_align`)."""
 
     input_ids: torch.Tensor
     request_rank: torch.Tensor
     targets: torch.Tensor | None = None
+    priority: torch.Tensor | None = None
 
 
 def tp_attention(attn: Any, rank: int, world: int, num_heads: int, num_kv: int) -> Any:
@@ -215,7 +218,8 @@ class Runner:
             t0 = time.perf_counter()
             target = (batch.targets[l].to(ids.device) if batch.targets is not None
                       else torch.full((T,), -1, dtype=torch.int64, device=ids.device))
-            plan = plan_fn(target, G, None)
+            prio = batch.priority[l].to(ids.device) if batch.priority is not None else None
+            plan = plan_fn(target, G, prio)
             chunks = plan.chunk_sizes.tolist()
             off = sum(chunks[:me])
             a_part = self._attend(l, x.view(B, S, H)).reshape(T, H).index_select(0, plan.perm)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sempar.runtime.dist import init, launch, shutdown
+from sempar.runtime.dist import init, launch
 
 
 @dataclass
@@ -41,6 +41,7 @@ class RunSpec:
     """model: packaged name or folder; input_ids: int64[B, S]; placement: Placement (G devices);
     request_rank: int64[B] DP rank per request (default b % G); targets: int64[L, B*S] the
     preferred device per token and layer for tp-rebatch (default none: vanilla chunks);
+    priority: float[L, B*S] their confidences (a full device keeps its most confident tokens);
     repeats: forwards to time (logits and bytes from the first); fault: test hook
     {"rank", "layer", "kind": "exit" | "hang"}."""
 
@@ -50,6 +51,7 @@ class RunSpec:
     mode: str = "attn-dp"
     request_rank: torch.Tensor | None = None
     targets: torch.Tensor | None = None
+    priority: torch.Tensor | None = None
     rebatch: str = "align"
     timeout: float = 30.0
     addr: str | None = None
@@ -136,7 +138,7 @@ def _run_one(rank: int, world: int, device: torch.device, model: Any, spec: RunS
     runner = Runner(model, experts, placement, comm, spec.mode, spec.rebatch)
     B = spec.input_ids.shape[0]
     rr = spec.request_rank if spec.request_rank is not None else torch.arange(B) % world
-    batch = Batch(spec.input_ids.long(), torch.as_tensor(rr).long(), spec.targets)
+    batch = Batch(spec.input_ids.long(), torch.as_tensor(rr).long(), spec.targets, spec.priority)
     logits, layer_s, fwd_s = None, None, None
     for rep in range(max(1, spec.repeats)):
         runner.timings = [0.0] * len(runner.layers)
