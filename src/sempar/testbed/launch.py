@@ -119,6 +119,13 @@ def launch(entry: str, hosts: int, args: dict[str, Any] | None = None, *,
     if first_fail is None:
         bad = [r for r, c in enumerate(codes) if c != 0]
         first_fail = (bad[0], codes[bad[0]], 0.0) if bad else None
+    if first_fail is not None and _lost_peer(work, first_fail[0]):
+        # Ranks that lose a peer exit within milliseconds of it, so polling may see one of them
+        # first: name the rank whose own error is not a lost peer, when there is one.
+        cause = [q for q, c in enumerate(codes) if c not in (0, None) and q not in stuck
+                 and not _lost_peer(work, q)]
+        if cause:
+            first_fail = (cause[0], codes[cause[0]], first_fail[2])
     if overran or first_fail is not None:
         parts = []
         if overran:
@@ -211,3 +218,8 @@ def rank_main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(rank_main())
+
+
+def _lost_peer(work: Path, rank: int) -> bool:
+    """Whether a rank's last words say it only lost a peer (a consequence, not a cause)."""
+    return "lost or timed out waiting for a peer" in (_last_line(work / f"rank{rank}.log") or "")
