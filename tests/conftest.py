@@ -357,3 +357,16 @@ FILE_CASES: dict[str, Callable[[Path], tuple[Path, str]]] = {
 def bad_file(request, tmp_path) -> tuple[Path, str]:
     """(path of a defective trace file, regex the one-line InputError message must match)."""
     return FILE_CASES[request.param](tmp_path)
+
+
+@pytest.fixture(scope="session")
+def moe64_split():
+    """(fit, eval): the committed tiny-moe64 dev trace split 20/80 by request (seed 0), read once
+    per test session; skips when the dev trace is absent. Tests must not modify it."""
+    from sempar.paths import dev_trace_paths
+    from sempar.trace import read_trace, split_by_request
+
+    paths = {p.stem: p for p in dev_trace_paths()}
+    if "tiny-moe64" not in paths:
+        pytest.skip("tiny-moe64 dev trace not committed")
+    return split_by_request(read_trace(paths["tiny-moe64"]), 0.2, seed=0)

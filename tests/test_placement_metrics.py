@@ -85,19 +85,12 @@ def test_place_and_evaluate_cli(tmp_path):
     assert r.returncode == 2 and "--split" in r.stderr
 
 
-def test_semmoe_beats_vanilla_on_real_routing():
+def test_semmoe_beats_vanilla_on_real_routing(moe64_split):
     """Sem-MoE Alg. 1 on the tiny-moe64 dev trace (fit 20%, held-out 80%), EP 4, tp mode."""
-    import pytest
-
-    from sempar.paths import dev_trace_paths
     from sempar.placement import solve
     from sempar.placement.metrics import home_tp_contiguous, home_tp_table
-    from sempar.trace import read_trace, split_by_request
 
-    paths = {p.stem: p for p in dev_trace_paths()}
-    if "tiny-moe64" not in paths:
-        pytest.skip("dev traces not recorded")
-    fit, ev = split_by_request(read_trace(paths["tiny-moe64"]), seed=0)
+    fit, ev = moe64_split
     sem = solve("semmoe", fit, 4)
     van = solve("vanilla", fit, 4)
     L = ev.meta.num_layers

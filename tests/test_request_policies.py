@@ -228,13 +228,8 @@ def test_home_from_ranks_and_request_arrays():
 
 
 @pytest.fixture(scope="module")
-def dev():
-    from sempar.paths import dev_trace_paths
-    from sempar.trace import read_trace, split_by_request
-    paths = [p for p in dev_trace_paths() if p.stem == "tiny-moe64"]
-    if not paths:
-        pytest.skip("tiny-moe64 dev trace not committed")
-    return split_by_request(read_trace(paths[0]), 0.2, seed=0)
+def dev(moe64_split):
+    return moe64_split
 
 
 def test_reorder_requests_keeps_requests_whole(dev):

@@ -119,15 +119,9 @@ def test_deterministic_for_a_seed_and_refuses_replicas():
         solve("smoe-cem", fit, 2, redundant=2)
 
 
-def test_beats_vanilla_on_the_dev_trace():
+def test_beats_vanilla_on_the_dev_trace(moe64_split):
     """tiny-moe64 dev trace, fit 20% / held-out 80%, EP 4, tp mode (vanilla: 0.25)."""
-    from sempar.paths import dev_trace_paths
-    from sempar.trace import read_trace
-
-    paths = {p.stem: p for p in dev_trace_paths()}
-    if "tiny-moe64" not in paths:
-        pytest.skip("dev traces not recorded")
-    fit, ev = split_by_request(read_trace(paths["tiny-moe64"]), seed=0)
+    fit, ev = moe64_split
     p = solve("smoe-cem", fit, 4)
     f = placement_figures(p, ev.experts, home_tp_table(ev.token_id, p.token_table, 4))
     assert f["lar_mean"] > 0.30                # measured 0.320 (index order, 40 x 64 samples)

@@ -89,14 +89,8 @@ def test_refuses_replicas(method):
 
 
 @pytest.fixture(scope="module")
-def tiny_split():
-    from sempar.paths import dev_trace_paths
-    from sempar.trace import read_trace, split_by_request
-
-    paths = {p.stem: p for p in dev_trace_paths()}
-    if "tiny-moe64" not in paths:
-        pytest.skip("dev traces not recorded")
-    return split_by_request(read_trace(paths["tiny-moe64"]), seed=0)
+def tiny_split(moe64_split):
+    return moe64_split
 
 
 @pytest.mark.parametrize("method, floor", [("metis", 0.34), ("kmeans2d", 0.32)])
