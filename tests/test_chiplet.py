@@ -92,7 +92,7 @@ def test_ep_conservation_and_peak_memory():
     inst = Instances(ex, np.array([0, n]), np.zeros(n, np.int64), np.array([0]), np.array([0]),
                      np.ones(n, np.int64), E)
     cfg = ChipletConfig()
-    r = simulate_ep(inst, contiguous_placement(E, D, 1), inst.home(D), cfg, 2048, P, 1.0)
+    r = simulate_ep(inst, contiguous_placement(E, D, 1), inst.home(D), cfg, 2048, P, 1.0, buffers=2)
     tot = np.bincount(ex.ravel().astype(np.int64), minlength=E)
     t_pass = 2 * cfg.lanes * P / cfg.peak_ops
     expect = sum(-(-c // cfg.lanes) * t_pass + cfg.ctrl_overhead_s for c in tot if c)
@@ -185,12 +185,17 @@ def test_buffering_respects_qos_and_conserves_tokens(qwen_small):
 
 def test_strategy_ordering_reference(qwen_small):
     """Qwen3-30B-A3B shape, synthetic routing, 16 tokens/iter (FSE-DP's low-batch case).
-    Measured: FSE-DP+paired-load 1.21x EP, Hydra 0.85x EP, peak memory 20 vs 37 MiB."""
-    r = simulate(qwen_small, ChipletConfig(), resolve("ep,hydra,fsedp+paired-load,fsedp-naive"))
+    Measured: FSE-DP+paired-load 1.37x the paper's EP (ep-db 1.16x), Hydra 0.96x EP; peak memory
+    20.4 MiB against 18.75 (ep: one 4.5 MiB expert per die) and 36.75 MiB (ep-db): with experts this
+    small FSE-DP's 16 MiB/die buffer holds as much as EP; the saving is on large experts
+    (test_chiplet_memory)."""
+    r = simulate(qwen_small, ChipletConfig(), resolve("ep,ep-db,hydra,fsedp+paired-load,fsedp-naive"))
     ep = r["ep"].layer_latency_s
-    assert ep / r["fsedp+paired-load"].layer_latency_s > 1.10
+    assert ep / r["fsedp+paired-load"].layer_latency_s > 1.22
+    assert ep / r["ep-db"].layer_latency_s > 1.05
     assert 0.75 < ep / r["hydra"].layer_latency_s < 1.15
-    assert r["fsedp+paired-load"].peak_bytes < 0.75 * r["ep"].peak_bytes
+    assert r["fsedp+paired-load"].peak_bytes < 0.75 * r["ep-db"].peak_bytes
+    assert r["ep"].peak_bytes == pytest.approx(r["ep-db"].peak_bytes - 4 * W, rel=1e-9)
     assert r["fsedp+paired-load"].utilization > r["ep"].utilization
     assert r["ep"].e2e_latency_s > r["fsedp+paired-load"].e2e_latency_s
 

@@ -24,7 +24,7 @@ def test_stream_json_contract_and_plots(tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["model"] == "qwen3-30b-a3b" and out["tokens_per_iter"] == 16
-    names = ["ep", "hydra", "fsedp-naive", "fsedp", "fsedp+paired-load", "fsedp+paired-load+rule5",
+    names = ["ep", "ep-db", "hydra", "hydra-db", "fsedp-naive", "fsedp", "fsedp+paired-load", "fsedp+paired-load+rule5",
              "fsedp+paired-load+buffering10", "fsedp+paired-load+buffering20", "fsedp+paired-load+buffering30"]
     assert list(out["strategies"]) == names
     for s in out["strategies"].values():

@@ -1,14 +1,27 @@
-"""Expert parallelism on the chiplet package: the EP and Hydra baselines (FSE-DP §VI-A).
+"""Expert parallelism on the chiplet package: the EP and Hydra baselines (FSE-DP §II-B, §VI-A).
 
-EP: every die hosts a fixed subset of the experts (contiguous blocks, expert e on die e * D // E);
-tokens are sharded over the dies, sent to the dies of their experts (all-to-all dispatch, one copy
-per (token, die): de-duplicated), computed there, and sent back (combine). Each die loads its active
-experts from its DDR channel one whole expert at a time with double buffering (the next expert loads
-while the current one computes; a third must wait for the buffer of the one two back), which is why
-EP keeps two experts per die on chip and replicates tokens (§II-B, Fig. 12). All dies wait for the
-dispatch before computing; the layer ends with the combine.
+EP as the paper runs it (`ep`, `buffers=1`): every die hosts a distinct subset of the experts
+(contiguous blocks, expert e on die e * D // E); tokens are sharded over the dies and replicated to
+the dies of their experts (all-to-all dispatch, one copy per (token, remote die)), computed there
+and sent back (combine). A die keeps one whole expert on chip at a time, the "one-chip-one-slice"
+mapping of §I: it loads the expert from its own DDR channel, computes every token routed to it, frees
+the buffer and only then loads its next active expert (ours, the paper gives no EP pipeline; §IV
+says any load/compute overlap needs a second buffer, "nearly doubling the on-chip memory", and
+Fig. 12's EP at about 5x FSE-DP's < 32 MB matches one int8 Phi-3.5 expert per die).
+`ep-db` (`buffers=2`, ours, stronger than the paper's baseline): whole-expert double buffering, the
+next expert loads while the current one computes (a third must wait for the buffer of the one two
+back). All dies wait for the dispatch before computing; the layer ends with the combine.
 
-Hydra uses the same engine with a per-layer placement and token homes from hydra.py.
+Hydra (`hydra`, `hydra-db`) uses the same engine with a per-layer placement and token homes from
+hydra.py.
+
+On-chip memory of one instance (`peak_bytes`, summed over the D dies; W = expert_params x
+weight_bytes, a = d_model x act_bytes, n tokens, K experts per token):
+
+- weights: min(active experts of die d, buffers) x W per die (a die with no active expert holds none);
+- tokens: n home activations (one per token, on its home die) + one replicated copy per (token,
+  remote die hosting one of its experts) + one output per (token, expert) pair held until the
+  combine: (n + copies + n K) x a. Nothing else is replicated.
 """
 
 from __future__ import annotations
@@ -40,11 +53,15 @@ def contiguous_placement(E: int, D: int, layers: int) -> np.ndarray:
 
 def simulate_ep(inst: Instances, die_of: np.ndarray, home: np.ndarray, cfg: ChipletConfig,
                 d_model: int, expert_params: int, weight_bytes: float,
-                snapshot: int | None = None) -> EPResult:
+                snapshot: int | None = None, buffers: int = 1) -> EPResult:
     """Simulate EP-style execution of every instance.
 
-    die_of: int64[L, E] placement per model layer; home: int64[sum n_b] home die per token row.
+    die_of: int64[L, E] placement per model layer; home: int64[sum n_b] home die per token row;
+    buffers: whole-expert buffers per die, 1 (the paper's EP: load, compute, free) or 2 (double
+    buffering: the next expert loads while the current one computes).
     """
+    if buffers not in (1, 2):
+        raise ValueError(f"buffers must be 1 or 2, not {buffers}")
     B, D, E = inst.B, cfg.dies, inst.num_experts
     sizes = inst.sizes()
     b_of = np.repeat(np.arange(B), sizes)
@@ -90,7 +107,7 @@ def simulate_ep(inst: Instances, die_of: np.ndarray, home: np.ndarray, cfg: Chip
         e = hl[:, :, i]
         n = np.where(e >= 0, totals[ar, np.maximum(e, 0)], 0)
         act = n > 0
-        ls = np.maximum(load_free, c_prev2)
+        ls = np.maximum(load_free, c_prev if buffers == 1 else c_prev2)   # the buffer is free
         le = ls + t_load + cfg.ddr_latency_s
         cs = np.maximum(le, comp_free)
         dur = -(-n // cfg.lanes) * t_pass + cfg.ctrl_overhead_s
@@ -114,9 +131,9 @@ def simulate_ep(inst: Instances, die_of: np.ndarray, home: np.ndarray, cfg: Chip
             if bytes_sd[snapshot, s].sum() > 0:
                 activity.append(("d2d", s, 0.0, float(t_disp[snapshot]), -1))
                 activity.append(("d2d", s, float(end[snapshot]), float(latency[snapshot]), -1))
-    # on-chip memory: two expert buffers per die (one if it has a single active expert), the
-    # home tokens, the received copies and one output per (token, expert) pair before combine
-    w_peak = (np.minimum(n_active, 2) * w_bytes).sum(axis=1)
+    # on-chip memory (module doc): `buffers` whole experts per die, home tokens, replicated copies,
+    # one output per (token, expert) pair before the combine
+    w_peak = (np.minimum(n_active, buffers) * w_bytes).sum(axis=1)
     remote = dies != home[rows]
     copies = np.bincount(b_of[rows[remote]], minlength=B)
     pairs = sizes * ex.shape[1]

@@ -22,6 +22,19 @@ taken when the micro-slice starts arriving and freed when it has been computed a
 Times are list-scheduled (each resource keeps its next free time; a task starts when its inputs and
 its resources are ready), so an instance costs O(experts x M x visits) steps; the kernel is compiled
 with numba (cached on disk). Peak buffer occupancy (slots held at once) is tracked per die.
+
+On-chip memory of one instance (simulate.py adds the tokens; W = expert_params x weight_bytes,
+a = d_model x act_bytes, n tokens):
+
+- weights: the largest number of micro-slice slots each die held at once, summed over the dies,
+  x W / M (`peak_slots` x `slot_bytes`); at most S = buffer_bytes // (W / M) per die, and Rule 4
+  fills free slots, so a DDR-bound instance reaches S on every die. Only one physical copy of a
+  micro-slice exists in the package (§I: "only one physical copy of any token/expert slice"): a
+  forwarded micro-slice takes a slot on the next die and frees its slot on the sender once sent;
+  a slot counts as held from the start of the transfer into it (a conservative bound, ours);
+- tokens: one copy of the n inputs and one of the n outputs on their home dies (2 n a), no
+  replication: the weights travel, the tokens stay (§III Fig. 3(a), §IV-C "no longer needs token
+  redistribution").
 """
 
 from __future__ import annotations

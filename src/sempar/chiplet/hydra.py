@@ -13,7 +13,13 @@ experts and reduce inter-chiplet communication". Ours:
   stays there after the combine), so co-located experts keep tokens on one die.
 
 The profile is the first 20% of the iterations (design.md's fit/evaluate split; in-sample for
-those). Relocation happens between iterations and is not charged.
+those). Relocation happens between iterations and is not charged. `hydra` runs on the paper's EP
+(one whole expert per die), `hydra-db` on ours with double buffering (ep.py).
+
+On-chip memory: ep.py's accounting under this placement, min(active experts of die d, buffers) x W
+per die plus (n + copies + n K) x a tokens; relocation changes only which dies hold which experts
+and how many token copies are replicated (co-located experts need none), never the weights per die
+beyond the buffers.
 """
 
 from __future__ import annotations

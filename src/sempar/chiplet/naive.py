@@ -8,6 +8,15 @@ in each phase every die computes its token sequence with the slice it holds whil
 slice to the next die (phases are synchronised: a phase lasts the slowest die's compute or the slice
 transfer). The next expert's slice loads during the current expert (one slice of look-ahead), so a
 die holds two slices: §IV's "nearly doubling the on-chip memory requirement for expert weights".
+
+On-chip memory of one instance (`peak_bytes`, summed over the D dies; W = expert_params x
+weight_bytes, a = d_model x act_bytes, n tokens):
+
+- weights: two slices of W / D per die while a next expert exists (one when the instance has a
+  single active expert): min(active experts, 2) x W over the package, nothing replicated;
+- tokens: one copy of the n inputs and one of the n outputs (2 n a), plus the redistributed tokens
+  of the expert with the largest surplus, held on their borrowing die with their outputs until they
+  return (2 x max_e surplus_e x a). Weights and other tokens are never replicated.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ def simulate_naive(counts: np.ndarray, n_tokens: np.ndarray, cfg: ChipletConfig,
     busy = np.zeros((B, D))
     d2d = np.zeros(B)
     nact = np.zeros(B, np.int64)
+    lent = np.zeros(B, np.int64)    # most tokens on loan to another die during one expert
     act_list = []
     for e in range(E):
         n = totals[:, e]
@@ -53,7 +63,9 @@ def simulate_naive(counts: np.ndarray, n_tokens: np.ndarray, cfg: ChipletConfig,
         if not act.any():
             continue
         share = (n[:, None] + np.arange(D)[None, ::-1]) // D                       # balanced split
-        surplus = np.maximum(counts[:, e, :] - share, 0).sum(axis=1) * tok_bytes
+        moved = np.maximum(counts[:, e, :] - share, 0).sum(axis=1)
+        lent = np.maximum(lent, moved)
+        surplus = moved * tok_bytes
         t_redis = np.where(surplus > 0, surplus / cfg.d2d_bw + lat, 0.0)
         ls = np.maximum(load_end, prev_start)          # the buffer of the slice two back is free
         le = ls + t_load
@@ -77,5 +89,5 @@ def simulate_naive(counts: np.ndarray, n_tokens: np.ndarray, cfg: ChipletConfig,
                     if p < D - 1:
                         act_list.append(("d2d", d, float(c0), float(c0 + t_xfer), e))
     w_peak = np.minimum(nact, 2) * D * slice_bytes
-    tok_peak = 2 * n_tokens * tok_bytes            # one copy of the inputs and of the outputs
+    tok_peak = 2 * (n_tokens + lent) * tok_bytes   # inputs + outputs, and the borrowed ones (doc)
     return NaiveResult(t, busy, w_peak + tok_peak, d2d, act_list)

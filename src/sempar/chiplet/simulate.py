@@ -128,9 +128,12 @@ def simulate(wl: Workload, cfg: ChipletConfig, strategies: list[Strategy], preci
                 die_of = contiguous_placement(inst.num_experts, D, model.layers)
                 home = inst.home(D)
             else:
-                die_of = hydra_placement(inst, model.layers, D)
-                home = hydra_homes(inst, die_of, D)
-            r = simulate_ep(inst, die_of, home, cfg, model.d_model, model.expert_params, wb, snap)
+                if ("hydra", key) not in cache:          # shared by hydra and hydra-db
+                    die_of = hydra_placement(inst, model.layers, D)
+                    cache["hydra", key] = die_of, hydra_homes(inst, die_of, D)
+                die_of, home = cache["hydra", key]
+            r = simulate_ep(inst, die_of, home, cfg, model.d_model, model.expert_params, wb, snap,
+                            buffers=2 if s.double_buffer else 1)
             res = StrategyResult(s.name, r.latency, attn, r.busy.sum(axis=1), float(r.peak_bytes.max()),
                                  inst.layer, D, r.activity, {"d2d_bytes_per_layer": float(r.d2d_bytes.mean())})
         elif s.kind == "naive":

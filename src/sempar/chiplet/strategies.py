@@ -2,8 +2,10 @@
 
 | name | paper | engine |
 | --- | --- | --- |
-| `ep` | EP baseline | ep.py, contiguous placement |
-| `hydra` | Hydra [17], its EP expert relocation | ep.py + hydra.py |
+| `ep` | EP baseline as the paper runs it: one whole expert per die, load then compute | ep.py, contiguous placement |
+| `ep-db` | ours: EP with whole-expert double buffering (a stronger baseline) | ep.py, `buffers=2` |
+| `hydra` | Hydra [17], its EP expert relocation, on the paper's EP | ep.py + hydra.py |
+| `hydra-db` | ours: Hydra on `ep-db` | ep.py + hydra.py, `buffers=2` |
 | `fsedp-naive` | §III, A1 | naive.py |
 | `fsedp` | §IV micro-slice flow, Rules 1-4, A2 | flow.py, id order |
 | `fsedp+paired-load` | §IV-A, A3 | flow.py, hot/cold pairs |
@@ -29,6 +31,7 @@ class Strategy:
     rule5: bool = False
     slack: float | None = None    # token buffering slack (Alg. 2), None = off
     ablation: str = ""
+    double_buffer: bool = False   # EP / Hydra: two whole-expert buffers per die (ours)
 
     @property
     def label(self) -> str:
@@ -38,7 +41,9 @@ class Strategy:
 STRATEGIES: Registry[Strategy] = Registry("strategy")
 for _s in (
     Strategy("ep", "ep"),
+    Strategy("ep-db", "ep", double_buffer=True),
     Strategy("hydra", "hydra"),
+    Strategy("hydra-db", "hydra", double_buffer=True),
     Strategy("fsedp-naive", "naive", ablation="A1"),
     Strategy("fsedp", "flow", ablation="A2"),
     Strategy("fsedp+paired-load", "flow", paired=True, ablation="A3"),
