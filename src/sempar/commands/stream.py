@@ -42,7 +42,7 @@ def stream(
     trace: Optional[Path] = typer.Option(None, help="routing trace (Parquet); default a synthetic trace of the model"),
     tokens_per_iter: int = typer.Option(64, help="input tokens per iteration (paper: 16, 64, 256, 1024)"),
     iterations: int = typer.Option(100, help="forward iterations (paper: 100)"),
-    strategy: str = typer.Option("all", help="'all' or comma-separated: ep, hydra, fsedp-naive, fsedp, fsedp+paired-load, ..."),
+    strategy: str = typer.Option("all", help="'all' or comma-separated: ep, ep-db, hydra, hydra-db, fsedp-naive, fsedp, fsedp+paired-load, ..."),
     mesh: str = typer.Option("2x2", help="die mesh ROWSxCOLS"),
     buffer_mb: float = typer.Option(16.0, help="on-chip expert buffer per die (MiB)"),
     ddr_gbps: float = typer.Option(25.6, help="DDR bandwidth per die (GB/s)"),
@@ -55,7 +55,7 @@ def stream(
     plot: Optional[Path] = typer.Option(None, help="write the figures into this folder"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """Compare EP, Hydra and the FSE-DP variants on a multi-chiplet package (FSE-DP paper)."""
+    """Compare EP, Hydra (as the paper runs them, and double-buffered) and the FSE-DP variants on a multi-chiplet package."""
     from sempar.chiplet import sweeps as sw
     from sempar.chiplet.hardware import MB, ChipletConfig, area_mm2, feasible, parse_mesh, power_w
     from sempar.chiplet.flow import auto_micro_slices, micro_slice_slots
