@@ -17,6 +17,10 @@ forward passes; theta_min = 2 (an expert with a single token is "extremely cold"
 assembly does not wait for deferred requests (the trace fixes every iteration's new tokens); the
 deferred tokens left after the last iteration run in one flush iteration, so every token-layer
 activation is computed exactly once.
+
+On-chip memory: the rewritten batches run on flow.py's accounting (2 n a of tokens per instance);
+a deferred request's activations stay on chip until it resumes, so simulate.py adds one copy of
+the most tokens held at once (`BufferingLog.held_max` x a) to the peak.
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ from sempar.chiplet.workload import Instances, Workload
 @dataclass
 class BufferingLog:
     """deferrals[r]: times request r was deferred; passes[r]: its forward passes (iterations with
-    own tokens); deadline_ok: every request stayed within its slack."""
+    own tokens); held_max: the most tokens deferred at once; deadline_ok: every request stayed within
+    its slack."""
 
     n_threshold: int
+    held_max: int = 0
     deferrals: dict = field(default_factory=dict)
     passes: dict = field(default_factory=dict)
 
@@ -98,6 +104,7 @@ def buffered_instances(wl: Workload, slack: float, theta_min: int = 2) -> tuple[
             offs.append(offs[-1] + parts[-1].shape[0])
             lay.append(layer)
             its.append(i)
+        log.held_max = max(log.held_max, sum(g[1].size for g in carried))
     inst = Instances(np.concatenate(parts), np.array(offs), np.concatenate(reqs), np.array(lay),
                      np.array(its), np.concatenate(ctxs), E)
     return inst, log

@@ -113,13 +113,14 @@ def simulate(wl: Workload, cfg: ChipletConfig, strategies: list[Strategy], preci
     for s in strategies:
         if progress:
             progress(s.name)
-        inst, extra, key = plain, {}, "plain"
+        inst, extra, key, held = plain, {}, "plain", 0
         attn = attn_plain
         if s.slack is not None:
             inst, log = buffered_instances(wl, s.slack)
             key = ("buf", s.slack)
             attn = attention_seconds(inst, model, cfg, wb)
             extra = {"deferrals": int(sum(log.deferrals.values())), "qos_respected": log.deadline_ok}
+            held = log.held_max * model.d_model * cfg.act_bytes        # deferred activations on chip
         snap = snapshot_index(inst)
         sizes = inst.sizes()
         tok_bytes = 2 * sizes * model.d_model * cfg.act_bytes      # inputs + outputs, one copy
@@ -143,7 +144,7 @@ def simulate(wl: Workload, cfg: ChipletConfig, strategies: list[Strategy], preci
         else:
             r = simulate_flow(counts_of(inst, key), cfg, model.expert_params, wb, micro_slices,
                               paired=s.paired, rule5=s.rule5, snapshot=snap)
-            peak = (r.peak_slots.sum(axis=1) * r.slot_bytes + tok_bytes[r.peak_of]).max()
+            peak = (r.peak_slots.sum(axis=1) * r.slot_bytes + tok_bytes[r.peak_of]).max() + held
             res = StrategyResult(s.name, r.latency, attn, r.busy.sum(axis=1), float(peak), inst.layer, D,
                                  r.activity, {"d2d_bytes_per_layer": float(r.d2d_bytes.mean())})
         res.extra.update(extra)
