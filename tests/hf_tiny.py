@@ -1,13 +1,16 @@
 """Tiny random-init HF MoE checkpoints, saved sharded like hub checkpoints, for the export tests.
 
-Each config keeps its family's MoE structure (Mixtral's per-expert tensors, Qwen3-MoE's and
-GPT-OSS's fused experts, DeepSeek-V3's dense first layers, 4 expert groups with top-2 groups and
+Each config keeps its family's MoE structure (Mixtral's and Qwen3-MoE's per-expert tensors on
+disk, GPT-OSS's fused experts, DeepSeek-V3's dense first layers, 4 expert groups with top-2 groups and
 a correction bias, GPT-OSS's router bias) at widths small enough to build in a second. Weights
-are drawn with a fixed seed; a small shard size splits the layers' experts over several files.
+are drawn with a fixed seed; the checkpoint is resharded as hub checkpoints are, so each
+layer's experts span several files.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 COMMON = dict(vocab_size=8192, hidden_size=32, intermediate_size=64, num_attention_heads=4,
@@ -52,9 +55,45 @@ def tiny_model(model_type: str, seed: int = 0):
     return model
 
 
-def tiny_checkpoint(model_type: str, out: Path, shards: int = 3, seed: int = 0) -> Path:
-    """Save `tiny_model(model_type)` to `out` in about `shards` safetensors files (+ index)."""
+def tiny_checkpoint(model_type: str, out: Path, shard_kb: int | None = 100, seed: int = 0) -> Path:
+    """Save `tiny_model(model_type)` to `out`, resharded as hub checkpoints are (`reshard`)."""
     model = tiny_model(model_type, seed)
-    total = sum(p.numel() * p.element_size() for p in model.state_dict().values())
-    model.save_pretrained(out, max_shard_size=max(total // shards, 1) if shards > 1 else "10GB")
+    model.save_pretrained(out)
+    if shard_kb:
+        reshard(out, shard_kb)
     return out
+
+
+def _natural(key: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", key)]
+
+
+def reshard(folder: Path, shard_kb: int) -> None:
+    """Rewrite `folder`'s safetensors as hub checkpoints lay them out: tensors in natural key
+    order (layer by layer, expert 0, 1, ... each with all its projections), cut into shards of
+    about `shard_kb` KB, with `model.safetensors.index.json`. 100 KB is less than one tiny
+    layer's experts, so a layer's experts span shard files (transformers 5's own
+    `save_pretrained` groups an MoE layer's experts by projection instead, which never does)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(f))
+        f.unlink()
+    (folder / "model.safetensors.index.json").unlink(missing_ok=True)
+    shards, size = [[]], 0
+    for key in sorted(tensors, key=_natural):
+        nbytes = tensors[key].numel() * tensors[key].element_size()
+        if shards[-1] and size + nbytes > shard_kb * 1024:
+            shards.append([])
+            size = 0
+        shards[-1].append(key)
+        size += nbytes
+    weight_map = {}
+    for i, keys in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file({k: tensors[k] for k in keys}, folder / name, metadata={"format": "pt"})
+        weight_map.update((k, name) for k in keys)
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))

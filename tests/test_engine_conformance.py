@@ -146,7 +146,7 @@ def test_import_sglang_place_export_sglang(sglang, capsys, tmp_path, preset):
 def test_record_place_export_sglang(sglang, capsys, tmp_path):
     from hf_tiny import tiny_checkpoint
 
-    model_dir = tiny_checkpoint("deepseek_v3", tmp_path / "tiny-v3", shards=1)
+    model_dir = tiny_checkpoint("deepseek_v3", tmp_path / "tiny-v3", shard_kb=None)
     text = tmp_path / "web.txt"
     text.write_text("\n\n".join(f"request {i}: the quick brown fox jumps over the lazy dog "
                                 f"and counts to {i * 7}" for i in range(12)))
