@@ -182,7 +182,8 @@ ENGINES.add("vllm", EngineFormat(
 ENGINES.add("vllm-maps", EngineFormat(
     to_vllm_maps, (".json",), None, "none: vLLM's EPLB state maps, a debugging aid"))
 ENGINES.add("vllm-ascend", EngineFormat(
-    to_vllm_ascend, (".json",), _ascend_flags, "vllm-ascend (checked: 0.23.0 loader)",
+    to_vllm_ascend, (".json",), _ascend_flags,
+    "vllm-ascend with eplb_config.expert_map_path (loader checked by hand at main 182b75e)",
     ep_size_note="EP size = tensor-parallel-size x data-parallel-size must be {G}"))
 
 
