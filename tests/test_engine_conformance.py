@@ -200,6 +200,15 @@ def test_sglang_places_the_models_it_should(sglang):
         assert "get_model_config_for_expert_location" in (models / f"{name}.py").read_text()
 
 
+def test_vllm_places_the_models_it_should():
+    """vLLM's EPLB (which PR #49572's initial map goes through) needs `MixtureOfExperts`."""
+    models = package_root("vllm", "vllm") / "model_executor" / "models"
+    for model_type in engines.ENGINES.get("vllm").cannot_place:
+        assert "MixtureOfExperts" not in (models / f"{model_type}.py").read_text()
+    for name in ("deepseek_v2", "qwen3_moe", "mixtral"):
+        assert "MixtureOfExperts" in (models / f"{name}.py").read_text()
+
+
 def test_vllm_compute_logical_maps(v2_lite_placement):
     compute_logical_maps = vllm_compute_logical_maps()
     p = v2_lite_placement

@@ -67,13 +67,17 @@ def test_refuses_names_the_engine_misreads(placement, engine, name, tmp_path):
     assert not (tmp_path / name).exists()
 
 
-def test_sglang_refuses_models_it_cannot_place(tmp_path):
+def test_refuses_models_the_engine_cannot_place(tmp_path):
     from sempar.errors import InputError
 
     p = solve("vanilla", synthesize("mixtral-8x7b", 300, seed=0), 4)
-    with pytest.raises(InputError, match="cannot place the experts of mixtral"):
+    with pytest.raises(InputError, match="sglang cannot place the experts of mixtral"):
         engines.write_engine_file(p, "sglang", tmp_path / "m.json")
     assert engines.write_engine_file(p, "vllm", tmp_path / "m.json").path.exists()
+    p = solve("vanilla", synthesize("olmoe-1b-7b", 300, seed=0), 4)
+    with pytest.raises(InputError, match="vllm cannot place the experts of olmoe"):
+        engines.write_engine_file(p, "vllm", tmp_path / "o.json")
+    assert not (tmp_path / "o.json").exists()
 
 
 def test_vllm_and_ascend_round_trip(placement):

@@ -17,7 +17,9 @@ Each format is registered once in `ENGINES` with what the engine needs to read i
   refused by `model_type`.
 - `vllm` (vLLM PR #49572, open; no vLLM release up to 0.33.0 loads an initial placement):
   `eplb_config.initial_expert_map_path` naming a bare JSON list `[L][P]`, one row per MoE layer
-  in the model's order (layer numbers are not written: vLLM takes MoE layers by position).
+  in the model's order (layer numbers are not written: vLLM takes MoE layers by position). It
+  goes through vLLM's EPLB, which only models implementing `MixtureOfExperts` have (0.33.0: not
+  OLMoE, Qwen2-MoE, GPT-OSS: refused).
 - `vllm-maps`: vLLM's EPLB state (`physical_to_logical_map[L][P]`, `logical_to_physical_map
   [L][N][maxcnt]` padded with -1, `logical_replica_count[L][N]`, as `compute_logical_maps`
   derives them): a debugging aid, no vLLM loads it.
@@ -178,7 +180,8 @@ ENGINES.add("sglang", EngineFormat(
 ENGINES.add("vllm", EngineFormat(
     to_vllm, (".json",), _vllm_flags,
     "vLLM with PR #49572 (open; no release up to 0.33.0 loads an initial placement)",
-    ep_size_note="EP size = tensor-parallel-size x data-parallel-size must be {G}"))
+    ep_size_note="EP size = tensor-parallel-size x data-parallel-size must be {G}",
+    cannot_place=frozenset({"olmoe", "qwen2_moe", "gpt_oss"})))
 ENGINES.add("vllm-maps", EngineFormat(
     to_vllm_maps, (".json",), None, "none: vLLM's EPLB state maps, a debugging aid"))
 ENGINES.add("vllm-ascend", EngineFormat(
