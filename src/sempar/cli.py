@@ -281,7 +281,7 @@ def export(placement: Path = typer.Option(..., "--placement", help="placement.js
             raise InputError("--model: hf-checkpoint needs the model to permute")
         permute_checkpoint(resolve_model(model).model_dir, p, out_path)
         result: dict[str, Any] = {"engine": to, "path": str(out_path.absolute()), "flags": [],
-                                  "notes": []}
+                                  "versions": "any engine's contiguous EP split", "notes": []}
     else:
         from sempar.export.engines import write_engine_file
 
