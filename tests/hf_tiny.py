@@ -29,6 +29,12 @@ CONFIGS = {
         kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
         routed_scaling_factor=2.5, norm_topk_prob=True,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    "deepseek_v2": ("DeepseekV2Config", dict(
+        num_hidden_layers=4, first_k_dense_replace=1, n_routed_experts=16, n_shared_experts=2,
+        num_experts_per_tok=6, n_group=1, topk_group=1, moe_intermediate_size=16,
+        num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=8, topk_method="greedy",
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
     "gpt_oss": ("GptOssConfig", dict(num_hidden_layers=2, num_local_experts=8,
                                      num_experts_per_tok=2, sliding_window=16,
                                      layer_types=["sliding_attention", "full_attention"])),

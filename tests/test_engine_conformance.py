@@ -143,10 +143,13 @@ def test_import_sglang_place_export_sglang(sglang, capsys, tmp_path, preset):
     assert sglang_mismatches(sglang, cfg, flags, p) == []
 
 
-def test_record_place_export_sglang(sglang, capsys, tmp_path):
+@pytest.mark.parametrize("model_type,moe_layers", [("deepseek_v2", [1, 2, 3]),
+                                                   ("deepseek_v3", [2, 3, 4])])
+def test_record_place_export_sglang(sglang, capsys, tmp_path, model_type, moe_layers):
+    """`record` on tiny random-init DeepSeek-V2 / V3 checkpoints (their dense first layers)."""
     from hf_tiny import tiny_checkpoint
 
-    model_dir = tiny_checkpoint("deepseek_v3", tmp_path / "tiny-v3", shard_kb=None)
+    model_dir = tiny_checkpoint(model_type, tmp_path / model_type, shard_kb=None)
     text = tmp_path / "web.txt"
     text.write_text("\n\n".join(f"request {i}: the quick brown fox jumps over the lazy dog "
                                 f"and counts to {i * 7}" for i in range(12)))
@@ -157,7 +160,7 @@ def test_record_place_export_sglang(sglang, capsys, tmp_path):
 
     cfg = AutoConfig.from_pretrained(model_dir)
     cfg.moe_layer_freq = getattr(cfg, "moe_layer_freq", 1)  # DeepSeek's config.json has it: 1
-    assert p.info["layer_ids"] == sglang.moe_layers(cfg) == [2, 3, 4]
+    assert p.info["layer_ids"] == sglang.moe_layers(cfg) == moe_layers
     assert sglang_mismatches(sglang, cfg, flags, p) == []
 
 
