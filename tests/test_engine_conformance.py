@@ -111,7 +111,8 @@ def test_synth_place_export_sglang(sglang, capsys, tmp_path, preset, redundant):
     assert flags[:4] == ["--ep-size", "8", "--ep-num-redundant-experts", str(redundant)]
     cfg = published_config(preset)
     assert sglang_mismatches(sglang, cfg, flags, p) == []
-    assert sglang_mismatches(sglang, cfg, flags, p, a2a=False) == []
+    if redundant:  # without an all-to-all backend SGLang spreads tokens over the replicas
+        assert sglang_mismatches(sglang, cfg, flags, p, a2a=False) == []
 
 
 def sglang_dump(path: Path, L: int, moe: list[int], N: int, k: int, T: int, seed: int) -> Path:
