@@ -152,6 +152,10 @@ def test_export_cli(placement, tmp_path):
     assert r.stdout.split() == ["launch", "sglang", "with:", "--ep-size", "8",
                                 "--ep-num-redundant-experts", "8", "--init-expert-location",
                                 str(tmp_path / "s.json")]
+    Placement(placement.phy2log, 64, 8).save(tmp_path / "p.json")   # no layout recorded
+    r = run("--to", "sglang", "--out", str(tmp_path / "u.json"))
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "layer layout" in r.stderr
+    assert not (tmp_path / "u.json").exists()
     r = run("--to", "hf-checkpoint", "--model", "tiny-moe64", "--out", str(tmp_path / "ck"))
     assert r.returncode == 2 and "replica" in r.stderr and not (tmp_path / "ck").exists()
     r = run("--to", "trtllm", "--out", str(tmp_path / "b.json"))
