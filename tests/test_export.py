@@ -55,6 +55,8 @@ def test_sglang_layout_from_flags_or_refused(placement, tmp_path):
     with pytest.raises(InputError, match="num-hidden-layers 30"):
         engines.write_engine_file(placement, "sglang", tmp_path / "b.json", num_hidden_layers=30)
     assert not (tmp_path / "b.json").exists()
+    with pytest.raises(InputError, match="only for --to sglang"):
+        engines.write_engine_file(placement, "vllm", tmp_path / "v.json", num_hidden_layers=27)
 
 
 @pytest.mark.parametrize("engine,name", [("sglang", "s.txt"), ("sglang", "s"),

@@ -226,6 +226,9 @@ def write_engine_file(p: Placement, engine: str, out: str | os.PathLike,
                       first_k_dense_replace: int | None = None) -> Exported:
     """Write `p` for `engine` to `out` (atomically); return the flags to launch it with."""
     fmt = check_exportable(p, engine, out)
+    if engine != "sglang" and (num_hidden_layers, first_k_dense_replace) != (None, None):
+        raise InputError(f"--num-hidden-layers / --first-k-dense-replace: only for --to sglang "
+                         f"({engine} takes the MoE layers by position)")
     if engine == "sglang":
         d = to_sglang(p, model_layout(p, num_hidden_layers, first_k_dense_replace))
     else:
