@@ -2,18 +2,29 @@
 
 For every MoE layer the experts are renumbered so that the experts the placement puts on device
 g become the contiguous block g (new expert j = old expert `phy2log[l, j]`), and the router's
-rows (and any per-expert bias such as DeepSeek-V3's `e_score_correction_bias`) are permuted the
-same way. An engine's default contiguous EP split then realises the placement with no engine
-change, and the model computes the same function: the router picks the same experts under new
-names. Replicas cannot be written this way (a checkpoint holds each expert once): refused.
+rows (and any per-expert bias: DeepSeek-V3's `e_score_correction_bias`, GPT-OSS's router bias)
+are permuted the same way. An engine's default contiguous EP split then realises the placement
+with no engine change, and the model computes the same function: the router picks the same
+experts under new names. Replicas cannot be written this way (a checkpoint holds each expert
+once): refused.
 
-Tensors are matched by name in the safetensors files: `...layers.<i>.<block>.experts.<j>.<rest>`
-(one tensor per expert), fused `...layers.<i>.<block>.experts.<name>` with N rows, and
-`...layers.<i>.<block>.gate.weight` / `.e_score_correction_bias` with N rows.
+Tensors are matched by name across all safetensors shards: `...layers.<i>.<block>.experts.<j>.
+<rest>` (one tensor per expert, renamed; it stays in its shard and `model.safetensors.index.json`
+is rewritten to the new names), fused `...layers.<i>.<block>.experts.<name>` with N rows
+(rows permuted), and the router `...layers.<i>.<block>.gate.weight` / `.e_score_correction_bias`
+or `...layers.<i>.<block>.router.weight` / `.bias` with N rows. A placement layer whose experts
+are found but whose router is not, or an `experts` tensor of another shape, is refused: the
+output would silently be another model.
+
+Expert groups (DeepSeek-V3: `n_group` groups of consecutive expert ids, each token routed within
+its best `topk_group` groups): renumbering an expert into another group changes which experts a
+token can reach, so the model changes. A placement that moves an expert across groups is refused
+(`groups_crossed`); solve with `sempar place --preserve-groups` for such models.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,7 +38,69 @@ from sempar.placement.placement import Placement
 
 _PER_EXPERT = re.compile(r"^(?P<pre>.*\blayers\.(?P<layer>\d+)\.[^.]+\.experts)\.(?P<j>\d+)\.(?P<rest>.+)$")
 _FUSED = re.compile(r"^.*\blayers\.(?P<layer>\d+)\.[^.]+\.experts\.(?P<name>[^.]+)$")
-_ROUTER = re.compile(r"^.*\blayers\.(?P<layer>\d+)\.[^.]+\.gate\.(?:weight|e_score_correction_bias)$")
+_ROUTER = re.compile(r"^.*\blayers\.(?P<layer>\d+)\.[^.]+\."
+                     r"(?:gate\.(?:weight|e_score_correction_bias)|router\.(?:weight|bias))$")
+INDEX = "model.safetensors.index.json"
+
+
+def groups_crossed(placement: Placement, num_groups: int) -> list[int]:
+    """Model layer ids where the permutation moves an expert into another group.
+
+    With `num_groups` groups of N / num_groups consecutive expert ids, new expert j (old expert
+    `phy2log[l, j]`) must lie in old expert's group: `j // size == phy2log[l, j] // size`.
+    """
+    N = placement.num_experts
+    if num_groups <= 1:
+        return []
+    if N % num_groups:
+        raise InputError(f"{num_groups} expert groups do not divide {N} experts")
+    size = N // num_groups
+    ids = placement.info.get("layer_ids", range(placement.num_layers))
+    new_group = np.arange(placement.num_slots) // size
+    return [int(m) for l, m in enumerate(ids)
+            if np.any(placement.phy2log[l] // size != new_group)]
+
+
+def _limiting_groups(model_dir: Path) -> int:
+    """The checkpoint's expert-group count when routing is group-limited, else 1."""
+    cfg_file = model_dir / "config.json"
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    groups = int(cfg.get("n_group") or 1)
+    return groups if int(cfg.get("topk_group") or groups) < groups else 1
+
+
+def _shards(model_dir: Path) -> list[Path]:
+    index = model_dir / INDEX
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [n for n in names if not (model_dir / n).is_file()]
+        if missing:
+            raise InputError(f"{index}: names shard {missing[0]}, which is not in {model_dir}")
+        return [model_dir / n for n in names]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise InputError(f"{model_dir}: no .safetensors files")
+    return files
+
+
+def _permute(key: str, t, perm: dict[int, np.ndarray], N: int, found: dict[str, set]):
+    """(new key, new tensor) of one checkpoint tensor under the layers' permutations."""
+    if m := _PER_EXPERT.match(key):
+        layer = int(m["layer"])
+        if layer in perm:
+            found["experts"].add(layer)
+            inv = np.argsort(perm[layer])  # new expert j holds old expert perm[j]: old -> new
+            return f"{m['pre']}.{inv[int(m['j'])]}.{m['rest']}", t
+        return key, t
+    m = _ROUTER.match(key) or _FUSED.match(key)
+    if m is None or int(m["layer"]) not in perm:
+        return key, t
+    layer = int(m["layer"])
+    if t.shape[0] != N:
+        raise InputError(f"{key}: shape {tuple(t.shape)} has no leading dimension of {N} experts "
+                         "to permute")
+    found["router" if m.re is _ROUTER else "experts"].add(layer)
+    return key, t[perm[layer]].contiguous()
 
 
 def permute_checkpoint(model_dir: str | os.PathLike, placement: Placement,
@@ -40,38 +113,41 @@ def permute_checkpoint(model_dir: str | os.PathLike, placement: Placement,
         raise InputError(f"--to hf-checkpoint: the placement has {placement.redundant} replica "
                          "slots per layer; a checkpoint holds each expert once (export it for an "
                          "engine instead)")
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise InputError(f"{model_dir}: no .safetensors files")
+    groups = _limiting_groups(model_dir)
+    crossed = groups_crossed(placement, groups)
+    if crossed:
+        raise InputError(f"--to hf-checkpoint: the placement moves experts across the model's "
+                         f"{groups} expert groups in {len(crossed)} layers (first: layer "
+                         f"{crossed[0]}), which changes its routing; solve with --preserve-groups")
+    files = _shards(model_dir)
     perm = {int(m): placement.phy2log[l].astype(np.int64)
             for l, m in enumerate(placement.info.get("layer_ids", range(placement.num_layers)))}
     N = placement.num_experts
-    touched = set()
+    found: dict[str, set] = {"experts": set(), "router": set()}
+    weight_map: dict[str, str] = {}
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.", dir=out_dir.parent) as tmp:
         work = Path(tmp) / "ckpt"
         shutil.copytree(model_dir, work, ignore=shutil.ignore_patterns("*.safetensors"))
         for f in files:
-            tensors = load_file(f)
-            new = dict(tensors)
-            for key, t in tensors.items():
-                if m := _PER_EXPERT.match(key):
-                    layer = int(m["layer"])
-                    if layer in perm:
-                        # new expert j holds old expert perm[j]: the inverse maps old -> new
-                        inv = np.argsort(perm[layer])
-                        new_key = f"{m['pre']}.{inv[int(m['j'])]}.{m['rest']}"
-                        new[new_key] = t
-                        touched.add(layer)
-                elif (m := _ROUTER.match(key) or _FUSED.match(key)) and int(m["layer"]) in perm \
-                        and t.shape[0] == N:
-                    new[key] = t[perm[int(m["layer"])]].contiguous()
-                    touched.add(int(m["layer"]))
+            # each tensor keeps its shard; per-expert tensors change name (possibly to a name
+            # another shard held before), which the rewritten index records
+            new = dict(_permute(key, t, perm, N, found) for key, t in load_file(f).items())
             save_file(new, work / f.name, metadata={"format": "pt"})
-        missing = sorted(set(perm) - touched)
+            weight_map.update((key, f.name) for key in new)
+        missing = sorted(set(perm) - found["experts"])
         if missing:
             raise InputError(f"{model_dir}: found no expert tensors for MoE layer {missing[0]} "
                              "of the placement")
+        no_router = sorted(set(perm) - found["router"])
+        if no_router:
+            raise InputError(f"{model_dir}: found no router (gate/router weight with {N} rows) "
+                             f"for MoE layer {no_router[0]}; permuting its experts alone would "
+                             "change the model")
+        if (model_dir / INDEX).is_file():
+            index = json.loads((model_dir / INDEX).read_text())
+            index["weight_map"] = dict(sorted(weight_map.items()))
+            (work / INDEX).write_text(json.dumps(index, indent=2) + "\n")
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(work, out_dir)

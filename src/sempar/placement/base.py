@@ -108,5 +108,6 @@ def solve(method: str, trace: RoutingTrace, num_devices: int, num_nodes: int = 1
         placement = relabel_devices(placement, perm)
     placement.method = method
     placement.info.setdefault("model", trace.meta.model)
-    placement.info.setdefault("layer_ids", list(trace.meta.layers))
+    for key, value in trace.meta.layout().items():  # the model's layer numbering, for exports
+        placement.info.setdefault(key, value)
     return placement.validate()

@@ -146,7 +146,15 @@ def trace_meta_for(model: Any, sites: Sequence[RouterSite], model_name: str,
     return TraceMeta(model=model_name, num_layers=len(sites), num_experts=num_experts,
                      top_k=top_k, vocab_size=int(config.vocab_size), shared_experts=int(shared),
                      num_expert_groups=groups, topk_groups=topk_groups,
-                     layer_ids=tuple(s.layer_id for s in sites), extra=dict(extra or {}))
+                     layer_ids=tuple(s.layer_id for s in sites),
+                     num_hidden_layers=_hidden_layers(config, sites), model_type=config.model_type,
+                     extra=dict(extra or {}))
+
+
+def _hidden_layers(config: Any, sites: Sequence[RouterSite]) -> int | None:
+    """`config.num_hidden_layers` when the routers' layer numbers fit in it, else None."""
+    n = getattr(config, "num_hidden_layers", None)
+    return int(n) if isinstance(n, int) and all(s.layer_id < n for s in sites) else None
 
 
 # --------------------------------------------------------------------------- capture

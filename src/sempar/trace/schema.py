@@ -34,8 +34,11 @@ class TraceMeta:
 
     `num_expert_groups` / `topk_groups` describe group-limited routing (DeepSeek-V3: 8 groups,
     at most 4 of them per token); 1 / 1 means no group limit. `layer_ids` names the model's MoE
-    layers the trace's L columns stand for (default 0..L-1). `extra` keeps free-form provenance
-    (generator parameters, recorder settings).
+    layers the trace's L columns stand for (default 0..L-1). `num_hidden_layers` is the model's
+    decoder-layer count, dense layers included (None: unknown), and `model_type` its HF
+    `config.model_type` (None: unknown): together with `layer_ids` they say which of the model's
+    layers are dense, which an engine file indexed by layer number needs. `extra` keeps
+    free-form provenance (generator parameters, recorder settings).
     """
 
     model: str
@@ -47,6 +50,8 @@ class TraceMeta:
     num_expert_groups: int = 1
     topk_groups: int = 1
     layer_ids: tuple[int, ...] | None = None
+    num_hidden_layers: int | None = None
+    model_type: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -70,6 +75,17 @@ class TraceMeta:
             if len(ids) != self.num_layers:
                 raise InputError(f"metadata.layer_ids: {len(ids)} ids for {self.num_layers} layers")
             object.__setattr__(self, "layer_ids", ids)
+        if self.num_hidden_layers is not None:
+            n = self.num_hidden_layers
+            if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < self.num_layers:
+                raise InputError(f"metadata.num_hidden_layers: {n!r} is not an integer >= "
+                                 f"num_layers {self.num_layers}")
+            if self.layer_ids is None and n != self.num_layers:
+                raise InputError(f"metadata.num_hidden_layers: {n} layers but no layer_ids say "
+                                 f"which {self.num_layers} of them are MoE layers")
+            if any(not 0 <= i < n for i in self.layers) or len(set(self.layers)) != self.num_layers:
+                raise InputError(f"metadata.layer_ids: {list(self.layers)} are not distinct layers "
+                                 f"of 0..{n - 1}")
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -78,6 +94,16 @@ class TraceMeta:
     @property
     def expert_dtype(self) -> np.dtype:
         return np.dtype(np.int16) if self.num_experts <= np.iinfo(np.int16).max else np.dtype(np.int32)
+
+    def layout(self) -> dict[str, Any]:
+        """The model facts a placement solved on this trace carries (`Placement.info`): MoE
+        `layer_ids`, `num_expert_groups`, and `num_hidden_layers` / `model_type` when known."""
+        d: dict[str, Any] = {"layer_ids": list(self.layers), "num_expert_groups": self.num_expert_groups}
+        if self.num_hidden_layers is not None:
+            d["num_hidden_layers"] = int(self.num_hidden_layers)
+        if self.model_type is not None:
+            d["model_type"] = self.model_type
+        return d
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -23,7 +23,9 @@ expert slots (logical experts + redundant replicas, EPLB). This module reads suc
 of range -> `InputError` naming file, record, field) and converts them:
 
 - **Layers**: a layer whose ids are -1 in every record is dense and left out; the others are the
-  trace's L columns, their model indices in `TraceMeta.layer_ids`.
+  trace's L columns, their model indices in `TraceMeta.layer_ids`; the dump's layer count is
+  the model's `num_hidden_layers`. `model` naming a preset adds its `model_type` (its layer
+  layout must be the dump's).
 - **top-k**: the number of leading slots used in the MoE layers (or `top_k`, checked).
 - **Physical -> logical** with each file's `last_physical_to_logical_map`, per layer. SGLang calls
   it the *last* map: if EPLB rebalanced during the recording, earlier passes used another map
@@ -68,6 +70,20 @@ REQUIRED = ("input_ids", "positions", "topk_ids_of_layer")
 FLUSH_ROWS = 32768
 DECODE_MODE = 2  # SGLang ForwardMode: EXTEND = 1, DECODE = 2, MIXED = 3, IDLE = 4, ...
 _RANK_RE = re.compile(r"_(\d+)\.pt$")
+
+
+def _model_type(model: str | None, layer_ids: tuple[int, ...], L: int) -> str | None:
+    """The preset's `model_type` when `model` names a preset whose layer layout the dump has."""
+    from sempar.trace.presets import PRESETS
+
+    if model is None or model not in PRESETS.names():
+        return None
+    preset = PRESETS.get(model)
+    if (preset.num_hidden_layers, preset.layers) != (L, layer_ids):
+        raise InputError(f"--model {model}: the preset has MoE layers {preset.layers[0]}.."
+                         f"{preset.layers[-1]} of {preset.num_hidden_layers}, the dumps "
+                         f"{layer_ids[0]}..{layer_ids[-1]} of {L}")
+    return preset.model_type
 
 
 def _load(path: Path) -> dict:
@@ -337,6 +353,7 @@ def import_sglang(dump_paths: Sequence[str | os.PathLike], out_path: str | os.Pa
     meta = TraceMeta(
         model=model or "sglang-dump", num_layers=len(layer_ids), num_experts=int(num_experts),
         top_k=int(top_k), vocab_size=int(vocab_size), layer_ids=layer_ids,
+        num_hidden_layers=L, model_type=_model_type(model, layer_ids, L),
         extra={"importer": "sempar.import_sglang", "source": "sglang per_token dump",
                "files": [inf.path.name for inf in infos], "ranks": [inf.rank for inf in infos],
                "slot_order": "engine (SGLang top-k order, not sorted by weight; no weights)",
