@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sempar.atomic import atomic_path
+from sempar.atomic import atomic_path, check_input
 from sempar.errors import InputError
 from sempar.trace.schema import (FORMAT_VERSION, SUPPORTED_VERSIONS, RoutingTrace, TraceMeta,
                                  validate_arrays)
@@ -117,6 +117,8 @@ class TraceWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         assert self._writer is not None and self._ctx is not None
         try:
+            if exc_type is None and self.rows == 0:
+                raise InputError(f"{self.path}: no tokens to write; an empty trace is refused")
             if exc_type is None:
                 self._writer.add_key_value_metadata({META_KEY: json.dumps(self._meta_block())})
             self._writer.close()
@@ -144,11 +146,7 @@ def write_trace(trace: RoutingTrace, path: str | os.PathLike, row_group_size: in
 
 
 def _open(path: str | os.PathLike) -> pq.ParquetFile:
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"{p}: no such file")
-    if p.is_dir():
-        raise InputError(f"{p}: is a folder, not a trace file")
+    p = check_input(path, "trace file")
     try:
         return pq.ParquetFile(p)
     except (pa.ArrowException, OSError) as err:
@@ -184,6 +182,8 @@ def read_header(path: str | os.PathLike) -> tuple[pq.ParquetFile, dict[str, Any]
         if col not in names:
             raise InputError(f"{col}: column missing from the file")
     n_rows = pf.metadata.num_rows
+    if n_rows == 0:
+        raise InputError(f"{path}: the trace holds no tokens")
     if block.get("num_tokens") != n_rows:
         raise InputError(f"metadata.num_tokens: {block.get('num_tokens')!r} but the file holds "
                          f"{n_rows} rows")
@@ -327,14 +327,8 @@ def read_trace(path: str | os.PathLike, validate: bool = True) -> RoutingTrace:
     domains: list[str] = []
     for meta, domains, _, arrays in iter_blocks(path, validate=validate):
         parts.append(arrays)
-    if meta is None:  # no row groups: an empty trace
-        _, block, meta = read_header(path)
-        domains = list(block.get("domains", []))
-        L, k = meta.num_layers, meta.top_k
-        empty = np.zeros(0, np.int32)
-        return RoutingTrace(meta, empty, empty.copy(), empty.copy(),
-                            np.zeros((0, L, k), meta.expert_dtype),
-                            domain=np.zeros(0, np.int16) if domains else None, domains=domains)
+    if meta is None:  # row groups of no rows only (read_header refuses a 0-row file)
+        raise InputError(f"{path}: the trace holds no tokens")
 
     def cat(key: str) -> np.ndarray | None:
         if key not in parts[0]:
