@@ -9,7 +9,8 @@ Columns:
     weights    fixed_size_list<float32>[L * k]          optional
 
 Key-value metadata `sempar.trace` holds JSON: `format_version`, `meta` (TraceMeta), `domains`,
-`num_tokens`, `num_requests`. Writes stream row group by row group into a temporary file that is
+`num_tokens`, `num_requests`. Every data page carries a CRC-32 checksum (Parquet page header
+`crc`), verified on read. Writes stream row group by row group into a temporary file that is
 renamed onto the target only when complete, so no partial trace is ever left behind. Reading
 validates every row group and reports the first bad row in file coordinates.
 """
@@ -81,6 +82,7 @@ class TraceWriter:
         self._writer = pq.ParquetWriter(tmp, self.schema, compression=COMPRESSION,
                                         compression_level=COMPRESSION_LEVEL,
                                         use_dictionary=["domain"] if self.has_domain else False,
+                                        write_page_checksum=True,
                                         write_statistics=["token_id", "request_id", "position"])
         return self
 
@@ -148,7 +150,9 @@ def write_trace(trace: RoutingTrace, path: str | os.PathLike, row_group_size: in
 def _open(path: str | os.PathLike) -> pq.ParquetFile:
     p = check_input(path, "trace file")
     try:
-        return pq.ParquetFile(p)
+        # Page CRCs are verified when present (every trace sempar writes has them): a flipped
+        # bit in a page is an error, not silently changed expert ids.
+        return pq.ParquetFile(p, page_checksum_verification=True)
     except (pa.ArrowException, OSError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise InputError(f"{p}: not a readable Parquet trace (truncated or another format: {reason})") from None
