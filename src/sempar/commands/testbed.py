@@ -66,14 +66,18 @@ def register(app: typer.Typer) -> None:
         from sempar.cli import emit_json
         from sempar.testbed import netns
 
+        kept: list = []
         try:
-            removed = netns.destroy(name) if name else netns.down_all()
+            removed, kept = (netns.destroy(name), []) if name else netns.down_all()
         except netns.TestbedError as e:
             fail_env(e)
         if as_json:
-            emit_json({"removed": removed})
+            emit_json({"removed": removed, "kept": [tb.name for tb in kept]})
         else:
             sys.stderr.write(f"removed {len(removed)} namespace(s)\n")
+        for tb in kept:
+            sys.stderr.write(f"kept testbed {tb.name}: in use by running process {tb.owner_pid} "
+                             f"(`sempar testbed down {tb.name}` removes it anyway)\n")
 
     @tb_app.command("status")
     def status(as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
