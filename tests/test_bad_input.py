@@ -17,8 +17,10 @@ import pytest
 
 from conftest import build_trace, rewrite
 from sempar.cli import main
+from sempar.paths import assets_dir
 from sempar.trace import write_trace
 
+MODELS = assets_dir() / "models"
 NUMBERS = [
     # finite and bounded numbers, one bound per option, named in the message
     ("synth --preset olmoe-1b-7b --tokens 100 --seed -1 --out o.parquet", "--seed: -1"),
@@ -69,7 +71,7 @@ FILES = [
     ("export --placement {p_wrap} --to sglang --out o.json", "beyond 32 bits"),
     # topology JSON
     ("simulate --trace {good} --hidden 64 --topology {t_nokey}", "links\\[0\\] lacks 'beta'"),
-    ("simulate --trace {good} --hidden 64 --topology {t_node}", "node_of\\[1\\] = 'a' is not a node id"),
+    ("simulate --trace {good} --hidden 64 --topology {t_node}", "node_of\\[1\\] = 'a': node ids are integers"),
     ("simulate --trace {good} --hidden 64 --topology {t_dir}", "is a folder"),
     # FIFO inputs would hang
     ("trace info {fifo}", "not a regular file"),
@@ -77,6 +79,10 @@ FILES = [
     ("export --placement {fifo} --to sglang --out o.json", "not a regular file"),
     ("simulate --trace {good} --hidden 64 --topology {fifo_json}", "not a regular file"),
     ("record --model tiny-moe64 --text {fifo} --out o.parquet", "not a regular file"),
+    # no progress line before the error line
+    ("import sglang {bad_dump} --out o.parquet", "not a readable SGLang dump"),
+    # a model folder that cannot be loaded
+    ("record --model {bad_model} --text {text} --out o.parquet", "cannot be loaded"),
     # outputs the environment refuses: OSError is one line too
     ("synth --preset olmoe-1b-7b --tokens 100 --out {long_name}", "File name too long"),
     ("synth --preset olmoe-1b-7b --tokens 100 --out {a_file}/o.parquet", "is not a folder"),
@@ -124,6 +130,14 @@ def files(tmp_path_factory) -> dict[str, Path]:
     f["long_name"] = d / ("x" * 300 + ".parquet")
     f["a_file"] = d / "a_file"
     f["a_file"].write_text("")
+    f["bad_dump"] = d / "dump_0.pt"
+    f["bad_dump"].write_text("not a torch file")
+    f["text"] = d / "text.txt"
+    f["text"].write_text("a few words of text for the model\n")
+    f["bad_model"] = d / "model"
+    f["bad_model"].mkdir()
+    (f["bad_model"] / "config.json").write_text((MODELS / "tiny-moe64" / "config.json").read_text())
+    (f["bad_model"] / "model.safetensors").write_bytes(b"\xff" * 64)
     f["dev_link"] = d / "dev.json"
     f["dev_link"].symlink_to("/dev/null")
     return f

@@ -387,7 +387,7 @@ def _check_node_of(node_of: Any) -> None:
         raise InputError(f"topology JSON: node_of must be a list of 1..{DEVICES_MAX} node ids")
     for i, n in enumerate(node_of):
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < len(node_of):
-            raise InputError(f"topology JSON: node_of[{i}] = {n!r} is not a node id "
+            raise InputError(f"topology JSON: node_of[{i}] = {n!r}: node ids are integers "
                              f"0..{len(node_of) - 1}")
 
 

@@ -302,8 +302,13 @@ def load_model(name_or_dir: str | os.PathLike, dtype: str = "float32") -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(src.model_dir, local_files_only=True,
-                                                 dtype=getattr(torch, dtype))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(src.model_dir, local_files_only=True,
+                                                     dtype=getattr(torch, dtype))
+    except Exception as err:  # noqa: BLE001 - transformers/safetensors raise many kinds
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"--model {name_or_dir}: {src.model_dir} cannot be loaded "
+                         f"({type(err).__name__}: {reason[:200]})") from None
     model.eval()
     return model
 
