@@ -70,14 +70,21 @@ def check_input(path: str | os.PathLike, what: str = "input file", folder: bool 
         raise InputError(f"{what}: the path is empty")
     if not p.exists():
         raise InputError(f"{p}: no such file")
-    mode = p.stat().st_mode
-    if folder and not stat.S_ISDIR(mode):
-        raise InputError(f"{p}: is not a folder ({what})")
-    if not folder and not stat.S_ISREG(mode):
-        kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
-        raise InputError(f"{p}: is {kind}, not a {what}")
+    wrong = _wrong_kind(p, folder)
+    if wrong:
+        raise InputError(f"{p}: {wrong}, not a {what}")
     register_input(p)
     return p
+
+
+def _wrong_kind(p: Path, folder: bool) -> str | None:
+    """Why `p` (existing) is not a folder / a regular file, or None when it is."""
+    mode = p.stat().st_mode
+    if folder:
+        return None if stat.S_ISDIR(mode) else "is not a folder"
+    if stat.S_ISREG(mode):
+        return None
+    return "is a folder" if stat.S_ISDIR(mode) else "is not a regular file"
 
 
 def _refuse_inputs(real: str, option: str, folder: bool, extra: tuple = ()) -> None:
@@ -120,12 +127,10 @@ def check_output(target: str | os.PathLike, *inputs: str | os.PathLike | None,
     real = _resolve(target, option)
     _refuse_inputs(str(real), option, folder, inputs)
     if real.exists():
-        mode = real.stat().st_mode
-        if folder and not stat.S_ISDIR(mode):
-            raise InputError(f"{option}: {target} exists and is not a folder")
-        if not folder and not stat.S_ISREG(mode):
-            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
-            raise InputError(f"{option}: {target} is {kind}; sempar writes only regular files")
+        wrong = _wrong_kind(real, folder)
+        if wrong:
+            raise InputError(f"{option}: {target} {wrong}; sempar writes "
+                             f"{'folders' if folder else 'only regular files'} there")
         if not os.access(real if folder else real.parent, os.W_OK | os.X_OK):
             raise InputError(f"{option}: {real if folder else real.parent} is not writable")
     else:
