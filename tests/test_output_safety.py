@@ -260,7 +260,7 @@ def test_signal_to_synth_leaves_no_temporary(sig, tmp_path):
             time.sleep(0.05)
         assert _tmp_leftovers(tmp_path), "synth never started writing"
         proc.send_signal(sig)
-        rc = proc.wait(timeout=60)
+        rc = proc.wait(timeout=120)     # generous: the shared test machine may be loaded
     finally:
         if proc.poll() is None:
             proc.kill()
