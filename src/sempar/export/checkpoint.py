@@ -28,11 +28,11 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from sempar.atomic import MARKER, atomic_folder
 from sempar.errors import InputError
 from sempar.placement.placement import Placement
 
@@ -125,10 +125,9 @@ def permute_checkpoint(model_dir: str | os.PathLike, placement: Placement,
     N = placement.num_experts
     found: dict[str, set] = {"experts": set(), "router": set()}
     weight_map: dict[str, str] = {}
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.", dir=out_dir.parent) as tmp:
-        work = Path(tmp) / "ckpt"
-        shutil.copytree(model_dir, work, ignore=shutil.ignore_patterns("*.safetensors"))
+    with atomic_folder(out_dir, "hf-checkpoint", model_dir) as work:
+        work.rmdir()          # copytree makes it again
+        shutil.copytree(model_dir, work, ignore=shutil.ignore_patterns("*.safetensors", MARKER))
         for f in files:
             # each tensor keeps its shard; per-expert tensors change name (possibly to a name
             # another shard held before), which the rewritten index records
@@ -148,7 +147,4 @@ def permute_checkpoint(model_dir: str | os.PathLike, placement: Placement,
             index = json.loads((model_dir / INDEX).read_text())
             index["weight_map"] = dict(sorted(weight_map.items()))
             (work / INDEX).write_text(json.dumps(index, indent=2) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(work, out_dir)
     return out_dir
