@@ -218,7 +218,7 @@ def test_output_equal_to_input_is_refused(tmp_path, placement_file):
         (trace, ["place", "--trace", trace, "--method", "vanilla", "--ep", "4", "--out", trace]),
         (trace, ["place", "--trace", trace, "--method", "vanilla", "--ep", "4", "--out", link]),
         (placement_file, ["export", "--placement", placement_file, "--to", "sglang",
-                          "--out", placement_file]),
+                          "--num-hidden-layers", "6", "--out", placement_file]),
         (trace, ["simulate", "--trace", trace, "--compare", "--png", trace]),
         (placement_file, ["simulate", "--trace", trace, "--compare", "--placement",
                           f"vanilla,{placement_file}", "--png", placement_file]),
