@@ -56,6 +56,9 @@ ROUNDS = 12             # alternations at most (ours: the tiny-moe64 objective s
 PRICE_STEPS = 25        # Lagrangian price updates of the expert step
 SWAP_LIMIT = 4          # best-improvement swaps per expert, at most, per expert step
 TOKEN_SLACK = 0.0       # tokens of a device may exceed 1/G of the fit occurrences by this share
+SHUFFLES = 4            # random request orders cut into pseudo-batches (tp token step)
+TOKEN_PRICE_STEPS = 80
+BATCH = 2048            # tokens per tp batch (metrics.BATCH)
 ROBUST = 1.0            # load margin: z^2 x (1 + fit/eval size), see `LoadModel`
 
 
@@ -95,6 +98,68 @@ def capacitated_assign(value: np.ndarray, weight: np.ndarray, cap: np.ndarray) -
     return out
 
 
+def pseudo_batches(stats: AffinityStats, seed: int, shuffles: int = SHUFFLES,
+                   batch: int = BATCH):
+    """(occ CSR float64[U, nb], capacity float[nb]): occurrences of each fit token in each
+    pseudo-batch. The fit requests are put in `shuffles` seeded random orders and each order is
+    cut into batches of `batch` tokens like tp mode cuts a stream (metrics.BATCH); a device may
+    take 1/G of a batch (the capacity returned is the batch size)."""
+    from scipy import sparse
+
+    rng = np.random.default_rng([seed, 0xBA7])
+    req, tok = stats.request_index, stats.token_index
+    order_in_req = np.argsort(req, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(stats.lengths)])
+    rows, cols, sizes = [], [], []
+    nb = 0
+    for _ in range(shuffles):
+        perm = rng.permutation(stats.R)
+        seq = np.concatenate([order_in_req[starts[r]:starts[r + 1]] for r in perm])
+        b = np.arange(seq.size) // batch
+        rows.append(tok[seq])
+        cols.append(nb + b)
+        sizes.append(np.bincount(b))
+        nb += int(b[-1]) + 1
+    occ = sparse.csr_matrix((np.ones(sum(r.size for r in rows)), (np.concatenate(rows),
+                             np.concatenate(cols))), shape=(stats.U, nb))
+    occ.sum_duplicates()
+    return occ, np.concatenate(sizes).astype(np.float64)
+
+
+def batch_priced_assign(local: np.ndarray, occ, size: np.ndarray, shuffles: int) -> np.ndarray:
+    """int64[U]: device of each token, tp mode's per-batch capacity priced in (Lagrangian).
+
+    local float[U, G]: fit activations of token u on device d's experts; occ CSR[U, nb] and
+    size float[nb] from `pseudo_batches`. Each device may take size[b] / G tokens of batch b;
+    overflow is bumped by the evaluator to wherever room is left. Prices lam[b, d] >= 0 per
+    occurrence; token u takes argmax_d local[u, d] - (occ @ lam)[u, d] / shuffles; prices rise
+    with overflow (subgradient). Kept: the iterate with the best local activations minus
+    the overflow, each overflowing occurrence valued at its device's mean local share.
+    """
+    U, G = local.shape
+    cap = size[:, None] / G
+    a = np.asarray(occ.sum(axis=1)).ravel() / shuffles
+    per_occ = local / np.maximum(a, 1e-12)[:, None]
+    lam = np.zeros((size.size, G))
+    step = 0.1 * float(per_occ.max())
+    best = None
+    occT = occ.T.tocsr()
+    for _ in range(TOKEN_PRICE_STEPS):
+        x = np.argmax(local - np.asarray(occ @ lam) / shuffles, axis=1)
+        oh = _onehot(x, G).astype(np.float64)
+        m = np.asarray(occT @ oh)                                          # [nb, G]
+        over = np.maximum(m - cap, 0.0)
+        gain = local[np.arange(U), x]
+        mean_share = np.bincount(x, weights=gain, minlength=G) / np.maximum(
+            np.bincount(x, weights=a, minlength=G), 1e-12)
+        value = gain.sum() - (over.sum(axis=0) / shuffles * mean_share).sum()
+        if best is None or value > best[0]:
+            best = (value, x)
+        lam = np.maximum(0.0, lam + step * (m - cap) / cap)
+        step *= 0.95
+    return best[1]
+
+
 # -------------------------------------------------------------------------------- expert step
 
 def load_spread(X: np.ndarray, load: np.ndarray) -> np.ndarray:
@@ -114,8 +179,8 @@ class LoadModel:
     """Robust device loads: L_d + sqrt(ROBUST x V_d) with L_d the fit load and V_d its
     resampling variance (`load_spread`); `sigma` None gives the plain fit load."""
 
-    def __init__(self, load: np.ndarray, sigma: np.ndarray | None, cap: float):
-        self.load, self.cap = load, cap
+    def __init__(self, load: np.ndarray, sigma: np.ndarray | None, cap: float, G: int):
+        self.load, self.cap, self.cap_devices = load, cap, G
         self.sigma = None if sigma is None else ROBUST * sigma
 
     def of(self, dev: np.ndarray, G: int) -> np.ndarray:
@@ -294,14 +359,15 @@ def _hosts(dev: np.ndarray, G: int) -> np.ndarray:
     return _onehot(dev, G).T.astype(bool)
 
 
-def alternate(M, weight: np.ndarray, item_cap: np.ndarray, lm: LoadModel, slot_group: np.ndarray, expert_group: np.ndarray, items: np.ndarray,
+def alternate(M, assign, lm: LoadModel, slot_group: np.ndarray, expert_group: np.ndarray, items: np.ndarray,
               dev: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float]:
     """(expert device int64[N], item device int64[n], fit local activations) for one layer.
 
-    M [n, N] (dense or CSR): activations of expert e by item i (tokens in tp mode); weight
-    float[n], item_cap float[G]: the items' capacity rule; lm: loads and cap; items int[n]: a starting item
+    M [n, N] (dense or CSR): activations of expert e by item i (tokens in tp mode); assign:
+    local float[n, G] -> int[n], the items' step under their capacity rule; lm: loads and cap;
+    items int[n]: a starting item
     clustering; dev: a starting expert placement (used when it respects the groups)."""
-    G = item_cap.size
+    G = lm.cap_devices
     best = None
     for _ in range(ROUNDS):
         W = np.asarray((M.T @ _onehot(items, G))).T                       # [G, N]
@@ -309,7 +375,7 @@ def alternate(M, weight: np.ndarray, item_cap: np.ndarray, lm: LoadModel, slot_g
                           dev if dev is not None and _in_groups(dev, slot_group, expert_group)
                           else None)
         local = np.asarray(M @ _onehot(dev, G))                           # [n, G]
-        items = capacitated_assign(local, weight, item_cap)
+        items = assign(local)
         obj = float(local[np.arange(items.size), items].sum())
         if best is not None and obj <= best[2] * (1 + 1e-6):
             break
@@ -343,18 +409,20 @@ def sempar(p: PlacementProblem) -> Placement:
     def model(X: np.ndarray) -> LoadModel:
         load = X.sum(axis=0, dtype=np.float64)
         return LoadModel(load, load_spread(X.astype(np.float64), load),
-                         p.max_imbalance * load.sum() / G)
+                         p.max_imbalance * load.sum() / G, G)
     node_of = p.node_of()
     allowed = np.ones((G, N), bool)
     if p.mode == "dp":
         return _solve_dp(p, stats, slot_group, expert_group, model, node_of, allowed)
     tok_cap = np.full(G, (1 + TOKEN_SLACK) * stats.a.sum() / G)
+    occ, size = pseudo_batches(stats, p.seed)
+    assign = lambda local: batch_priced_assign(local, occ, size, SHUFFLES)         # noqa: E731
     devs, toks, hosts_all, objs = [], [], [], []
     for l in range(L):
         C = stats.counts(l)
         lm = model(request_counts(stats, l))
         edev, etok, _, _ = metis_layer(C.toarray().astype(np.int64), stats.a, G, p.seed)
-        dev, items, obj = alternate(C, stats.a, tok_cap, lm, slot_group, expert_group, etok, edev)
+        dev, items, obj = alternate(C, assign, lm, slot_group, expert_group, etok, edev)
         devs.append(dev)
         toks.append(items)
         objs.append(obj)
@@ -363,7 +431,7 @@ def sempar(p: PlacementProblem) -> Placement:
             Wt = np.asarray(C.T @ _onehot(items, G)).T
             h = add_replicas(h, Wt, p.redundant // G, lm.cap, node_of, allowed)
             local = np.asarray(C @ h.T.astype(np.float32))
-            toks[-1] = capacitated_assign(local, stats.a, tok_cap)
+            toks[-1] = assign(local)
             hosts_all.append(h)
     info = {"mode": "tp", "max_imbalance": p.max_imbalance, "fit_local_activations": objs,
             "preserve_groups": p.preserve_groups}
@@ -438,3 +506,4 @@ def replicated_placement(p: PlacementProblem, name: str, expert_device: np.ndarr
     info = dict(info, token_table=TokenTable(stats.tokens, device, conf))
     return Placement(np.asarray(phy2log), N, G, p.node_of(), name, info=info)
 sempar.preserves_groups = True     # slots and swaps stay inside each expert group
+sempar.mode_aware = True           # solved once per mode by `evaluate` (tp and dp objectives differ)
