@@ -239,17 +239,23 @@ def import_sglang_cmd(dumps: list[Path] = typer.Argument(..., help="SGLang per_t
 
 @app.command()
 def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)"),
-          method: str = typer.Option(..., "--method", help="placement method (see `evaluate`)"),
+          method: str = typer.Option("sempar", "--method", help="placement method (see `evaluate`)"),
           ep: int = typer.Option(..., "--ep", help="EP degree G (devices)"),
           nodes: int = typer.Option(1, "--nodes", help="nodes the devices are grouped into"),
           redundant: int = typer.Option(0, "--redundant", help="replica slots per layer"),
+          mode: str = typer.Option("tp", "--mode", help="mode the placement serves: dp or tp"),
+          max_imbalance: float = typer.Option(1.05, "--max-imbalance",
+                                              help="per-layer device load cap, x the mean"),
+          preserve_groups: bool = typer.Option(False, "--preserve-groups",
+                                               help="experts stay in their expert group's slots"),
           seed: int = typer.Option(0, "--seed"),
           out_file: Path = typer.Option(..., "--out", help="placement.json to write")) -> None:
     """Solve an expert placement on a fit trace and write it as JSON."""
     from sempar.placement import solve
     from sempar.trace import read_trace
 
-    p = solve(method, read_trace(trace), ep, nodes, redundant, seed)
+    p = solve(method, read_trace(trace), ep, nodes, redundant, seed, mode, max_imbalance,
+              preserve_groups)
     p.save(out_file)
     sys.stderr.write(f"wrote {out_file}: {method}, {p.num_layers} layers, {ep} devices x "
                      f"{p.slots_per_device} slots, {p.num_nodes} node(s)\n")
@@ -289,6 +295,10 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
              methods: str = typer.Option("all", "--methods", help="comma-separated, or all"),
              mode: str = typer.Option("tp", "--mode", help="dp or tp"),
              redundant: int = typer.Option(0, "--redundant"),
+             max_imbalance: float = typer.Option(1.05, "--max-imbalance",
+                                                 help="per-layer device load cap, x the mean"),
+             preserve_groups: bool = typer.Option(False, "--preserve-groups",
+                                                  help="experts stay in their expert group's slots"),
              split: bool = typer.Option(False, "--split", help="split --fit 20/80 by request"),
              cross: bool = typer.Option(False, "--cross-dataset",
                                         help="also fit on each domain of --fit, evaluate on the others"),
@@ -331,7 +341,8 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
     chosen = names if methods != "all" else None
     with steps("evaluate", len(names)) as step:
         result = run(fit_trace, eval_trace, ep, nodes, chosen, mode, redundant, seed,
-                     progress=step, extra=extra)
+                     progress=step, extra=extra, max_imbalance=max_imbalance,
+                     preserve_groups=preserve_groups)
     if cross:
         with steps("cross-dataset", len(cross_names) * len(whole.domains)) as step:
             result["cross_dataset"] = cross_dataset_matrix(whole, ep, nodes, cross_names, mode,
