@@ -59,6 +59,7 @@ TOKEN_SLACK = 0.0       # tokens of a device may exceed 1/G of the fit occurrenc
 SHUFFLES = 4            # random request orders cut into pseudo-batches (tp token step)
 TOKEN_PRICE_STEPS = 80
 BATCH = 2048            # tokens per tp batch (metrics.BATCH)
+REPLICA_MARGIN = 3.0    # x the primary's robust margin, taken off the replica step's cap
 ROBUST = 1.0            # load margin: z^2 x (1 + fit/eval size), see `LoadModel`
 
 
@@ -307,6 +308,15 @@ def serving_load(hosts: np.ndarray, Wt: np.ndarray, node_of: np.ndarray) -> np.n
     return L
 
 
+def replica_cap(lm: LoadModel, dev: np.ndarray) -> float:
+    """The served-load cap of the replica step: the cap less the primary placement's largest
+    robust margin sqrt(ROBUST x V_d) (ours: served loads depend on homes, so their resampling
+    variance is not tracked; the primary's margin stands in for it)."""
+    G = lm.cap_devices
+    plain = np.bincount(dev, weights=lm.load, minlength=G)
+    return lm.cap - REPLICA_MARGIN * float((lm.of(dev, G) - plain).max())
+
+
 def add_replicas(hosts: np.ndarray, Wt: np.ndarray, per_device: int, cap: float,
                  node_of: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """bool[G, N]: `hosts` plus `per_device` replicas on every device, greedily the (device,
@@ -429,7 +439,7 @@ def sempar(p: PlacementProblem) -> Placement:
         if p.redundant:
             h = _hosts(dev, G)
             Wt = np.asarray(C.T @ _onehot(items, G)).T
-            h = add_replicas(h, Wt, p.redundant // G, lm.cap, node_of, allowed)
+            h = add_replicas(h, Wt, p.redundant // G, replica_cap(lm, dev), node_of, allowed)
             local = np.asarray(C @ h.T.astype(np.float32))
             toks[-1] = assign(local)
             hosts_all.append(h)
@@ -476,7 +486,8 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
         return coclustered_placement(p, "sempar", np.stack(devs), stats, info=info)
     oz = _onehot(z, G)
     hosts = [add_replicas(_hosts(devs[l], G), (Q[l].T @ oz).T.astype(np.float64),
-                          p.redundant // G, lms[l].cap, node_of, allowed) for l in range(L)]
+                          p.redundant // G, replica_cap(lms[l], devs[l]), node_of, allowed)
+             for l in range(L)]
     return replicated_placement(p, "sempar", np.stack(devs), hosts, stats, None, info)
 
 
