@@ -60,7 +60,7 @@ SHUFFLES = 4            # random request orders cut into pseudo-batches (tp toke
 TOKEN_PRICE_STEPS = 80
 BATCH = 2048            # tokens per tp batch (metrics.BATCH)
 REPLICA_MARGIN = 3.0    # x the primary's robust margin, taken off the replica step's cap
-ROBUST = 1.0            # load margin: z^2 x (1 + fit/eval size), see `LoadModel`
+ROBUST = 2.0            # load margin: z^2 x (1 + fit/eval size), see `LoadModel`
 
 
 # ----------------------------------------------------------------------------- item assignment
@@ -177,12 +177,21 @@ def load_spread(X: np.ndarray, load: np.ndarray) -> np.ndarray:
 
 
 class LoadModel:
-    """Robust device loads: L_d + sqrt(ROBUST x V_d) with L_d the fit load and V_d its
-    resampling variance (`load_spread`); `sigma` None gives the plain fit load."""
+    """Robust device loads: L_d + sqrt(ROBUST x V_d) - sqrt(ROBUST x V0) with L_d the fit load,
+    V_d its resampling variance (`load_spread`) and V0 the expected V_d of a uniformly random set
+    of N/G experts. So only the spread that a placement adds by grouping experts the same
+    requests use costs capacity (ours: charging the unavoidable sampling noise too made the
+    planted optimum infeasible); `sigma` None gives the plain fit load."""
 
     def __init__(self, load: np.ndarray, sigma: np.ndarray | None, cap: float, G: int):
         self.load, self.cap, self.cap_devices = load, cap, G
         self.sigma = None if sigma is None else ROBUST * sigma
+        self.offset = 0.0
+        if sigma is not None:
+            N = load.size
+            S = N // G
+            tr = float(np.trace(self.sigma))      # 1^T sigma 1 = 0: residuals sum to 0 per request
+            self.offset = np.sqrt(max(tr * S / N * (1 - (S - 1) / max(N - 1, 1)), 0.0))
 
     def of(self, dev: np.ndarray, G: int) -> np.ndarray:
         L = np.bincount(dev, weights=self.load, minlength=G)
@@ -190,7 +199,7 @@ class LoadModel:
             return L
         oh = _onehot(dev, G).astype(np.float64)
         V = np.einsum("ng,nm,mg->g", oh, self.sigma, oh)
-        return L + np.sqrt(np.maximum(V, 0.0))
+        return L + np.sqrt(np.maximum(V, 0.0)) - self.offset
 
     def swapped(self, dev: np.ndarray, G: int) -> tuple[np.ndarray, np.ndarray]:
         """(R1, R2) float[N, N]: robust loads of dev[e1] and dev[e2] after swapping e1, e2."""
@@ -212,7 +221,8 @@ class LoadModel:
               - 2 * Sg + diag[None, :])
         V2 = (V[dev][None, :] - 2 * own[None, :] + diag[None, :] + 2 * cross
               - 2 * Sg + diag[:, None])
-        return L1 + np.sqrt(np.maximum(V1, 0.0)), L2 + np.sqrt(np.maximum(V2, 0.0))
+        return (L1 + np.sqrt(np.maximum(V1, 0.0)) - self.offset,
+                L2 + np.sqrt(np.maximum(V2, 0.0)) - self.offset)
 
 
 def expert_step(W: np.ndarray, lm: LoadModel, slot_group: np.ndarray,
@@ -314,7 +324,7 @@ def replica_cap(lm: LoadModel, dev: np.ndarray) -> float:
     variance is not tracked; the primary's margin stands in for it)."""
     G = lm.cap_devices
     plain = np.bincount(dev, weights=lm.load, minlength=G)
-    return lm.cap - REPLICA_MARGIN * float((lm.of(dev, G) - plain).max())
+    return lm.cap - REPLICA_MARGIN * max(float((lm.of(dev, G) - plain).max()), 0.0)
 
 
 def add_replicas(hosts: np.ndarray, Wt: np.ndarray, per_device: int, cap: float,
