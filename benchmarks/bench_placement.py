@@ -99,9 +99,11 @@ def main() -> None:
     ap.add_argument("--synth", default="olmoe-1b-7b:100000", help="PRESET:TOKENS, or '' for none")
     ap.add_argument("--methods", default=",".join(SOLVERS.names()))
     ap.add_argument("--replicas", action="store_true", help="also sempar vs eplb at R = G")
+    ap.add_argument("--traces", nargs="*", default=None, help="dev trace names (default: all)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
-    traces = {p.stem: read_trace(p) for p in dev_trace_paths()}
+    traces = {p.stem: read_trace(p) for p in dev_trace_paths()
+              if args.traces is None or p.stem in args.traces}
     if args.synth:
         preset, n = args.synth.split(":")
         traces[f"synthetic {preset}"] = synthesize(preset, int(n), seed=1)
