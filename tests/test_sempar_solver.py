@@ -146,3 +146,18 @@ def test_bad_arguments(planted_split):
         solve("sempar", fit, G, max_imbalance=0.9)
     with pytest.raises(InputError, match="--mode"):
         solve("sempar", fit, G, mode="ep")
+
+
+def test_evaluate_solves_per_mode_and_reports_ceilings(planted_split):
+    from sempar.placement.evaluate import evaluate_modes
+
+    fit, ev, _ = planted_split
+    out = evaluate_modes(fit, ev, G, 1, ["vanilla", "sempar"], ("tp", "dp"))
+    for mode in ("tp", "dp"):
+        r = out[mode]["methods"]["sempar"]
+        assert 0 < r["share_of_oracle"] <= 1.0 + 1e-9
+        assert r["lar_mean"] <= out[mode]["refs"]["ref: every token on its best device"]["lar_mean"]
+    dp = out["dp"]["methods"]["sempar"]
+    assert dp["oracle_lar_mean"] <= dp["oracle_lar_request_free_mean"] + 1e-9
+    assert set(out["dp"]["refs"]) >= {"ref: requests on best rank, balanced",
+                                      "ref: requests on best rank, free"}
