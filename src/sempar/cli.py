@@ -255,12 +255,18 @@ def import_sglang_cmd(dumps: list[Path] = typer.Argument(..., help="SGLang per_t
 
 @app.command()
 def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)"),
-          method: str = typer.Option(..., "--method", help="placement method (see `evaluate`)"),
+          method: str = typer.Option("sempar", "--method", help="placement method (see `evaluate`)"),
           ep: int = typer.Option(..., "--ep", help="EP degree G (devices)", callback=bound(1, DEVICES_MAX)),
           nodes: int = typer.Option(1, "--nodes", help="nodes the devices are grouped into",
                                    callback=bound(1, DEVICES_MAX)),
           redundant: int = typer.Option(0, "--redundant", help="replica slots per layer",
                                        callback=bound(0, REDUNDANT_MAX)),
+          mode: str = typer.Option("tp", "--mode", help="mode the placement serves: dp or tp"),
+          max_imbalance: float = typer.Option(1.05, "--max-imbalance",
+                                              help="per-layer device load cap, x the mean",
+                                              callback=bound(1.0, 100.0)),
+          preserve_groups: bool = typer.Option(False, "--preserve-groups",
+                                               help="experts stay in their expert group's slots"),
           seed: int = typer.Option(0, "--seed", callback=SEED),
           out_file: Path = typer.Option(..., "--out", help="placement.json to write")) -> None:
     """Solve an expert placement on a fit trace and write it as JSON."""
@@ -269,7 +275,8 @@ def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)")
     from sempar.trace import read_trace
 
     check_output(out_file, trace)
-    p = solve(method, read_trace(trace), ep, nodes, redundant, seed)
+    p = solve(method, read_trace(trace), ep, nodes, redundant, seed, mode, max_imbalance,
+              preserve_groups)
     p.save(out_file)
     sys.stderr.write(f"wrote {out_file}: {method}, {p.num_layers} layers, {ep} devices x "
                      f"{p.slots_per_device} slots, {p.num_nodes} node(s)\n")
@@ -328,6 +335,11 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
              methods: str = typer.Option("all", "--methods", help="comma-separated, or all"),
              mode: str = typer.Option("tp", "--mode", help="dp or tp"),
              redundant: int = typer.Option(0, "--redundant", callback=bound(0, REDUNDANT_MAX)),
+             max_imbalance: float = typer.Option(1.05, "--max-imbalance",
+                                                 help="per-layer device load cap, x the mean",
+                                                 callback=bound(1.0, 100.0)),
+             preserve_groups: bool = typer.Option(False, "--preserve-groups",
+                                                  help="experts stay in their expert group's slots"),
              split: bool = typer.Option(False, "--split", help="split --fit 20/80 by request"),
              cross: bool = typer.Option(False, "--cross-dataset",
                                         help="also fit on each domain of --fit, evaluate on the others"),
@@ -371,7 +383,8 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
     chosen = names if methods != "all" else None
     with steps("evaluate", len(names)) as step:
         result = run(fit_trace, eval_trace, ep, nodes, chosen, mode, redundant, seed,
-                     progress=step, extra=extra)
+                     progress=step, extra=extra, max_imbalance=max_imbalance,
+                     preserve_groups=preserve_groups)
     if cross:
         with steps("cross-dataset", len(cross_names) * len(whole.domains)) as step:
             result["cross_dataset"] = cross_dataset_matrix(whole, ep, nodes, cross_names, mode,

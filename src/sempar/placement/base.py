@@ -2,7 +2,15 @@
 
 A solver maps routing statistics of a fit trace to a `Placement`:
 
-    solve(trace, num_devices=G, num_nodes=1, redundant=0, seed=0) -> Placement
+    solve(trace, num_devices=G, num_nodes=1, redundant=0, seed=0, mode="tp",
+          max_imbalance=1.05, preserve_groups=False) -> Placement
+
+`mode` and `max_imbalance` are read by the solvers that use them (`sempar`); the others ignore
+them. `preserve_groups` (DeepSeek-V3 style expert groups, `trace.meta.num_expert_groups`):
+expert e may only sit in a physical slot of its own group's range, group g = experts and slots
+[g N / ng, (g + 1) N / ng), so that a checkpoint can be permuted within groups. A solver
+honours it by setting the attribute `preserves_groups = True`; `solve` refuses the others
+with one line when the model has more than one group, and checks the result.
 
 Each method lives in its own module and registers itself in `SOLVERS`; the CLI, the reports
 and the benchmarks list the same set from it.
@@ -31,9 +39,16 @@ class PlacementProblem:
     num_nodes: int = 1
     redundant: int = 0          # extra physical slots per layer (replicas), spread over devices
     seed: int = 0
+    mode: str = "tp"            # the mode the placement will serve: "tp" or "dp"
+    max_imbalance: float = 1.05  # per-layer device load cap, x the mean (solvers that take it)
+    preserve_groups: bool = False
 
     def __post_init__(self) -> None:
         N, G = self.trace.meta.num_experts, self.num_devices
+        if self.mode not in ("tp", "dp"):
+            raise InputError(f"--mode: {self.mode!r} is not one of dp, tp")
+        if not 1.0 <= self.max_imbalance < 100:
+            raise InputError(f"--max-imbalance: {self.max_imbalance} is not in [1, 100)")
         if G < 1 or G > N:
             raise InputError(f"--ep: {G} devices for {N} experts (need 1..{N})")
         if (N + self.redundant) % G:
@@ -54,6 +69,31 @@ class PlacementProblem:
         # One layer at a time: a [T, L, k] int64 key would be 7.4 GB at DeepSeek-V3 / 2M tokens.
         return np.stack([np.bincount(self.trace.experts[:, l].ravel().astype(np.int64), minlength=N)
                          for l in range(L)]).reshape(L, N)
+
+
+def slot_groups(p: PlacementProblem) -> tuple[np.ndarray, np.ndarray]:
+    """(slot group int64[G, S0], expert group int64[N]) with S0 = N / G primary slots: the
+    expert group each slot range belongs to under `preserve_groups`, all zeros without it."""
+    N, G = p.trace.meta.num_experts, p.num_devices
+    ng = p.trace.meta.num_expert_groups if p.preserve_groups else 1
+    group = np.arange(N) // (N // ng)
+    return group.reshape(G, N // G), group
+
+
+def crosses_groups(placement: Placement, num_groups: int) -> str | None:
+    """Where `placement` puts an expert in another group's slot range, in words, else None."""
+    N = placement.num_experts
+    if num_groups <= 1:
+        return None
+    size = N // num_groups
+    slot = np.arange(placement.num_slots)
+    bad = (placement.phy2log // size != np.minimum(slot // size, num_groups - 1)[None, :])
+    bad &= slot[None, :] < N                              # replicas beyond N have no group range
+    if not bad.any():
+        return None
+    l, s = (int(i) for i in np.argwhere(bad)[0])
+    return (f"layer {l}: expert {int(placement.phy2log[l, s])} sits in slot {s} of group "
+            f"{s // size}")
 
 
 def coclustered_placement(p: PlacementProblem, name: str, expert_device: np.ndarray,
@@ -94,12 +134,19 @@ SOLVERS: Registry[Solver] = Registry("placement method")
 
 
 def solve(method: str, trace: RoutingTrace, num_devices: int, num_nodes: int = 1,
-          redundant: int = 0, seed: int = 0) -> Placement:
+          redundant: int = 0, seed: int = 0, mode: str = "tp", max_imbalance: float = 1.05,
+          preserve_groups: bool = False) -> Placement:
     """Run the registered `method` and return its validated placement."""
     solver = SOLVERS.get(method)
-    problem = PlacementProblem(trace, num_devices, num_nodes, redundant, seed)
+    problem = PlacementProblem(trace, num_devices, num_nodes, redundant, seed, mode,
+                               max_imbalance, preserve_groups)
+    ng = trace.meta.num_expert_groups
+    if preserve_groups and ng > 1 and not getattr(solver, "preserves_groups", False):
+        raise InputError(f"{method}: --preserve-groups is not supported (it moves experts "
+                         f"across the model's {ng} expert groups); use sempar or vanilla")
     placement = solver(problem)
-    if num_nodes > 1 and placement.token_table is not None and not placement.info.get("node_aware"):
+    if num_nodes > 1 and placement.token_table is not None and not placement.info.get("node_aware") \
+            and not preserve_groups:       # relabelling devices would move experts across groups
         # A co-clustering solver's device labels are arbitrary: pick them so that devices whose
         # experts the same tokens activate share a node (nodes.py).
         from sempar.placement.nodes import device_affinity, group_devices, relabel_devices
@@ -107,6 +154,11 @@ def solve(method: str, trace: RoutingTrace, num_devices: int, num_nodes: int = 1
         perm = group_devices(device_affinity(placement, trace.experts, seed), num_nodes)
         placement = relabel_devices(placement, perm)
     placement.method = method
+    if preserve_groups:
+        where = crosses_groups(placement, ng)
+        if where:
+            raise InputError(f"{method}: --preserve-groups violated ({where})")
+        placement.info["preserve_groups"] = True
     placement.info.setdefault("model", trace.meta.model)
     for key, value in trace.meta.layout().items():  # the model's layer numbering, for exports
         placement.info.setdefault(key, value)

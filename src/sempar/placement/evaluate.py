@@ -32,9 +32,11 @@ from sempar.trace.schema import RoutingTrace
 MODES = ("dp", "tp")
 
 
-def oracle_home_dp(placement: Placement, trace: RoutingTrace) -> np.ndarray:
+def oracle_home_dp(placement: Placement, trace: RoutingTrace, balanced: bool = True) -> np.ndarray:
     """int32[T, L]: whole requests on DP ranks knowing their routing; each round of G requests
-    (arrival order) is matched to the G ranks maximising local activations (Hungarian)."""
+    (arrival order) is matched to the G ranks maximising local activations (Hungarian). With
+    balanced=False every request goes to its best rank (the request-level ceiling without
+    balance)."""
     hosts = placement.hosts()                                    # [L, G, N]
     G, L = placement.num_devices, trace.meta.num_layers
     reqs, first, ridx = np.unique(trace.request_id, return_index=True, return_inverse=True)
@@ -42,6 +44,8 @@ def oracle_home_dp(placement: Placement, trace: RoutingTrace) -> np.ndarray:
     for l in range(L):
         per_token = hosts[l][:, trace.experts[:, l]].sum(axis=2).T   # [T, G]
         np.add.at(hits, ridx, per_token)
+    if not balanced:
+        return np.repeat(hits.argmax(axis=1).astype(np.int32)[ridx][:, None], L, axis=1)
     order = np.argsort(first, kind="stable")
     rank = np.empty(reqs.size, np.int32)
     for lo in range(0, order.size, G):
@@ -74,13 +78,18 @@ def figures_for(placement: Placement, eval_: RoutingTrace, mode: str,
         free_lar = unconstrained_oracle_lar(placement, eval_)
     oracle_lar = (f["lar_mean"] if home is oracle
                   else placement_figures(placement, eval_.experts, oracle)["lar_mean"])
-    return {"lar_mean": f["lar_mean"], "lar_p50": f["lar_p50"],
-            "oracle_lar_mean": oracle_lar,
+    out = {"lar_mean": f["lar_mean"], "lar_p50": f["lar_p50"],
+           "oracle_lar_mean": oracle_lar,
             "oracle_lar_unconstrained_mean": free_lar,
-            "node_local_rate": f["node_local_rate"],
-            "remote_copies_per_token": f["remote_copies_per_token"],
-            "imbalance_max_mean": f["imbalance_max_mean"],
-            "imbalance_max_median": f["imbalance_max_median"]}
+           "node_local_rate": f["node_local_rate"],
+           "remote_copies_per_token": f["remote_copies_per_token"],
+           "imbalance_max_mean": f["imbalance_max_mean"],
+           "imbalance_max_median": f["imbalance_max_median"]}
+    if mode == "dp":        # the request-level ceiling without balance (whole requests, best rank)
+        out["oracle_lar_request_free_mean"] = placement_figures(
+            placement, eval_.experts, oracle_home_dp(placement, eval_, balanced=False))["lar_mean"]
+    out["share_of_oracle"] = out["lar_mean"] / max(oracle_lar, 1e-12)
+    return out
 
 
 def unconstrained_oracle_lar(placement: Placement, eval_: RoutingTrace) -> float:
@@ -92,9 +101,11 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
                    methods: list[str] | None = None, modes: tuple[str, ...] = MODES,
                    redundant: int = 0, seed: int = 0,
                    progress: Callable[[str], None] | None = None,
-                   extra: Callable[[Placement, str], dict] | None = None) -> dict[str, dict]:
+                   extra: Callable[[Placement, str], dict] | None = None,
+                   max_imbalance: float = 1.05, preserve_groups: bool = False) -> dict[str, dict]:
     """{mode: the `evaluate --json` contract}, every placement solved once for all modes.
 
+    `max_imbalance` / `preserve_groups` go to every solver (`base.solve`).
     `extra(placement, mode)` adds keys to each deployable method's entry (`evaluate --online`
     passes the online schedulers' figures; the data flow keeps schedulers downstream of here).
     """
@@ -111,30 +122,57 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
     for name in names:
         if progress:
             progress(name)
-        t0 = time.perf_counter()
-        try:
-            # The ceiling is solved on the data it is judged on (oracle.py); every other method on fit.
-            placement = solve(name, eval_ if name == ORACLE else fit, ep, nodes, redundant, seed)
-        except InputError as err:
-            if not redundant or methods:
-                raise
-            for mode in modes:                      # `all` with replicas: list who cannot, go on
-                out[mode].setdefault("skipped", {})[name] = str(err)
-            continue
-        seconds = round(time.perf_counter() - t0, 4)
-        free = unconstrained_oracle_lar(placement, eval_)
-        for mode in modes:
-            out[mode]["methods"][name] = dict(figures_for(placement, eval_, mode, free),
-                                              solve_seconds=seconds)
-            if extra is not None and name != ORACLE:
-                out[mode]["methods"][name].update(extra(placement, mode))
+        # a mode-aware solver (`sempar`) is solved for each mode; the others once for all
+        groups = ([(m,) for m in modes] if getattr(SOLVERS.get(name), "mode_aware", False)
+                  else [modes])
+        for group in groups:
+            t0 = time.perf_counter()
+            try:
+                # The ceiling is solved on the data it is judged on (oracle.py); the rest on fit.
+                placement = solve(name, eval_ if name == ORACLE else fit, ep, nodes, redundant,
+                                  seed, mode=group[0], max_imbalance=max_imbalance,
+                                  preserve_groups=preserve_groups)
+            except InputError as err:
+                if not (redundant or preserve_groups) or methods:
+                    raise
+                for mode in modes:                  # `all` with replicas: list who cannot, go on
+                    out[mode].setdefault("skipped", {})[name] = str(err)
+                break
+            seconds = round(time.perf_counter() - t0, 4)
+            free = unconstrained_oracle_lar(placement, eval_)
+            for mode in group:
+                out[mode]["methods"][name] = dict(figures_for(placement, eval_, mode, free),
+                                                  solve_seconds=seconds)
+                if extra is not None and name != ORACLE:
+                    out[mode]["methods"][name].update(extra(placement, mode))
+    for mode in modes:
+        out[mode]["refs"] = ceiling_refs(out[mode]["methods"], mode)
     return out
+
+
+def ceiling_refs(methods: dict, mode: str) -> dict:
+    """The `ref:` rows: the highest ceiling any placement reached (its capacity-bound oracle,
+    the unconstrained one, and in dp mode each request on its best rank with and without the
+    per-round balance), so each method's LAR reads as a share of what is reachable."""
+    if not methods:
+        return {}
+    keys = [("ref: capacity-bound oracle", "oracle_lar_mean"),
+            ("ref: every token on its best device", "oracle_lar_unconstrained_mean")]
+    if mode == "dp":
+        keys[0] = ("ref: requests on best rank, balanced", "oracle_lar_mean")
+        keys.insert(1, ("ref: requests on best rank, free", "oracle_lar_request_free_mean"))
+    refs = {}
+    for label, key in keys:
+        best = max(methods, key=lambda m: methods[m].get(key, -1.0))
+        refs[label] = {"lar_mean": methods[best][key], "placement": best}
+    return refs
 
 
 def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int = 1,
              methods: list[str] | None = None, mode: str = "tp", redundant: int = 0,
              seed: int = 0, progress: Callable[[str], None] | None = None,
-             extra: Callable[[Placement, str], dict] | None = None) -> dict:
+             extra: Callable[[Placement, str], dict] | None = None,
+             max_imbalance: float = 1.05, preserve_groups: bool = False) -> dict:
     """The `evaluate --json` contract for `methods` (default: every registered one)."""
     return evaluate_modes(fit, eval_, ep, nodes, methods, (mode,), redundant, seed,
-                          progress, extra)[mode]
+                          progress, extra, max_imbalance, preserve_groups)[mode]

@@ -56,6 +56,24 @@ Measured (benchmarks/bench_placement_scale.py, 2 shared cores, load ~2): DeepSee
 Outputs besides the placement (in `info`): the fit requests' clusters and the token -> device
 table T[l, token] with its confidence Tp (the share of the token's expected
 activations at layer l that land on that device).
+
+Deviations from the paper, all of them (this stays the faithful baseline; our own solver with
+the fixes is `sempar`, placement/sempar_solver.py):
+- T / Tp: Alg. 1 labels a token by the clusters of the requests it occurs in; here T[l, token] is
+  the per-layer argmax of the token's expected expert share over devices and Tp that share
+  (`base.coclustered_placement`), i.e. derived from the expert clusters, not the request ones.
+- expert-expert affinity A = Cp^T diag(a) Cp treats a token's expert choices as independent
+  across its occurrences; real co-activation counts (pairs chosen together by one occurrence)
+  differ (measured in issue 15's review: +0.011 held-out LAR when counted for real).
+- term normalisation (ours, the paper gives none) lets the load term dominate: at the final
+  placement on tiny-moe64 the spread of EAF_e / EAF_r over clusters is 0.0016 / 0.0072 while one
+  expert's load term is 0.012-0.087, so the greedy pass is close to pure load balancing; gamma =
+  0 gives imbalance 2.24 and no setting in between keeps both (issue 15's review).
+- the objective and the choice of the best step are §3.3's dp objective (per request) also when
+  the placement serves tp mode, where locality is per token (dropping the request term alone
+  gives 0.364 against 0.355 held-out LAR at EP 4, tp).
+- no replicas (`--redundant` refused), nodes ignored (devices relabelled by `base.solve`),
+  `--preserve-groups` refused (`base.solve`).
 """
 
 from __future__ import annotations

@@ -35,6 +35,9 @@ def vanilla(p: PlacementProblem) -> Placement:
     return Placement(np.tile(row, (L, 1)), N, p.num_devices, p.node_of(), "vanilla")
 
 
+vanilla.preserves_groups = True       # every expert in its own slot: groups stay whole
+
+
 @SOLVERS.register("round-robin")
 def round_robin(p: PlacementProblem) -> Placement:
     """Expert e on device e mod G."""

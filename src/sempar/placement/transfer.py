@@ -26,7 +26,7 @@ from sempar.placement.metrics import placement_figures
 from sempar.trace.ops import select_domains, split_by_request
 from sempar.trace.schema import RoutingTrace
 
-DEFAULT_METHODS = ("vanilla", "eplb", "metis", "smoe-cem", "semmoe")
+DEFAULT_METHODS = ("vanilla", "eplb", "metis", "smoe-cem", "semmoe", "sempar")
 
 
 def cross_dataset_matrix(trace: RoutingTrace, ep: int, nodes: int = 1,

@@ -31,6 +31,8 @@ def print_evaluation(console: Console, result: dict) -> None:
         table.add_column(HEADS.get(c, c), justify="right")
     for name, r in result["methods"].items():
         table.add_row(name, *[fmt(r[c]) if c in r else "-" for c in cols])
+    for label, r in result.get("refs", {}).items():       # ceilings: read each LAR as a share
+        table.add_row(f"{label} ({r['placement']})", fmt(r["lar_mean"]), *["-"] * (len(cols) - 1))
     console.print(table)
     if online:
         acc = Table(title="online prediction accuracy of the device state (T, A, Alg. 3's choice)")
