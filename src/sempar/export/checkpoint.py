@@ -34,7 +34,7 @@ import numpy as np
 
 from sempar.atomic import MARKER, atomic_folder
 from sempar.errors import InputError
-from sempar.placement.placement import Placement
+from sempar.placement.placement import Placement, cross_group_slots
 
 _PER_EXPERT = re.compile(r"^(?P<pre>.*\blayers\.(?P<layer>\d+)\.[^.]+\.experts)\.(?P<j>\d+)\.(?P<rest>.+)$")
 _FUSED = re.compile(r"^.*\blayers\.(?P<layer>\d+)\.[^.]+\.experts\.(?P<name>[^.]+)$")
@@ -44,21 +44,10 @@ INDEX = "model.safetensors.index.json"
 
 
 def groups_crossed(placement: Placement, num_groups: int) -> list[int]:
-    """Model layer ids where the permutation moves an expert into another group.
-
-    With `num_groups` groups of N / num_groups consecutive expert ids, new expert j (old expert
-    `phy2log[l, j]`) must lie in old expert's group: `j // size == phy2log[l, j] // size`.
-    """
-    N = placement.num_experts
-    if num_groups <= 1:
-        return []
-    if N % num_groups:
-        raise InputError(f"{num_groups} expert groups do not divide {N} experts")
-    size = N // num_groups
-    ids = placement.info.get("layer_ids", range(placement.num_layers))
-    new_group = np.arange(placement.num_slots) // size
-    return [int(m) for l, m in enumerate(ids)
-            if np.any(placement.phy2log[l] // size != new_group)]
+    """Model layer ids where the permutation moves an expert into another group
+    (`cross_group_slots`)."""
+    ids = list(placement.info.get("layer_ids", range(placement.num_layers)))
+    return [int(ids[l]) for l in np.flatnonzero(cross_group_slots(placement, num_groups).any(1))]
 
 
 def _limiting_groups(model_dir: Path) -> int:

@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from sempar.errors import InputError
-from sempar.placement.placement import Placement, contiguous_nodes
+from sempar.placement.placement import Placement, cross_group_slots, contiguous_nodes
 from sempar.predict.token_table import TokenTable
 from sempar.registry import Registry
 from sempar.trace.schema import RoutingTrace
@@ -82,16 +82,11 @@ def slot_groups(p: PlacementProblem) -> tuple[np.ndarray, np.ndarray]:
 
 def crosses_groups(placement: Placement, num_groups: int) -> str | None:
     """Where `placement` puts an expert in another group's slot range, in words, else None."""
-    N = placement.num_experts
-    if num_groups <= 1:
-        return None
-    size = N // num_groups
-    slot = np.arange(placement.num_slots)
-    bad = (placement.phy2log // size != np.minimum(slot // size, num_groups - 1)[None, :])
-    bad &= slot[None, :] < N                              # replicas beyond N have no group range
+    bad = cross_group_slots(placement, num_groups)
     if not bad.any():
         return None
     l, s = (int(i) for i in np.argwhere(bad)[0])
+    size = placement.num_experts // num_groups
     return (f"layer {l}: expert {int(placement.phy2log[l, s])} sits in slot {s} of group "
             f"{s // size}")
 

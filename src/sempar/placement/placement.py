@@ -200,3 +200,23 @@ def contiguous_nodes(num_devices: int, num_nodes: int) -> np.ndarray:
     if num_nodes < 1 or num_devices % num_nodes:
         raise InputError(f"--nodes: {num_nodes} does not divide the {num_devices} devices")
     return (np.arange(num_devices) // (num_devices // num_nodes)).astype(np.int32)
+
+
+def cross_group_slots(placement: Placement, num_groups: int) -> np.ndarray:
+    """bool[L, S]: slots whose expert lies outside the slot's expert group.
+
+    With `num_groups` groups of N / num_groups consecutive expert ids (DeepSeek-V3's group-limited
+    routing), slot s of the first N belongs to group s // (N / num_groups); replica slots beyond
+    N have no group range and are never flagged. All False when num_groups <= 1.
+    """
+    N = placement.num_experts
+    bad = np.zeros(placement.phy2log.shape, bool)
+    if num_groups <= 1:
+        return bad
+    if N % num_groups:
+        raise InputError(f"{num_groups} expert groups do not divide {N} experts")
+    size = N // num_groups
+    slot = np.arange(placement.num_slots)
+    bad = placement.phy2log // size != np.minimum(slot // size, num_groups - 1)[None, :]
+    return bad & (slot[None, :] < N)
+
