@@ -5,7 +5,8 @@ layer, the pipeline's collectives (pipelines.py) become byte matrices float64[G,
 
 - all-to-all phases (metadata, dispatch, combine): CAMoE eq. 9, max over directed pairs of
   alpha + beta * bytes for that phase;
-- rings (AR / RS / AG): steps x the slowest ring edge (collectives.ring_seconds);
+- rings (AR / RS / AG, and `smoe-exact`'s AR of [T, N] logits): steps x the slowest ring
+  edge (collectives.ring_seconds);
 - ExFlow's all-gather of the new tokens: every device sends its tokens to every other, timed by
   eq. 9 with the dispatch parameters, charged at the last layer.
 
@@ -44,7 +45,8 @@ COLUMNS = PHASES + ("collectives",)
 class SimOptions:
     """hidden: elements per token vector; dtype_bytes: 2 = bf16. dedup / one_shot: None = the
     pipeline's default. meta_bytes: per selected expert per copy (int32 id + fp32 weight);
-    count_bytes: per expert in the separate metadata collective's counts (CAMoE's s_cnt)."""
+    count_bytes: per expert in the separate metadata collective's counts (CAMoE's s_cnt).
+    logit_bytes: per router logit in `smoe-exact`'s all-reduce (4: fp32, as the runtime)."""
 
     hidden: int
     dtype_bytes: int = 2
@@ -55,6 +57,7 @@ class SimOptions:
     count_bytes: int = 4
     count_sag: bool = True
     partial_combine: bool = True
+    logit_bytes: int = 4
 
     @property
     def token_bytes(self) -> int:
@@ -168,10 +171,14 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
         X = ntok * H
         for step in pipeline.steps:
             if step in ("AR", "RS", "AG"):
-                if step == "AG" and pipeline.name == "smoe" and not opts.count_sag:
+                if step == "AG" and pipeline.name.startswith("smoe") and not opts.count_sag:
                     continue
                 secs[:, l, 3] += ring_seconds(topo, step, X)
                 pair_bytes[l, 3] += ring_pairs(step, G, X.sum())
+            elif step == "AR-logits":
+                Z = ntok * placement.num_experts * opts.logit_bytes      # [T, N] per batch
+                secs[:, l, 3] += ring_seconds(topo, "AR", Z)
+                pair_bytes[l, 3] += ring_pairs("AR", G, Z.sum())
             elif step == "AG-iteration" and l == L - 1:
                 held = np.bincount(batch_of * G + cur, minlength=nb * G).reshape(nb, G) * float(H)
                 ag = np.repeat(held[:, :, None], G, axis=2)

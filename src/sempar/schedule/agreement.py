@@ -86,3 +86,41 @@ def selection_agreement(model: Any, input_ids: torch.Tensor, world: int) -> dict
             "exact": mt in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2"),
             "prerouted": P.numpy(), "router": R.numpy(),
             "margin": torch.stack(margin, 1).numpy().astype(np.float32)}
+
+
+_MEASURED: dict[tuple, dict] = {}
+
+
+def trace_agreement(trace: Any, world: int, requests: int = 32) -> dict | None:
+    """{"agreement", "tokens", "world"} of the trace's model (one of ours on disk, else None) on
+    the first `requests` requests of `trace` in arrival order, each as one prefill sequence as
+    recorded. Rank groups: gcd(world, attention heads) (the sum over ranks is what matters;
+    a model whose heads do not split over `world` cannot run Attention-TP there anyway).
+    Cached per (model, trace content, world)."""
+    import math
+
+    from sempar.paths import assets_dir
+    from sempar.trace.record import load_model
+
+    d = assets_dir() / "models" / str(trace.meta.model)
+    if not d.is_dir() or not any(d.glob("*.safetensors")):
+        return None
+    _, first = np.unique(trace.request_id, return_index=True)
+    reqs = trace.request_id[np.sort(first)[:requests]]
+    key = (str(trace.meta.model), int(trace.num_tokens), tuple(int(r) for r in reqs), world)
+    if key not in _MEASURED:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        model = load_model(d)
+        w = math.gcd(world, int(model.config.num_attention_heads))
+        agree, n = 0.0, 0
+        for r in reqs:
+            rows = np.flatnonzero(trace.request_id == r)
+            rows = rows[np.argsort(trace.position[rows], kind="stable")]
+            ids = torch.as_tensor(trace.token_id[rows].astype(np.int64))[None]
+            res = selection_agreement(model, ids, w)
+            agree += res["agreement"] * rows.size
+            n += rows.size
+        _MEASURED[key] = {"agreement": agree / max(n, 1), "tokens": n, "world": w}
+    return _MEASURED[key]

@@ -104,16 +104,45 @@ def online_figures(placement: Placement, fit: RoutingTrace, eval_: RoutingTrace,
                    oov: EmbeddingOOV | None = None, lookback: int = LOOKBACK,
                    policy: str = "alg2") -> dict:
     """{"predicted_lar_mean", "predicted_lar" float[L], "predicted_imbalance_max_mean",
-    "accuracy": {"token_mean", "ngram_mean", "combined_mean"}} of the online schedulers."""
+    "accuracy": {"token_mean", "ngram_mean", "combined_mean"}} of the online schedulers, and
+    the exact pre-routed source's figures (`exact_figures`)."""
     if mode not in ("tp", "dp"):
         raise InputError(f"--mode: {mode!r} is not one of dp, tp")
     sched = OnlineScheduler(lookback, oov).fit(fit, placement)
     home = sched.home_tp(eval_) if mode == "tp" else sched.home_dp(eval_, policy)
     f = placement_figures(placement, eval_.experts, home)
     acc = prediction_accuracy(eval_, placement, sched.token_device_, sched.ngram_)
-    return {"predicted_lar_mean": f["lar_mean"], "predicted_lar": np.round(f["lar"], 4).tolist(),
-            "predicted_imbalance_max_mean": f["imbalance_max_mean"],
-            "accuracy": {k: float(acc[f"{k}_mean"]) for k in ("token", "ngram", "combined")}}
+    out = {"predicted_lar_mean": f["lar_mean"], "predicted_lar": np.round(f["lar"], 4).tolist(),
+           "predicted_imbalance_max_mean": f["imbalance_max_mean"],
+           "accuracy": {k: float(acc[f"{k}_mean"]) for k in ("token", "ngram", "combined")}}
+    return out | exact_figures(placement, eval_, mode)
+
+
+def exact_figures(placement: Placement, eval_: RoutingTrace, mode: str,
+                  batch: int = BATCH) -> dict:
+    """The pre-routed source (tp mode only; dp mode cannot re-home a token inside a layer):
+    {"exact_lar_mean", "exact_lar" float[L], "exact_imbalance_max_mean",
+    "selection_agreement": share of (token, layer) whose pre-routed top-k is the router's, or
+    None}.
+
+    The homes are `prerouter.exact_homes` of the eval trace's recorded experts: what the
+    pre-router selects when it agrees with the router. The agreement itself is measured, when
+    the trace's model is one of ours on disk, by re-running it on the first eval requests
+    (`agreement.trace_agreement`); None otherwise.
+    """
+    if mode != "tp":
+        return {"exact_lar_mean": None, "exact_lar": None, "exact_imbalance_max_mean": None,
+                "selection_agreement": None}
+    from sempar.schedule.agreement import trace_agreement
+    from sempar.schedule.prerouter import exact_homes
+
+    home = exact_homes(torch.as_tensor(eval_.experts.astype(np.int64)),
+                       torch.as_tensor(placement.hosts()), batch).numpy()
+    f = placement_figures(placement, eval_.experts, home)
+    agree = trace_agreement(eval_, placement.num_devices)
+    return {"exact_lar_mean": f["lar_mean"], "exact_lar": np.round(f["lar"], 4).tolist(),
+            "exact_imbalance_max_mean": f["imbalance_max_mean"],
+            "selection_agreement": None if agree is None else agree["agreement"]}
 
 
 class OnlineHomes:
