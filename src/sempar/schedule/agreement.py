@@ -91,12 +91,13 @@ def selection_agreement(model: Any, input_ids: torch.Tensor, world: int) -> dict
 _MEASURED: dict[tuple, dict] = {}
 
 
-def trace_agreement(trace: Any, world: int, requests: int = 32) -> dict | None:
+def trace_agreement(trace: Any, world: int, requests: int = 16) -> dict | None:
     """{"agreement", "tokens", "world"} of the trace's model (one of ours on disk, else None) on
     the first `requests` requests of `trace` in arrival order, each as one prefill sequence as
     recorded. Rank groups: gcd(world, attention heads) (the sum over ranks is what matters;
     a model whose heads do not split over `world` cannot run Attention-TP there anyway).
     Cached per (model, trace content, world)."""
+    import json
     import math
 
     from sempar.paths import assets_dir
@@ -107,13 +108,14 @@ def trace_agreement(trace: Any, world: int, requests: int = 32) -> dict | None:
         return None
     _, first = np.unique(trace.request_id, return_index=True)
     reqs = trace.request_id[np.sort(first)[:requests]]
-    key = (str(trace.meta.model), int(trace.num_tokens), tuple(int(r) for r in reqs), world)
+    heads = int(json.loads((d / "config.json").read_text())["num_attention_heads"])
+    w = math.gcd(world, heads)
+    key = (str(trace.meta.model), int(trace.num_tokens), tuple(int(r) for r in reqs), w)
     if key not in _MEASURED:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
         model = load_model(d)
-        w = math.gcd(world, int(model.config.num_attention_heads))
         agree, n = 0.0, 0
         for r in reqs:
             rows = np.flatnonzero(trace.request_id == r)
