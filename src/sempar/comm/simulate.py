@@ -134,6 +134,7 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
     lar = np.full(L, np.nan)
     copies = np.full(L, np.nan)
     ep = pipeline.expert_parallel
+    pre_bytes = 0.0                      # smoe-exact's logit all-reduce (inside "collectives")
     if ep:
         if home is None:
             raise InputError(f"pipeline {pipeline.name} needs token homes")
@@ -179,13 +180,16 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
                 Z = ntok * placement.num_experts * opts.logit_bytes      # [T, N] per batch
                 secs[:, l, 3] += ring_seconds(topo, "AR", Z)
                 pair_bytes[l, 3] += ring_pairs("AR", G, Z.sum())
+                pre_bytes += float(ring_pairs("AR", G, Z.sum()).sum())
             elif step == "AG-iteration" and l == L - 1:
                 held = np.bincount(batch_of * G + cur, minlength=nb * G).reshape(nb, G) * float(H)
                 ag = np.repeat(held[:, :, None], G, axis=2)
                 ag[:, np.arange(G), np.arange(G)] = 0.0
                 secs[:, l, 3] += topo.a2a_seconds("dispatch", ag)
                 pair_bytes[l, 3] += ag.sum(axis=0)
-    return _report(pipeline, topo, secs, pair_bytes, lar, copies, T, nb, dedup, one_shot, opts)
+    res = _report(pipeline, topo, secs, pair_bytes, lar, copies, T, nb, dedup, one_shot, opts)
+    res["total"]["bytes_prerouting"] = pre_bytes
+    return res
 
 
 def _report(pipeline: Pipeline, topo: Topology, secs: np.ndarray, pair_bytes: np.ndarray,
