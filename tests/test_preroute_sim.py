@@ -32,7 +32,7 @@ def test_smoe_exact_adds_the_logit_all_reduce_and_reaches_the_oracle(part) -> No
     smoe = simulate(ev.experts, homes(PIPELINES.get("smoe")), p, topo, PIPELINES.get("smoe"), opts)
     ex = simulate(ev.experts, homes(PIPELINES.get("smoe-exact")), p, topo,
                   PIPELINES.get("smoe-exact"), opts)
-    # the extra collective: a ring all-reduce of T x N fp32 logits, 2 (G - 1) / G of it per device
+    # the extra collective: a two-shot all-reduce of T x N fp32 logits, 2 (G - 1) / G of it per device
     extra = ex["total"]["bytes_by_phase"]["collectives"] - smoe["total"]["bytes_by_phase"]["collectives"]
     assert extra == pytest.approx(L * 2 * (G - 1) * TOKENS * N * 4)
     # homes by the real experts: the capacity-bound oracle's LAR, fewer dispatched copies

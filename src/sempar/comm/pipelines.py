@@ -17,8 +17,8 @@ Choices where the papers are vague (ours):
   leaves it out; `count_sag=False` reproduces the closed form. The shuffle itself is fused into
   the ring (s-MoE §4 (a)): SRS moves exactly the bytes of a ring RS (equal chunks, by the align
   step), SAG those of a ring AG.
-- `smoe-exact` (ours, issue 16): `smoe` preceded by a ring all-reduce of the partial router
-  logits, T x N values of `SimOptions.logit_bytes` (fp32 by default, as the runtime sends them);
+- `smoe-exact` (ours, issue 16): `smoe` preceded by a direct two-shot all-reduce (an
+  all-to-all RS then AG, `simulate.logit_all_reduce`) of the partial router logits, T x N values of `SimOptions.logit_bytes` (fp32 by default, as the runtime sends them);
   its homes are those the real routing gives (`prerouter.exact_homes`), which is what the router
   chooses for the softmax-top-k families; for DeepSeek-V3 / GPT-OSS routers the simulated homes
   are optimistic (the pre-routed top-k only agrees with the router's at a measured rate).
