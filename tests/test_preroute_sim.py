@@ -56,3 +56,21 @@ def test_exact_source_equals_capacity_oracle(part, ep) -> None:
     assert abs(f["exact_lar_mean"] - oracle) <= 0.005
     assert f["selection_agreement"] == 1.0          # tiny-moe64 is qwen3_moe: exact
     assert exact_figures(p, ev, "dp")["exact_lar_mean"] is None
+
+
+def test_expected_hits_beats_alg3_and_keeps_equal_chunks(part) -> None:
+    """Ours (previous-layer experts + token table as per-device scores, next-best spill) against
+    Sem-MoE Alg. 3's T|A on the same placement and held-out tokens, EP 8."""
+    from sempar.schedule.online import OnlineScheduler, model_embedding
+
+    fit, ev = part
+    p = solve("semmoe", fit, 8)
+    s = OnlineScheduler(oov=model_embedding(ev.meta.model)).fit(fit, p)
+    hits = s.home_tp_hits(ev)
+    for lo in range(0, ev.num_tokens, 2048):
+        c = np.bincount(hits[lo:lo + 2048, 3], minlength=8)
+        assert c.max() - c.min() <= 1
+    lar = placement_figures(p, ev.experts, hits)["lar_mean"]
+    alg3 = placement_figures(p, ev.experts, s.home_tp(ev))["lar_mean"]
+    oracle = placement_figures(p, ev.experts, oracle_home(p, ev.experts))["lar_mean"]
+    assert alg3 < lar < oracle
