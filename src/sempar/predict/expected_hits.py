@@ -27,7 +27,7 @@ import numpy as np
 from scipy import sparse
 
 from sempar.predict.confidence import layer_counts
-from sempar.predict.device_state import check_placement
+from sempar.predict.device_state import fit_inputs
 from sempar.predict.oov import EmbeddingOOV, fitted_mapper
 from sempar.trace.schema import RoutingTrace
 
@@ -42,11 +42,9 @@ class ExpectedHits:
         self.oov, self.alpha = oov, alpha
 
     def fit(self, trace: RoutingTrace, placement) -> "ExpectedHits":
-        hosts = placement.hosts()
-        check_placement(trace, hosts)
+        hosts, tokens, tok = fit_inputs(trace, placement)
         L, G, N = hosts.shape
         k = trace.meta.top_k
-        tokens, tok = np.unique(np.asarray(trace.token_id, np.int64), return_inverse=True)
         U = tokens.size
         tok_dev = np.zeros((L, U, G), np.float32)
         prev_dev = np.zeros((L, N, G), np.float32)
