@@ -1,6 +1,6 @@
 """sempar bench (sempar.runtime.bench): a tiny loopback run at G = 2 checks the `bench --json`
 contract, measured bytes == the comm simulator's where the runtime matches it exactly (attn-dp
-vs sglang-ep, tp-allreduce vs ds-moe, tp-rebatch vs smoe; exflow: + 4 B per dispatched copy),
+vs sglang-ep, tp-allreduce vs ds-moe, tp-rebatch vs smoe, tp-exact vs smoe-exact; exflow: + 4 B per dispatched copy),
 lossless logits, LAR in (0, 1], the saved last result and the demo rows; a testbed run (root +
 netns) is marked slow and skipped elsewhere."""
 
@@ -15,7 +15,7 @@ from sempar.runtime import bench
 
 KEYS = {"moe_layer_seconds", "forward_seconds", "bytes_sent", "bytes_predicted", "lar_mean",
         "max_abs_logit_diff"}
-EXACT = ("vanilla", "vanilla-tp", "sempar-dp", "sempar-tp")
+EXACT = ("vanilla", "vanilla-tp", "sempar-dp", "sempar-tp", "sempar-tp-exact")
 
 
 def check_result(res: dict, G: int) -> None:
@@ -29,6 +29,9 @@ def check_result(res: dict, G: int) -> None:
         assert m["logits_allclose_1e-5"], name        # torch.allclose(rtol = atol = 1e-5)
         assert m["max_abs_logit_diff"] < 1e-4, name
         assert m["bytes_sent"] > 0
+        # the logit all-reduce of exact pre-routing, counted and predicted alike
+        assert m["prerouting_sent"] == m["prerouting_predicted"], name
+        assert (m["prerouting_sent"] > 0) == (name == "sempar-tp-exact"), name
         if name in EXACT:
             assert m["bytes_sent"] == m["bytes_predicted"], name
         else:   # exflow: the global token index, 4 B per copy of 4H + 8k = 576 B

@@ -136,7 +136,7 @@ def test_exflow_table_one(k):
 
 
 def test_dedup_cuts_copies_and_registry():
-    assert pipeline_names() == ["ds-moe", "sglang-tp", "smoe", "attn-dp", "sglang-ep", "exflow"]
+    assert pipeline_names() == ["ds-moe", "sglang-tp", "smoe", "smoe-exact", "attn-dp", "sglang-ep", "exflow"]
     rng = np.random.default_rng(4)
     T, L, N, k = 4096, 2, 16, 8                                  # 2 experts per device: duplicates
     ex = np.stack([rng.permutation(N)[:k] for _ in range(T * L)]).reshape(T, L, k)

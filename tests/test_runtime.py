@@ -21,6 +21,7 @@ from sempar.comm.topology import Topology
 from sempar.placement.metrics import home_tp_contiguous
 from sempar.placement.placement import Placement
 from sempar.runtime import MODES, RankFailure, RunSpec, reference_logits, run, run_many
+from sempar.schedule.prerouter import exact_homes
 from sempar.schedule.rebatch import plan_align
 from sempar.trace.record import load_model, resolve_model
 from sempar.trace.routers import RoutingCapture, find_routers
@@ -40,7 +41,7 @@ def assert_lossless(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     DIFFS[what] = diff
     assert torch.allclose(got, ref, rtol=TOL, atol=TOL), f"{what}: max |logit diff| {diff:.2e}"
 SIM_PIPE = {"attn-dp": "sglang-ep", "tp-allreduce": "ds-moe", "tp-rebatch": "smoe",
-            "exflow": "exflow"}
+            "tp-exact": "smoe-exact", "exflow": "exflow"}
 
 
 def shape(model: str) -> tuple[int, int, int, int]:
@@ -84,9 +85,12 @@ def uniform_topology(G: int) -> Topology:
                     np.ones((G, G)) - np.eye(G))
 
 
-def homes(mode: str, spec: RunSpec, G: int, L: int) -> np.ndarray:
+def homes(mode: str, spec: RunSpec, G: int, L: int, experts: np.ndarray) -> np.ndarray:
     B, S = spec.input_ids.shape
     T = B * S
+    if mode == "tp-exact":       # the router's real experts, one tp batch: what pre-routing gives
+        return exact_homes(torch.as_tensor(experts), torch.as_tensor(spec.placement.hosts()),
+                           T).numpy().astype(np.int32)
     if mode in ("attn-dp", "exflow"):
         rr = np.arange(B) % G
         return np.repeat(np.repeat(rr, S)[:, None], L, axis=1).astype(np.int32)
@@ -101,7 +105,7 @@ def simulated(mode: str, spec: RunSpec, experts: np.ndarray, G: int) -> np.ndarr
     L, _, _, H = shape(spec.model)
     T = spec.input_ids.numel()
     opts = SimOptions(hidden=H, dtype_bytes=4, batch=T, dedup=True, one_shot=True)
-    return simulate(experts, homes(mode, spec, G, L), spec.placement, uniform_topology(G),
+    return simulate(experts, homes(mode, spec, G, L, experts), spec.placement, uniform_topology(G),
                     PIPELINES.get(SIM_PIPE[mode]), opts)["bytes_per_pair"]
 
 
@@ -199,8 +203,9 @@ def test_lossless_and_bytes(group_results, model, G):
             np.testing.assert_array_equal(got[:, 1], c, err_msg=what)
         if spec.mode.startswith("tp"):
             # direct RS / AG send per rank what a ring sends (equal chunks): totals agree
-            names = ("allreduce", "all-gather") if spec.mode == "tp-allreduce" else \
-                ("reduce-scatter", "all-gather")
+            names = {"tp-allreduce": ("allreduce", "all-gather"),
+                     "tp-exact": ("prerouting", "reduce-scatter", "all-gather")}.get(
+                         spec.mode, ("reduce-scatter", "all-gather"))
             coll = r.per_layer(names, L).sum(axis=(1, 2, 3))
             np.testing.assert_array_equal(coll, sim[:, 3].sum(axis=(1, 2)), err_msg=what)
         # every all2allv with unknown receive sizes exchanged 8 bytes per pair

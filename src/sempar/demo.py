@@ -177,8 +177,10 @@ def stage_online(ctx: DemoContext) -> dict:
         if m == DEFAULT_METHOD:
             out["dp"] = evaluate_policies(solve(m, fit, 4, mode="dp"), ev)
     out["tp"] = rows
-    cols = ["lar_mean", "predicted_lar_mean", "oracle_lar_mean", "imbalance_max_mean"]
-    ctx.report.table(["method", "LAR (table, offline)", "LAR (online)", "oracle LAR",
+    cols = ["lar_mean", "predicted_lar_mean", "exact_lar_mean", "oracle_lar_mean",
+            "imbalance_max_mean"]
+    ctx.report.table(["method", "LAR (table, offline)", "LAR (online)", "LAR (pre-routed)",
+                      "oracle LAR",
                       "imbalance max/mean", "accuracy T / A / T|A"],
                      [[m] + [r[c] for c in cols]
                       + [" / ".join(f"{r['accuracy'][k]:.3f}" for k in ("token", "ngram", "combined"))]

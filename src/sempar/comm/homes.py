@@ -7,6 +7,9 @@
   the DP ranks in arrival order, or with the online schedulers by a request policy
   (`OnlineScheduler.home_dp`, Sem-MoE Alg. 2 by default).
 
+- `smoe-exact`: the capacity-aligned home of each token's pre-routed experts (its real ones,
+  `schedule.prerouter.exact_homes`), whatever `schedule` says: nothing is predicted or fitted.
+
 `schedule`: "auto" (default) uses the online schedulers when the placement carries a token
 table, i.e. comes from a co-clustering method (semmoe, smoe-cem), and vanilla homes otherwise;
 "online" fits them for any placement; "none" always uses the vanilla homes. The schedulers are
@@ -39,6 +42,8 @@ class Homes:
         self._cache: dict[str, np.ndarray] = {}
 
     def scheduled(self, pipeline: Pipeline) -> bool:
+        if pipeline.name == "smoe-exact":
+            return True
         if not pipeline.scheduled or self.schedule == "none":
             return False
         return self.schedule == "online" or self.placement.token_table is not None
@@ -57,6 +62,16 @@ class Homes:
         """int32[T, L] homes for `pipeline`, None when it has no expert parallelism."""
         if not pipeline.expert_parallel:
             return None
+        if pipeline.name == "smoe-exact":
+            if "exact" not in self._cache:
+                import torch
+
+                from sempar.schedule.prerouter import exact_homes
+
+                self._cache["exact"] = exact_homes(
+                    torch.as_tensor(self.eval.experts.astype(np.int64)),
+                    torch.as_tensor(self.placement.hosts()), self.batch).numpy().astype(np.int32)
+            return self._cache["exact"]
         sched = self.scheduled(pipeline)
         key = f"{pipeline.attention}:{sched}"
         if key not in self._cache:

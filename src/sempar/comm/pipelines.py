@@ -5,6 +5,7 @@
 | `ds-moe` | TP | AR -> A2A dispatch -> A2A combine -> AG (s-MoE §3.2) | contiguous chunk of the batch | no | separate |
 | `sglang-tp` | TP | AR (attention) + AR (expert TP) (s-MoE's SGLang baseline) | - (no EP) | - | - |
 | `smoe` = `semmoe-tp` | TP | shuffled RS -> A2A -> A2A -> shuffled AG | re-batched chunk (schedulers) | yes | one-shot |
+| `smoe-exact` | TP | AR of [T, N] logits -> shuffled RS -> A2A -> A2A -> shuffled AG | capacity-aligned home of the pre-routed experts (`schedule.prerouter`) | yes | one-shot |
 | `attn-dp` | DP | A2A dispatch -> A2A combine | DP rank of the request | no | separate |
 | `sglang-ep` | DP | one-shot dispatch (DeepEP) -> combine | DP rank of the request | yes | one-shot |
 | `exflow` | DP, context-coherent | one A2A dispatch per layer (+ partial combine for k > 1); one AG of the new tokens per batch | layer 0: DP rank; then the device of its top-1 expert | no | separate |
@@ -16,6 +17,11 @@ Choices where the papers are vague (ours):
   leaves it out; `count_sag=False` reproduces the closed form. The shuffle itself is fused into
   the ring (s-MoE §4 (a)): SRS moves exactly the bytes of a ring RS (equal chunks, by the align
   step), SAG those of a ring AG.
+- `smoe-exact` (ours, issue 16): `smoe` preceded by a direct two-shot all-reduce (an
+  all-to-all RS then AG, `simulate.logit_all_reduce`) of the partial router logits, T x N values of `SimOptions.logit_bytes` (fp32 by default, as the runtime sends them);
+  its homes are those the real routing gives (`prerouter.exact_homes`), which is what the router
+  chooses for the softmax-top-k families; for DeepSeek-V3 / GPT-OSS routers the simulated homes
+  are optimistic (the pre-routed top-k only agrees with the router's at a measured rate).
 - `ds-moe` all-reduces the whole batch then gives each device its contiguous chunk (DeepSpeed-MoE),
   so its homes never use a token scheduler; its A2A sends one copy per activation.
 - `exflow` (ExFlow §IV-A): after a layer the token stays on the device of its first (top-1)
@@ -74,6 +80,9 @@ _add(Pipeline("sglang-tp", "tp", ("AR", "AR"), False, False, False,
 _add(Pipeline("smoe", "tp", ("RS", "A2A-dispatch", "A2A-combine", "AG"), True, True, True,
               "s-MoE / Sem-MoE attention TP with token re-batching: SRS -> A2A -> A2A -> SAG",
               aliases=("semmoe-tp",)))
+_add(Pipeline("smoe-exact", "tp", ("AR-logits", "RS", "A2A-dispatch", "A2A-combine", "AG"), True,
+              True, True, "smoe with exact pre-routing: AR of [T, N] router logits -> SRS -> A2A -> "
+              "A2A -> SAG, tokens homed by their real experts"))
 _add(Pipeline("attn-dp", "dp", ("A2A-dispatch", "A2A-combine"), False, False, True,
               "attention DP + EP: A2A dispatch -> A2A combine, no de-duplication"))
 _add(Pipeline("sglang-ep", "dp", ("A2A-dispatch", "A2A-combine"), True, True, True,

@@ -6,6 +6,9 @@ layer, the pipeline's collectives (pipelines.py) become byte matrices float64[G,
 - all-to-all phases (metadata, dispatch, combine): CAMoE eq. 9, max over directed pairs of
   alpha + beta * bytes for that phase;
 - rings (AR / RS / AG): steps x the slowest ring edge (collectives.ring_seconds);
+- `smoe-exact`'s all-reduce of the [T, N] router logits: a direct two-shot all-reduce (RS then
+  AG, each one all-to-all phase timed by eq. 9 with the dispatch parameters), the algorithm
+  our runtime runs and the one small buffers want (a ring pays 2 (G - 1) latencies for them);
 - ExFlow's all-gather of the new tokens: every device sends its tokens to every other, timed by
   eq. 9 with the dispatch parameters, charged at the last layer.
 
@@ -44,7 +47,8 @@ COLUMNS = PHASES + ("collectives",)
 class SimOptions:
     """hidden: elements per token vector; dtype_bytes: 2 = bf16. dedup / one_shot: None = the
     pipeline's default. meta_bytes: per selected expert per copy (int32 id + fp32 weight);
-    count_bytes: per expert in the separate metadata collective's counts (CAMoE's s_cnt)."""
+    count_bytes: per expert in the separate metadata collective's counts (CAMoE's s_cnt).
+    logit_bytes: per router logit in `smoe-exact`'s all-reduce (4: fp32, as the runtime)."""
 
     hidden: int
     dtype_bytes: int = 2
@@ -55,6 +59,7 @@ class SimOptions:
     count_bytes: int = 4
     count_sag: bool = True
     partial_combine: bool = True
+    logit_bytes: int = 4
 
     @property
     def token_bytes(self) -> int:
@@ -97,6 +102,18 @@ def replica_table(placement: Placement, topo: Topology, nbytes: float) -> tuple[
     return out, True
 
 
+def logit_all_reduce(ntok: np.ndarray, G: int, row_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(RS, AG) float64[batches, G, G]: bytes per directed pair of a direct (two-shot) all-reduce
+    of [ntok, row_bytes] per batch, as `runtime.dispatch.Comm.all_reduce` sends it: row chunks
+    T // G (the first T % G one more); RS sends chunk d to device d, AG device s's chunk to all."""
+    n = np.asarray(ntok, np.int64)
+    chunks = (n[:, None] // G + (np.arange(G)[None, :] < (n % G)[:, None])) * float(row_bytes)
+    off = 1.0 - np.eye(G)
+    rs = chunks[:, None, :] * off[None]              # [b, src, dst] = chunk of dst
+    ag = chunks[:, :, None] * off[None]              # [b, src, dst] = chunk of src
+    return rs, ag
+
+
 def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement, topo: Topology,
              pipeline: Pipeline, opts: SimOptions) -> dict:
     """Bytes and seconds of `pipeline` for routing `experts` int[T, L, k] with homes
@@ -131,6 +148,7 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
     lar = np.full(L, np.nan)
     copies = np.full(L, np.nan)
     ep = pipeline.expert_parallel
+    pre_bytes, logit_ar = 0.0, None      # smoe-exact's logit all-reduce (inside "collectives")
     if ep:
         if home is None:
             raise InputError(f"pipeline {pipeline.name} needs token homes")
@@ -168,17 +186,26 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
         X = ntok * H
         for step in pipeline.steps:
             if step in ("AR", "RS", "AG"):
-                if step == "AG" and pipeline.name == "smoe" and not opts.count_sag:
+                if step == "AG" and pipeline.name.startswith("smoe") and not opts.count_sag:
                     continue
                 secs[:, l, 3] += ring_seconds(topo, step, X)
                 pair_bytes[l, 3] += ring_pairs(step, G, X.sum())
+            elif step == "AR-logits":
+                if logit_ar is None:
+                    logit_ar = logit_all_reduce(ntok, G, placement.num_experts * opts.logit_bytes)
+                for phase in logit_ar:                                  # RS, then AG
+                    secs[:, l, 3] += topo.a2a_seconds("dispatch", phase)
+                    pair_bytes[l, 3] += phase.sum(axis=0)
+                    pre_bytes += float(phase.sum())
             elif step == "AG-iteration" and l == L - 1:
                 held = np.bincount(batch_of * G + cur, minlength=nb * G).reshape(nb, G) * float(H)
                 ag = np.repeat(held[:, :, None], G, axis=2)
                 ag[:, np.arange(G), np.arange(G)] = 0.0
                 secs[:, l, 3] += topo.a2a_seconds("dispatch", ag)
                 pair_bytes[l, 3] += ag.sum(axis=0)
-    return _report(pipeline, topo, secs, pair_bytes, lar, copies, T, nb, dedup, one_shot, opts)
+    res = _report(pipeline, topo, secs, pair_bytes, lar, copies, T, nb, dedup, one_shot, opts)
+    res["total"]["bytes_prerouting"] = pre_bytes
+    return res
 
 
 def _report(pipeline: Pipeline, topo: Topology, secs: np.ndarray, pair_bytes: np.ndarray,

@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
                                       help="placement JSON or a method name solved on the fit split "
                                       "(--compare: comma-separated list, the first is the baseline)"),
         pipeline: str = typer.Option("sglang-ep", "--pipeline", help="ds-moe, sglang-tp, smoe "
-                                     "(= semmoe-tp), attn-dp, sglang-ep, exflow (--compare: list)"),
+                                     "(= semmoe-tp), smoe-exact, attn-dp, sglang-ep, exflow (--compare: list)"),
         topology: str = typer.Option("pcie-upi8", "--topology", help="preset (nvlink8, pcie-upi8, "
                                      "a100x4-ib[:N], hetero-cloud[:N]) or topology JSON (--compare: list)"),
         nodes: Optional[int] = typer.Option(None, "--nodes", help="nodes of a scalable preset",
@@ -50,6 +50,9 @@ def register(app: typer.Typer) -> None:
                                                 help="override the pipeline's metadata mode"),
         count_sag: bool = typer.Option(True, "--count-sag/--no-count-sag",
                                        help="smoe: count the closing shuffled all-gather"),
+        logit_bytes: int = typer.Option(4, "--logit-bytes", help="smoe-exact: bytes per "
+                                        "all-reduced router logit (fp32 = 4, bf16 = 2)",
+                                        callback=bound(1, 16)),
         seed: int = typer.Option(0, "--seed", help="split and solver seed", callback=SEED),
         compare: bool = typer.Option(False, "--compare", help="every placement x pipeline x "
                                      "topology in one table and one PNG"),
@@ -71,9 +74,11 @@ def register(app: typer.Typer) -> None:
         tr = read_trace(trace)
         opts = SimOptions(hidden=resolve_hidden(tr.meta.model, tr.meta.extra, hidden),
                           dtype_bytes=dtype_bytes, batch=batch, dedup=dedup, one_shot=one_shot,
-                          count_sag=count_sag)
+                          count_sag=count_sag, logit_bytes=logit_bytes)
         if dtype_bytes < 1:
             raise InputError(f"--dtype-bytes: {dtype_bytes} is not a positive integer")
+        if logit_bytes < 1:
+            raise InputError(f"--logit-bytes: {logit_bytes} is not a positive integer")
         study = Study.from_trace(tr, opts, schedule=schedule, policy=policy, seed=seed)
         if compare:
             methods, pipes, topos = _list(placement), _list(pipeline), _list(topology)

@@ -31,6 +31,15 @@ def check_placement(trace: RoutingTrace, hosts: np.ndarray) -> None:
                          f"trace has {L} x {N}")
 
 
+def fit_inputs(trace: RoutingTrace, placement) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(hosts bool[L, G, N], tokens int64[U] distinct token ids, tok int64[T] each row's index
+    into tokens) of a placement checked against the trace: what every fitted table starts from."""
+    hosts = placement.hosts()
+    check_placement(trace, hosts)
+    tokens, tok = np.unique(np.asarray(trace.token_id, np.int64), return_inverse=True)
+    return hosts, tokens, tok
+
+
 def device_counts(experts: np.ndarray, hosts_l: np.ndarray) -> np.ndarray:
     """int32[T, G]: per token, how many of its selected experts each device hosts.
 

@@ -29,7 +29,7 @@ from scipy import sparse
 
 from sempar.errors import InputError
 from sempar.predict.confidence import layer_counts
-from sempar.predict.device_state import check_placement, device_states
+from sempar.predict.device_state import device_states, fit_inputs
 from sempar.predict.oov import EmbeddingOOV, fitted_mapper
 from sempar.predict.token_table import TokenTable
 from sempar.trace.schema import RoutingTrace
@@ -55,11 +55,9 @@ class TokenDevice:
         """placement: a `Placement` (anything with `hosts() -> bool[L, G, N]`)."""
         if self.confidence not in CONFIDENCES:
             raise InputError(f"confidence: {self.confidence!r} is not one of {', '.join(CONFIDENCES)}")
-        hosts = placement.hosts()
-        check_placement(trace, hosts)
+        hosts, tokens, tok = fit_inputs(trace, placement)
         L, G, N = hosts.shape
         k = trace.meta.top_k
-        tokens, tok = np.unique(np.asarray(trace.token_id, np.int64), return_inverse=True)
         U = tokens.size
         total = k * np.bincount(tok, minlength=U)
         device = np.zeros((L, U), np.int16)

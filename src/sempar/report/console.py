@@ -8,6 +8,7 @@ from rich.table import Table
 from sempar.report.html import fmt
 
 HEADS = {"lar_mean": "LAR", "lar_p50": "LAR p50", "predicted_lar_mean": "online LAR",
+         "exact_lar_mean": "pre-routed LAR",
          "oracle_lar_mean": "oracle", "oracle_lar_unconstrained_mean": "oracle free",
          "node_local_rate": "node-local", "remote_copies_per_token": "remote copies",
          "imbalance_max_mean": "max/mean", "imbalance_max_median": "max/med",
@@ -25,7 +26,7 @@ def print_evaluation(console: Console, result: dict) -> None:
         cols.insert(4, "node_local_rate")
     online = any("predicted_lar_mean" in r for r in result["methods"].values())
     if online:
-        cols.insert(1, "predicted_lar_mean")
+        cols[1:1] = ["predicted_lar_mean", "exact_lar_mean"]
     table.add_column("method")
     for c in cols:
         table.add_column(HEADS.get(c, c), justify="right")
@@ -35,13 +36,15 @@ def print_evaluation(console: Console, result: dict) -> None:
         table.add_row(f"{label} ({r['placement']})", fmt(r["lar_mean"]), *["-"] * (len(cols) - 1))
     console.print(table)
     if online:
-        acc = Table(title="online prediction accuracy of the device state (T, A, Alg. 3's choice)")
-        for c in ("method", "T", "A", "T|A"):
+        acc = Table(title="online prediction accuracy of the device state (T, A, Alg. 3's choice); "
+                    "pre-routed top-k = router's (selection agreement)")
+        for c in ("method", "T", "A", "T|A", "pre-routed"):
             acc.add_column(c, justify="right" if c != "method" else "left")
         for name, r in result["methods"].items():
             if "accuracy" in r:
                 a = r["accuracy"]
-                acc.add_row(name, fmt(a["token"]), fmt(a["ngram"]), fmt(a["combined"]))
+                acc.add_row(name, fmt(a["token"]), fmt(a["ngram"]), fmt(a["combined"]),
+                            fmt(r.get("selection_agreement")))
         console.print(acc)
     for name, why in result.get("skipped", {}).items():
         console.print(f"skipped {name}: {why}")

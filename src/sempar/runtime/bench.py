@@ -12,6 +12,7 @@ online schedulers are fitted on the 20 % fit split. Methods (`METHODS`):
 | `exflow` | exflow (ILP) | exflow, requests round-robin | top-1 chain (`exflow`) |
 | `sempar-dp` | semmoe | attn-dp, requests by Sem-MoE Alg. 2 | request rank (`sglang-ep`) |
 | `sempar-tp` | semmoe | tp-rebatch, targets from `OnlineScheduler.predict` | re-batched chunk (`smoe`) |
+| `sempar-tp-exact` | semmoe | tp-exact, exact pre-routing (`schedule.prerouter`) | capacity-aligned home of the real experts (`smoe-exact`) |
 
 `vanilla` (attention DP + EP, SGLang's default) is the baseline of every time ratio. TP methods
 need the attention heads to split over G (tiny-moe64: 4 heads, so no TP at G = 8): skipped
@@ -45,6 +46,7 @@ METHODS = {   # name: (placement solver, runtime mode, request policy / schedule
     "exflow": ("exflow", "exflow", "round-robin", "exflow"),
     "sempar-dp": ("semmoe", "attn-dp", "alg2", "sglang-ep"),
     "sempar-tp": ("semmoe", "tp-rebatch", "online", "smoe"),
+    "sempar-tp-exact": ("semmoe", "tp-exact", "exact", "smoe-exact"),
 }
 BASELINE = "vanilla"
 ENTRY = "sempar.runtime.bench:bench_rank"
@@ -205,7 +207,7 @@ def _uniform(G: int):
                     np.ones((G, G)) - np.eye(G))
 
 
-def _homes(mode: str, spec, L: int) -> np.ndarray:
+def _homes(mode: str, spec, L: int, experts: np.ndarray) -> np.ndarray:
     from sempar.placement.metrics import home_tp_contiguous
     from sempar.schedule.rebatch import plan_align
 
@@ -216,24 +218,31 @@ def _homes(mode: str, spec, L: int) -> np.ndarray:
         return np.repeat(rr[:, None], L, axis=1).astype(np.int32)
     if mode == "tp-allreduce":
         return home_tp_contiguous(T, G, L, batch=T)
+    if mode == "tp-exact":
+        from sempar.schedule.prerouter import exact_homes
+
+        return exact_homes(torch.as_tensor(experts), torch.as_tensor(spec.placement.hosts()),
+                           T).numpy().astype(np.int32)
     prio = spec.priority
     return np.stack([plan_align(spec.targets[l], G, None if prio is None else prio[l])
                      .home_device().numpy() for l in range(L)], axis=1).astype(np.int32)
 
 
 def predicted(spec, experts: np.ndarray, pipeline: str, hidden: int
-              ) -> tuple[float, float, float]:
-    """(dispatch bytes, combine bytes, LAR mean) of the comm simulator for the run's homes."""
+              ) -> tuple[float, float, float, float]:
+    """(dispatch bytes, combine bytes, LAR mean, pre-routing all-reduce bytes) of the comm
+    simulator for the run's homes."""
     from sempar.comm.pipelines import PIPELINES
     from sempar.comm.simulate import SimOptions, simulate
 
     T, L, _ = experts.shape
     G = spec.placement.num_devices
     opts = SimOptions(hidden=hidden, dtype_bytes=4, batch=T, dedup=True, one_shot=True)
-    res = simulate(experts, _homes(spec.mode, spec, L), spec.placement, _uniform(G),
+    res = simulate(experts, _homes(spec.mode, spec, L, experts), spec.placement, _uniform(G),
                    PIPELINES.get(pipeline), opts)
     bpp = res["bytes_per_pair"]
-    return float(bpp[:, 1].sum()), float(bpp[:, 2].sum()), float(res["total"]["lar_mean"])
+    return (float(bpp[:, 1].sum()), float(bpp[:, 2].sum()), float(res["total"]["lar_mean"]),
+            float(res["total"]["bytes_prerouting"]))
 
 
 def plan_specs(G: int, batches: list[torch.Tensor], methods: list[str], model: str = MODEL,
@@ -345,7 +354,7 @@ def run_bench(G: int = 4, preset: str | None = "pcie-upi8", scale: float = 1 / 8
     per: dict[str, list[dict]] = {}
     for spec, c, r in zip(specs, ctx, results):
         L = c["experts"].shape[1]
-        pd, pc, lar = predicted(spec, c["experts"], METHODS[c["method"]][3], hidden)
+        pd, pc, lar, pp = predicted(spec, c["experts"], METHODS[c["method"]][3], hidden)
         dc = r.dispatch_combine(L)
         per.setdefault(c["method"], []).append({
             "dispatch_sent": int(dc[:, 0].sum()), "dispatch_predicted": pd,
@@ -353,6 +362,7 @@ def run_bench(G: int = 4, preset: str | None = "pcie-upi8", scale: float = 1 / 8
             "forward_seconds": float(r.forward_seconds),
             "bytes_sent": int(dc.sum()), "bytes_total": r.total(),
             "bytes_predicted": pd + pc, "lar_mean": lar,
+            "prerouting_sent": r.total("prerouting"), "prerouting_predicted": pp,
             "max_abs_logit_diff": float((r.logits - c["logits"]).abs().max()),
             "logits_allclose": bool(torch.allclose(r.logits, c["logits"], rtol=1e-5, atol=1e-5))})
     out = {}
@@ -366,6 +376,8 @@ def run_bench(G: int = 4, preset: str | None = "pcie-upi8", scale: float = 1 / 8
                   "bytes_total": int(sum(col("bytes_total"))),
                   "dispatch_sent": int(sum(col("dispatch_sent"))),
                   "dispatch_predicted": float(sum(col("dispatch_predicted"))),
+                  "prerouting_sent": int(sum(col("prerouting_sent"))),
+                  "prerouting_predicted": float(sum(col("prerouting_predicted"))),
                   "lar_mean": float(np.mean(col("lar_mean"))),
                   "max_abs_logit_diff": float(max(col("max_abs_logit_diff"))),
                   "logits_allclose_1e-5": all(col("logits_allclose")),

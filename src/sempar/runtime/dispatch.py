@@ -19,6 +19,8 @@ Collectives (names used as counter keys):
 - `allreduce` = direct reduce-scatter + all-gather, `reduce-scatter`, `all-gather` (attention TP):
   direct all-to-all algorithms, not rings: per rank the same bytes as a ring ((G - 1) X / G for
   RS and AG with equal chunks), spread over all peers instead of the ring successor.
+- `prerouting` (tp-exact): the all-reduce (direct RS + AG) of the float32[T, N] partial router
+  logits, 2 (G - 1) / G of T x N x 4 bytes per rank, as the simulator's `smoe-exact` ring.
 - `context-ag` (exflow), `output` (final hidden states gathered on rank 0).
 
 The receiver of a dispatch recomputes which of the k experts it serves from the ids and the

@@ -11,7 +11,14 @@ it holds. Token t of the batch is request t // S, position t % S (input_ids int6
 | `attn-dp` | DP: rank r runs its requests | dispatch -> combine (dedup, one-shot) | request rank (`sglang-ep`) |
 | `tp-allreduce` | TP (heads split) | AR -> dispatch -> combine -> AG | contiguous chunk (`ds-moe`) |
 | `tp-rebatch` | TP | shuffled RS -> dispatch -> combine -> deferred shuffled AG (Sem-MoE §3.4, Alg. 3) | re-batched chunk (`smoe`) |
+| `tp-exact` | TP | AR of [T, N] partial router logits (`prerouting`) -> shuffled RS -> dispatch -> combine -> shuffled AG (ours, issue 16) | capacity-aligned home of the pre-routed experts (`smoe-exact`) |
 | `exflow` | context-coherent | context AG -> dispatch -> partial combine to the top-1 device (ExFlow §IV-A) | layer 0: request rank; then top-1 device (`exflow`) |
+
+tp-exact: every rank turns its partial attention output (rank 0 adds the residual) into partial
+router logits W(w ⊙ p) (`schedule.prerouter`), all-reduces them (every rank then holds bitwise the
+same [T, N]), selects each token's top-k, and homes it with the capacity-bound oracle rule
+(`capacity_home`, the whole forward batch as one tp batch); the router then runs as usual on the
+home rank, so the output is the same as every other mode's.
 
 Logits (float32[B, S, V]) are computed on rank 0 from the final hidden states; the DP and
 exflow modes gather them there first (collective `output`).
@@ -32,9 +39,10 @@ import torch
 
 from sempar.errors import InputError
 from sempar.runtime.dispatch import Comm, ep_moe, ep_moe_chained, serving_table
-from sempar.schedule.rebatch import REBATCHERS
+from sempar.schedule.prerouter import capacity_home, device_hits, prerouters
+from sempar.schedule.rebatch import REBATCHERS, equal_chunks, plan_from_home
 
-MODES = ("attn-dp", "tp-allreduce", "tp-rebatch", "exflow")
+MODES = ("attn-dp", "tp-allreduce", "tp-rebatch", "tp-exact", "exflow")
 
 
 @dataclass
@@ -103,6 +111,10 @@ class Runner:
                          for ly in self.layers]
         else:
             self.attn = [ly.self_attn for ly in self.layers]
+        if mode == "tp-exact":
+            self.pre = prerouters(model)
+            self.hosts = [torch.as_tensor(placement.hosts()[l]).to(comm.device)
+                          for l in range(len(self.layers))]
         self.timings: list[float] = [0.0] * len(self.layers)
 
     # ------------------------------------------------------------------ helpers
@@ -157,7 +169,7 @@ class Runner:
         ids = batch.input_ids.to(self.comm.device)
         B, S = ids.shape
         fn = {"attn-dp": self._dp, "tp-allreduce": self._tp_ar, "tp-rebatch": self._tp_rebatch,
-              "exflow": self._exflow}[self.mode]
+              "tp-exact": self._tp_exact, "exflow": self._exflow}[self.mode]
         x = fn(ids, batch)
         if x is None:
             return None
@@ -207,23 +219,48 @@ class Runner:
         """Sem-MoE Alg. 3: re-batch by the predicted device, shuffled reduce-scatter (each rank
         gets the summed attention output of its re-batched chunk), MoE, deferred shuffled
         all-gather, tokens resumed to their order."""
-        import time
-
-        B, S = ids.shape
-        T, G, me = B * S, self.comm.world, self.comm.rank
-        H = self.cfg.hidden_size
-        x = self.inner.embed_tokens(ids).reshape(T, H)
+        T = ids.numel()
         plan_fn = REBATCHERS.get(self.rebatch)
-        for l in range(len(self.layers)):
-            t0 = time.perf_counter()
+
+        def plan(l: int, x: torch.Tensor, a_part: torch.Tensor):
             target = (batch.targets[l].to(ids.device) if batch.targets is not None
                       else torch.full((T,), -1, dtype=torch.int64, device=ids.device))
             prio = batch.priority[l].to(ids.device) if batch.priority is not None else None
-            plan = plan_fn(target, G, prio)
+            return plan_fn(target, self.comm.world, prio)
+
+        return self._tp_shuffled(ids, plan)
+
+    def _tp_exact(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Exact pre-routing (schedule.prerouter): all-reduce the partial router logits, home
+        every token by its real experts, then the shuffled RS / MoE / shuffled AG of tp-rebatch."""
+        G = self.comm.world
+
+        def plan(l: int, x: torch.Tensor, a_part: torch.Tensor):
+            pre = self.pre[l]
+            z = self.comm.all_reduce(pre.partial_logits(a_part + x if self.comm.rank == 0
+                                                        else a_part), l, "prerouting")
+            eids = pre.select(z, None if pre.exact else pre.residual_scale(x))
+            home = capacity_home(device_hits(eids, self.hosts[l]))
+            return plan_from_home(home, equal_chunks(home.shape[0], G, home.device))
+
+        return self._tp_shuffled(ids, plan)
+
+    def _tp_shuffled(self, ids: torch.Tensor, plan_of) -> torch.Tensor:
+        """The shuffled tp layer loop; plan_of(l, x [T, H], partial attention [T, H]) -> plan."""
+        import time
+
+        B, S = ids.shape
+        T, me = B * S, self.comm.rank
+        H = self.cfg.hidden_size
+        x = self.inner.embed_tokens(ids).reshape(T, H)
+        for l in range(len(self.layers)):
+            t0 = time.perf_counter()
+            a_full = self._attend(l, x.view(B, S, H)).reshape(T, H)
+            plan = plan_of(l, x, a_full)
             chunks = plan.chunk_sizes.tolist()
             off = sum(chunks[:me])
-            a_part = self._attend(l, x.view(B, S, H)).reshape(T, H).index_select(0, plan.perm)
-            a = self.comm.reduce_scatter_v(a_part, chunks, l, "reduce-scatter")
+            a = self.comm.reduce_scatter_v(a_full.index_select(0, plan.perm), chunks, l,
+                                           "reduce-scatter")
             rows = plan.perm[off:off + chunks[me]]
             y = self._moe(l, x.index_select(0, rows) + a)
             xs, _ = self.comm.all_gather_v(y, l, "all-gather", chunks)

@@ -61,7 +61,7 @@ class OnlineScheduler:
         self.lookback, self.oov, self.rebatch, self.batch = lookback, oov, rebatch, batch
 
     def fit(self, trace: RoutingTrace, placement: Placement) -> "OnlineScheduler":
-        self.placement_ = placement
+        self.placement_, self.fit_trace_, self.hits_ = placement, trace, None
         self.token_device_ = TokenDevice(self.oov, confidence="state").fit(trace, placement)
         self.ngram_ = DeviceNgram(self.lookback).fit(trace, placement)
         return self
@@ -86,6 +86,25 @@ class OnlineScheduler:
                 home[sl, l] = plan(target[sl, l], G, conf[sl, l]).home_device()
         return home.numpy().astype(np.int32)
 
+    def home_tp_hits(self, trace: RoutingTrace) -> np.ndarray:
+        """int32[T, L]: homes from `ExpectedHits` scores (ours, beside Alg. 3's T|A): per batch
+        and layer each token asks its best-scored device, a full device keeps the tokens with
+        the most expected hits, a spilled token asks its own next-best (`plan_align` scores)."""
+        from sempar.predict.expected_hits import ExpectedHits
+
+        if getattr(self, "hits_", None) is None:
+            self.hits_ = ExpectedHits(self.oov).fit(self.fit_trace_, self.placement_)
+        S = torch.from_numpy(self.hits_.scores(trace))                     # [T, L, G]
+        G = self.placement_.num_devices
+        home = torch.empty(S.shape[:2], dtype=torch.int64)
+        for lo in range(0, S.shape[0], self.batch):
+            for l in range(S.shape[1]):
+                s = S[lo:lo + self.batch, l]
+                best, target = s.max(dim=1)
+                home[lo:lo + self.batch, l] = REBATCHERS.get("align")(
+                    target, G, best, scores=s).home_device()
+        return home.numpy().astype(np.int32)
+
     def home_dp(self, trace: RoutingTrace, policy: str = "alg2") -> np.ndarray:
         """int32[T, L]: every token on its request's DP rank, requests in arrival order."""
         from sempar.schedule.requests import REQUEST_POLICIES, home_from_ranks, request_arrays
@@ -104,16 +123,49 @@ def online_figures(placement: Placement, fit: RoutingTrace, eval_: RoutingTrace,
                    oov: EmbeddingOOV | None = None, lookback: int = LOOKBACK,
                    policy: str = "alg2") -> dict:
     """{"predicted_lar_mean", "predicted_lar" float[L], "predicted_imbalance_max_mean",
-    "accuracy": {"token_mean", "ngram_mean", "combined_mean"}} of the online schedulers."""
+    "accuracy": {"token_mean", "ngram_mean", "combined_mean"}} of the online schedulers
+    (Alg. 3's T|A), in tp mode "hits_lar_mean" / "hits_lar" of ours (`home_tp_hits`), and the
+    exact pre-routed source's figures (`exact_figures`)."""
     if mode not in ("tp", "dp"):
         raise InputError(f"--mode: {mode!r} is not one of dp, tp")
     sched = OnlineScheduler(lookback, oov).fit(fit, placement)
     home = sched.home_tp(eval_) if mode == "tp" else sched.home_dp(eval_, policy)
     f = placement_figures(placement, eval_.experts, home)
     acc = prediction_accuracy(eval_, placement, sched.token_device_, sched.ngram_)
-    return {"predicted_lar_mean": f["lar_mean"], "predicted_lar": np.round(f["lar"], 4).tolist(),
-            "predicted_imbalance_max_mean": f["imbalance_max_mean"],
-            "accuracy": {k: float(acc[f"{k}_mean"]) for k in ("token", "ngram", "combined")}}
+    out = {"predicted_lar_mean": f["lar_mean"], "predicted_lar": np.round(f["lar"], 4).tolist(),
+           "predicted_imbalance_max_mean": f["imbalance_max_mean"],
+           "accuracy": {k: float(acc[f"{k}_mean"]) for k in ("token", "ngram", "combined")}}
+    if mode == "tp":
+        h = placement_figures(placement, eval_.experts, sched.home_tp_hits(eval_))
+        out |= {"hits_lar_mean": h["lar_mean"], "hits_lar": np.round(h["lar"], 4).tolist()}
+    return out | exact_figures(placement, eval_, mode)
+
+
+def exact_figures(placement: Placement, eval_: RoutingTrace, mode: str,
+                  batch: int = BATCH) -> dict:
+    """The pre-routed source (tp mode only; dp mode cannot re-home a token inside a layer):
+    {"exact_lar_mean", "exact_lar" float[L], "exact_imbalance_max_mean",
+    "selection_agreement": share of (token, layer) whose pre-routed top-k is the router's, or
+    None}.
+
+    The homes are `prerouter.exact_homes` of the eval trace's recorded experts: what the
+    pre-router selects when it agrees with the router. The agreement itself is measured, when
+    the trace's model is one of ours on disk, by re-running it on the first eval requests
+    (`agreement.trace_agreement`); None otherwise.
+    """
+    if mode != "tp":
+        return {"exact_lar_mean": None, "exact_lar": None, "exact_imbalance_max_mean": None,
+                "selection_agreement": None}
+    from sempar.schedule.agreement import trace_agreement
+    from sempar.schedule.prerouter import exact_homes
+
+    home = exact_homes(torch.as_tensor(eval_.experts.astype(np.int64)),
+                       torch.as_tensor(placement.hosts()), batch).numpy()
+    f = placement_figures(placement, eval_.experts, home)
+    agree = trace_agreement(eval_, placement.num_devices)
+    return {"exact_lar_mean": f["lar_mean"], "exact_lar": np.round(f["lar"], 4).tolist(),
+            "exact_imbalance_max_mean": f["imbalance_max_mean"],
+            "selection_agreement": None if agree is None else agree["agreement"]}
 
 
 class OnlineHomes:

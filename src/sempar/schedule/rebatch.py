@@ -15,7 +15,8 @@ The paper leaves `align` unspecified; we follow design.md ("Home device", Attent
 reduce-scatter needs equal chunks, so device g receives exactly T // G tokens, the first T % G
 devices one more. Each device first keeps the earliest tokens (by position) that prefer it, up to
 its capacity; the overflow and the tokens with no preference then fill the remaining room of the
-devices in device order. The paper computes the inverse with a second argsort; we scatter it in
+devices in device order, or, given per-device scores, each spilled token goes to its own
+next-best device with room (proposal rounds, `propose`; the capacity-bound oracle's rule). The paper computes the inverse with a second argsort; we scatter it in
 O(T) while building the plan.
 
 Everything runs as torch ops on the input's device, with no host synchronisation, so the same code
@@ -106,9 +107,66 @@ def _check(target: torch.Tensor, num_devices: int) -> torch.Tensor:
     return target.long()
 
 
+def propose(pref: torch.Tensor, priority: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
+    """int64[n]: device per token by proposal rounds (-1: not placed), capacities int64[G].
+
+    pref: int64[n, R] each token's devices in its order of preference (-1 entries: none);
+    priority: float[n]. In round r every unplaced token asks pref[:, r]; a device with room takes
+    its askers by decreasing priority (ties: earlier token). A full device thus spills a token
+    to *that token's* next-best device. Host syncs: one per round (boolean masks).
+    """
+    n, R = pref.shape
+    G, dev = cap.shape[0], pref.device
+    cap = cap.clone()
+    home = torch.full((n,), -1, dtype=torch.int64, device=dev)
+    by_prio = torch.argsort(-priority.float(), stable=True)
+    for r in range(R):
+        idx = by_prio[home.index_select(0, by_prio) < 0]                   # unplaced, by priority
+        choice = pref.index_select(0, idx)[:, r]
+        idx, choice = idx[choice >= 0], choice[choice >= 0]
+        if idx.numel() == 0:
+            continue
+        order = torch.argsort(choice, stable=True)
+        c, who = choice.index_select(0, order), idx.index_select(0, order)
+        rank = torch.arange(c.numel(), device=dev) - torch.searchsorted(c, c, right=False)
+        ok = rank < cap.index_select(0, c)
+        home[who[ok]] = c[ok]
+        cap -= torch.zeros(G, dtype=torch.int64, device=dev).scatter_add_(0, c[ok],
+                                                                        torch.ones_like(c[ok]))
+    return home
+
+
+def plan_from_home(home: torch.Tensor, cap: torch.Tensor) -> RebatchPlan:
+    """The plan that sends token t to home[t] int64[T] (every home given, `cap` rows per device,
+    each device's tokens in their original order)."""
+    perm = torch.argsort(home, stable=True)
+    inverse = torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.shape[0], device=perm.device))
+    return RebatchPlan(perm=perm, inverse=inverse, chunk_sizes=cap)
+
+
+def _align_next_best(target: torch.Tensor, G: int, priority: torch.Tensor | None,
+                     scores: torch.Tensor) -> RebatchPlan:
+    """`plan_align` with `scores`: proposal rounds over [target, then the other devices by
+    decreasing score]; tokens without a preference fill the room left in device order."""
+    T, dev = target.shape[0], target.device
+    cap = equal_chunks(T, G, dev)
+    has = (target >= 0) & (target < G)
+    t = torch.where(has, target, 0)
+    s = scores.float().scatter(1, t[:, None], float("inf"))                # target first
+    pref = torch.where(has[:, None], torch.argsort(-s, dim=1, stable=True), -1)
+    prio = priority if priority is not None else torch.zeros(T, device=dev)
+    home = propose(pref, prio, cap)
+    left = cap - torch.zeros(G, dtype=torch.int64, device=dev).scatter_add_(
+        0, home.clamp_min(0), (home >= 0).long())
+    rest = (home < 0).nonzero()[:, 0]
+    home[rest] = torch.repeat_interleave(torch.arange(G, device=dev), left)[: rest.numel()]
+    return plan_from_home(home, cap)
+
+
 @REBATCHERS.register("align")
 def plan_align(target: torch.Tensor, num_devices: int,
-               priority: torch.Tensor | None = None) -> RebatchPlan:
+               priority: torch.Tensor | None = None, scores: torch.Tensor | None = None
+               ) -> RebatchPlan:
     """Alg. 3 lines 3-6: argsort by preferred device, group, align to equal chunks, concatenate.
 
     target: int[T], the preferred device per token; -1 (or any value outside [0, G), which we do
@@ -116,8 +174,14 @@ def plan_align(target: torch.Tensor, num_devices: int,
     priority: float[T] or None. The paper does not say which tokens a full device keeps; by
     default the earliest (stable order). With `priority` (ours: the prediction's confidence) a
     device keeps its most confident tokens and the least sure ones overflow.
+    scores: float[T, G] or None, how much each token prefers each device (e.g. its predicted
+    activation share). The paper does not say where the overflow goes either; with `scores`
+    (ours) a full device spills each token to its next-best device (`propose`, the
+    capacity-bound oracle's rule); without, the overflow fills the free room in device order.
     """
     target = _check(target, num_devices)
+    if scores is not None:
+        return _align_next_best(target, num_devices, priority, scores)
     T, G, dev = target.shape[0], num_devices, target.device
     cap = equal_chunks(T, G, dev)
     offset = torch.cumsum(cap, 0) - cap
@@ -161,7 +225,8 @@ def plan_align(target: torch.Tensor, num_devices: int,
 
 @REBATCHERS.register("none")
 def plan_none(target: torch.Tensor, num_devices: int,
-              priority: torch.Tensor | None = None) -> RebatchPlan:
+              priority: torch.Tensor | None = None, scores: torch.Tensor | None = None
+              ) -> RebatchPlan:
     """Vanilla TP: contiguous equal chunks by position, whatever the targets say (identity perm)."""
     target = _check(target, num_devices)
     ar = torch.arange(target.shape[0], device=target.device)
