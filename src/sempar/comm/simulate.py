@@ -256,10 +256,3 @@ def _report(pipeline: Pipeline, topo: Topology, secs: np.ndarray, pair_bytes: np
 def summary(result: dict) -> dict:
     """The result without the bulky arrays (per-batch series, [L, 4, G, G] tensor)."""
     return {k: v for k, v in result.items() if k not in ("per_batch", "bytes_per_pair")}
-
-
-def save_result(result: dict, path: str | Path) -> None:
-    from sempar.atomic import write_text_atomic
-    from sempar.cli import _json_default
-
-    write_text_atomic(path, json.dumps(summary(result), default=_json_default) + "\n")
