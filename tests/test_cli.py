@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from sempar.atomic import MARKER
+
 from sempar.paths import olmoe_aggregates_dir
 
 
@@ -56,7 +58,7 @@ def test_analyze_json_contract_and_outputs(trace_file, tmp_path):
                  "requests.png", "load_tail.png", "kurtosis.png"):
         assert (out / name).stat().st_size > 0, name
     assert json.loads((out / "analysis.json").read_text())["summary"] == s
-    assert not [f for f in out.iterdir() if f.name.startswith(".")]
+    assert not [f for f in out.iterdir() if f.name.startswith(".") and f.name != MARKER]
 
 
 def test_analyze_bad_trace_leaves_nothing(tmp_path):

@@ -396,7 +396,9 @@ def test_fetch_corpus_force_refetches(world, tmp_path):
     assert len(world.calls) == 8
     assert again == first
     assert not (out / "stray.txt").exists()      # the folder was rebuilt, not patched
-    assert sorted(os.listdir(tmp_path)) == ["corpus", "packages"]
+    aside = sorted(os.listdir(tmp_path))           # ... and the old one moved aside, not deleted
+    assert aside[:2] == ["corpus", "corpus.sempar-old-" + aside[1].split("-old-")[1]]
+    assert (tmp_path / aside[1] / "stray.txt").read_text() == "left from before"
 
 
 def test_fetch_corpus_rebuilds_a_corrupt_or_different_cache(world, tmp_path):

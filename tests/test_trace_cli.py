@@ -172,5 +172,5 @@ def test_help_exits_zero(capsys):
 
 def test_no_arguments_prints_help(tmp_path):
     proc = run_cli(cwd=tmp_path)
-    assert proc.returncode == 0
+    assert proc.returncode == 2          # usage error, though the help is printed
     assert "Usage" in proc.stdout

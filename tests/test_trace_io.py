@@ -133,19 +133,24 @@ def test_round_trip_all_rows_unknown_domain(tmp_path):
 
 
 @pytest.mark.parametrize("with_weights", [True, False])
-def test_round_trip_empty_trace(tmp_path, with_weights):
+def test_empty_trace_is_refused(tmp_path, with_weights):
+    """A 0-row trace made `place` crash and `evaluate` print NaN: refused both ways."""
     t = build_trace(T=0, R=0, weights=with_weights)
     assert t.num_tokens == 0
     p = tmp_path / "t.parquet"
-    write_trace(t, p)
-    r = read_trace(p)
-    assert r.num_tokens == 0 and r.num_requests == 0
-    assert r.experts.shape == (0, 3, 2) and r.experts.dtype == np.int16
-    assert r.domains == ["code", "math"]
-    info = trace_info(p)
-    assert info["tokens"] == 0 and info["requests"] == 0
-    assert info["domains"] == {"code": 0, "math": 0}
-    assert info["has_weights"] is with_weights
+    with pytest.raises(InputError, match="no tokens to write"):
+        write_trace(t, p)
+    assert list(tmp_path.iterdir()) == []
+    import json
+
+    from sempar.trace.io import META_KEY, arrow_schema
+    schema = arrow_schema(t.meta, True, with_weights).with_metadata({META_KEY: json.dumps(
+        {"format_version": FORMAT_VERSION, "meta": t.meta.to_json(), "domains": t.domains,
+         "num_tokens": 0, "num_requests": 0})})
+    pq.write_table(schema.empty_table(), p)
+    for reader in (read_trace, trace_info):
+        with pytest.raises(InputError, match="holds no tokens"):
+            reader(p)
 
 
 @pytest.mark.parametrize("rgs, groups", [(1, 200), (16, 13), (64, 4), (200, 1), (1000, 1)])

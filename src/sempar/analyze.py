@@ -1,29 +1,18 @@
 """`sempar analyze`: read a trace, compute the affinity statistics, write JSON, PNGs and a report.
 
-Outputs land in the --out folder only when everything succeeded: figures are drawn into a
-temporary folder and moved in at the end, JSON and HTML are written atomically.
+Outputs land in the --out folder only when everything succeeded: the folder is built beside
+the target and swapped in by `sempar.atomic.atomic_folder` (same filesystem, so no EXDEV; a
+non-empty folder sempar did not write is refused, or moved aside with `force`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
-from sempar.atomic import write_text_atomic
+from sempar.atomic import atomic_folder, check_folder_output, write_text_atomic
 from sempar.errors import InputError
-
-
-def _check_out_dir(out_dir: Path | None) -> None:
-    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"--out: {out_dir} exists and is not a folder")
-
-
-def _move_all(src: Path, dst: Path) -> None:
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        os.replace(f, dst / f.name)
 
 
 def analyze_to(trace_path: Path, devices: int, seed: int, max_tokens: int,
@@ -61,17 +50,20 @@ def analyze_to(trace_path: Path, devices: int, seed: int, max_tokens: int,
 
 def run_analyze(trace_path: Path | None, out_dir: Path | None, devices: int = 8, seed: int = 0,
                 max_tokens: int = 1_000_000, aggregates: Path | None = None,
-                quiet: bool = False, control: bool = False) -> dict:
+                quiet: bool = False, control: bool = False, force: bool = False) -> dict:
     """The whole command; returns the JSON printed by --json."""
     if trace_path is None and aggregates is None:
         raise InputError("analyze: give a TRACE file, --olmoe-aggregates DIR, or both")
-    _check_out_dir(out_dir)
+    if out_dir is not None:
+        check_folder_output(out_dir, trace_path, aggregates, force=force)
     if aggregates is not None and not aggregates.is_dir():
         raise InputError(f"--olmoe-aggregates: {aggregates} is not a folder")
     if max_tokens < 8:
         raise InputError(f"--max-tokens: {max_tokens} must be at least 8")
-    with tempfile.TemporaryDirectory(prefix=".sempar-analyze-") as tmp:
-        fig_dir = Path(tmp) if out_dir is not None else None
+    folder = (atomic_folder(out_dir, "analyze", trace_path, aggregates, force=force)
+              if out_dir is not None else contextlib.nullcontext(None))
+    with folder as tmp:
+        fig_dir = tmp
         result: dict = {}
         plots: dict[str, Path] = {}
         if trace_path is not None:
@@ -99,9 +91,8 @@ def run_analyze(trace_path: Path | None, out_dir: Path | None, devices: int = 8,
                 add_analysis(report, result, plots, f"Trace {trace_path.name}")
             if real is not None:
                 add_aggregates(report, real, real_plots or [])
-            report.write(Path(tmp) / "report.html")
-            write_text_atomic(Path(tmp) / "analysis.json", json.dumps(result, indent=1) + "\n")
-            _move_all(Path(tmp), out_dir)
+            report.write(tmp / "report.html")
+            write_text_atomic(tmp / "analysis.json", json.dumps(result, indent=1) + "\n")
     if not quiet and trace_path is not None:
         from sempar.progress import stderr
         from sempar.report.sections import analysis_table

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sempar.bounds import DEVICES_MAX, LAYERS_MAX, REDUNDANT_MAX, SEED, TOKENS_MAX, bound
 from sempar.errors import InputError
 from sempar.trace.presets import PRESETS
 
@@ -121,10 +122,12 @@ def train_tiny_cmd(model: str = typer.Option(..., "--model", help="tiny-mixtral 
                    corpus: Path = typer.Option(..., "--corpus", help="folder of `sempar corpus fetch`"),
                    out_dir: Optional[Path] = typer.Option(None, "--out", help="default: the "
                                                           "package's assets (what NAME resolves to)"),
-                   minutes: float = typer.Option(25.0, "--minutes", help="wall-time budget"),
-                   max_steps: Optional[int] = typer.Option(None, "--max-steps"),
-                   threads: Optional[int] = typer.Option(None, "--threads", help="torch threads"),
-                   seed: int = typer.Option(0, "--seed")) -> None:
+                   minutes: float = typer.Option(25.0, "--minutes", help="wall-time budget",
+                                                callback=bound(0, 10080, lo_open=True)),
+                   max_steps: Optional[int] = typer.Option(None, "--max-steps", callback=bound(1, 10**8)),
+                   threads: Optional[int] = typer.Option(None, "--threads", help="torch threads",
+                                                    callback=bound(1, 1024)),
+                   seed: int = typer.Option(0, "--seed", callback=SEED)) -> None:
     """Train the BPE tokenizer or a tiny MoE model on the corpus (CPU); save safetensors + loss PNG."""
     from sempar.corpus.fetch import verify_corpus
     from sempar.paths import assets_dir
@@ -153,17 +156,21 @@ def train_tiny_cmd(model: str = typer.Option(..., "--model", help="tiny-mixtral 
 @app.command()
 def synth(preset: str = typer.Option(..., "--preset",
                                     help="model shape: " + ", ".join(PRESETS.names())),
-          tokens: int = typer.Option(..., "--tokens", help="number of tokens"),
+          tokens: int = typer.Option(..., "--tokens", help="number of tokens",
+                                     callback=bound(1, TOKENS_MAX)),
           requests: Optional[int] = typer.Option(None, "--requests",
-                                                 help="number of requests (default tokens/256)"),
-          seed: int = typer.Option(0, "--seed"),
+                                                 help="number of requests (default tokens/256)",
+                                                 callback=bound(1, TOKENS_MAX)),
+          seed: int = typer.Option(0, "--seed", callback=SEED),
           weights: bool = typer.Option(False, "--weights/--no-weights",
                                        help="also store router weights"),
           out_file: Path = typer.Option(..., "--out", help="Parquet trace to write")) -> None:
     """Generate a synthetic routing trace with the shape of a real MoE model."""
+    from sempar.atomic import check_output
     from sempar.progress import progress_bar
     from sempar.trace.synth import SynthGenerator
 
+    check_output(out_file)
     gen = SynthGenerator(preset, tokens, requests, seed, weights=weights)
     with progress_bar(f"synth {gen.shape.model}", tokens) as advance:
         gen.write(out_file, progress=advance)
@@ -181,17 +188,21 @@ def record_cmd(model: str = typer.Option(..., "--model",
                                                     "to the file stem"),
                out_file: Path = typer.Option(..., "--out", help="Parquet trace to write"),
                max_tokens: int = typer.Option(512, "--max-tokens",
-                                              help="truncate every request to this many tokens"),
-               batch_size: int = typer.Option(8, "--batch-size", help="requests per forward pass"),
+                                              help="truncate every request to this many tokens",
+                                              callback=bound(1, 1_000_000)),
+               batch_size: int = typer.Option(8, "--batch-size", help="requests per forward pass",
+                                              callback=bound(1, 65536)),
                dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16"),
                weights: bool = typer.Option(True, "--weights/--no-weights",
                                             help="store router weights too"),
                as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Run texts through a HF MoE model and record the exact experts of every MoE layer."""
+    from sempar.atomic import check_output
     from sempar.progress import progress_bar
     from sempar.trace.record import RecordJob
 
     job = RecordJob.prepare(model, texts, max_tokens=max_tokens, dtype=dtype)
+    check_output(out_file)      # the texts and the model folder are registered inputs by now
     with progress_bar(f"record {job.source.name}", job.total_tokens) as advance:
         summary = job.run(out_file, batch_size=batch_size, progress=advance, weights=weights)
     if as_json:
@@ -208,11 +219,14 @@ def import_sglang_cmd(dumps: list[Path] = typer.Argument(..., help="SGLang per_t
                       model: Optional[str] = typer.Option(None, "--model",
                                                           help="model name stored in the trace"),
                       num_experts: Optional[int] = typer.Option(None, "--num-experts",
-                                                                help="logical experts (default: map max + 1)"),
+                                                                help="logical experts (default: map max + 1)",
+                                                                callback=bound(1, 1_000_000)),
                       top_k: Optional[int] = typer.Option(None, "--top-k",
-                                                          help="experts per token (default: slots used)"),
+                                                          help="experts per token (default: slots used)",
+                                                          callback=bound(1, 4096)),
                       vocab_size: Optional[int] = typer.Option(None, "--vocab-size",
-                                                               help="default: max token id + 1"),
+                                                               help="default: max token id + 1",
+                                                               callback=bound(1, TOKENS_MAX)),
                       drop_incomplete: bool = typer.Option(False, "--drop-incomplete",
                                                            help="drop tokens with -1 ids in a MoE "
                                                                 "layer instead of failing"),
@@ -221,9 +235,11 @@ def import_sglang_cmd(dumps: list[Path] = typer.Argument(..., help="SGLang per_t
                                                                 "recorded by several ranks"),
                       as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Convert SGLang expert-distribution dumps (per_token mode) into a routing trace."""
+    from sempar.atomic import check_output
     from sempar.progress import progress_bar
     from sempar.trace.sglang import import_sglang
 
+    check_output(out_file, *dumps)
     with progress_bar("import sglang", None) as advance:
         summary = import_sglang(dumps, out_file, model=model, num_experts=num_experts, top_k=top_k,
                                 vocab_size=vocab_size,
@@ -240,15 +256,19 @@ def import_sglang_cmd(dumps: list[Path] = typer.Argument(..., help="SGLang per_t
 @app.command()
 def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)"),
           method: str = typer.Option(..., "--method", help="placement method (see `evaluate`)"),
-          ep: int = typer.Option(..., "--ep", help="EP degree G (devices)"),
-          nodes: int = typer.Option(1, "--nodes", help="nodes the devices are grouped into"),
-          redundant: int = typer.Option(0, "--redundant", help="replica slots per layer"),
-          seed: int = typer.Option(0, "--seed"),
+          ep: int = typer.Option(..., "--ep", help="EP degree G (devices)", callback=bound(1, DEVICES_MAX)),
+          nodes: int = typer.Option(1, "--nodes", help="nodes the devices are grouped into",
+                                   callback=bound(1, DEVICES_MAX)),
+          redundant: int = typer.Option(0, "--redundant", help="replica slots per layer",
+                                       callback=bound(0, REDUNDANT_MAX)),
+          seed: int = typer.Option(0, "--seed", callback=SEED),
           out_file: Path = typer.Option(..., "--out", help="placement.json to write")) -> None:
     """Solve an expert placement on a fit trace and write it as JSON."""
+    from sempar.atomic import check_output
     from sempar.placement import solve
     from sempar.trace import read_trace
 
+    check_output(out_file, trace)
     p = solve(method, read_trace(trace), ep, nodes, redundant, seed)
     p.save(out_file)
     sys.stderr.write(f"wrote {out_file}: {method}, {p.num_layers} layers, {ep} devices x "
@@ -262,10 +282,16 @@ def export(placement: Path = typer.Option(..., "--placement", help="placement.js
            model: Optional[str] = typer.Option(None, "--model", help="hf-checkpoint: packaged "
                                                "model name or folder to permute"),
            num_hidden_layers: Optional[int] = typer.Option(
-               None, "--num-hidden-layers", help="sglang: rows to write (dense layers included)")) -> None:
+               None, "--num-hidden-layers", help="sglang: rows to write (dense layers included)",
+               callback=bound(1, LAYERS_MAX))) -> None:
     """Write a placement for an engine, or a permuted checkpoint that realises it."""
+    from sempar.atomic import check_folder_output, check_output
     from sempar.placement import Placement
 
+    if to == "hf-checkpoint":
+        check_folder_output(out_path, placement, model if model and Path(model).exists() else None)
+    else:
+        check_output(out_path, placement)
     p = Placement.load(placement)
     if to == "hf-checkpoint":
         from sempar.export.checkpoint import permute_checkpoint
@@ -284,19 +310,20 @@ def export(placement: Path = typer.Option(..., "--placement", help="placement.js
 @app.command()
 def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements are solved on"),
              eval_file: Optional[Path] = typer.Option(None, "--eval", help="held-out trace"),
-             ep: int = typer.Option(..., "--ep", help="EP degree G"),
-             nodes: int = typer.Option(1, "--nodes"),
+             ep: int = typer.Option(..., "--ep", help="EP degree G", callback=bound(1, DEVICES_MAX)),
+             nodes: int = typer.Option(1, "--nodes", callback=bound(1, DEVICES_MAX)),
              methods: str = typer.Option("all", "--methods", help="comma-separated, or all"),
              mode: str = typer.Option("tp", "--mode", help="dp or tp"),
-             redundant: int = typer.Option(0, "--redundant"),
+             redundant: int = typer.Option(0, "--redundant", callback=bound(0, REDUNDANT_MAX)),
              split: bool = typer.Option(False, "--split", help="split --fit 20/80 by request"),
              cross: bool = typer.Option(False, "--cross-dataset",
                                         help="also fit on each domain of --fit, evaluate on the others"),
              online: bool = typer.Option(False, "--online",
                                          help="also place eval tokens with the online schedulers"),
              policy: str = typer.Option("alg2", "--policy", help="dp request policy for --online"),
-             lookback: int = typer.Option(2, "--lookback", help="n-gram look-back for --online"),
-             seed: int = typer.Option(0, "--seed"),
+             lookback: int = typer.Option(2, "--lookback", help="n-gram look-back for --online",
+                                     callback=bound(0, 64)),
+             seed: int = typer.Option(0, "--seed", callback=SEED),
              as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""
     from sempar.placement import SOLVERS
@@ -348,30 +375,38 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
 def analyze(trace: Optional[Path] = typer.Argument(None, help="Parquet trace"),
             out_dir: Optional[Path] = typer.Option(None, "--out", help="folder for JSON, PNGs, report"),
             as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-            devices: int = typer.Option(8, "--devices", help="G for device-level figures"),
-            seed: int = typer.Option(0, "--seed"),
+            devices: int = typer.Option(8, "--devices", help="G for device-level figures",
+                                    callback=bound(1, DEVICES_MAX)),
+            seed: int = typer.Option(0, "--seed", callback=SEED),
             max_tokens: int = typer.Option(1_000_000, "--max-tokens",
-                                           help="analyse a random subset of whole requests above this"),
+                                           help="analyse a random subset of whole requests above this",
+                                           callback=bound(8, TOKENS_MAX)),
             olmoe_aggregates: Optional[Path] = typer.Option(
                 None, "--olmoe-aggregates", help="also analyse the real OLMoE/Mixtral aggregates here"),
             control: bool = typer.Option(False, "--control",
-                                         help="also analyse a random router of the same shape")) -> None:
+                                         help="also analyse a random router of the same shape"),
+            force: bool = typer.Option(False, "--force", help="move a non-empty --out folder "
+                                       "sempar did not write aside (never deleted)")) -> None:
     """Affinity statistics: Sem-MoE Table 1, kurtosis, inter-layer affinity, domains, load tail."""
     from sempar.analyze import run_analyze
 
     result = run_analyze(trace, out_dir, devices=devices, seed=seed, max_tokens=max_tokens,
-                         aggregates=olmoe_aggregates, quiet=as_json, control=control)
+                         aggregates=olmoe_aggregates, quiet=as_json, control=control, force=force)
     if as_json:
         emit_json(result)
 
 
 @app.command()
 def demo(out_dir: Path = typer.Option(Path("sempar-demo"), "--out", help="folder for report.html"),
-         as_json: bool = typer.Option(False, "--json", help="print summary.json on stdout")) -> None:
+         as_json: bool = typer.Option(False, "--json", help="print summary.json on stdout"),
+         force: bool = typer.Option(False, "--force", help="move a non-empty --out folder sempar "
+                                    "did not write aside (never deleted)")) -> None:
     """Run every stage sempar has on the embedded default data; write report.html and summary.json."""
+    from sempar.atomic import check_folder_output
     from sempar.demo import run_demo
 
-    summary = run_demo(out_dir)
+    check_folder_output(out_dir, force=force)
+    summary = run_demo(out_dir, force=force)
     if as_json:
         emit_json(summary)
 
@@ -389,20 +424,41 @@ def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app; bad input is one line on stderr and exit code 2."""
     from typer.exceptions import TyperException
 
+    from sempar.atomic import install_signal_cleanup, track_inputs
+
+    track_inputs()
+    install_signal_cleanup()
     try:
-        rv = app(args=argv, standalone_mode=False, prog_name="sempar")
+        rv = _run(argv)
     except InputError as e:
         _fail(str(e))
+    except OSError as e:        # the environment refused: missing folder, read-only, full disk
+        _fail(_os_message(e))
     except (typer.Abort, KeyboardInterrupt):
         sys.stderr.write("aborted\n")
         sys.exit(1)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except TyperException as e:  # usage errors: unknown option, missing argument, no arguments
-        if type(e).__name__ == "NoArgsIsHelpError":  # typer has printed the help already
-            sys.exit(0)
+        if type(e).__name__ == "NoArgsIsHelpError":  # the help is printed; still a usage error
+            sys.exit(2)
         _fail(e.format_message())
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _run(argv: Optional[list[str]]) -> Any:
+    from sempar.atomic import track_inputs
+
+    try:
+        return app(args=argv, standalone_mode=False, prog_name="sempar")
+    finally:
+        track_inputs(False)
+
+
+def _os_message(e: OSError) -> str:
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    what = e.strerror or str(e) or type(e).__name__
+    return f"{where}: {what}" if where else what
 
 
 def _fail(message: str) -> None:

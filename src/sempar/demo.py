@@ -8,8 +8,6 @@ it contributes to summary.json, adding its section to the HTML report.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,17 +197,16 @@ def stage_online(ctx: DemoContext) -> dict:
     return out
 
 
-def run_demo(out_dir: Path) -> dict:
-    """Run all stages; write out_dir/report.html and out_dir/summary.json. Returns the summary."""
-    from sempar.errors import InputError
+def run_demo(out_dir: Path, force: bool = False) -> dict:
+    """Run all stages; write out_dir/report.html and out_dir/summary.json. Returns the summary.
+
+    The folder is written by the output rule of `sempar.atomic.atomic_folder`: a non-empty
+    folder sempar did not write is refused (or moved aside with `force`), never deleted."""
+    from sempar.atomic import atomic_folder
     from sempar.progress import steps
 
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"--out: {out_dir} exists and is not a folder")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     summary: dict = {"stages": {}, "seconds": {}}
-    with tempfile.TemporaryDirectory(prefix=".sempar-demo-", dir=out_dir.parent) as tmp:
+    with atomic_folder(out_dir, "demo", force=force) as tmp:
         ctx = DemoContext(work=Path(tmp), report=HtmlReport("sempar demo"))
         with steps("demo", len(STAGES)) as step:
             for name in STAGES:
@@ -220,10 +217,6 @@ def run_demo(out_dir: Path) -> dict:
         summary["stages"] = ctx.results
         ctx.report.write(ctx.work / "report.html")
         write_text_atomic(ctx.work / "summary.json", json.dumps(summary, indent=1) + "\n")
-        # Replace the previous demo output as a whole, so stale files never mix in.
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        shutil.copytree(ctx.work, out_dir)
     return summary
 
 from sempar import demo_system  # noqa: E402,F401  (registers the downstream stages after these)

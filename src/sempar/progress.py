@@ -1,4 +1,6 @@
-"""Progress bars on stderr (rich), silent when stderr is not a terminal unless forced."""
+"""Progress bars on stderr (rich), silent when stderr is not a terminal unless forced.
+
+A run that fails leaves no progress line behind: its error is the only line on stderr."""
 
 from __future__ import annotations
 
@@ -13,11 +15,29 @@ stderr = Console(stderr=True)
 
 
 @contextlib.contextmanager
+def _shown(columns: list) -> Iterator[Progress]:
+    """A started Progress; on any exception it stops without printing its last state."""
+    prog = Progress(*columns, console=stderr, transient=False)
+    prog.start()
+    try:
+        yield prog
+    except BaseException:
+        prog.live.transient = True
+        quiet, stderr.quiet = stderr.quiet, True
+        try:
+            prog.stop()
+        finally:
+            stderr.quiet = quiet
+        raise
+    prog.stop()
+
+
+@contextlib.contextmanager
 def progress_bar(description: str, total: int | None) -> Iterator:
     """Yield `advance(n)`; a bar with ETA on stderr (a spinner when total is None)."""
     columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, console=stderr, transient=False) as prog:
+    with _shown(columns) as prog:
         task = prog.add_task(description, total=total)
         yield lambda n=1: prog.advance(task, n)
 
@@ -27,7 +47,7 @@ def steps(description: str, total: int) -> Iterator:
     """Yield `step(message)` for work made of `total` named steps."""
     columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, console=stderr, transient=False) as prog:
+    with _shown(columns) as prog:
         task = prog.add_task(description, total=total)
         first = [True]
 

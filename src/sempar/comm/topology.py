@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from sempar.atomic import write_text_atomic
+from sempar.atomic import check_input, write_text_atomic
 from sempar.errors import InputError
 from sempar.registry import Registry
 
@@ -159,8 +159,11 @@ class Topology:
         for key in ("name", "node_of"):
             if key not in d:
                 raise InputError(f"topology JSON: missing field {key!r}")
+        _check_node_of(d["node_of"])
         if "links" in d:
             links = []
+            if not isinstance(d["links"], list) or not isinstance(d.get("paths", []), list):
+                raise InputError("topology JSON: 'links' and 'paths' must be lists")
             for i, ln in enumerate(d["links"]):
                 try:
                     a, b = ln["alpha"], ln["beta"]
@@ -171,7 +174,10 @@ class Topology:
                     links.append((ln["src"], ln["dst"], a, b))
                 except (KeyError, TypeError) as e:
                     raise InputError(f"topology JSON: links[{i}] lacks {e}") from None
-            paths = {(p["src"], p["dst"]): p["via"] for p in d.get("paths", [])}
+            try:
+                paths = {(p["src"], p["dst"]): p["via"] for p in d.get("paths", [])}
+            except (KeyError, TypeError) as e:
+                raise InputError(f"topology JSON: a path lacks {e} (needs src, dst, via)") from None
             return cls.from_links(d["name"], d["node_of"], links, paths=paths,
                                   aggregation=d.get("aggregation", "store-and-forward"),
                                   symmetric=bool(d.get("symmetric", False)))
@@ -199,9 +205,9 @@ class Topology:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Topology":
         try:
-            d = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise InputError(f"{path}: no such topology file") from None
+            d = json.loads(check_input(path, "topology file").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise InputError(f"{path}: not JSON ({e})") from None
         except json.JSONDecodeError as e:
             raise InputError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
         return cls.from_json(d)
@@ -373,6 +379,18 @@ def _hetero_cloud(nodes: int | None = None) -> Topology:
     return Topology.from_links(name, node_of, links)
 
 
+def _check_node_of(node_of: Any) -> None:
+    """node_of must be a JSON list of 1..DEVICES_MAX non-negative integers (node ids)."""
+    from sempar.bounds import DEVICES_MAX
+
+    if not isinstance(node_of, list) or not 1 <= len(node_of) <= DEVICES_MAX:
+        raise InputError(f"topology JSON: node_of must be a list of 1..{DEVICES_MAX} node ids")
+    for i, n in enumerate(node_of):
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < len(node_of):
+            raise InputError(f"topology JSON: node_of[{i}] = {n!r}: node ids are integers "
+                             f"0..{len(node_of) - 1}")
+
+
 def topology_preset(name: str, nodes: int | None = None) -> Topology:
     """The preset `name` (TOPOLOGIES), with `nodes` nodes where the preset scales."""
     return TOPOLOGIES.get(name)(nodes)
@@ -389,6 +407,9 @@ def load_topology(name_or_path: str | os.PathLike, nodes: int | None = None) -> 
             if nodes is not None and nodes != int(n):
                 raise InputError(f"topology {s!r} contradicts --nodes {nodes}")
             nodes = int(n)
+        if nodes is not None:
+            from sempar.bounds import check_bound
+            check_bound(f"topology {s!r}: nodes", nodes, 1, 1024)
         return topology_preset(base, nodes)
     p = Path(s)
     if p.suffix == ".json" or p.exists():

@@ -7,26 +7,32 @@ import sys
 
 import typer
 
+from sempar.bounds import POSITIVE_SECONDS, bound
 from sempar.errors import InputError
 
 
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench_cmd(
-        hosts: int = typer.Option(4, "--hosts", help="ranks (G): one per testbed host"),
+        hosts: int = typer.Option(4, "--hosts", help="ranks (G): one per testbed host",
+                                   callback=bound(2, 64)),
         preset: str = typer.Option("pcie-upi8", "--preset", help="testbed topology preset "
                                    "(pcie-upi8, a100x4-ib, or a topology JSON FILE) or `none` "
                                    "for loopback; without root / netns: loopback"),
         scale: float = typer.Option(1 / 8000, "--scale", help="testbed: shaped bytes/s per "
-                                    "preset bytes/s (1/8000: 64 GB/s -> 8 MB/s)"),
+                                    "preset bytes/s (1/8000: 64 GB/s -> 8 MB/s)",
+                                    callback=bound(0, 1.0, lo_open=True)),
         batches: int = typer.Option(2, "--batches", help="prefill batches (distinct held-out "
-                                    "requests each)"),
-        batch_size: int = typer.Option(8, "--batch-size", help="requests per batch"),
-        seq: int = typer.Option(128, "--seq", help="tokens per request"),
-        repeats: int = typer.Option(3, "--repeats", help="timed forwards per batch (min)"),
+                                    "requests each)", callback=bound(1, 1000)),
+        batch_size: int = typer.Option(8, "--batch-size", help="requests per batch",
+                                        callback=bound(1, 4096)),
+        seq: int = typer.Option(128, "--seq", help="tokens per request", callback=bound(1, 65536)),
+        repeats: int = typer.Option(3, "--repeats", help="timed forwards per batch (min)",
+                                     callback=bound(1, 1000)),
         methods: str | None = typer.Option(None, "--methods", help="comma-separated subset of "
                                            "vanilla, vanilla-tp, exflow, sempar-dp, sempar-tp"),
-        timeout: float = typer.Option(600.0, "--timeout", help="hard limit of the run, seconds"),
+        timeout: float = typer.Option(600.0, "--timeout", help="hard limit of the run, seconds",
+                                      callback=POSITIVE_SECONDS),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """MoE-layer and forward time, bytes (measured and predicted), LAR and logit error per

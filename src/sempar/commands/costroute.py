@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 
+from sempar.bounds import DEVICES_MAX, bound
 from sempar.errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -46,18 +47,24 @@ def _config(model, topology, ep, lambdas, corpus, text, tokens_per_domain, seq_l
 
 _MODEL = typer.Option("tiny-moe64", "--model", help="model folder or packaged name")
 _TOPO = typer.Option("hetero-cloud", "--topology", help="preset(s) or JSON, comma-separated")
-_EP = typer.Option(8, "--ep", help="EP degree G (= the topology's devices)")
+_EP = typer.Option(8, "--ep", help="EP degree G (= the topology's devices)",
+                   callback=bound(1, DEVICES_MAX))
 _LAMS = typer.Option("0,0.05,0.1,0.15,0.2,0.25", "--lambdas", help="lambda_cost values")
 _CORPUS = typer.Option(None, "--corpus", help="corpus folder (held-out text); or $SEMPAR_CORPUS")
 _TEXT = typer.Option(None, "--text", help="FILE[:DOMAIN] instead of the corpus (repeatable)")
-_TPD = typer.Option(4096, "--tokens-per-domain", help="cap on held-out tokens per domain")
-_SEQ = typer.Option(256, "--seq-len", help="tokens per sequence (request)")
-_BATCH = typer.Option(None, "--batch-size", help="sequences per forward (default 2 x ep)")
+_TPD = typer.Option(4096, "--tokens-per-domain", help="cap on held-out tokens per domain",
+                    callback=bound(1, 10_000_000))
+_SEQ = typer.Option(256, "--seq-len", help="tokens per sequence (request)",
+                    callback=bound(1, 65536))
+_BATCH = typer.Option(None, "--batch-size", help="sequences per forward (default 2 x ep)",
+                      callback=bound(1, 65536))
 _PLACE = typer.Option("vanilla", "--placement", help="vanilla, round-robin or a placement JSON")
 _DEDUP = typer.Option(False, "--dedup", help="one dispatch copy per (token, device)")
 _MODE = typer.Option("logits", "--mode", help="logits (CAMoE) or select (bias only the choice)")
-_TB = typer.Option(None, "--token-bytes", help="bytes of one hidden state (default hidden x 2)")
-_LOSS = typer.Option(1.2, "--max-acc-loss", help="accuracy budget (points) of the Pareto point")
+_TB = typer.Option(None, "--token-bytes", help="bytes of one hidden state (default hidden x 2)",
+                   callback=bound(1, 2**30))
+_LOSS = typer.Option(1.2, "--max-acc-loss", help="accuracy budget (points) of the Pareto point",
+                     callback=bound(0, 100))
 
 
 def register(main_app: typer.Typer) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import typer
 
+from sempar.bounds import POSITIVE_SECONDS, bound
 from sempar.errors import InputError
 
 
@@ -80,24 +81,29 @@ def run_profile(hosts: int, testbed: str | None = None, scale: float = 1 / 8000,
 def register(app: typer.Typer) -> None:
     @app.command("profile")
     def profile_cmd(
-        hosts: int = typer.Option(..., "--hosts", help="ranks (devices) to profile, 2..64"),
+        hosts: int = typer.Option(..., "--hosts", help="ranks (devices) to profile, 2..64",
+                                   callback=bound(2, 64)),
         out: Path = typer.Option(Path("topo.json"), "--out", help="topology JSON to write"),
         testbed: str | None = typer.Option(None, "--testbed", "--preset", help="bring up a "
                                               "namespace testbed shaped as this preset or JSON "
                                               "FILE (root); default: local processes, loopback"),
         scale: float = typer.Option(1 / 8000, "--scale", help="testbed: shaped bytes/s per "
-                                    "preset bytes/s (1/8000: 64 GB/s -> 64 Mbit/s)"),
+                                    "preset bytes/s (1/8000: 64 GB/s -> 64 Mbit/s)",
+                                    callback=bound(0, 1.0, lo_open=True)),
         sizes: str | None = typer.Option(None, "--sizes", help="message sizes in bytes, "
                                             "comma-separated (default 4096,65536,262144,786432)"),
-        reps: int = typer.Option(3, "--reps", help="repeats per measurement (median)"),
+        reps: int = typer.Option(3, "--reps", help="repeats per measurement (median)",
+                                 callback=bound(1, 1000)),
         fidelity: bool = typer.Option(True, "--fidelity/--no-fidelity",
                                       help="measure all-to-all cases against eq. 9"),
         method: str = typer.Option("p2p", "--method", help="all-to-all measured: p2p (all "
                                    "isend/irecv at once) or all_to_all_single (gloo alltoallv)"),
         plot: Path | None = typer.Option(None, "--plot", help="PNG: predicted vs measured"),
-        timeout: float = typer.Option(300.0, "--timeout", help="hard limit of the run, seconds"),
+        timeout: float = typer.Option(300.0, "--timeout", help="hard limit of the run, seconds",
+                                      callback=POSITIVE_SECONDS),
         op_timeout: float = typer.Option(30.0, "--op-timeout", help="limit of one collective / "
-                                         "send / recv, seconds (a dead or hung rank)"),
+                                         "send / recv, seconds (a dead or hung rank)",
+                                         callback=POSITIVE_SECONDS),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Profile alpha-beta per directed pair (CAMoE Alg. 1) and write a Topology JSON."""

@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from sempar.bounds import SEED, bound
 from sempar.errors import InputError
 
 
@@ -31,11 +32,14 @@ def register(app: typer.Typer) -> None:
                                      "(= semmoe-tp), attn-dp, sglang-ep, exflow (--compare: list)"),
         topology: str = typer.Option("pcie-upi8", "--topology", help="preset (nvlink8, pcie-upi8, "
                                      "a100x4-ib[:N], hetero-cloud[:N]) or topology JSON (--compare: list)"),
-        nodes: Optional[int] = typer.Option(None, "--nodes", help="nodes of a scalable preset"),
+        nodes: Optional[int] = typer.Option(None, "--nodes", help="nodes of a scalable preset",
+                                             callback=bound(1, 1024)),
         hidden: Optional[int] = typer.Option(None, "--hidden", help="hidden size (default: the "
-                                             "trace's model: tiny models' config, preset table)"),
-        dtype_bytes: int = typer.Option(2, "--dtype-bytes", help="bytes per element (bf16 = 2)"),
-        batch: int = typer.Option(2048, "--batch", help="tokens per batch"),
+                                             "trace's model: tiny models' config, preset table)",
+                                             callback=bound(1, 1_000_000)),
+        dtype_bytes: int = typer.Option(2, "--dtype-bytes", help="bytes per element (bf16 = 2)",
+                                        callback=bound(1, 16)),
+        batch: int = typer.Option(2048, "--batch", help="tokens per batch", callback=bound(1, 10_000_000)),
         schedule: str = typer.Option("auto", "--schedule", help="auto: online schedulers when the "
                                      "placement has a token table (co-clustering methods); online: "
                                      "always; none: vanilla homes"),
@@ -46,7 +50,7 @@ def register(app: typer.Typer) -> None:
                                                 help="override the pipeline's metadata mode"),
         count_sag: bool = typer.Option(True, "--count-sag/--no-count-sag",
                                        help="smoe: count the closing shuffled all-gather"),
-        seed: int = typer.Option(0, "--seed", help="split and solver seed"),
+        seed: int = typer.Option(0, "--seed", help="split and solver seed", callback=SEED),
         compare: bool = typer.Option(False, "--compare", help="every placement x pipeline x "
                                      "topology in one table and one PNG"),
         png: Path = typer.Option(Path("simulate-compare.png"), "--png", help="--compare: plot path"),
@@ -59,6 +63,11 @@ def register(app: typer.Typer) -> None:
         from sempar.progress import steps
         from sempar.trace import read_trace
 
+        if compare:
+            from sempar.atomic import check_output
+
+            files = [f for f in _list(placement) + _list(topology) if Path(f).exists()]
+            check_output(png, trace, *files, option="--png")
         tr = read_trace(trace)
         opts = SimOptions(hidden=resolve_hidden(tr.meta.model, tr.meta.extra, hidden),
                           dtype_bytes=dtype_bytes, batch=batch, dedup=dedup, one_shot=one_shot,

@@ -66,17 +66,16 @@ def stream(
     from sempar.progress import progress_bar, steps
 
     rows, cols = parse_mesh(mesh)
-    if buffer_mb <= 0 or ddr_gbps <= 0 or d2d_gbps <= 0:
-        raise InputError("--buffer-mb, --ddr-gbps and --d2d-gbps must be positive")
-    if sweep_iterations < 1:
-        raise InputError(f"--sweep-iterations: {sweep_iterations} must be at least 1")
+    from sempar.bounds import SEED_MAX, check_bound
+    for opt, v in (("--buffer-mb", buffer_mb), ("--ddr-gbps", ddr_gbps), ("--d2d-gbps", d2d_gbps)):
+        check_bound(opt, v, 0, 1e6, lo_open=True)
+    check_bound("--sweep-iterations", sweep_iterations, 1, 1000)
     strategies = resolve(strategy)
-    if tokens_per_iter < 1:
-        raise InputError(f"--tokens-per-iter: {tokens_per_iter} must be at least 1")
-    if iterations < 1:
-        raise InputError(f"--iterations: {iterations} must be at least 1")
-    if micro_slices < 0:
-        raise InputError(f"--micro-slices: {micro_slices} must be at least 1 (0 = auto)")
+    check_bound("--tokens-per-iter", tokens_per_iter, 1, 1_000_000)
+    check_bound("--iterations", iterations, 1, 100_000)
+    check_bound("--tokens-per-iter x --iterations", tokens_per_iter * iterations, 1, 50_000_000)
+    check_bound("--micro-slices", micro_slices, 0, 4096)
+    check_bound("--seed", seed, 0, SEED_MAX)
     if trace is not None and not Path(trace).exists():
         raise InputError(f"--trace: {trace} does not exist")
     cfg = ChipletConfig(rows=rows, cols=cols, buffer_bytes=int(buffer_mb * MB), ddr_bw_per_die=ddr_gbps * 1e9,

@@ -8,6 +8,7 @@ import time
 
 import typer
 
+from sempar.bounds import POSITIVE_SECONDS, bound
 from sempar.errors import InputError
 
 
@@ -24,14 +25,16 @@ def register(app: typer.Typer) -> None:
     app.add_typer(tb_app, name="testbed")
 
     @tb_app.command("up")
-    def up(hosts: int = typer.Option(..., "--hosts", help="number of hosts (namespaces), 2..64"),
+    def up(hosts: int = typer.Option(..., "--hosts", help="number of hosts (namespaces), 2..64",
+                                     callback=bound(2, 64)),
            preset: str = typer.Option("pcie-upi8", "--preset", help="topology preset "
                                       "(pcie-upi8, a100x4-ib[:N], ...) or topology JSON FILE"),
            scale: float = typer.Option(1 / 8000, "--scale", help="shaped bytes/s per preset "
-                                       "bytes/s (default 1/8000: 64 GB/s -> 64 Mbit/s)"),
+                                       "bytes/s (default 1/8000: 64 GB/s -> 64 Mbit/s)",
+                                       callback=bound(0, 1.0, lo_open=True)),
            name: str | None = typer.Option(None, "--name", help="testbed name (default t<pid>)"),
            ttl: float = typer.Option(3600.0, "--ttl", help="seconds until a later up/status/down "
-                                     "removes it"),
+                                     "removes it", callback=POSITIVE_SECONDS),
            as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
         """Create the namespaces, bridge, addresses and shaping; `down` removes them."""
         from sempar.cli import emit_json
@@ -63,14 +66,18 @@ def register(app: typer.Typer) -> None:
         from sempar.cli import emit_json
         from sempar.testbed import netns
 
+        kept: list = []
         try:
-            removed = netns.destroy(name) if name else netns.down_all()
+            removed, kept = (netns.destroy(name), []) if name else netns.down_all()
         except netns.TestbedError as e:
             fail_env(e)
         if as_json:
-            emit_json({"removed": removed})
+            emit_json({"removed": removed, "kept": [tb.name for tb in kept]})
         else:
             sys.stderr.write(f"removed {len(removed)} namespace(s)\n")
+        for tb in kept:
+            sys.stderr.write(f"kept testbed {tb.name}: in use by running process {tb.owner_pid} "
+                             f"(`sempar testbed down {tb.name}` removes it anyway)\n")
 
     @tb_app.command("status")
     def status(as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from sempar.atomic import atomic_folder
 from sempar.corpus import clean
 from sempar.errors import InputError
 from sempar.registry import Registry
@@ -223,14 +223,11 @@ def fetch_corpus(out_dir: Path, sources: list[str] | None = None, force: bool = 
                 return manifest
         except InputError:
             pass  # stale or corrupt cache: rebuild it
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"--out: {out_dir} exists and is not a folder")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     step = progress or (lambda _m: None)
-    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.", dir=out_dir.parent) as tmp:
+    with atomic_folder(out_dir, "corpus", legacy=_corpus_files, marker=False,
+                       force=force) as build, \
+            tempfile.TemporaryDirectory(dir=build.parent) as tmp:
         work = Path(tmp)
-        build = work / "corpus"
-        build.mkdir()
         manifest: dict = {"format": FORMAT, "doc_marker": DOC_MARKER, "sources": {}, "files": {}}
         handles = {}
         try:
@@ -260,10 +257,15 @@ def fetch_corpus(out_dir: Path, sources: list[str] | None = None, force: bool = 
                 "documents": sum(s["documents"] for s in manifest["sources"].values()
                                  if s["domain"] == domain)}
         (build / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(build, out_dir)
     return manifest
+
+
+def _corpus_files(folder: Path) -> set[str]:
+    """The files a corpus folder written before the output marker holds, by its manifest."""
+    try:
+        return set(json.loads((folder / MANIFEST).read_text())["files"]) | {MANIFEST}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
 
 
 def verify_corpus(folder: Path) -> dict:

@@ -17,11 +17,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from sempar.atomic import MARKER, atomic_folder
 from sempar.errors import InputError
 from sempar.placement.placement import Placement
 
@@ -47,10 +47,9 @@ def permute_checkpoint(model_dir: str | os.PathLike, placement: Placement,
             for l, m in enumerate(placement.info.get("layer_ids", range(placement.num_layers)))}
     N = placement.num_experts
     touched = set()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.", dir=out_dir.parent) as tmp:
-        work = Path(tmp) / "ckpt"
-        shutil.copytree(model_dir, work, ignore=shutil.ignore_patterns("*.safetensors"))
+    with atomic_folder(out_dir, "hf-checkpoint", model_dir) as work:
+        work.rmdir()          # copytree makes it again
+        shutil.copytree(model_dir, work, ignore=shutil.ignore_patterns("*.safetensors", MARKER))
         for f in files:
             tensors = load_file(f)
             new = dict(tensors)
@@ -72,7 +71,4 @@ def permute_checkpoint(model_dir: str | os.PathLike, placement: Placement,
         if missing:
             raise InputError(f"{model_dir}: found no expert tensors for MoE layer {missing[0]} "
                              "of the placement")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(work, out_dir)
     return out_dir

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from sempar.atomic import write_text_atomic
+from sempar.atomic import check_input, write_text_atomic
 from sempar.errors import InputError
 
 FORMAT_VERSION = 1
@@ -146,6 +146,7 @@ class Placement:
         if d.get("format_version") != FORMAT_VERSION:
             raise InputError(f"placement.format_version: {d.get('format_version')!r} is not "
                              f"supported (this sempar reads {FORMAT_VERSION})")
+        _check_fields(d)
         try:
             p = cls(phy2log=np.asarray(d["phy2log"]), num_experts=int(d["num_experts"]),
                     num_devices=int(d["num_devices"]), node_of=np.asarray(d["node_of"]),
@@ -163,9 +164,7 @@ class Placement:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Placement":
-        p = Path(path)
-        if not p.is_file():
-            raise InputError(f"{p}: no such placement file")
+        p = check_input(path, "placement file")
         try:
             d = json.loads(p.read_text())
         except ValueError as err:
@@ -173,6 +172,27 @@ class Placement:
         if not isinstance(d, dict):
             raise InputError(f"{p}: not a placement object")
         return cls.from_json(d)
+
+
+def _check_fields(d: dict[str, Any]) -> None:
+    """Types and ranges of a placement JSON before any array is built (no int32 wrap-around)."""
+    from sempar.bounds import DEVICES_MAX, check_bound
+
+    for key, hi in (("num_devices", DEVICES_MAX), ("num_experts", 1 << 20)):
+        v = d.get(key)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InputError(f"placement.{key}: {v!r} is not an integer")
+        check_bound(f"placement.{key}", v, 1, hi)
+    for key in ("phy2log", "node_of"):
+        a = np.asarray(d.get(key), dtype=object)
+        if a.ndim != (2 if key == "phy2log" else 1) or a.size == 0:
+            raise InputError(f"placement.{key}: expected a non-empty "
+                             f"{'list of lists' if key == 'phy2log' else 'list'} of integers")
+        flat = a.ravel()
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in flat):
+            raise InputError(f"placement.{key}: holds a value that is not an integer")
+        if not all(-(1 << 31) <= x < (1 << 31) for x in flat):
+            raise InputError(f"placement.{key}: holds an id beyond 32 bits")
 
 
 def contiguous_nodes(num_devices: int, num_nodes: int) -> np.ndarray:

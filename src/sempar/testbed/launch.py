@@ -8,7 +8,13 @@ value (JSON) comes back. Bounds, so that nothing hangs:
 - every collective / send / recv and the rendezvous time out after `op_timeout_s` (gloo);
 - when a rank fails, the others get `grace_s` to exit by themselves (a dead peer closes its
   sockets: they fail at once; a hung one makes them time out), then they are killed;
-- the whole run is killed after `timeout_s`.
+- the whole run is killed after `timeout_s`;
+- ranks die with their launcher, even when it is SIGKILLed or OOM-killed: each rank gets the
+  parent-death signal SIGKILL (Linux `prctl(PR_SET_PDEATHSIG)`, kept across `ip netns exec`'s
+  exec) and, where prctl is missing, a watchdog thread that exits once its parent is gone.
+
+The work folder (args, logs, result) is removed after a successful run; a failed run keeps it
+and names it in the error.
 
 A failed run raises `LaunchError` naming the first rank that failed and its last error line.
 Fault injection for tests: env SEMPAR_TESTBED_FAULT="RANK:die[:AFTER_S]" or "RANK:hang[:AFTER_S]"
@@ -22,6 +28,7 @@ import contextlib
 import importlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -58,6 +65,28 @@ def _last_line(path: Path) -> str:
         if ln.startswith("rank "):
             return ln
     return lines[-1] if lines else ""
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL me when the launcher dies (Linux; else a no-op)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _watch_parent() -> None:
+    """Exit when the launcher that started this rank is gone (the fallback of PDEATHSIG)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(RANK_FAILED)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _kill(p: subprocess.Popen) -> None:
@@ -98,7 +127,7 @@ def launch(entry: str, hosts: int, args: dict[str, Any] | None = None, *,
                     str(port), "--work", str(work), "--op-timeout", str(op_timeout_s)]
             log = open(work / f"rank{r}.log", "w")
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          start_new_session=True))
+                                          start_new_session=True, preexec_fn=_die_with_parent))
             log.close()
         first_fail: tuple[int, int, float] | None = None   # rank, code, when
         overran = False
@@ -116,8 +145,8 @@ def launch(entry: str, hosts: int, args: dict[str, Any] | None = None, *,
         stuck = [r for r, p in enumerate(procs) if p.poll() is None]
     elapsed = time.monotonic() - start
     codes = [p.returncode for p in procs]
-    if first_fail is None:
-        bad = [r for r, c in enumerate(codes) if c != 0]
+    if first_fail is None:          # ranks we killed after an overrun did not fail by themselves
+        bad = [r for r, c in enumerate(codes) if c != 0 and r not in stuck]
         first_fail = (bad[0], codes[bad[0]], 0.0) if bad else None
     if first_fail is not None and _lost_peer(work, first_fail[0]):
         # Ranks that lose a peer exit within milliseconds of it, so polling may see one of them
@@ -142,9 +171,11 @@ def launch(entry: str, hosts: int, args: dict[str, Any] | None = None, *,
             parts.append(f"killed ranks still running: {stuck}")
         raise LaunchError(f"{'; '.join(parts)} after {elapsed:.1f} s (logs: {work})")
     try:
-        return json.loads((work / "result.json").read_text())
+        result = json.loads((work / "result.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         raise LaunchError(f"rank 0 exited cleanly but wrote no result (logs: {work})") from None
+    shutil.rmtree(work, ignore_errors=True)     # our own mkdtemp: args, logs, result
+    return result
 
 
 def _describe(code: int | None) -> str:
@@ -187,6 +218,7 @@ def rank_main(argv: list[str] | None = None) -> int:
         ap.add_argument(opt, type=int, required=True)
     ap.add_argument("--op-timeout", type=float, default=30.0)
     a = ap.parse_args(argv)
+    _watch_parent()
     work = Path(a.work)
     try:
         import torch

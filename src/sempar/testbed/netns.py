@@ -14,16 +14,22 @@ Layout of a testbed named `T` with G hosts (all names start with `sempar-`):
   1/8000 turns 64 GB/s into 8 MB/s (64 Mbit/s) and 20 GB/s into 2.5 MB/s (20 Mbit/s).
 
 State: one JSON file per testbed under `$SEMPAR_TESTBED_DIR` (default /run/sempar-testbed), so
-`down` finds everything; `down_all` also removes stray `sempar-*` namespaces. `testbed()` is a
-context manager that always tears down (finally, atexit, SIGTERM/SIGHUP/SIGINT).
+`down` finds everything; `down_all` also removes stray `sempar-*` namespaces, but never a testbed
+whose owner process is alive (a running bench's). Create and destroy hold an exclusive lock
+(`flock` on `.lock` in that folder), so two racing `up --name X` cannot interleave and the loser's
+cleanup cannot remove the winner's namespaces; a testbed's namespaces are matched by exact name
+(`sempar-T-br`, `sempar-T-h<i>`), never by prefix. `testbed()` is a context manager that always
+tears down (finally, atexit, SIGTERM/SIGHUP/SIGINT; further signals are ignored while it does).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -217,6 +223,37 @@ def _check_name(name: str) -> str:
     return name
 
 
+_lock_depth = [0]
+
+
+@contextlib.contextmanager
+def state_lock() -> Iterator[None]:
+    """Exclusive lock over every testbed's create/destroy (re-entrant within this process)."""
+    if _lock_depth[0]:
+        _lock_depth[0] += 1
+        try:
+            yield
+        finally:
+            _lock_depth[0] -= 1
+        return
+    d = state_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / ".lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        _lock_depth[0] = 1
+        try:
+            yield
+        finally:
+            _lock_depth[0] = 0
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def namespaces_of(name: str, present: list[str]) -> list[str]:
+    """The namespaces in `present` that belong to testbed `name`, matched exactly."""
+    pat = re.compile(rf"{re.escape(PREFIX + name)}-(br|h\d+)")
+    return [ns for ns in present if pat.fullmatch(ns)]
+
+
 def existing_namespaces() -> list[str]:
     if shutil.which("ip") is None:
         return []
@@ -238,17 +275,18 @@ def create(hosts: int, topo: Topology, scale: float = DEFAULT_SCALE, name: str |
     name = _check_name(name or f"t{os.getpid()}")
     tb = Testbed(name, hosts, preset or topo.name, float(scale), rates.tolist(),
                  topo.node_of.tolist(), expires=time.time() + ttl_s)
-    clash = set(tb.namespaces) & set(existing_namespaces())
-    if clash:
-        raise InputError(f"testbed {name} already exists ({sorted(clash)[0]}); "
-                         f"`sempar testbed down {name}` first")
-    tb.state_file.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(tb.state_file, json.dumps(tb.to_json()) + "\n")
-    try:
-        _bring_up(tb, rates)
-    except BaseException:
-        destroy(tb)
-        raise
+    with state_lock():
+        clash = namespaces_of(name, existing_namespaces())
+        if clash or tb.state_file.exists():
+            raise InputError(f"testbed {name} already exists "
+                             f"({sorted(clash)[0] if clash else tb.state_file}); "
+                             f"`sempar testbed down {name}` first")
+        write_text_atomic(tb.state_file, json.dumps(tb.to_json()) + "\n")
+        try:
+            _bring_up(tb, rates)
+        except BaseException:
+            destroy(tb)       # only this testbed's namespaces: the clash check ran under the lock
+            raise
     return tb
 
 
@@ -274,17 +312,16 @@ def _bring_up(tb: Testbed, rates: np.ndarray) -> None:
 def destroy(tb: Testbed | str) -> list[str]:
     """Delete the testbed's namespaces (their veths and bridge go with them) and its state file;
     returns the namespaces removed. Never raises for what is already gone."""
-    if isinstance(tb, str):
-        tb = load_state(tb) or Testbed(tb, 0, "", 1.0, [], [])
-    present = set(existing_namespaces())
-    ours = [ns for ns in present if ns.startswith(f"{PREFIX}{tb.name}-")]
-    removed = []
-    for ns in sorted(set(tb.namespaces) | set(ours)):
-        if ns in present:
+    with state_lock():
+        if isinstance(tb, str):
+            tb = load_state(_check_name(tb)) or Testbed(tb, 0, "", 1.0, [], [])
+        present = existing_namespaces()
+        removed = []
+        for ns in sorted(set(namespaces_of(tb.name, present))):
             _run(["ip", "netns", "delete", ns], check=False)
             removed.append(ns)
-    with contextlib.suppress(FileNotFoundError):
-        tb.state_file.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            tb.state_file.unlink()
     return removed
 
 
@@ -316,23 +353,38 @@ def _pid_alive(pid: int) -> bool:
 
 
 def reap_expired() -> list[str]:
-    """Remove testbeds past their expiry time (`up --ttl`); returns namespaces removed."""
+    """Remove testbeds past their expiry time (`up --ttl`) whose owner is gone; returns the
+    namespaces removed."""
     removed: list[str] = []
     for tb in list_testbeds():
-        if tb.expires and tb.expires < time.time():
+        if tb.expires and tb.expires < time.time() and not in_use(tb):
             removed += destroy(tb)
     return removed
 
 
-def down_all() -> list[str]:
-    """Remove every recorded testbed and any stray `sempar-*` namespace."""
+def in_use(tb: Testbed) -> bool:
+    """Whether another live process (a running bench, profile) owns the testbed."""
+    return tb.owner_pid != os.getpid() and _pid_alive(tb.owner_pid)
+
+
+def down_all() -> tuple[list[str], list[Testbed]]:
+    """Remove every recorded testbed whose owner is gone, and stray `sempar-*` namespaces.
+
+    Returns (namespaces removed, testbeds kept because their owner process is alive)."""
     removed: list[str] = []
-    for tb in list_testbeds():
-        removed += destroy(tb)
-    for ns in existing_namespaces():
-        _run(["ip", "netns", "delete", ns], check=False)
-        removed.append(ns)
-    return removed
+    kept: list[Testbed] = []
+    with state_lock():
+        for tb in list_testbeds():
+            if in_use(tb):
+                kept.append(tb)
+            else:
+                removed += destroy(tb)
+        keep = {ns for tb in kept for ns in tb.namespaces}
+        for ns in existing_namespaces():
+            if ns not in keep:
+                _run(["ip", "netns", "delete", ns], check=False)
+                removed.append(ns)
+    return removed, kept
 
 
 # ---- always tear down ------------------------------------------------------------------------
@@ -348,7 +400,16 @@ def teardown_guard(cleanup) -> Iterator[None]:
     def once() -> None:
         if not done[0]:
             done[0] = True
-            cleanup()
+            # A second Ctrl-C (or TERM/HUP) must not abort the teardown half-way.
+            held = {}
+            for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                with contextlib.suppress(ValueError, OSError):
+                    held[s] = signal.signal(s, signal.SIG_IGN)
+            try:
+                cleanup()
+            finally:
+                for s, h in held.items():
+                    signal.signal(s, h)
 
     def on_signal(signum, frame):
         raise _Signalled(f"signal {signal.Signals(signum).name}")

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from sempar.atomic import atomic_folder, check_folder_output
 from sempar.tiny.data import TrainStream, split_corpus
 from sempar.tiny.models import TINY_MODELS
 from sempar.tiny.tokenizer import EOS, default_tokenizer_path, load_tokenizer
@@ -87,6 +86,7 @@ def train_tiny(name: str, corpus: Path, out_dir: Path, minutes: float = 25.0,
     from transformers import AutoModelForCausalLM
 
     spec = TINY_MODELS.get(name)
+    check_folder_output(out_dir, corpus, legacy=_model_files)   # refuse before the training
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -136,15 +136,19 @@ def train_tiny(name: str, corpus: Path, out_dir: Path, minutes: float = 25.0,
             "heldout_lm_loss": heldout, "train_tokens_per_domain": stream.tokens(),
             "heldout_documents": {s.domain: len(s.heldout) for s in splits},
             "torch_threads": torch.get_num_threads(), "seed": seed}
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.", dir=out_dir.parent) as tmp:
-        work = Path(tmp) / "model"
+    with atomic_folder(out_dir, "tiny-model", corpus, legacy=_model_files,
+                       marker=False) as work:
         model.to(torch.bfloat16).save_pretrained(work, safe_serialization=True)
         shutil.copy(default_tokenizer_path(), work / "tokenizer.json")
         plot_loss(losses, aux, work / "loss.png", f"{name}: {step} steps, {seconds / 60:.0f} min")
         (work / "train.json").write_text(json.dumps(info, indent=1) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(work, out_dir)
     return info
+
+
+_MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                "loss.png", "train.json"}
+
+
+def _model_files(folder: Path) -> set[str]:
+    """What a model folder written before the output marker holds (it has a train.json)."""
+    return _MODEL_FILES if (folder / "train.json").is_file() else set()

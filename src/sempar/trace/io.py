@@ -9,7 +9,8 @@ Columns:
     weights    fixed_size_list<float32>[L * k]          optional
 
 Key-value metadata `sempar.trace` holds JSON: `format_version`, `meta` (TraceMeta), `domains`,
-`num_tokens`, `num_requests`. Writes stream row group by row group into a temporary file that is
+`num_tokens`, `num_requests`. Every data page carries a CRC-32 checksum (Parquet page header
+`crc`), verified on read. Writes stream row group by row group into a temporary file that is
 renamed onto the target only when complete, so no partial trace is ever left behind. Reading
 validates every row group and reports the first bad row in file coordinates.
 """
@@ -25,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sempar.atomic import atomic_path
+from sempar.atomic import atomic_path, check_input
 from sempar.errors import InputError
 from sempar.trace.schema import (FORMAT_VERSION, SUPPORTED_VERSIONS, RoutingTrace, TraceMeta,
                                  validate_arrays)
@@ -81,6 +82,7 @@ class TraceWriter:
         self._writer = pq.ParquetWriter(tmp, self.schema, compression=COMPRESSION,
                                         compression_level=COMPRESSION_LEVEL,
                                         use_dictionary=["domain"] if self.has_domain else False,
+                                        write_page_checksum=True,
                                         write_statistics=["token_id", "request_id", "position"])
         return self
 
@@ -117,6 +119,8 @@ class TraceWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         assert self._writer is not None and self._ctx is not None
         try:
+            if exc_type is None and self.rows == 0:
+                raise InputError(f"{self.path}: no tokens to write; an empty trace is refused")
             if exc_type is None:
                 self._writer.add_key_value_metadata({META_KEY: json.dumps(self._meta_block())})
             self._writer.close()
@@ -144,13 +148,11 @@ def write_trace(trace: RoutingTrace, path: str | os.PathLike, row_group_size: in
 
 
 def _open(path: str | os.PathLike) -> pq.ParquetFile:
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"{p}: no such file")
-    if p.is_dir():
-        raise InputError(f"{p}: is a folder, not a trace file")
+    p = check_input(path, "trace file")
     try:
-        return pq.ParquetFile(p)
+        # Page CRCs are verified when present (every trace sempar writes has them): a flipped
+        # bit in a page is an error, not silently changed expert ids.
+        return pq.ParquetFile(p, page_checksum_verification=True)
     except (pa.ArrowException, OSError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise InputError(f"{p}: not a readable Parquet trace (truncated or another format: {reason})") from None
@@ -184,6 +186,8 @@ def read_header(path: str | os.PathLike) -> tuple[pq.ParquetFile, dict[str, Any]
         if col not in names:
             raise InputError(f"{col}: column missing from the file")
     n_rows = pf.metadata.num_rows
+    if n_rows == 0:
+        raise InputError(f"{path}: the trace holds no tokens")
     if block.get("num_tokens") != n_rows:
         raise InputError(f"metadata.num_tokens: {block.get('num_tokens')!r} but the file holds "
                          f"{n_rows} rows")
@@ -327,14 +331,8 @@ def read_trace(path: str | os.PathLike, validate: bool = True) -> RoutingTrace:
     domains: list[str] = []
     for meta, domains, _, arrays in iter_blocks(path, validate=validate):
         parts.append(arrays)
-    if meta is None:  # no row groups: an empty trace
-        _, block, meta = read_header(path)
-        domains = list(block.get("domains", []))
-        L, k = meta.num_layers, meta.top_k
-        empty = np.zeros(0, np.int32)
-        return RoutingTrace(meta, empty, empty.copy(), empty.copy(),
-                            np.zeros((0, L, k), meta.expert_dtype),
-                            domain=np.zeros(0, np.int16) if domains else None, domains=domains)
+    if meta is None:  # row groups of no rows only (read_header refuses a 0-row file)
+        raise InputError(f"{path}: the trace holds no tokens")
 
     def cat(key: str) -> np.ndarray | None:
         if key not in parts[0]:

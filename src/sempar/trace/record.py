@@ -282,6 +282,9 @@ def resolve_model(name_or_dir: str | os.PathLike) -> ModelSource:
                          f"(known: {', '.join(known) if known else 'none installed'})")
     if not (model_dir / "config.json").is_file():
         raise InputError(f"--model {arg}: {model_dir} has no config.json")
+    from sempar.atomic import register_input
+
+    register_input(model_dir)
     for tok in (model_dir / "tokenizer.json", ASSETS_DIR / "tokenizer.json"):
         if tok.is_file():
             return ModelSource(name, model_dir, tok)
@@ -299,8 +302,13 @@ def load_model(name_or_dir: str | os.PathLike, dtype: str = "float32") -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(src.model_dir, local_files_only=True,
-                                                 dtype=getattr(torch, dtype))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(src.model_dir, local_files_only=True,
+                                                     dtype=getattr(torch, dtype))
+    except Exception as err:  # noqa: BLE001 - transformers/safetensors raise many kinds
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"--model {name_or_dir}: {src.model_dir} cannot be loaded "
+                         f"({type(err).__name__}: {reason[:200]})") from None
     model.eval()
     return model
 
@@ -349,7 +357,9 @@ def parse_text_arg(arg: str) -> tuple[Path, str]:
         raise InputError(f"--text {arg}: no such file")
     if p.is_dir():
         raise InputError(f"--text {arg}: {p} is a folder, not a text file")
-    return p, domain or p.stem
+    from sempar.atomic import check_input
+
+    return check_input(p, f"--text {arg}: text file"), domain or p.stem
 
 
 def read_texts(args: Sequence[str]) -> list[tuple[str, str]]:

@@ -27,6 +27,12 @@ from sempar.errors import InputError
 FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 
+# Shapes far beyond any real MoE (DeepSeek-V3: 61 layers, 256 experts, top-8, 129k vocabulary)
+# and far below what a reader would exhaust memory on: a file claiming more is refused.
+SHAPE_LIMITS = {"num_layers": 4096, "num_experts": 1 << 20, "top_k": 1024,
+                "vocab_size": (1 << 31) - 1, "shared_experts": 1024, "num_expert_groups": 1 << 20,
+                "topk_groups": 1 << 20, "layer_id": 1 << 16}
+
 
 @dataclass(frozen=True)
 class TraceMeta:
@@ -50,10 +56,20 @@ class TraceMeta:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "num_experts", "top_k", "vocab_size"):
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise InputError(f"metadata.model: {self.model!r} is not a model name")
+        for name in ("num_layers", "num_experts", "top_k", "vocab_size", "shared_experts",
+                     "num_expert_groups", "topk_groups"):
             value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or \
+                    value < (0 if name == "shared_experts" else 1):
                 raise InputError(f"metadata.{name}: {value!r} is not a positive integer")
+            if value > SHAPE_LIMITS[name]:
+                raise InputError(f"metadata.{name}: {value} is above the limit {SHAPE_LIMITS[name]}")
+        if self.num_layers * self.top_k > SHAPE_LIMITS["num_layers"] * 8:
+            raise InputError(f"metadata: num_layers x top_k = {self.num_layers * self.top_k} "
+                             f"expert ids per token is above the limit "
+                             f"{SHAPE_LIMITS['num_layers'] * 8}")
         if self.top_k > self.num_experts:
             raise InputError(f"metadata.top_k: {self.top_k} exceeds num_experts {self.num_experts}")
         if self.shared_experts < 0:
@@ -66,9 +82,20 @@ class TraceMeta:
             raise InputError(f"metadata.topk_groups: {self.topk_groups!r} is not in "
                              f"[1, {self.num_expert_groups}]")
         if self.layer_ids is not None:
-            ids = tuple(int(i) for i in self.layer_ids)
+            ids = self.layer_ids
+            if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+                raise InputError(f"metadata.layer_ids: {ids!r} is not a list of layer numbers")
+            for i in ids:
+                if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or \
+                        not 0 <= i < SHAPE_LIMITS["layer_id"]:
+                    raise InputError(f"metadata.layer_ids: {i!r} is not a layer number "
+                                     f"0..{SHAPE_LIMITS['layer_id'] - 1}")
+            ids = tuple(int(i) for i in ids)
             if len(ids) != self.num_layers:
                 raise InputError(f"metadata.layer_ids: {len(ids)} ids for {self.num_layers} layers")
+            if len(set(ids)) != len(ids):
+                dup = next(i for i in ids if ids.count(i) > 1)
+                raise InputError(f"metadata.layer_ids: layer {dup} is listed twice")
             object.__setattr__(self, "layer_ids", ids)
 
     @property

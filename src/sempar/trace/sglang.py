@@ -73,10 +73,9 @@ _RANK_RE = re.compile(r"_(\d+)\.pt$")
 def _load(path: Path) -> dict:
     import torch
 
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder, not an SGLang .pt dump")
+    from sempar.atomic import check_input
+
+    check_input(path, "SGLang .pt dump")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # pickle, zip and weights-only errors alike
