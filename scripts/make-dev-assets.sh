@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rebuild the committed assets from the registries: corpus -> tokenizer -> tiny models -> dev traces.
-# About 140 minutes on a 2-core machine (the first two trainings run side by side, one thread
+# About 120 minutes on a 2-core machine (the first two trainings run side by side, one thread
 # each; then tiny-moe64-h8).
 # Usage: scripts/make-dev-assets.sh [CORPUS_DIR]   (default: ~/.cache/sempar/corpus)
 set -euo pipefail
@@ -11,8 +11,9 @@ sempar train-tiny --model tokenizer --corpus "$corpus"
 sempar train-tiny --model tiny-moe64 --corpus "$corpus" --minutes 36 --threads 1 &
 sempar train-tiny --model tiny-mixtral --corpus "$corpus" --minutes 36 --threads 1 &
 wait
-# The 8-head variant (TP at G = 8); the committed one was trained alone, 2 threads, on a loaded machine.
-sempar train-tiny --model tiny-moe64-h8 --corpus "$corpus" --minutes 56 --threads 2
+# The 8-head variant (TP at G = 8), alone, one thread (two threads on a loaded machine took 15x
+# the CPU per step of one thread on an idle one).
+sempar train-tiny --model tiny-moe64-h8 --corpus "$corpus" --minutes 36 --threads 1
 heldout=$(mktemp -d)
 sempar corpus heldout --corpus "$corpus" --out "$heldout"
 for model in tiny-moe64 tiny-mixtral tiny-moe64-h8; do
