@@ -88,6 +88,11 @@ FILES = [
     ("synth --preset olmoe-1b-7b --tokens 100 --out {a_file}/o.parquet", "is not a folder"),
     ("place --trace {good} --method vanilla --ep 4 --out {dev_link}", "not a regular file"),
     ("place --trace {good} --method vanilla --ep 4 --out .", "is a folder"),
+    ("corpus fetch --out {a_file}", "exists and is not a folder"),
+    ("demo --out {a_file}", "exists and is not a folder"),
+    ("corpus heldout --corpus {tmp}/none --out h", "no manifest.json"),
+    ("testbed down ../x", "testbed name '../x' must be"),
+    ("train-tiny --model tiny-moe64 --corpus {tmp} --max-steps 0", "--max-steps: 0"),
 ]
 
 

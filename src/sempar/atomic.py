@@ -81,7 +81,7 @@ def _wrong_kind(p: Path, folder: bool) -> str | None:
     """Why `p` (existing) is not a folder / a regular file, or None when it is."""
     mode = p.stat().st_mode
     if folder:
-        return None if stat.S_ISDIR(mode) else "is not a folder"
+        return None if stat.S_ISDIR(mode) else "exists and is not a folder"
     if stat.S_ISREG(mode):
         return None
     return "is a folder" if stat.S_ISDIR(mode) else "is not a regular file"
@@ -168,6 +168,21 @@ def install_signal_cleanup() -> None:
     _handlers_installed = True
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGTERM/SIGHUP/SIGINT (main thread) while a temporary is made and registered, or an
+    output swapped in: a signal then lands before or after, never between the two steps."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
@@ -183,10 +198,11 @@ def atomic_path(target: str | os.PathLike, suffix: str = "", option: str = "--ou
     install_signal_cleanup()
     real = check_output(target, option=option)
     real.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=suffix + ".tmp", dir=real.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    _live.add(tmp_path)
+    with _signals_held():
+        fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=suffix + ".tmp", dir=real.parent)
+        os.close(fd)
+        tmp_path = Path(tmp)
+        _live.add(tmp_path)
     try:
         # mkstemp creates 0600; an existing target keeps its mode, a new one gets open()'s.
         mode = stat.S_IMODE(real.stat().st_mode) if real.exists() else 0o666 & ~_umask()
@@ -275,8 +291,9 @@ def atomic_folder(target: str | os.PathLike, kind: str, *inputs: str | os.PathLi
     install_signal_cleanup()
     real = check_folder_output(target, *inputs, option=option, force=force, legacy=legacy)
     real.parent.mkdir(parents=True, exist_ok=True)
-    holder = Path(tempfile.mkdtemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent))
-    _live.add(holder)
+    with _signals_held():
+        holder = Path(tempfile.mkdtemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent))
+        _live.add(holder)
     try:
         build = holder / "out"
         build.mkdir()
@@ -284,7 +301,8 @@ def atomic_folder(target: str | os.PathLike, kind: str, *inputs: str | os.PathLi
         if marker:
             _write_marker(build, kind)
         real = check_folder_output(real, option=option, force=force, legacy=legacy)
-        _swap_in(build, real, holder, force, legacy)
+        with _signals_held():           # a half-swapped folder would mix old and new files
+            _swap_in(build, real, holder, force, legacy)
     finally:
         with contextlib.suppress(OSError):
             shutil.rmtree(holder)           # our own temporary folder (and the replaced output)

@@ -285,13 +285,8 @@ def export(placement: Path = typer.Option(..., "--placement", help="placement.js
                None, "--num-hidden-layers", help="sglang: rows to write (dense layers included)",
                callback=bound(1, LAYERS_MAX))) -> None:
     """Write a placement for an engine, or a permuted checkpoint that realises it."""
-    from sempar.atomic import check_folder_output, check_output
     from sempar.placement import Placement
 
-    if to == "hf-checkpoint":
-        check_folder_output(out_path, placement, model if model and Path(model).exists() else None)
-    else:
-        check_output(out_path, placement)
     p = Placement.load(placement)
     if to == "hf-checkpoint":
         from sempar.export.checkpoint import permute_checkpoint

@@ -138,6 +138,9 @@ def tables(model: str = _MODEL, topology: str = _TOPO, ep: int = _EP,
     from sempar.trace.record import load_model, resolve_model
     from sempar.trace.routers import trace_meta_for
 
+    from sempar.atomic import check_output
+
+    check_output(out_path)
     cfg = _config(model, topology, ep, "0", corpus, text, tokens_per_domain, seq_len, batch_size,
                   placement, dedup, "logits", token_bytes, 1.2)
     if len(cfg.topologies) != 1:

@@ -114,6 +114,11 @@ def register(app: typer.Typer) -> None:
 
         if plot is not None and not fidelity:
             raise InputError("--plot needs the fidelity cases (drop --no-fidelity)")
+        from sempar.atomic import check_output
+
+        check_output(out)
+        if plot is not None:
+            check_output(plot, out, option="--plot")
         sz = _ints(sizes, "--sizes") if sizes else None
         try:
             topo, res = run_profile(hosts, testbed, scale, sz, reps, fidelity, method=method,

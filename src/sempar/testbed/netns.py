@@ -33,6 +33,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -223,29 +224,32 @@ def _check_name(name: str) -> str:
     return name
 
 
+_thread_lock = threading.RLock()
 _lock_depth = [0]
 
 
 @contextlib.contextmanager
 def state_lock() -> Iterator[None]:
-    """Exclusive lock over every testbed's create/destroy (re-entrant within this process)."""
-    if _lock_depth[0]:
-        _lock_depth[0] += 1
-        try:
-            yield
-        finally:
-            _lock_depth[0] -= 1
-        return
-    d = state_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    with open(d / ".lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        _lock_depth[0] = 1
-        try:
-            yield
-        finally:
-            _lock_depth[0] = 0
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    """Exclusive lock over every testbed's create/destroy: `flock` between processes, an RLock
+    between threads; re-entrant in the thread that holds it."""
+    with _thread_lock:
+        if _lock_depth[0]:
+            _lock_depth[0] += 1
+            try:
+                yield
+            finally:
+                _lock_depth[0] -= 1
+            return
+        d = state_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        with open(d / ".lock", "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            _lock_depth[0] = 1
+            try:
+                yield
+            finally:
+                _lock_depth[0] = 0
+                fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def namespaces_of(name: str, present: list[str]) -> list[str]:

@@ -88,13 +88,17 @@ class TrainStream:
 
 def write_heldout(corpus: Path, tokenizer, out_dir: Path) -> dict[str, Path]:
     """Write each domain's held-out documents to out_dir/<domain>.txt (DOC_MARKER-separated),
-    the text `sempar record` turns into the dev traces. Returns {domain: path}."""
-    from sempar.atomic import write_text_atomic
+    the text `sempar record` turns into the dev traces. Returns {domain: path}.
+
+    The folder follows `sempar.atomic.atomic_folder`: built beside, swapped in; a non-empty
+    folder sempar did not write is refused."""
+    from sempar.atomic import atomic_folder
     from sempar.corpus.fetch import DOC_MARKER
 
     out = {}
-    for s in split_corpus(Path(corpus), tokenizer):
-        path = Path(out_dir) / f"{s.domain}.txt"
-        write_text_atomic(path, "".join(d + f"\n{DOC_MARKER}\n" for d in s.heldout))
-        out[s.domain] = path
+    with atomic_folder(out_dir, "heldout", corpus) as build:
+        for s in split_corpus(Path(corpus), tokenizer):
+            (build / f"{s.domain}.txt").write_text("".join(d + f"\n{DOC_MARKER}\n"
+                                                           for d in s.heldout), encoding="utf-8")
+            out[s.domain] = Path(out_dir) / f"{s.domain}.txt"
     return out

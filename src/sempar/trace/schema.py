@@ -61,6 +61,8 @@ class TraceMeta:
         for name in ("num_layers", "num_experts", "top_k", "vocab_size", "shared_experts",
                      "num_expert_groups", "topk_groups"):
             value = getattr(self, name)
+            if name == "shared_experts" and isinstance(value, (int, np.integer)) and value < 0:
+                raise InputError(f"metadata.shared_experts: {value!r} is negative")
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or \
                     value < (0 if name == "shared_experts" else 1):
                 raise InputError(f"metadata.{name}: {value!r} is not a positive integer")
