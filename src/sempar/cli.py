@@ -275,8 +275,8 @@ def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)")
     from sempar.trace import read_trace
 
     check_output(out_file, trace)
-    p = solve(method, read_trace(trace), ep, nodes, redundant, seed, mode, max_imbalance,
-              preserve_groups)
+    p = solve(method, read_trace(trace, optional=("domain",)), ep, nodes, redundant, seed, mode,
+              max_imbalance, preserve_groups)
     p.save(out_file)
     sys.stderr.write(f"wrote {out_file}: {method}, {p.num_layers} layers, {ep} devices x "
                      f"{p.slots_per_device} slots, {p.num_nodes} node(s)\n")
@@ -363,11 +363,11 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
     names = SOLVERS.names() if methods == "all" else [m.strip() for m in methods.split(",")]
     for n in names:
         SOLVERS.get(n)
-    whole = read_trace(fit)
+    whole = read_trace(fit, optional=("domain",))   # no solver reads router weights
     if split:
         fit_trace, eval_trace = split_by_request(whole, seed=seed)
     else:
-        fit_trace, eval_trace = whole, read_trace(eval_file)
+        fit_trace, eval_trace = whole, read_trace(eval_file, optional=("domain",))
     extra = home = None
     if online:
         from sempar.schedule.online import OnlineHomes, model_embedding, online_figures

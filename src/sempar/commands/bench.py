@@ -34,6 +34,9 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(600.0, "--timeout", help="hard limit of the run, seconds",
                                       callback=POSITIVE_SECONDS),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+        model: str = typer.Option("tiny-moe64", "--model", help="packaged model with a dev "
+                                  "trace: tiny-moe64, or tiny-moe64-h8 (8 heads: TP at G = 8) once "
+                                  "scripts/make-dev-assets.sh has built it"),
     ) -> None:
         """MoE-layer and forward time, bytes (measured and predicted), LAR and logit error per
         method; the result is also saved for `sempar demo` ($SEMPAR_BENCH_RESULT)."""
@@ -49,7 +52,7 @@ def register(app: typer.Typer) -> None:
         progress = None if as_json else (lambda s: sys.stderr.write(s + "\n"))
         try:
             res = run_bench(hosts, preset, scale, batches, batch_size, seq, repeats, ms,
-                            timeout_s=timeout, progress=progress)
+                            model=model, timeout_s=timeout, progress=progress)
         except (TestbedError, RankFailure) as e:
             fail_env(e)
         if as_json:

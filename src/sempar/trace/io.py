@@ -210,31 +210,39 @@ def read_header(path: str | os.PathLike) -> tuple[pq.ParquetFile, dict[str, Any]
 
 
 def _list_values(col: pa.ChunkedArray, width: int, field: str, row0: int, dtype) -> np.ndarray:
-    """Flatten a (fixed or variable) list column to dtype[rows, width]; ragged rows raise."""
-    arr = col.combine_chunks()
-    rows = len(arr)
-    if arr.null_count:
-        r = int(np.argmax(arr.is_null().to_numpy(zero_copy_only=False)))
-        raise InputError(f"{field}: row {row0 + r}: value is null")
-    if pa.types.is_fixed_size_list(arr.type):
-        values = arr.flatten()
-    elif pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-        lengths = arr.value_lengths().to_numpy(zero_copy_only=False)
-        bad = lengths != width
-        if bad.any():
-            r = int(np.argmax(bad))
-            raise InputError(f"{field}: row {row0 + r}: {int(lengths[r])} values, expected {width} "
-                             "(ragged top-k)")
-        values = arr.flatten()
-    else:
-        raise InputError(f"{field}: column type {arr.type} is not a list")
-    if values.null_count:
-        i = int(np.argmax(values.is_null().to_numpy(zero_copy_only=False)))
-        raise InputError(f"{field}: row {row0 + i // width}: null value at slot {i % width}")
-    flat = values.to_numpy(zero_copy_only=False)
-    if dtype is None:
-        return flat.reshape(rows, width)
-    return flat.astype(dtype, copy=False).reshape(rows, width)
+    """Flatten a (fixed or variable) list column to dtype[rows, width]; ragged rows raise.
+
+    A fixed-size list chunk without nulls is its child array: `flatten()` slices it and
+    `to_numpy` wraps its buffer, so a single-chunk column comes back without a copy (and
+    without a Python object per row or value)."""
+    parts = []
+    for arr in col.chunks:
+        rows = len(arr)
+        if arr.null_count:
+            r = int(np.argmax(arr.is_null().to_numpy(zero_copy_only=False)))
+            raise InputError(f"{field}: row {row0 + r}: value is null")
+        if pa.types.is_fixed_size_list(arr.type):
+            values = arr.flatten()
+        elif pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+            lengths = arr.value_lengths().to_numpy(zero_copy_only=False)
+            bad = lengths != width
+            if bad.any():
+                r = int(np.argmax(bad))
+                raise InputError(f"{field}: row {row0 + r}: {int(lengths[r])} values, expected "
+                                 f"{width} (ragged top-k)")
+            values = arr.flatten()
+        else:
+            raise InputError(f"{field}: column type {arr.type} is not a list")
+        if values.null_count:
+            i = int(np.argmax(values.is_null().to_numpy(zero_copy_only=False)))
+            raise InputError(f"{field}: row {row0 + i // width}: null value at slot {i % width}")
+        flat = values.to_numpy(zero_copy_only=False)
+        parts.append(flat.reshape(rows, width) if dtype is None
+                     else flat.astype(dtype, copy=False).reshape(rows, width))
+        row0 += rows
+    if not parts:
+        return np.zeros((0, width), dtype or np.int16)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _narrow(x: np.ndarray, dtype, field: str, row0: int) -> np.ndarray:
@@ -251,11 +259,32 @@ def _narrow(x: np.ndarray, dtype, field: str, row0: int) -> np.ndarray:
     return x.astype(dtype, copy=False)
 
 
-def iter_blocks(path: str | os.PathLike, columns: list[str] | None = None,
+# Columns every reader needs (RoutingTrace's required arrays); `domain` and `weights` are
+# read only when asked for.
+REQUIRED_COLUMNS = ("token_id", "request_id", "position", "experts")
+OPTIONAL_COLUMNS = ("domain", "weights")
+
+
+def _columns(pf: pq.ParquetFile, optional: tuple[str, ...] | None) -> list[str]:
+    """The file's columns to read: the required ones plus those of `optional` it has (None:
+    all it has)."""
+    unknown = set(optional or ()) - set(OPTIONAL_COLUMNS)
+    if unknown:
+        raise ValueError(f"optional columns: {sorted(unknown)} are not among {OPTIONAL_COLUMNS}")
+    names = pf.schema_arrow.names
+    return list(REQUIRED_COLUMNS) + [c for c in OPTIONAL_COLUMNS if c in names
+                                     and (optional is None or c in optional)]
+
+
+def iter_blocks(path: str | os.PathLike, optional: tuple[str, ...] | None = None,
                 validate: bool = True) -> Iterator[tuple[TraceMeta, list[str], int, dict[str, np.ndarray]]]:
-    """Yield (meta, domains, first_row, arrays) per Parquet row group, validated."""
+    """Yield (meta, domains, first_row, arrays) per Parquet row group, validated.
+
+    Reads the required columns and those of `optional` (`domain`, `weights`) the file has;
+    None reads every column. The arrays may be views of the row group's Arrow buffers."""
     pf, block, meta = read_header(path)
     domains = list(block.get("domains", []))
+    columns = _columns(pf, optional)
     row0 = 0
     for g in range(pf.metadata.num_row_groups):
         try:
@@ -324,29 +353,37 @@ def _domain_codes(col: pa.ChunkedArray, domains: list[str], row0: int) -> np.nda
     return codes.astype(np.int16, copy=False)
 
 
-def read_trace(path: str | os.PathLike, validate: bool = True) -> RoutingTrace:
-    """Read and validate a whole trace file into memory."""
-    parts: list[dict[str, np.ndarray]] = []
-    meta: TraceMeta | None = None
+def read_trace(path: str | os.PathLike, validate: bool = True,
+               optional: tuple[str, ...] | None = None) -> RoutingTrace:
+    """Read and validate a whole trace file into memory.
+
+    `optional`: which of `domain`, `weights` to read (None: both, when present); a verb that
+    does not use the router weights skips them (for a recorded trace they are twice the size
+    of the expert ids). Row groups are copied one at a time into arrays sized from the file's
+    row count, so the peak is the trace plus one row group, not twice the trace."""
+    pf, block, meta = read_header(path)
+    n = pf.metadata.num_rows
+    out: dict[str, np.ndarray] = {}
     domains: list[str] = []
-    for meta, domains, _, arrays in iter_blocks(path, validate=validate):
-        parts.append(arrays)
-    if meta is None:  # row groups of no rows only (read_header refuses a 0-row file)
-        raise InputError(f"{path}: the trace holds no tokens")
+    filled = 0
+    for meta, domains, row0, arrays in iter_blocks(path, optional, validate=validate):
+        rows = arrays["token_id"].shape[0]
+        if row0 + rows > n:
+            raise InputError(f"{path}: row groups hold more rows than the footer's {n}")
+        for key, a in arrays.items():
+            if key not in out:
+                out[key] = np.empty((n,) + a.shape[1:], a.dtype)
+            out[key][row0:row0 + rows] = a
+        filled = row0 + rows
+    if filled != n:
+        raise InputError(f"{path}: row groups hold {filled} rows but the footer says {n}")
 
-    def cat(key: str) -> np.ndarray | None:
-        if key not in parts[0]:
-            return None
-        return parts[0][key] if len(parts) == 1 else np.concatenate([p[key] for p in parts])
-
-    trace = RoutingTrace(meta=meta, token_id=cat("token_id"), request_id=cat("request_id"),
-                         position=cat("position"), experts=cat("experts"), domain=cat("domain"),
-                         domains=domains, weights=cat("weights"))
-    if validate:
-        _, block, _ = read_header(path)
-        if block.get("num_requests") not in (None, trace.num_requests):
-            raise InputError(f"metadata.num_requests: {block.get('num_requests')!r} but the file holds "
-                             f"{trace.num_requests} distinct request ids")
+    trace = RoutingTrace(meta=meta, token_id=out["token_id"], request_id=out["request_id"],
+                         position=out["position"], experts=out["experts"],
+                         domain=out.get("domain"), domains=domains, weights=out.get("weights"))
+    if validate and block.get("num_requests") not in (None, trace.num_requests):
+        raise InputError(f"metadata.num_requests: {block.get('num_requests')!r} but the file holds "
+                         f"{trace.num_requests} distinct request ids")
     return trace
 
 
