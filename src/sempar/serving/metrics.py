@@ -5,9 +5,10 @@ Per request: TTFT = first token - arrival; E2E = last token - arrival; TPOT = (E
 the horizon counts as infinitely late. TBT: every decode token's gap, i.e. the iterations'
 durations weighted by their decode tokens (engine.py).
 
-Throughput: tokens processed (prefill + decode) per second over the arrival window (Sem-MoE:
-"tokens an inference system can process per unit time"); `output_throughput` counts generated
-tokens only.
+Throughput: tokens processed (prefill + decode) per second from the first arrival to the end of
+the last iteration (the horizon if the run was cut), as SGLang's bench_serving divides total
+tokens by the benchmark's duration (Sem-MoE: "tokens an inference system can process per unit
+time"); `output_throughput` counts generated tokens only.
 
 SLO statistics (one per SLO key): `ttft` -> p99 TTFT and `e2e` -> median E2E (Sem-MoE Table 2's
 figures), `tpot` -> mean TPOT (s-MoE: "average time to generate an output token"), `p90_tbt` ->
@@ -42,11 +43,12 @@ def run_metrics(w: Workload, log: RunLog, duration: float) -> dict:
     ttft = np.where(np.isnan(log.first_token), late, log.first_token - w.arrival)
     e2e = np.where(np.isnan(log.finish), late, log.finish - w.arrival)
     multi = w.out_len > 1
-    tpot = np.where(np.isnan(log.finish), late,
-                    (e2e - ttft) / np.maximum(1, w.out_len - 1))[multi]
-    in_win = log.it_end <= duration
-    done_in = (log.first_token <= duration)
-    out_tok = float(log.it_decode[in_win].sum() + done_in.sum())
+    done = np.isfinite(e2e)
+    tpot = np.full(w.size, late)
+    tpot[done] = (e2e[done] - ttft[done]) / np.maximum(1, w.out_len[done] - 1)
+    tpot = tpot[multi]
+    span = float(log.it_end[-1]) if log.it_end.size else duration
+    out_tok = float(log.it_decode.sum() + np.isfinite(log.first_token).sum())
 
     def pct(a, q):
         return float(np.percentile(a, q)) if a.size else float("nan")
@@ -57,8 +59,8 @@ def run_metrics(w: Workload, log: RunLog, duration: float) -> dict:
         "tpot_mean": float(tpot.mean()) if tpot.size else float("nan"), "tpot_p99": pct(tpot, 99),
         "p90_tbt": weighted_quantile(log.it_dt, log.it_decode, 0.9),
         "e2e_p50": pct(e2e, 50), "e2e_p99": pct(e2e, 99),
-        "throughput": float(log.it_tokens[in_win].sum() / duration),
-        "output_throughput": out_tok / duration,
+        "throughput": float(log.it_tokens.sum() / span),
+        "output_throughput": out_tok / span,
         "iterations": int(log.it_dt.size),
         "mean_batch_tokens": float(log.it_tokens.mean()) if log.it_tokens.size else 0.0,
     }
