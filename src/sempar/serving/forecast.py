@@ -114,7 +114,9 @@ class Forecaster:
                                           redundant, self.seed)
         return self._placements[key]
 
-    def prepare(self, v: Variant) -> Prepared:
+    def prepare(self, v: Variant, sample_tokens: int | None = None) -> Prepared:
+        """The deployment of variant `v`; `sample_tokens` (default steptable.SAMPLE_TOKENS)
+        tokens are drawn per batch-size bucket."""
         pipe = PIPELINES.get(v.pipeline)
         G = self.G
         pl = self.placement(v.placement, v.redundant_slots(G))
@@ -132,7 +134,7 @@ class Forecaster:
         cfg = EngineConfig(inst, self.budget * scale, self.max_running * scale, cap)
         opts = SimOptions(hidden=self.dims.hidden, dtype_bytes=self.dims.dtype_bytes)
         table = build_step_table(self.eval.experts, home, pl, self.topo, pipe, opts, roof,
-                                 cfg.budget * inst, seed=self.seed)
+                                 cfg.budget * inst, seed=self.seed, sample_tokens=sample_tokens)
         rank = (home[self._req_first, 0] if (home is not None and not tp)
                 else np.zeros(self._req_first.size, np.int32))
         return Prepared(v, cfg, roof, table, self._req_tokens, np.asarray(rank, np.int32),

@@ -86,3 +86,14 @@ def attainment(curve: list[dict], slos: dict) -> dict:
         rate[k] = None if best is None else best["rate"]
         thr[k] = None if best is None else best["throughput"]
     return {"max_rate_under_slo": rate, "throughput_under_slo": thr}
+
+
+def joint_attainment(curve: list[dict], slos: dict, keys) -> tuple[float | None, float | None]:
+    """(rate, throughput) at the largest swept rate meeting every SLO in `keys`, it and every
+    lower rate (None, None when the lowest rate misses one)."""
+    best = None
+    for p in sorted(curve, key=lambda p: p["rate"]):
+        if not all(p[SLO_STAT[k]] <= slos[k] for k in keys):
+            break
+        best = p
+    return (None, None) if best is None else (best["rate"], best["throughput"])

@@ -104,7 +104,7 @@ def expert_loads(experts: np.ndarray, home: np.ndarray | None, placement: Placem
 
 def build_step_table(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
                      topo: Topology, pipeline: Pipeline, opts: SimOptions, roofline: Roofline,
-                     max_tokens: int, seed: int = 0) -> StepTable:
+                     max_tokens: int, seed: int = 0, sample_tokens: int | None = None) -> StepTable:
     """Tabulate buckets 1, 2, 4, ... up to the first power of two >= max_tokens.
 
     experts int[T, L, k] and home int32[T, L] (None without expert parallelism): the simulated
@@ -118,7 +118,7 @@ def build_step_table(experts: np.ndarray, home: np.ndarray | None, placement: Pl
     count = np.zeros(nb, np.int64)
     lar_num = lar_den = 0.0
     for b, n in enumerate(sizes.tolist()):
-        S = int(np.clip(SAMPLE_TOKENS // n, MIN_S, MAX_S))
+        S = int(np.clip((sample_tokens or SAMPLE_TOKENS) // n, MIN_S, MAX_S))
         idx = rng.choice(T, S * n, replace=S * n > T)
         ex = np.ascontiguousarray(experts[idx])
         h = None if home is None else np.ascontiguousarray(home[idx])
