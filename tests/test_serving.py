@@ -179,3 +179,23 @@ def test_serve_sim_bad_input(small_trace, args, words):
                "1", "--json", *args, cwd=small_trace.parent)
     assert r.returncode == 2 and r.stdout == ""
     assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_plan_json_contract(small_trace):
+    r = sempar("plan", "--trace", str(small_trace), "--topology", "pcie-upi8", "--ep", "8",
+               "--accelerator", "cpu", "--methods", "vanilla,semmoe", "--pipelines", "sglang-ep",
+               "--policies", "round-robin,alg2", "--top", "2", "--rates", "20,60", "--duration",
+               "2", "--input-len", "128", "--output-len", "16", "--token-budget", "256",
+               "--max-running", "32", "--json", cwd=small_trace.parent)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert len(d["screened"]) == 4 and len(d["ranked"]) == 2
+    thr = [x["throughput_under_slo"] or 0 for x in d["ranked"]]
+    assert thr == sorted(thr, reverse=True)
+    for x in d["ranked"]:
+        assert {"pipeline", "placement", "policy", "redundant", "ep", "throughput_under_slo",
+                "commands"} <= set(x)
+        assert x["ep"] == 8 and x["pipeline"] == "sglang-ep"
+        assert any(c.startswith("sempar place") and f"--method {x['placement']}" in c
+                   for c in x["commands"])
+        assert any("--enable-dp-attention" in c for c in x["commands"])

@@ -186,7 +186,8 @@ def compare(fc: Forecaster, systems: list[str], rates: list[float] | None, durat
             if progress:
                 progress(f"prepare {name} ({v.label()})")
             plans[name].append(fc.prepare(v))
-    if arrivals is not None:
+    if arrivals is not None:                # one point: the file's requests over its span
+        duration = max(duration, float(arrivals[-1]))
         rates = [arrivals.size / duration]
     elif rates is None:
         rates = default_rates([p for ps in plans.values() for p in ps], input_len, output_len)
