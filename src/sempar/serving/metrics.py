@@ -50,8 +50,15 @@ def run_metrics(w: Workload, log: RunLog, duration: float) -> dict:
     span = float(log.it_end[-1]) if log.it_end.size else duration
     out_tok = float(log.it_decode.sum() + np.isfinite(log.first_token).sum())
 
-    def pct(a, q):
-        return float(np.percentile(a, q)) if a.size else float("nan")
+    def pct(a, q):                      # unfinished requests (inf) make a tail inf, not nan
+        if not a.size:
+            return float("nan")
+        fin = np.isfinite(a)
+        if fin.all():
+            return float(np.percentile(a, q))
+        rank = q / 100 * (a.size - 1)
+        return float(np.percentile(a[fin], min(100.0, q * (a.size - 1) / max(1, fin.sum() - 1)))) \
+            if np.ceil(rank) < fin.sum() else float("inf")
 
     return {
         "requests": int(w.size), "finished": int(np.isfinite(e2e).sum()),
