@@ -1,7 +1,7 @@
 """The `serve` stage of `sempar demo`: plan + systems side by side on the default 64-expert
 trace, pcie-upi8, the `cpu` roofline, EP 8; a small candidate set and short runs (DEMO_DURATION
-s of arrivals at DEMO_RATES) so the demo stays within its time budget. The section is moved to
-the top of the report."""
+s of arrivals at DEMO_RATES rates) so the demo stays within its time budget. The section is
+moved to the top of the report."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from sempar.serving.report import plan_section, systems_section
 
 DEMO_SYSTEMS = ["sglang", "semmoe-dp", "semmoe-tp", "sempar"]
 DEMO_DURATION = 2.0
-DEMO_RATES = [20.0, 60.0, 120.0, 200.0, 300.0]
+DEMO_RATES = 5          # from 5% to 120% of the best candidate's estimated capacity
 
 
 def run_stage(ctx, name: str, trace) -> dict:
     fc = Forecaster(trace, model_dims(trace.meta.model), load_topology("pcie-upi8"),
                     ACCELERATORS.get("cpu"), budget=256, max_running=32)
     io = dict(input_len=128, output_len=32)
-    p = plan(lambda G: fc, [fc.G], name, {}, rates=DEMO_RATES, duration=DEMO_DURATION, top=2,
+    p = plan(lambda G: fc, [fc.G], name, {}, n_rates=DEMO_RATES, duration=DEMO_DURATION, top=2,
              methods=["vanilla", "semmoe", "sempar"], policies=["round-robin", "alg2"],
              pipelines=[x for x in ("sglang-ep", "smoe-exact") if x in PIPELINES],
              **io, progress=ctx.step)

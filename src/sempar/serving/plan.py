@@ -86,7 +86,7 @@ def commands(v: Variant, G: int, nodes: int, trace: str, cfg: dict, hidden_layer
 def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("ttft", "e2e"),
          slo_scale: float = 5.0, rates=None, duration: float = 60.0, input_len: int = 512,
          output_len: int = 128, top: int = 4, methods=None, pipelines=None, policies=None,
-         redundant=(0,), progress=None) -> dict:
+         redundant=(0,), n_rates: int = 10, progress=None) -> dict:
     """make_fc(ep) -> Forecaster for that EP size. Returns the ranked deployments."""
     t0 = time.perf_counter()
     fcs = {G: make_fc(G) for G in eps}
@@ -112,7 +112,8 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
         full.append((G, v, fcs[G].prepare(v)))
     base_fc = fcs[eps[0]]
     base = base_fc.prepare(Variant("vanilla", "sglang-ep"))
-    rates = sorted(rates or default_rates([p for _, _, p in full] + [base], input_len, output_len))
+    rates = sorted(rates or default_rates([p for _, _, p in full] + [base], input_len, output_len,
+                                          n_rates))
     light = base_fc.run_rate(base, rates[0], duration, "fixed", input_len, output_len)
     slos = slos_from(light, slo_scale, slo_given)
     keys = tuple(slo_given) or slo_keys
