@@ -143,3 +143,12 @@ def stage_bench(ctx: DemoContext) -> dict | None:
                          f"model {res.get('model')}.", note=True)
     ctx.report.table(TABLE_HEADER, bench_table_rows(res))
     return res
+
+
+@STAGES.register("serve")
+@on_moe64
+def stage_serve(ctx: DemoContext, name: str, trace) -> dict:
+    """Serving forecast and plan (sempar.serving); its section opens the report."""
+    from sempar.serving.demo import run_stage
+
+    return run_stage(ctx, name, trace)

@@ -1,0 +1,100 @@
+"""`sempar serve-sim`: a discrete-event serving forecast of several systems side by side,
+throughput under TTFT / TPOT / p90-TBT / E2E SLOs and latency-throughput curves (sempar.serving)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sempar.errors import InputError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve-sim")
+    def serve_sim_cmd(
+        trace: Path = typer.Option(..., "--trace", help="routing trace (Parquet): 20% fits the "
+                                   "placements and schedulers, 80% is replayed"),
+        preset: Optional[str] = typer.Option(None, "--preset", help="model dimensions (default: "
+                                             "the trace's model)"),
+        topology: str = typer.Option("pcie-upi8", "--topology", help="preset or topology JSON"),
+        nodes: Optional[int] = typer.Option(None, "--nodes", help="nodes of a scalable preset"),
+        accelerator: str = typer.Option("h100", "--accelerator", help="a100, h100, h200, smoe-a, "
+                                        "smoe-b, cpu"),
+        ep: Optional[int] = typer.Option(None, "--ep", help="EP degree G (default: the topology's devices)"),
+        systems: str = typer.Option("all", "--systems", help="all, or a comma-separated list; the "
+                                    "first is the baseline whose lightest load sets the SLOs"),
+        rates: Optional[str] = typer.Option(None, "--rates", help="requests/s, comma-separated "
+                                            "(default: 10 rates up to 1.2 x the estimated capacity)"),
+        arrivals: Optional[Path] = typer.Option(None, "--arrivals", help="arrival times (s) file "
+                                                "instead of Poisson rates"),
+        duration: float = typer.Option(60.0, "--duration", help="seconds of arrivals per rate"),
+        lengths: str = typer.Option("fixed", "--lengths", help="fixed, trace or exp"),
+        input_len: int = typer.Option(512, "--input-len"),
+        output_len: int = typer.Option(128, "--output-len"),
+        slo_scale: float = typer.Option(5.0, "--slo-scale", help="SLO = this x the lightest-load latency"),
+        slo: Optional[str] = typer.Option(None, "--slo", help="given SLOs in seconds, e.g. e2e=10,ttft=0.5"),
+        budget: int = typer.Option(2048, "--token-budget", help="tokens per iteration per device"),
+        max_running: int = typer.Option(128, "--max-running", help="running requests per device"),
+        seed: int = typer.Option(0, "--seed"),
+        plot: Optional[Path] = typer.Option(None, "--plot", help="folder for serve-sim-curves.png"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    ) -> None:
+        """Forecast serving throughput under latency SLOs for several systems side by side."""
+        from sempar.progress import steps
+        from sempar.serving.forecast import compare
+        from sempar.serving.setup import forecaster, parse_floats, parse_slo
+        from sempar.serving.systems import SYSTEMS
+        from sempar.serving.workload import read_arrivals
+
+        names = SYSTEMS.names() if systems == "all" else [s.strip() for s in systems.split(",") if s.strip()]
+        if not names:
+            raise InputError("--systems: empty list")
+        for n in names:
+            SYSTEMS.get(n)
+        rate_list = parse_floats(rates, "--rates")
+        given = parse_slo(slo)
+        arr = read_arrivals(arrivals) if arrivals is not None else None
+        fc = forecaster(trace, preset, topology, accelerator, ep, nodes, budget, max_running, seed)
+        n_steps = len(names) * (1 + (len(rate_list) if rate_list else 10))
+        with steps("serve-sim", n_steps) as step:
+            res = compare(fc, names, rate_list, duration, lengths, input_len, output_len,
+                          slo_scale, given, arr, progress=step)
+        if plot is not None:
+            from sempar.serving.plots import plot_curves
+
+            res["png"] = str(plot_curves(res, Path(plot) / "serve-sim-curves.png"))
+        if as_json:
+            from sempar.cli import emit_json
+
+            emit_json(res)
+            return
+        print_result(res)
+        if plot is not None:
+            sys.stderr.write(f"wrote {res['png']}\n")
+
+
+def _r(x, fmt="{:.3g}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def print_result(res: dict) -> None:
+    from rich.table import Table
+
+    from sempar.cli import out
+    from sempar.serving.metrics import SLO_KEYS
+
+    slos = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in res["slos"].items())
+    t = Table(title=f"serve-sim: {res['model']} on {res['topology']} ({res['accelerator']} x "
+                    f"{res['ep']}), SLOs: {slos}; max req/s and tokens/s under each SLO")
+    for c in ("system", "placement / pipeline / policy", "LAR", *[f"{k} req/s" for k in SLO_KEYS],
+              *[f"{k} tok/s" for k in SLO_KEYS]):
+        t.add_column(c, justify="right")
+    for name, s in res["systems"].items():
+        c = s["config"]
+        t.add_row(name, f"{c['placement']} / {c['pipeline']} / {c['policy']}", _r(c["lar"], "{:.3f}"),
+                  *[_r(s["max_rate_under_slo"][k]) for k in SLO_KEYS],
+                  *[_r(s["throughput_under_slo"][k], "{:.0f}") for k in SLO_KEYS])
+    out.print(t)

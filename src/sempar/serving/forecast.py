@@ -1,0 +1,226 @@
+"""Serving forecasts from a routing trace: one deployment (`Prepared`) = a system variant on G
+devices of a topology and accelerator; `compare` sweeps request rates over several systems and
+finds the throughput each sustains under the SLOs (`sempar serve-sim`).
+
+Protocol (Sem-MoE §5, s-MoE §5): the trace is split by request, 20% to fit the placements and
+schedulers, 80% replayed (routing of the iterations' tokens, request ranks, `trace` lengths).
+Every system sees the same arrivals at a given rate (one seed per rate). The lightest load is
+the lowest swept rate, measured on the first system named (the baseline), and the SLOs are
+`slo_scale` x its statistics there (metrics.py), unless given. Arrivals stop at `duration`; the
+run then drains until 2 x `duration`, and what is still unfinished counts as infinitely late.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from sempar.comm.homes import Homes
+from sempar.comm.pipelines import PIPELINES
+from sempar.comm.simulate import SimOptions
+from sempar.comm.topology import Topology
+from sempar.errors import InputError
+from sempar.serving.dims import ModelDims
+from sempar.serving.engine import EngineConfig, run
+from sempar.serving.hardware import Accelerator
+from sempar.serving.metrics import attainment, run_metrics, slos_from
+from sempar.serving.roofline import Roofline
+from sempar.serving.steptable import StepTable, build_step_table
+from sempar.serving.systems import Variant, resolve
+from sempar.serving.workload import make_workload, poisson_arrivals
+from sempar.trace.schema import RoutingTrace
+
+DRAIN = 2.0         # horizon = DRAIN x duration
+
+
+@dataclass
+class Prepared:
+    variant: Variant
+    cfg: EngineConfig
+    roofline: Roofline
+    table: StepTable
+    request_tokens: np.ndarray      # int64[Rt] token count of each replayed request
+    request_rank: np.ndarray        # int32[Rt] its Attention-DP rank (0 under TP)
+    slots_per_device: int
+
+    def step_seconds(self, prefill, decode, attn_ctx, kv_read, sampled, i) -> float:
+        """The execution-time predictor (engine.Predictor): roofline compute + tabulated
+        experts and communication, float64[K]."""
+        n = prefill.sum(axis=-1) + decode.sum(axis=-1)
+        comm, expert = self.table.lookup(float(n[0]) if (n == n[0]).all() else n, i)
+        return self.roofline.dense_seconds(prefill, decode, attn_ctx, kv_read, sampled) + comm + expert
+
+    def capacity(self, input_len: int, output_len: int) -> float:
+        """Requests/s at a full iteration (every instance at its budget, half of it decoding);
+        only for choosing default rates."""
+        I, B = self.cfg.instances, self.cfg.budget
+        dec = min(self.cfg.max_running, B // 2)
+        z = np.zeros((1, I))
+        ctx = input_len + output_len / 2
+        pre = np.full((1, I), B - dec, np.float64)
+        dt = (float(self.roofline.dense_seconds(pre, z + dec, pre * input_len / 2 + dec * ctx,
+                                                pre * input_len / 2 + dec * ctx, z + dec)[0])
+              + sum(self.table.mean(I * B)))
+        per_req = I * B / dt / (input_len + output_len)
+        return float(per_req)
+
+    def config(self) -> dict:
+        v = self.variant
+        tp = self.roofline.tp
+        policy = ("rebatch" if v.schedule != "none" else "contiguous") if tp else v.policy
+        return {"placement": v.placement, "pipeline": v.pipeline, "policy": policy,
+                "schedule": v.schedule, "redundant": v.redundant_slots(self.roofline.G),
+                "attention": "tp" if self.roofline.tp else "dp", "instances": self.cfg.instances,
+                "token_budget": self.cfg.budget, "max_running": self.cfg.max_running,
+                "kv_capacity_tokens": self.cfg.kv_capacity, "lar": self.table.lar}
+
+
+class Forecaster:
+    """Caches the split, placements and homes for one trace, topology and accelerator."""
+
+    def __init__(self, trace: RoutingTrace, dims: ModelDims, topo: Topology, acc: Accelerator,
+                 budget: int = 2048, max_running: int = 128, seed: int = 0):
+        from sempar.trace.ops import split_by_request
+
+        m = trace.meta
+        if (dims.num_experts, dims.top_k, dims.moe_layers) != (m.num_experts, m.top_k, m.num_layers):
+            raise InputError(f"--preset {dims.name}: {dims.moe_layers} MoE layers x "
+                             f"{dims.num_experts} experts, top-{dims.top_k}; the trace has "
+                             f"{m.num_layers} x {m.num_experts}, top-{m.top_k}")
+        if budget < 1 or max_running < 1 or budget < max_running:
+            raise InputError("--token-budget and --max-running must be positive, budget >= running")
+        self.dims, self.topo, self.acc, self.seed = dims, topo, acc, seed
+        self.budget, self.max_running = budget, max_running
+        self.fit, self.eval = split_by_request(trace, 0.2, seed=seed)
+        self._placements: dict = {}
+        self._homes: dict = {}
+        _, first, counts = np.unique(self.eval.request_id, return_index=True, return_counts=True)
+        order = np.argsort(first, kind="stable")
+        self._req_first, self._req_tokens = first[order], counts[order].astype(np.int64)
+
+    @property
+    def G(self) -> int:
+        return self.topo.num_devices
+
+    def placement(self, method: str, redundant: int):
+        from sempar.placement import solve
+
+        key = (method, redundant)
+        if key not in self._placements:
+            self._placements[key] = solve(method, self.fit, self.G, self.topo.num_nodes,
+                                          redundant, self.seed)
+        return self._placements[key]
+
+    def prepare(self, v: Variant, sample_tokens: int | None = None) -> Prepared:
+        """The deployment of variant `v`; `sample_tokens` (default steptable.SAMPLE_TOKENS)
+        tokens are drawn per batch-size bucket."""
+        pipe = PIPELINES.get(v.pipeline)
+        G = self.G
+        pl = self.placement(v.placement, v.redundant_slots(G))
+        hk = (v.placement, v.redundant_slots(G), v.schedule, v.policy)
+        if hk not in self._homes:
+            self._homes[hk] = Homes(pl, self.eval, self.fit, v.schedule, v.policy)
+        home = self._homes[hk](pipe)
+        tp = pipe.attention == "tp"
+        roof = Roofline(self.dims, self.acc, G, tp)
+        inst = 1 if tp else G
+        scale = G if tp else 1
+        cap = roof.kv_capacity(pl.slots_per_device)
+        if cap < 1:
+            raise InputError(f"{v.label()}: the weights do not fit in {self.acc.name} memory at EP {G}")
+        cfg = EngineConfig(inst, self.budget * scale, self.max_running * scale, cap)
+        opts = SimOptions(hidden=self.dims.hidden, dtype_bytes=self.dims.dtype_bytes)
+        table = build_step_table(self.eval.experts, home, pl, self.topo, pipe, opts, roof,
+                                 cfg.budget * inst, seed=self.seed, sample_tokens=sample_tokens)
+        rank = (home[self._req_first, 0] if (home is not None and not tp)
+                else np.zeros(self._req_first.size, np.int32))
+        return Prepared(v, cfg, roof, table, self._req_tokens, np.asarray(rank, np.int32),
+                        pl.slots_per_device)
+
+    def run_rate(self, p: Prepared, rate: float, duration: float, lengths: str, input_len: int,
+                 output_len: int, arrivals: np.ndarray | None = None) -> dict:
+        rng = np.random.default_rng([self.seed, int(round(rate * 1e6))])
+        arr = arrivals if arrivals is not None else poisson_arrivals(rate, duration, rng)
+        w = make_workload(arr, lengths, input_len, output_len, p.request_tokens, p.request_rank, rng)
+        log = run(w, p.cfg, p.step_seconds, DRAIN * duration)
+        m = run_metrics(w, log, duration)
+        m["rate"] = float(rate)
+        return m
+
+
+def default_rates(prepared: list[Prepared], input_len: int, output_len: int, n: int = 10) -> list[float]:
+    """n rates from 5% to 120% of the largest estimated capacity (2 significant digits)."""
+    cap = max(p.capacity(input_len, output_len) for p in prepared)
+    return [float(f"{cap * f:.2g}") for f in np.linspace(0.05, 1.2, n)]
+
+
+def clean(x):
+    """JSON-safe: non-finite floats become None."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [clean(v) for v in x]
+    return x
+
+
+def compare(fc: Forecaster, systems: list[str], rates: list[float] | None, duration: float,
+            lengths: str = "fixed", input_len: int = 512, output_len: int = 128,
+            slo_scale: float = 5.0, slo_given: dict | None = None,
+            arrivals: np.ndarray | None = None, progress=None) -> dict:
+    """Curves, SLOs and throughput under each SLO for every system (serve-sim's JSON)."""
+    t0 = time.perf_counter()
+    if duration <= 0:
+        raise InputError(f"--duration: {duration} is not positive")
+    if slo_scale <= 0:
+        raise InputError(f"--slo-scale: {slo_scale} is not positive")
+    plans = {}
+    for name in systems:
+        sysm = resolve(name)
+        plans[name] = []
+        for v in sysm.variants:
+            if progress:
+                progress(f"prepare {name} ({v.label()})")
+            plans[name].append(fc.prepare(v))
+    if arrivals is not None:                # one point: the file's requests over its span
+        duration = max(duration, float(arrivals[-1]))
+        rates = [arrivals.size / duration]
+    elif rates is None:
+        rates = default_rates([p for ps in plans.values() for p in ps], input_len, output_len)
+    if any(r <= 0 for r in rates):
+        raise InputError("--rates must be positive")
+    rates = sorted(rates)
+    curves = {}
+    for name, ps in plans.items():
+        curves[name] = []
+        for p in ps:
+            pts = []
+            for r in rates:
+                if progress:
+                    progress(f"{name} ({p.variant.label()}) at {r:g} req/s")
+                pts.append(fc.run_rate(p, r, duration, lengths, input_len, output_len, arrivals))
+            curves[name].append(pts)
+    light = curves[systems[0]][0][0]
+    slos = slos_from(light, slo_scale, slo_given)
+    out = {}
+    for name, ps in plans.items():
+        scored = []
+        for p, pts in zip(ps, curves[name]):
+            att = attainment(pts, slos)
+            key = tuple((att["throughput_under_slo"][k] or 0.0) for k in ("e2e", "ttft"))
+            scored.append((key, p, pts, att))
+        _, p, pts, att = max(scored, key=lambda s: s[0])
+        entry = {"config": p.config(), "description": resolve(name).description,
+                 "notes": list(p.variant.notes), **att, "curve": pts}
+        if len(ps) > 1:
+            entry["variants"] = {q.variant.label(): a["throughput_under_slo"] for _, q, _, a in scored}
+        out[name] = entry
+    return clean({"model": fc.dims.name, "topology": fc.topo.name, "accelerator": fc.acc.name,
+                  "ep": fc.G, "duration": duration, "lengths": lengths, "input_len": input_len,
+                  "output_len": output_len, "rates": rates, "baseline": systems[0],
+                  "light_load": light, "slo_scale": slo_scale, "slos": slos,
+                  "systems": out, "wall_seconds": time.perf_counter() - t0})

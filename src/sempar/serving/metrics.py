@@ -1,0 +1,106 @@
+"""Serving metrics of one run and the SLO figures (Sem-MoE §5 and s-MoE §5 "Metrics").
+
+Per request: TTFT = first token - arrival; E2E = last token - arrival; TPOT = (E2E - TTFT) /
+(output tokens - 1) (s-MoE: decoding time over tokens generated). A request not finished by
+the horizon counts as infinitely late. TBT: every decode token's gap, i.e. the iterations'
+durations weighted by their decode tokens (engine.py).
+
+Throughput: tokens processed (prefill + decode) per second from the first arrival to the end of
+the last iteration (the horizon if the run was cut), as SGLang's bench_serving divides total
+tokens by the benchmark's duration (Sem-MoE: "tokens an inference system can process per unit
+time"); `output_throughput` counts generated tokens only.
+
+SLO statistics (one per SLO key): `ttft` -> p99 TTFT and `e2e` -> median E2E (Sem-MoE Table 2's
+figures), `tpot` -> mean TPOT (s-MoE: "average time to generate an output token"), `p90_tbt` ->
+p90 TBT. The SLO is `slo_scale` (5) x that statistic under the lightest load (both papers), or
+given. A rate meets an SLO when the statistic is within it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sempar.serving.engine import RunLog, Workload
+
+SLO_KEYS = ("ttft", "tpot", "p90_tbt", "e2e")
+SLO_STAT = {"ttft": "ttft_p99", "tpot": "tpot_mean", "p90_tbt": "p90_tbt", "e2e": "e2e_p50"}
+
+
+def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The q-quantile (0..1) of `values` repeated `weights` times (inverted CDF)."""
+    keep = weights > 0
+    if not keep.any():
+        return float("nan")
+    v, w = values[keep], weights[keep]
+    o = np.argsort(v, kind="stable")
+    c = np.cumsum(w[o])
+    return float(v[o][np.searchsorted(c, q * c[-1], side="left")])
+
+
+def run_metrics(w: Workload, log: RunLog, duration: float) -> dict:
+    """Figures of one run; latencies in seconds, throughputs in tokens/s."""
+    late = np.inf
+    ttft = np.where(np.isnan(log.first_token), late, log.first_token - w.arrival)
+    e2e = np.where(np.isnan(log.finish), late, log.finish - w.arrival)
+    multi = w.out_len > 1
+    done = np.isfinite(e2e)
+    tpot = np.full(w.size, late)
+    tpot[done] = (e2e[done] - ttft[done]) / np.maximum(1, w.out_len[done] - 1)
+    tpot = tpot[multi]
+    span = float(log.it_end[-1]) if log.it_end.size else duration
+    out_tok = float(log.it_decode.sum() + np.isfinite(log.first_token).sum())
+
+    def pct(a, q):                      # unfinished requests (inf) make a tail inf, not nan
+        if not a.size:
+            return float("nan")
+        fin = np.isfinite(a)
+        if fin.all():
+            return float(np.percentile(a, q))
+        rank = q / 100 * (a.size - 1)
+        return float(np.percentile(a[fin], min(100.0, q * (a.size - 1) / max(1, fin.sum() - 1)))) \
+            if np.ceil(rank) < fin.sum() else float("inf")
+
+    return {
+        "requests": int(w.size), "finished": int(np.isfinite(e2e).sum()),
+        "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99),
+        "tpot_mean": float(tpot.mean()) if tpot.size else float("nan"), "tpot_p99": pct(tpot, 99),
+        "p90_tbt": weighted_quantile(log.it_dt, log.it_decode, 0.9),
+        "e2e_p50": pct(e2e, 50), "e2e_p99": pct(e2e, 99),
+        "throughput": float(log.it_tokens.sum() / span),
+        "output_throughput": out_tok / span,
+        "iterations": int(log.it_dt.size),
+        "mean_batch_tokens": float(log.it_tokens.mean()) if log.it_tokens.size else 0.0,
+    }
+
+
+def slos_from(light: dict, scale: float, given: dict | None = None) -> dict:
+    """SLO per key: given, else scale x the lightest-load statistic."""
+    given = given or {}
+    return {k: float(given[k]) if k in given else scale * light[SLO_STAT[k]] for k in SLO_KEYS}
+
+
+def attainment(curve: list[dict], slos: dict) -> dict:
+    """Per key: the largest swept rate such that it and every lower rate meet the SLO, and the
+    throughput there (None when the lowest rate already misses it)."""
+    pts = sorted(curve, key=lambda p: p["rate"])
+    rate, thr = {}, {}
+    for k in SLO_KEYS:
+        best = None
+        for p in pts:
+            if not p[SLO_STAT[k]] <= slos[k]:
+                break
+            best = p
+        rate[k] = None if best is None else best["rate"]
+        thr[k] = None if best is None else best["throughput"]
+    return {"max_rate_under_slo": rate, "throughput_under_slo": thr}
+
+
+def joint_attainment(curve: list[dict], slos: dict, keys) -> tuple[float | None, float | None]:
+    """(rate, throughput) at the largest swept rate meeting every SLO in `keys`, it and every
+    lower rate (None, None when the lowest rate misses one)."""
+    best = None
+    for p in sorted(curve, key=lambda p: p["rate"]):
+        if not all(p[SLO_STAT[k]] <= slos[k] for k in keys):
+            break
+        best = p
+    return (None, None) if best is None else (best["rate"], best["throughput"])

@@ -1,0 +1,74 @@
+"""Command-line inputs of `serve-sim` and `plan` turned into a Forecaster (one line per bad
+input, InputError)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sempar.comm.topology import Topology, load_topology
+from sempar.errors import InputError
+from sempar.serving.metrics import SLO_KEYS
+
+
+def topology_for(name: str, ep: int | None, nodes: int | None = None) -> Topology:
+    """The topology `name` (preset or JSON) with `ep` devices: a scalable preset gets the nodes
+    that give `ep` devices; otherwise its device count must equal `ep`."""
+    topo = load_topology(name, nodes)
+    if ep is None or ep == topo.num_devices:
+        return topo
+    if ep < 1:
+        raise InputError(f"--ep: {ep} is not a positive integer")
+    per_node = topo.num_devices // max(1, topo.num_nodes)
+    if nodes is None and ep % per_node == 0:
+        try:
+            scaled = load_topology(name, ep // per_node)
+        except InputError:
+            scaled = None
+        if scaled is not None and scaled.num_devices == ep:
+            return scaled
+    raise InputError(f"--ep {ep}: topology {topo.name} has {topo.num_devices} devices")
+
+
+def parse_floats(s: str | None, what: str) -> list[float] | None:
+    if s is None:
+        return None
+    try:
+        vals = [float(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"{what}: {s!r} is not a comma-separated list of numbers") from None
+    if not vals or any(not v > 0 for v in vals):
+        raise InputError(f"{what}: {s!r} must list positive numbers")
+    return vals
+
+
+def parse_slo(s: str | None) -> dict:
+    """"e2e=10,ttft=0.5" -> {"e2e": 10.0, "ttft": 0.5} (seconds)."""
+    out: dict = {}
+    for part in (s or "").split(","):
+        if not part.strip():
+            continue
+        key, _, val = part.partition("=")
+        key = key.strip()
+        if key not in SLO_KEYS:
+            raise InputError(f"--slo: {key!r} is not one of {', '.join(SLO_KEYS)}")
+        try:
+            out[key] = float(val)
+        except ValueError:
+            raise InputError(f"--slo: {part!r} is not KEY=SECONDS") from None
+        if not out[key] > 0:
+            raise InputError(f"--slo: {part!r} must be positive")
+    return out
+
+
+def forecaster(trace: Path, preset: str | None, topology: str, accelerator: str, ep: int | None,
+               nodes: int | None = None, budget: int = 2048, max_running: int = 128, seed: int = 0):
+    from sempar.serving.dims import model_dims
+    from sempar.serving.forecast import Forecaster
+    from sempar.serving.hardware import ACCELERATORS
+    from sempar.trace import read_trace
+
+    acc = ACCELERATORS.get(accelerator)
+    topo = topology_for(topology, ep, nodes)
+    tr = read_trace(trace)
+    dims = model_dims(preset or tr.meta.model)
+    return Forecaster(tr, dims, topo, acc, budget=budget, max_running=max_running, seed=seed)

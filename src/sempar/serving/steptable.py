@@ -1,0 +1,134 @@
+"""Per-iteration communication and routed-expert time, tabulated once per batch size bucket.
+
+An iteration's MoE cost depends on which tokens it holds: their routing, their homes (the
+system's request policy or re-batching), the placement, the pipeline and the topology. Running
+`sempar.comm.simulate` on every iteration would dominate a 50k-request run, so per system we draw,
+for every bucket of n = 1, 2, 4, ... tokens, S batches of n tokens at random from the simulated
+split of the trace (each with its routing and the home the system gives it), and keep per batch:
+
+- `comm`: `comm_seconds` of one pass through all MoE layers (CAMoE eq. 9 for the all-to-alls plus
+  the pipeline's rings, comm/simulate.py);
+- `expert`: the routed experts' roofline time (roofline.Roofline.expert_seconds) from the copies
+  each device serves and the distinct experts it activates, per layer, slowest device.
+
+`lookup(n, i)` interpolates linearly in log2(n) between the two neighbouring buckets and cycles
+through their S samples with the iteration counter i, so successive iterations see the spread of
+real batches, not only their mean. Sampling is uniform over tokens (an iteration mixes the decode
+tokens of many requests with a few prefill chunks; ours: tokens drawn independently, each with
+its own request's home).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from sempar.comm.pipelines import Pipeline
+from sempar.comm.simulate import SimOptions, replica_table, simulate
+from sempar.comm.topology import Topology
+from sempar.placement.placement import Placement
+from sempar.serving.roofline import Roofline
+
+SAMPLE_TOKENS = 32768       # tokens drawn per bucket (at least MIN_S, at most MAX_S batches)
+MIN_S, MAX_S = 4, 16
+
+
+@dataclass
+class StepTable:
+    """sizes int64[B] (1, 2, 4, ...); comm, expert float64[B, MAX_S]; count int64[B] samples."""
+
+    sizes: np.ndarray
+    comm: np.ndarray
+    expert: np.ndarray
+    count: np.ndarray
+    lar: float | None = None
+
+    def lookup(self, n: np.ndarray | float, i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(comm seconds, expert seconds) float64[K] of iterations of n tokens (int[K], or one
+        number for all), sample indices i int[K]."""
+        i = np.asarray(i, np.int64)
+        if np.ndim(n) == 0:
+            if n <= 0:
+                return np.zeros(i.shape), np.zeros(i.shape)
+            x = min(np.log2(n), len(self.sizes) - 1.0)
+            lo = int(x)
+            hi, f = min(lo + 1, len(self.sizes) - 1), x - lo
+            s0, s1 = i % self.count[lo], i % self.count[hi]
+            return ((1 - f) * self.comm[lo, s0] + f * self.comm[hi, s1],
+                    (1 - f) * self.expert[lo, s0] + f * self.expert[hi, s1])
+        n = np.asarray(n, np.float64)
+        x = np.minimum(np.log2(np.maximum(n, 1.0)), len(self.sizes) - 1.0)
+        lo = x.astype(np.int64)
+        hi = np.minimum(lo + 1, len(self.sizes) - 1)
+        f = x - lo
+        s0, s1 = i % self.count[lo], i % self.count[hi]
+        c = self.comm[lo, s0] * (1 - f) + self.comm[hi, s1] * f
+        e = self.expert[lo, s0] * (1 - f) + self.expert[hi, s1] * f
+        zero = n <= 0
+        return np.where(zero, 0.0, c), np.where(zero, 0.0, e)
+
+    def mean(self, n: int) -> tuple[float, float]:
+        """Mean over samples (for capacity estimates)."""
+        c, e = self.lookup(np.full(MAX_S, n), np.arange(MAX_S))
+        return float(c.mean()), float(e.mean())
+
+
+def expert_loads(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
+                 topo: Topology, nbytes: float, S: int, n: int, ep: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(copies, active) float64[S, L, G] for S batches of n tokens: experts int[S*n, L, k], home
+    int[S*n, L] -> (token, expert) copies each device serves and distinct experts it activates.
+    Without expert parallelism every device holds 1/G of every expert (expert TP)."""
+    T, L, k = experts.shape
+    G, N = placement.num_devices, placement.num_experts
+    sample = np.repeat(np.arange(S), n * k)
+    copies = np.zeros((S, L, G))
+    active = np.zeros((S, L, G))
+    if not ep:
+        for l in range(L):
+            e = experts[:, l, :].reshape(-1)
+            act = np.bincount(sample * N + e, minlength=S * N).reshape(S, N) > 0
+            copies[:, l, :] = (n * k / G)
+            active[:, l, :] = act.sum(axis=1, keepdims=True) / G
+        return copies, active
+    table, by_home = replica_table(placement, topo, nbytes)
+    for l in range(L):
+        e = experts[:, l, :]
+        dev = (table[l][home[:, l][:, None], e] if by_home else table[l][e]).reshape(-1).astype(np.int64)
+        copies[:, l, :] = np.bincount(sample * G + dev, minlength=S * G).reshape(S, G)
+        key = (sample * G + dev) * N + e.reshape(-1)
+        act = np.bincount(key, minlength=S * G * N).reshape(S, G, N) > 0
+        active[:, l, :] = act.sum(axis=2)
+    return copies, active
+
+
+def build_step_table(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
+                     topo: Topology, pipeline: Pipeline, opts: SimOptions, roofline: Roofline,
+                     max_tokens: int, seed: int = 0, sample_tokens: int | None = None) -> StepTable:
+    """Tabulate buckets 1, 2, 4, ... up to the first power of two >= max_tokens.
+
+    experts int[T, L, k] and home int32[T, L] (None without expert parallelism): the simulated
+    split's routing and the homes the system gives its tokens."""
+    rng = np.random.default_rng(seed)
+    T = experts.shape[0]
+    nb = int(np.ceil(np.log2(max(2, max_tokens)))) + 1
+    sizes = 2 ** np.arange(nb, dtype=np.int64)
+    comm = np.zeros((nb, MAX_S))
+    expert = np.zeros((nb, MAX_S))
+    count = np.zeros(nb, np.int64)
+    lar_num = lar_den = 0.0
+    for b, n in enumerate(sizes.tolist()):
+        S = int(np.clip((sample_tokens or SAMPLE_TOKENS) // n, MIN_S, MAX_S))
+        idx = rng.choice(T, S * n, replace=S * n > T)
+        ex = np.ascontiguousarray(experts[idx])
+        h = None if home is None else np.ascontiguousarray(home[idx])
+        res = simulate(ex, h, placement, topo, pipeline, replace(opts, batch=n))
+        comm[b, :S] = res["per_batch"]["comm_seconds"]
+        c, a = expert_loads(ex, h, placement, topo, opts.token_bytes, S, n,
+                            pipeline.expert_parallel)
+        expert[b, :S] = roofline.expert_seconds(c, a)
+        count[b] = S
+        if res["total"]["lar_mean"] is not None:
+            lar_num += res["total"]["lar_mean"] * S * n
+            lar_den += S * n
+    return StepTable(sizes, comm, expert, count, lar_num / lar_den if lar_den else None)
