@@ -429,7 +429,7 @@ def demo(out_dir: Path = typer.Option(Path("sempar-demo"), "--out", help="folder
                                     "did not write aside (never deleted)")) -> None:
     """Run every stage sempar has on the embedded default data; write report.html and summary.json."""
     from sempar.atomic import check_folder_output
-    from sempar.demo import run_demo
+    from sempar.demo_run import run_demo
 
     check_folder_output(out_dir, force=force)
     summary = run_demo(out_dir, force=force)

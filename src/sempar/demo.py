@@ -1,19 +1,17 @@
 """`sempar demo`: every stage sempar has, on the embedded default data, into one report.
 
-Stages are registered by name in order; each later issue adds its own. A stage receives the
-shared context (output folder, the default trace, results of earlier stages) and returns the JSON
-it contributes to summary.json, adding its section to the HTML report.
+Stages are registered by name in order: the data and scheduling stages here, the downstream ones
+in `demo_system`; `demo_run.run_demo` imports both and runs them. A stage receives the shared
+context (output folder, the default trace, results of earlier stages) and returns the JSON it
+contributes to summary.json, adding its section to the HTML report.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from sempar.atomic import write_text_atomic
 from sempar.registry import Registry
 from sempar.report.html import HtmlReport
 
@@ -199,28 +197,3 @@ def stage_online(ctx: DemoContext) -> dict:
     ctx.report.image(plot_policy_bars(out["dp"], ctx.work / "figures" / "dp_policies.png",
                                       f"{name}: request policies at EP 4 ({DEFAULT_METHOD} placement)"))
     return out
-
-
-def run_demo(out_dir: Path, force: bool = False) -> dict:
-    """Run all stages; write out_dir/report.html and out_dir/summary.json. Returns the summary.
-
-    The folder is written by the output rule of `sempar.atomic.atomic_folder`: a non-empty
-    folder sempar did not write is refused (or moved aside with `force`), never deleted."""
-    from sempar.atomic import atomic_folder
-    from sempar.progress import steps
-
-    summary: dict = {"stages": {}, "seconds": {}}
-    with atomic_folder(out_dir, "demo", force=force) as tmp:
-        ctx = DemoContext(work=Path(tmp), report=HtmlReport("sempar demo"))
-        with steps("demo", len(STAGES)) as step:
-            for name in STAGES:
-                step(name)
-                t0 = time.perf_counter()
-                ctx.results[name] = STAGES.get(name)(ctx)
-                summary["seconds"][name] = round(time.perf_counter() - t0, 2)
-        summary["stages"] = ctx.results
-        ctx.report.write(ctx.work / "report.html")
-        write_text_atomic(ctx.work / "summary.json", json.dumps(summary, indent=1) + "\n")
-    return summary
-
-from sempar import demo_system  # noqa: E402,F401  (registers the downstream stages after these)

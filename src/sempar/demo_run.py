@@ -1,0 +1,37 @@
+"""Run every registered `sempar demo` stage into one folder: report.html and summary.json.
+
+The data and scheduling stages (`sempar.demo`) register before the downstream ones
+(`sempar.demo_system`), which import them; this module imports both, so neither imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from sempar import demo_system  # noqa: F401  (registers the downstream stages)
+from sempar.atomic import atomic_folder, write_text_atomic
+from sempar.demo import STAGES, DemoContext
+from sempar.progress import steps
+from sempar.report.html import HtmlReport
+
+
+def run_demo(out_dir: Path, force: bool = False) -> dict:
+    """Run all stages; write out_dir/report.html and out_dir/summary.json. Returns the summary.
+
+    The folder is written by the output rule of `sempar.atomic.atomic_folder`: a non-empty
+    folder sempar did not write is refused (or moved aside with `force`), never deleted."""
+    summary: dict = {"stages": {}, "seconds": {}}
+    with atomic_folder(out_dir, "demo", force=force) as tmp:
+        ctx = DemoContext(work=Path(tmp), report=HtmlReport("sempar demo"))
+        with steps("demo", len(STAGES)) as step:
+            for name in STAGES:
+                step(name)
+                t0 = time.perf_counter()
+                ctx.results[name] = STAGES.get(name)(ctx)
+                summary["seconds"][name] = round(time.perf_counter() - t0, 2)
+        summary["stages"] = ctx.results
+        ctx.report.write(ctx.work / "report.html")
+        write_text_atomic(ctx.work / "summary.json", json.dumps(summary, indent=1) + "\n")
+    return summary

@@ -1,0 +1,77 @@
+"""The package's imports flow one way (design.md): no import circle, and nothing below the CLI
+imports `sempar.cli` or `sempar.commands`. Function-local imports count as imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+TOP = ("sempar.cli", "sempar.commands")
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for f in (SRC / "sempar").rglob("*.py"):
+        parts = list(f.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        mods[".".join(parts)] = f
+    return mods
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Modules of the package that `name` imports anywhere in its file (resolved to modules)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:        # `from pkg import name` names an attribute
+                t = t.rpartition(".")[0]
+            if t and t != name and t != "sempar":
+                out.add(t)
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(m, f, set(mods)) for m, f in mods.items()}
+
+
+def test_no_import_circle(graph):
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                pytest.fail("import circle: " + " -> ".join(stack[stack.index(d):] + [d]))
+            if d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_nothing_below_imports_the_cli(graph):
+    below = {m: sorted(d for d in deps if d.startswith(TOP))
+             for m, deps in graph.items() if not m.startswith(TOP)}
+    assert {m: d for m, d in below.items() if d} == {}
