@@ -29,7 +29,8 @@ L, G, NODES = 5, 64, 8
 
 @pytest.fixture(scope="module")
 def split():
-    trace = synthesize(replace(PRESETS.get("deepseek-v3"), num_layers=L), 60_000, seed=1)
+    meta = PRESETS.get("deepseek-v3")
+    trace = synthesize(replace(meta, num_layers=L, layer_ids=meta.layer_ids[:L]), 60_000, seed=1)
     return split_by_request(trace, fit_fraction=0.5, seed=0)
 
 
