@@ -58,6 +58,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from sempar.errors import InputError
+from sempar.placement import sempar_scale
 from sempar.placement.affinity_stats import AffinityStats
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement, slot_groups
 from sempar.placement.graph_baselines import metis_layer
@@ -237,13 +238,17 @@ class LoadModel:
 
 
 def expert_step(W: np.ndarray, lm: LoadModel, slot_group: np.ndarray,
-                expert_group: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+                expert_group: np.ndarray, start: np.ndarray | None = None,
+                price_steps: int = PRICE_STEPS, polish: int | None = None,
+                max_swaps: int | None = None) -> np.ndarray:
     """int64[N]: device of each expert maximising sum W[dev[e], e] under the load cap.
 
     W float[G, N]: activations of e by the items on d; lm: the experts' loads and the cap;
     slot_group int[G, S]: expert group of each slot (S = N/G); expert_group int[N]. `start` (a
     placement, feasible or not) competes with the Hungarian solutions. Then swaps (module
-    docstring).
+    docstring). Bounds (the large-trace path, `sempar_scale`): `price_steps` Hungarian solves,
+    only the `polish` best candidates (by overload, then affinity) get swaps, at most
+    `max_swaps` swaps each; None: every candidate, SWAP_LIMIT x N swaps.
     """
     G, N = W.shape
     S = N // G
@@ -254,7 +259,7 @@ def expert_step(W: np.ndarray, lm: LoadModel, slot_group: np.ndarray,
     mu = np.zeros(G)
     cands = [] if start is None else [np.asarray(start, np.int64)]
     step = 0.5 * float(W.max()) / scale
-    for it in range(PRICE_STEPS):
+    for it in range(price_steps):
         cost = -(W - mu[:, None] * load[None, :])[dev_of_slot].T                   # [N, G*S]
         cost = np.where(forbid, 1e18, cost)
         _, col = linear_sum_assignment(cost)
@@ -265,18 +270,22 @@ def expert_step(W: np.ndarray, lm: LoadModel, slot_group: np.ndarray,
             break
         mu = np.maximum(0.0, mu + step * (L - cap) / scale)
         step *= 0.85
+    def key(dev: np.ndarray) -> tuple[float, float]:
+        return (max(0.0, lm.of(dev, G).max() - cap), -W[dev, np.arange(N)].sum())
+
+    if polish is not None:
+        cands = sorted(cands, key=key)[:polish]
     best = None
     for dev in cands:
-        dev = _swap_search(W, lm, dev.copy(), expert_group)
-        L = lm.of(dev, G)
-        key = (max(0.0, L.max() - cap), -W[dev, np.arange(N)].sum())
-        if best is None or key < best[0]:
-            best = (key, dev)
+        dev = _swap_search(W, lm, dev.copy(), expert_group, max_swaps)
+        k = key(dev)
+        if best is None or k < best[0]:
+            best = (k, dev)
     return best[1]
 
 
 def _swap_search(W: np.ndarray, lm: LoadModel, dev: np.ndarray,
-                 expert_group: np.ndarray) -> np.ndarray:
+                 expert_group: np.ndarray, max_swaps: int | None = None) -> np.ndarray:
     """Pairwise expert swaps between devices: first those that cut the total overload above
     the cap (least affinity lost), then best-improvement swaps with exact gain that keep both
     devices under the cap. dev int64[N] is updated in place and returned."""
@@ -284,7 +293,7 @@ def _swap_search(W: np.ndarray, lm: LoadModel, dev: np.ndarray,
     cap = lm.cap
     ar = np.arange(N)
     same = expert_group[:, None] == expert_group[None, :]
-    for _ in range(SWAP_LIMIT * N):
+    for _ in range(SWAP_LIMIT * N if max_swaps is None else max_swaps):
         L = lm.of(dev, G)
         own = W[dev, ar]                                                 # [N]
         cross = W[dev][:, ar]                                            # [e2, e1]: W[d(e2), e1]
@@ -391,20 +400,22 @@ def _hosts(dev: np.ndarray, G: int) -> np.ndarray:
 
 
 def alternate(M, assign, lm: LoadModel, slot_group: np.ndarray, expert_group: np.ndarray, items: np.ndarray,
-              dev: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+              dev: np.ndarray | None = None, rounds: int = ROUNDS,
+              **step_bounds) -> tuple[np.ndarray, np.ndarray, float]:
     """(expert device int64[N], item device int64[n], fit local activations) for one layer.
 
     M [n, N] (dense or CSR): activations of expert e by item i (tokens in tp mode); assign:
     local float[n, G] -> int[n], the items' step under their capacity rule; lm: loads and cap;
     items int[n]: a starting item
-    clustering; dev: a starting expert placement (used when it respects the groups)."""
+    clustering; dev: a starting expert placement (used when it respects the groups); rounds and
+    step_bounds (`expert_step`'s bounds): the large-trace path's shorter search."""
     G = lm.cap_devices
     best = None
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         W = np.asarray((M.T @ _onehot(items, G))).T                       # [G, N]
         dev = expert_step(W, lm, slot_group, expert_group,
                           dev if dev is not None and _in_groups(dev, slot_group, expert_group)
-                          else None)
+                          else None, **step_bounds)
         local = np.asarray(M @ _onehot(dev, G))                           # [n, G]
         items = assign(local)
         obj = float(local[np.arange(items.size), items].sum())
@@ -445,15 +456,31 @@ def sempar(p: PlacementProblem) -> Placement:
     allowed = np.ones((G, N), bool)
     if p.mode == "dp":
         return _solve_dp(p, stats, slot_group, expert_group, model, node_of, allowed)
-    tok_cap = np.full(G, (1 + TOKEN_SLACK) * stats.a.sum() / G)
-    occ, size = pseudo_batches(stats, p.seed)
-    assign = lambda local: batch_priced_assign(local, occ, size, SHUFFLES)         # noqa: E731
+    large = sempar_scale.is_large(stats.token_index.size, L)
+    if large:                     # the large-trace path: sempar_scale's docstring
+        tok_cap = np.full(G, (1 + TOKEN_SLACK) * stats.a.sum() / G)
+        assign = lambda local: capacitated_assign(local, stats.a, tok_cap)          # noqa: E731
+        bounds = sempar_scale.step_bounds(G)
+        sample = sempar_scale.RequestSample(stats.request_index, stats.R, p.seed)
+    else:
+        occ, size = pseudo_batches(stats, p.seed)
+        assign = lambda local: batch_priced_assign(local, occ, size, SHUFFLES)     # noqa: E731
+        bounds = {}
     devs, toks, hosts_all, objs = [], [], [], []
     for l in range(L):
         C = stats.counts(l)
-        lm = model(request_counts(stats, l))
-        edev, etok, _, _ = metis_layer(C.toarray().astype(np.int64), stats.a, G, p.seed)
-        dev, items, obj = alternate(C, assign, lm, slot_group, expert_group, etok, edev)
+        if large:
+            X = sample.counts(stats.trace.experts[:, l], N)
+            load = np.asarray(C.sum(axis=0), np.float64).ravel()
+            lm = LoadModel(load, sample.scale * load_spread(X, X.sum(axis=0)),
+                           p.max_imbalance * load.sum() / G, G)
+            edev = sempar_scale.greedy_start(X, load, slot_group, expert_group)
+            etok = np.argmax(np.asarray(C @ _onehot(edev, G)), axis=1)     # uncapacitated
+        else:
+            lm = model(request_counts(stats, l))
+            edev, etok, _, _ = metis_layer(C.toarray().astype(np.int64), stats.a, G, p.seed)
+        dev, items, obj = alternate(C, assign, lm, slot_group, expert_group, etok, edev,
+                                    **bounds)
         devs.append(dev)
         toks.append(items)
         objs.append(obj)
@@ -465,7 +492,7 @@ def sempar(p: PlacementProblem) -> Placement:
             toks[-1] = assign(local)
             hosts_all.append(h)
     info = {"mode": "tp", "max_imbalance": p.max_imbalance, "fit_local_activations": objs,
-            "preserve_groups": p.preserve_groups}
+            "preserve_groups": p.preserve_groups, "large_trace_path": large}
     if p.redundant:
         return replicated_placement(p, "sempar", np.stack(devs), hosts_all, stats,
                                     np.stack(toks), info)
