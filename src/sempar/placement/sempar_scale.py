@@ -19,7 +19,10 @@ planted tests; bench_placement's olmoe preset, 0.3M) `sempar` runs unchanged. Qw
   activations (no capacity: the first expert step only needs their affinities);
 - token step: `capacitated_assign` with each device taking at most 1/G of the fit occurrences
   (weight a_u, one capacity for the whole fit trace) instead of the per-pseudo-batch Lagrangian
-  (`batch_priced_assign`, 80 price steps over SHUFFLES x T / BATCH batches);
+  (`batch_priced_assign`, 80 price steps over SHUFFLES x T / BATCH batches), with at most
+  `SCALE_TOKEN_ROUNDS` proposal rounds on each token's top preferences (a token's activations
+  touch about 10 experts, so its later preferences are ties at 0) and leftovers to the
+  roomiest devices;
 - expert step: `SCALE_PRICE_STEPS` Hungarian solves (not PRICE_STEPS), swaps only on the
   `SCALE_POLISH` best candidates and at most `SCALE_SWAPS_PER_DEVICE` x G swaps each (each
   swap is an O(N^2) scan; unbounded it is SWAP_LIMIT x N scans); `SCALE_ROUNDS` alternations.
@@ -37,6 +40,7 @@ SCALE_PRICE_STEPS = 8
 SCALE_POLISH = 2
 SCALE_SWAPS_PER_DEVICE = 2
 SCALE_REQUESTS = 1024
+SCALE_TOKEN_ROUNDS = 8
 
 
 def is_large(num_occurrences: int, num_layers: int) -> bool:

@@ -77,20 +77,30 @@ ROBUST = 2.0            # load margin: z^2 x (1 + fit/eval size), see `LoadModel
 
 # ----------------------------------------------------------------------------- item assignment
 
-def capacitated_assign(value: np.ndarray, weight: np.ndarray, cap: np.ndarray) -> np.ndarray:
+def capacitated_assign(value: np.ndarray, weight: np.ndarray, cap: np.ndarray,
+                       max_rounds: int | None = None) -> np.ndarray:
     """int64[n]: device of each item maximising the summed value under per-device capacities.
 
     value float[n, G]: what item i gains on device d (ordered by value per unit weight);
     weight float[n] > 0; cap float[G]. Proposal rounds: in round r each unplaced item asks its
     r-th best device; a device takes its askers, best value per weight first, while they fit.
-    Items that fit nowhere go to the device with the most room left.
+    Items that fit nowhere go to the device with the most room left. `max_rounds` (the
+    large-trace path, `sempar_scale`): only that many rounds, on each item's top preferences
+    (a partial sort), and the leftovers, heaviest first, fill the roomiest devices in turn;
+    None: G rounds on a full sort.
     """
     n, G = value.shape
     dens = value / weight[:, None]
-    pref = np.argsort(-dens, axis=1, kind="stable")
+    rounds = G if max_rounds is None else min(G, max_rounds)
+    if rounds < G:
+        top = np.argpartition(-dens, rounds - 1, axis=1)[:, :rounds]
+        pref = np.take_along_axis(top, np.argsort(-np.take_along_axis(dens, top, axis=1),
+                                                  axis=1, kind="stable"), axis=1)
+    else:
+        pref = np.argsort(-dens, axis=1, kind="stable")
     room = cap.astype(np.float64).copy()
     out = np.full(n, -1, np.int64)
-    for r in range(G):
+    for r in range(rounds):
         idx = np.flatnonzero(out < 0)
         if idx.size == 0:
             break
@@ -104,11 +114,27 @@ def capacitated_assign(value: np.ndarray, weight: np.ndarray, cap: np.ndarray) -
         ok = before + w <= room[c] + 1e-9
         out[idx[order[ok]]] = c[ok]
         room -= np.bincount(c[ok], weights=w[ok], minlength=G)
+    if max_rounds is not None:
+        _fill_roomiest(out, weight, room)
     for i in np.flatnonzero(out < 0):                       # rare: heavy leftovers
         g = int(np.argmax(room))
         out[i] = g
         room[g] -= weight[i]
     return out
+
+
+def _fill_roomiest(out: np.ndarray, weight: np.ndarray, room: np.ndarray) -> None:
+    """Unplaced items (out < 0), heaviest first, fill the devices by decreasing room, each
+    while they fit; out and room are updated in place."""
+    left = np.flatnonzero(out < 0)
+    left = left[np.argsort(-weight[left], kind="stable")]
+    for g in np.argsort(-room, kind="stable"):
+        if left.size == 0:
+            return
+        fit = np.cumsum(weight[left]) <= room[g] + 1e-9
+        out[left[fit]] = g
+        room[g] -= weight[left[fit]].sum()
+        left = left[~fit]
 
 
 def pseudo_batches(stats: AffinityStats, seed: int, shuffles: int = SHUFFLES,
@@ -459,7 +485,8 @@ def sempar(p: PlacementProblem) -> Placement:
     large = sempar_scale.is_large(stats.token_index.size, L)
     if large:                     # the large-trace path: sempar_scale's docstring
         tok_cap = np.full(G, (1 + TOKEN_SLACK) * stats.a.sum() / G)
-        assign = lambda local: capacitated_assign(local, stats.a, tok_cap)          # noqa: E731
+        assign = lambda local: capacitated_assign(                                # noqa: E731
+            local, stats.a, tok_cap, sempar_scale.SCALE_TOKEN_ROUNDS)
         bounds = sempar_scale.step_bounds(G)
         sample = sempar_scale.RequestSample(stats.request_index, stats.R, p.seed)
     else:
