@@ -24,8 +24,9 @@ planted tests; bench_placement's olmoe preset, 0.3M) `sempar` runs unchanged. Qw
   touch about 10 experts, so its later preferences are ties at 0) and leftovers to the
   roomiest devices;
 - expert step: `SCALE_PRICE_STEPS` Hungarian solves (not PRICE_STEPS), swaps only on the
-  `SCALE_POLISH` best candidates and at most `SCALE_SWAPS_PER_DEVICE` x G swaps each (each
-  swap is an O(N^2) scan; unbounded it is SWAP_LIMIT x N scans); `SCALE_ROUNDS` alternations.
+  `SCALE_POLISH` best candidates and at most `SCALE_SWAPS` swaps each (each swap is an O(N^2)
+  scan; unbounded it is SWAP_LIMIT x N scans); `SCALE_ROUNDS` alternations. Device load
+  variances 1_S^T Sigma 1_S by a matrix product (`ScaledLoadModel`), not an N x N x G einsum.
 
 The balance cap is the same constraint; only the search is shorter.
 """
@@ -34,11 +35,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from sempar.placement.sempar_solver import LoadModel, _onehot
+
 SCALE_TOKEN_LAYERS = 8_000_000
 SCALE_ROUNDS = 3
 SCALE_PRICE_STEPS = 8
 SCALE_POLISH = 2
-SCALE_SWAPS_PER_DEVICE = 2
+SCALE_SWAPS = 32
 SCALE_REQUESTS = 1024
 SCALE_TOKEN_ROUNDS = 8
 
@@ -51,7 +54,7 @@ def is_large(num_occurrences: int, num_layers: int) -> bool:
 def step_bounds(G: int) -> dict:
     """Keyword bounds for `sempar_solver.alternate` on the large-trace path."""
     return {"rounds": SCALE_ROUNDS, "price_steps": SCALE_PRICE_STEPS, "polish": SCALE_POLISH,
-            "max_swaps": SCALE_SWAPS_PER_DEVICE * G}
+            "max_swaps": SCALE_SWAPS}
 
 
 class RequestSample:
@@ -102,3 +105,16 @@ def greedy_start(X: np.ndarray, load: np.ndarray, slot_group: np.ndarray,
             free[e] = False
             dev[e] = d
     return dev
+
+
+class ScaledLoadModel(LoadModel):
+    """`LoadModel` whose device loads take the variances as ((Sigma @ onehot) * onehot).sum(0)
+    (a BLAS product; the same value up to rounding)."""
+
+    def of(self, dev: np.ndarray, G: int) -> np.ndarray:
+        L = np.bincount(dev, weights=self.load, minlength=G)
+        if self.sigma is None:
+            return L
+        oh = _onehot(dev, G).astype(np.float64)
+        V = ((self.sigma @ oh) * oh).sum(axis=0)
+        return L + np.sqrt(np.maximum(V, 0.0)) - self.offset

@@ -43,9 +43,13 @@ replicas tp 0.441 at 1.063 against eplb's 0.306 at 1.13 (1.44x), dp 0.310 agains
 Planted instances (tests/test_sempar_solver.py) are recovered to >= 99%.
 
 Limits: the fit cap holds on fit loads (tested); held out, imbalance drifts 0.005-0.05 above it
-(more with replicas, whose served loads depend on where tokens end up). At DeepSeek-V3's shape
-the per-layer METIS start and O(N^2) swap search are too slow (not measured against the 120 s
-target).
+(more with replicas, whose served loads depend on where tokens end up).
+
+Size rule: a fit trace with more than `sempar_scale.SCALE_TOKEN_LAYERS` token occurrences x
+MoE layers (8M; tiny models 1.7M, Qwen3-30B-A3B at 1M tokens 48M) takes the large-trace path
+in tp mode (placement/sempar_scale.py: request-sampled load model, greedy co-activation start
+instead of per-layer METIS, one-capacity token step, bounded expert search); below it
+everything above runs unchanged. dp mode has no large-trace path.
 
 Outputs: the placement and `info["token_table"]` (token -> device per layer: in tp mode the
 capacitated assignment, in dp mode the device holding most of the token's activations), the fit
@@ -58,7 +62,6 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from sempar.errors import InputError
-from sempar.placement import sempar_scale
 from sempar.placement.affinity_stats import AffinityStats
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement, slot_groups
 from sempar.placement.graph_baselines import metis_layer
@@ -463,6 +466,7 @@ def _in_groups(dev: np.ndarray, slot_group: np.ndarray, expert_group: np.ndarray
 @SOLVERS.register("sempar")
 def sempar(p: PlacementProblem) -> Placement:
     """Ours: locality under a hard per-layer balance cap, mode-aware (module docstring)."""
+    from sempar.placement import sempar_scale      # it builds on this module's pieces
     meta = p.trace.meta
     L, N, G = meta.num_layers, meta.num_experts, p.num_devices
     if N % G:
@@ -499,8 +503,8 @@ def sempar(p: PlacementProblem) -> Placement:
         if large:
             X = sample.counts(stats.trace.experts[:, l], N)
             load = np.asarray(C.sum(axis=0), np.float64).ravel()
-            lm = LoadModel(load, sample.scale * load_spread(X, X.sum(axis=0)),
-                           p.max_imbalance * load.sum() / G, G)
+            lm = sempar_scale.ScaledLoadModel(load, sample.scale * load_spread(X, X.sum(axis=0)),
+                                              p.max_imbalance * load.sum() / G, G)
             edev = sempar_scale.greedy_start(X, load, slot_group, expert_group)
             etok = np.argmax(np.asarray(C @ _onehot(edev, G)), axis=1)     # uncapacitated
         else:
