@@ -26,7 +26,8 @@ planted tests; bench_placement's olmoe preset, 0.3M) `sempar` runs unchanged. Qw
 - expert step: `SCALE_PRICE_STEPS` Hungarian solves (not PRICE_STEPS), swaps only on the
   `SCALE_POLISH` best candidates and at most `SCALE_SWAPS` swaps each (each swap is an O(N^2)
   scan; unbounded it is SWAP_LIMIT x N scans); `SCALE_ROUNDS` alternations. Device load
-  variances 1_S^T Sigma 1_S by a matrix product (`ScaledLoadModel`), not an N x N x G einsum.
+  variances 1_S^T Sigma 1_S gathered from each device's experts (`ScaledLoadModel`), not an
+  N x N x G product.
 
 The balance cap is the same constraint; only the search is shorter.
 """
@@ -108,13 +109,20 @@ def greedy_start(X: np.ndarray, load: np.ndarray, slot_group: np.ndarray,
 
 
 class ScaledLoadModel(LoadModel):
-    """`LoadModel` whose device loads take the variances as ((Sigma @ onehot) * onehot).sum(0)
-    (a BLAS product; the same value up to rounding)."""
+    """`LoadModel` whose per-device sums of Sigma are gathered from each device's N/G experts
+    (N x G x N/G reads, not an N x N x G product); the same values up to rounding."""
+
+    def by_device(self, dev: np.ndarray, G: int) -> np.ndarray:
+        counts = np.bincount(dev, minlength=G)
+        if counts.min() != counts.max():                 # unequal devices: the plain product
+            return super().by_device(dev, G)
+        members = np.argsort(dev, kind="stable").reshape(G, -1)                  # [G, N/G]
+        return self.sigma[:, members].sum(axis=2)
 
     def of(self, dev: np.ndarray, G: int) -> np.ndarray:
         L = np.bincount(dev, weights=self.load, minlength=G)
         if self.sigma is None:
             return L
-        oh = _onehot(dev, G).astype(np.float64)
-        V = ((self.sigma @ oh) * oh).sum(axis=0)
+        S = self.by_device(dev, G)
+        V = np.bincount(dev, weights=S[np.arange(dev.size), dev], minlength=G)
         return L + np.sqrt(np.maximum(V, 0.0)) - self.offset

@@ -242,6 +242,10 @@ class LoadModel:
         V = np.einsum("ng,nm,mg->g", oh, self.sigma, oh)
         return L + np.sqrt(np.maximum(V, 0.0)) - self.offset
 
+    def by_device(self, dev: np.ndarray, G: int) -> np.ndarray:
+        """float64[N, G]: sum of sigma[e, m] over the experts m on each device."""
+        return self.sigma @ _onehot(dev, G).astype(np.float64)
+
     def swapped(self, dev: np.ndarray, G: int) -> tuple[np.ndarray, np.ndarray]:
         """(R1, R2) float[N, N]: robust loads of dev[e1] and dev[e2] after swapping e1, e2."""
         load, N = self.load, dev.size
@@ -251,10 +255,9 @@ class LoadModel:
         if self.sigma is None:
             return L1, L2
         Sg = self.sigma
-        oh = _onehot(dev, G).astype(np.float64)
-        S = Sg @ oh                                                        # [N, G]
-        V = (oh * S).sum(axis=0)                                           # [G]
+        S = self.by_device(dev, G)                                         # [N, G]
         ar = np.arange(N)
+        V = np.bincount(dev, weights=S[ar, dev], minlength=G)              # [G]
         own = S[ar, dev]                                                   # S[e, dev[e]]
         cross = S[:, dev]                                                  # [e2, e1]: S[e2, dev[e1]]
         diag = np.diag(Sg)
