@@ -40,18 +40,26 @@ def verdict(res: dict, trace: str) -> list[str]:
     deploy = {k: v for k, v in m.items() if k != "oracle"}
     balanced = {k: v for k, v in deploy.items() if v["imbalance_max_mean"] <= BALANCE}
     ranked = sorted(balanced, key=lambda k: -balanced[k]["lar_mean"])
-    out = [f"best with imbalance <= {BALANCE}: " + ", ".join(
-        f"{k} {balanced[k]['lar_mean']:.3f}" for k in ranked[:3])]
+    out = [f"best with imbalance <= {BALANCE}: " + (", ".join(
+        f"{k} {balanced[k]['lar_mean']:.3f}" for k in ranked[:3]) or "none (no method is "
+        "within the imbalance budget)")]
     if OURS in deploy:
         ours = deploy[OURS]
         rivals = [k for k in ranked if k != OURS]
-        lead = ours["lar_mean"] - (balanced[rivals[0]]["lar_mean"] if rivals else 0.0)
-        ok = ranked[:1] == [OURS] and lead >= MARGIN
-        out.append(f"target '{OURS} best within {BALANCE} by >= {MARGIN}': "
-                   + (f"MET (lead {lead:+.3f})" if ok else
-                      f"MISSED: {OURS} {ours['lar_mean']:.3f} (imbalance "
-                      f"{ours['imbalance_max_mean']:.3f}), lead {lead:+.3f} over "
-                      f"{rivals[0] if rivals else '-'}"))
+        head = f"target '{OURS} best within {BALANCE} by >= {MARGIN}': "
+        mine = f"{OURS} {ours['lar_mean']:.3f} (imbalance {ours['imbalance_max_mean']:.3f})"
+        if not ranked:
+            out.append(head + f"MISSED: no method is within the imbalance budget; {mine}")
+        elif OURS not in balanced:
+            out.append(head + f"MISSED: {mine} is outside the imbalance budget; best within it "
+                              f"{ranked[0]} {balanced[ranked[0]]['lar_mean']:.3f}")
+        else:
+            lead = ours["lar_mean"] - (balanced[rivals[0]]["lar_mean"] if rivals else 0.0)
+            ok = ranked[0] == OURS and lead >= MARGIN
+            out.append(head + (f"MET (lead {lead:+.3f}" + ("" if rivals else
+                                                           ", no other method within") + ")"
+                               if ok else f"MISSED: {mine}, lead {lead:+.3f} over "
+                               f"{rivals[0]}"))
         goal = LAR_TARGETS.get((trace, res["ep"]))
         if goal and res["mode"] == "tp" and res["nodes"] == 1:
             hit = ours["lar_mean"] >= goal and ours["imbalance_max_mean"] <= BALANCE

@@ -1,9 +1,11 @@
 """Benchmark: do the co-clustering solvers scale to real model shapes (issue 4)?
 
-Targets (issue 4): on a synthetic DeepSeek-V3-shaped trace (58 layers, 256 experts, top-8,
-vocabulary 129,280, 2M fit tokens) at EP 64 as 8 nodes x 8 devices, `semmoe` and `smoe-cem`
-finish in <= 120 s and <= 8 GB; on a Qwen3-30B-A3B-shaped trace (48 layers, 128 experts, 1M
-tokens) at EP 8, in <= 30 s. `vanilla` and `eplb` are timed for reference (no target).
+Targets (issues 4 and 15): on a synthetic DeepSeek-V3-shaped trace (58 layers, 256 experts,
+top-8, vocabulary 129,280, 2M fit tokens) at EP 64 as 8 nodes x 8 devices, `semmoe`,
+`smoe-cem` and `sempar` (tp mode, its default; these traces take its large-trace path,
+placement/sempar_scale.py) finish in <= 120 s and <= 8 GB; on a Qwen3-30B-A3B-shaped trace
+(48 layers, 128 experts, 1M tokens) at EP 8, in <= 30 s. `vanilla` and `eplb` are timed for
+reference (no target).
 
 Read targets (issue 19): reading the 2M-token DeepSeek-V3 trace in <= 10 s and <= 1.5 GB. Two
 rows measure it: `read` (read_trace into memory, the columns `place` reads: what every solver
@@ -20,7 +22,7 @@ memory target on `peak_rss_gb`. A worker whose RSS passes --rss-cap-gb is stoppe
 machine is shared) and reported as such.
 
     python benchmarks/bench_placement_scale.py [--trace dsv3=PATH] [--trace qwen3=PATH]
-        [--cases dsv3 qwen3] [--methods semmoe,smoe-cem,vanilla,eplb] [--json]
+        [--cases dsv3 qwen3] [--methods semmoe,smoe-cem,sempar,vanilla,eplb] [--json]
 
 Traces are synthesised (seed 1, `sempar synth`'s generator) into --cache-dir unless given
 with --trace or already there. This script reports what it measures; it asserts nothing.
@@ -41,10 +43,12 @@ from typing import Self
 
 CASES = {
     # name: (preset, tokens, EP degree, nodes, {method: solve-seconds target}, RSS target GB)
-    "dsv3": ("deepseek-v3", 2_000_000, 64, 8, {"semmoe": 120.0, "smoe-cem": 120.0}, 8.0),
-    "qwen3": ("qwen3-30b-a3b", 1_000_000, 8, 1, {"semmoe": 30.0, "smoe-cem": 30.0}, None),
+    "dsv3": ("deepseek-v3", 2_000_000, 64, 8,
+             {"semmoe": 120.0, "smoe-cem": 120.0, "sempar": 120.0}, 8.0),
+    "qwen3": ("qwen3-30b-a3b", 1_000_000, 8, 1,
+              {"semmoe": 30.0, "smoe-cem": 30.0, "sempar": 30.0}, None),
 }
-DEFAULT_METHODS = "read,read-stream,semmoe,smoe-cem,vanilla,eplb"
+DEFAULT_METHODS = "read,read-stream,semmoe,smoe-cem,sempar,vanilla,eplb"
 # Pseudo-methods that only read the trace: (read seconds, peak RSS GB) targets of issue 19.
 READS = {"read": (10.0, 1.5), "read-stream": (10.0, 1.5)}
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -137,6 +141,8 @@ def worker(path: str, method: str, ep: int, nodes: int, cap_gb: float) -> None:
     cem = pl.info.get("cem")
     if cem:
         out["cem"] = {k: cem[k] for k in ("hierarchy", "clustered_tokens", "token_coverage")}
+    if "large_trace_path" in pl.info:
+        out["large_trace_path"] = pl.info["large_trace_path"]
     if "request_features" in pl.info:
         out["request_features"] = pl.info["request_features"]
     print(json.dumps(out), flush=True)
@@ -220,6 +226,8 @@ def print_table(report: dict) -> None:
             if "cem" in r:
                 notes.append(f"{r['cem']['hierarchy']}, {r['cem']['clustered_tokens']} tokens "
                              f"clustered ({r['cem']['token_coverage']:.0%} of occurrences)")
+            if r.get("large_trace_path"):
+                notes.append("large-trace path")
             if "request_features" in r:
                 notes.append(f"requests: {r['request_features']}")
             print(f"{m:<11} {r['read_s']:7.1f} {r['solve_s']:8.1f} {r['solve_cpu_s']:7.1f} "

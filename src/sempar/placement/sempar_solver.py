@@ -43,9 +43,13 @@ replicas tp 0.441 at 1.063 against eplb's 0.306 at 1.13 (1.44x), dp 0.310 agains
 Planted instances (tests/test_sempar_solver.py) are recovered to >= 99%.
 
 Limits: the fit cap holds on fit loads (tested); held out, imbalance drifts 0.005-0.05 above it
-(more with replicas, whose served loads depend on where tokens end up). At DeepSeek-V3's shape
-the per-layer METIS start and O(N^2) swap search are too slow (not measured against the 120 s
-target).
+(more with replicas, whose served loads depend on where tokens end up).
+
+Size rule: a fit trace with more than `sempar_scale.SCALE_TOKEN_LAYERS` token occurrences x
+MoE layers (8M; tiny models 1.7M, Qwen3-30B-A3B at 1M tokens 48M) takes the large-trace path
+in tp mode (placement/sempar_scale.py: request-sampled load model, greedy co-activation start
+instead of per-layer METIS, one-capacity token step, bounded expert search); below it
+everything above runs unchanged. dp mode has no large-trace path.
 
 Outputs: the placement and `info["token_table"]` (token -> device per layer: in tp mode the
 capacitated assignment, in dp mode the device holding most of the token's activations), the fit
@@ -76,20 +80,30 @@ ROBUST = 2.0            # load margin: z^2 x (1 + fit/eval size), see `LoadModel
 
 # ----------------------------------------------------------------------------- item assignment
 
-def capacitated_assign(value: np.ndarray, weight: np.ndarray, cap: np.ndarray) -> np.ndarray:
+def capacitated_assign(value: np.ndarray, weight: np.ndarray, cap: np.ndarray,
+                       max_rounds: int | None = None) -> np.ndarray:
     """int64[n]: device of each item maximising the summed value under per-device capacities.
 
     value float[n, G]: what item i gains on device d (ordered by value per unit weight);
     weight float[n] > 0; cap float[G]. Proposal rounds: in round r each unplaced item asks its
     r-th best device; a device takes its askers, best value per weight first, while they fit.
-    Items that fit nowhere go to the device with the most room left.
+    Items that fit nowhere go to the device with the most room left. `max_rounds` (the
+    large-trace path, `sempar_scale`): only that many rounds, on each item's top preferences
+    (a partial sort), and the leftovers, heaviest first, fill the roomiest devices in turn;
+    None: G rounds on a full sort.
     """
     n, G = value.shape
     dens = value / weight[:, None]
-    pref = np.argsort(-dens, axis=1, kind="stable")
+    rounds = G if max_rounds is None else min(G, max_rounds)
+    if rounds < G:
+        top = np.argpartition(-dens, rounds - 1, axis=1)[:, :rounds]
+        pref = np.take_along_axis(top, np.argsort(-np.take_along_axis(dens, top, axis=1),
+                                                  axis=1, kind="stable"), axis=1)
+    else:
+        pref = np.argsort(-dens, axis=1, kind="stable")
     room = cap.astype(np.float64).copy()
     out = np.full(n, -1, np.int64)
-    for r in range(G):
+    for r in range(rounds):
         idx = np.flatnonzero(out < 0)
         if idx.size == 0:
             break
@@ -103,11 +117,27 @@ def capacitated_assign(value: np.ndarray, weight: np.ndarray, cap: np.ndarray) -
         ok = before + w <= room[c] + 1e-9
         out[idx[order[ok]]] = c[ok]
         room -= np.bincount(c[ok], weights=w[ok], minlength=G)
+    if max_rounds is not None:
+        _fill_roomiest(out, weight, room)
     for i in np.flatnonzero(out < 0):                       # rare: heavy leftovers
         g = int(np.argmax(room))
         out[i] = g
         room[g] -= weight[i]
     return out
+
+
+def _fill_roomiest(out: np.ndarray, weight: np.ndarray, room: np.ndarray) -> None:
+    """Unplaced items (out < 0), heaviest first, fill the devices by decreasing room, each
+    while they fit; out and room are updated in place."""
+    left = np.flatnonzero(out < 0)
+    left = left[np.argsort(-weight[left], kind="stable")]
+    for g in np.argsort(-room, kind="stable"):
+        if left.size == 0:
+            return
+        fit = np.cumsum(weight[left]) <= room[g] + 1e-9
+        out[left[fit]] = g
+        room[g] -= weight[left[fit]].sum()
+        left = left[~fit]
 
 
 def pseudo_batches(stats: AffinityStats, seed: int, shuffles: int = SHUFFLES,
@@ -212,6 +242,10 @@ class LoadModel:
         V = np.einsum("ng,nm,mg->g", oh, self.sigma, oh)
         return L + np.sqrt(np.maximum(V, 0.0)) - self.offset
 
+    def by_device(self, dev: np.ndarray, G: int) -> np.ndarray:
+        """float64[N, G]: sum of sigma[e, m] over the experts m on each device."""
+        return self.sigma @ _onehot(dev, G).astype(np.float64)
+
     def swapped(self, dev: np.ndarray, G: int) -> tuple[np.ndarray, np.ndarray]:
         """(R1, R2) float[N, N]: robust loads of dev[e1] and dev[e2] after swapping e1, e2."""
         load, N = self.load, dev.size
@@ -221,10 +255,9 @@ class LoadModel:
         if self.sigma is None:
             return L1, L2
         Sg = self.sigma
-        oh = _onehot(dev, G).astype(np.float64)
-        S = Sg @ oh                                                        # [N, G]
-        V = (oh * S).sum(axis=0)                                           # [G]
+        S = self.by_device(dev, G)                                         # [N, G]
         ar = np.arange(N)
+        V = np.bincount(dev, weights=S[ar, dev], minlength=G)              # [G]
         own = S[ar, dev]                                                   # S[e, dev[e]]
         cross = S[:, dev]                                                  # [e2, e1]: S[e2, dev[e1]]
         diag = np.diag(Sg)
@@ -237,13 +270,17 @@ class LoadModel:
 
 
 def expert_step(W: np.ndarray, lm: LoadModel, slot_group: np.ndarray,
-                expert_group: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+                expert_group: np.ndarray, start: np.ndarray | None = None,
+                price_steps: int = PRICE_STEPS, polish: int | None = None,
+                max_swaps: int | None = None) -> np.ndarray:
     """int64[N]: device of each expert maximising sum W[dev[e], e] under the load cap.
 
     W float[G, N]: activations of e by the items on d; lm: the experts' loads and the cap;
     slot_group int[G, S]: expert group of each slot (S = N/G); expert_group int[N]. `start` (a
     placement, feasible or not) competes with the Hungarian solutions. Then swaps (module
-    docstring).
+    docstring). Bounds (the large-trace path, `sempar_scale`): `price_steps` Hungarian solves,
+    only the `polish` best candidates (by overload, then affinity) get swaps, at most
+    `max_swaps` swaps each; None: every candidate, SWAP_LIMIT x N swaps.
     """
     G, N = W.shape
     S = N // G
@@ -254,7 +291,7 @@ def expert_step(W: np.ndarray, lm: LoadModel, slot_group: np.ndarray,
     mu = np.zeros(G)
     cands = [] if start is None else [np.asarray(start, np.int64)]
     step = 0.5 * float(W.max()) / scale
-    for it in range(PRICE_STEPS):
+    for it in range(price_steps):
         cost = -(W - mu[:, None] * load[None, :])[dev_of_slot].T                   # [N, G*S]
         cost = np.where(forbid, 1e18, cost)
         _, col = linear_sum_assignment(cost)
@@ -265,18 +302,22 @@ def expert_step(W: np.ndarray, lm: LoadModel, slot_group: np.ndarray,
             break
         mu = np.maximum(0.0, mu + step * (L - cap) / scale)
         step *= 0.85
+    def key(dev: np.ndarray) -> tuple[float, float]:
+        return (max(0.0, lm.of(dev, G).max() - cap), -W[dev, np.arange(N)].sum())
+
+    if polish is not None:
+        cands = sorted(cands, key=key)[:polish]
     best = None
     for dev in cands:
-        dev = _swap_search(W, lm, dev.copy(), expert_group)
-        L = lm.of(dev, G)
-        key = (max(0.0, L.max() - cap), -W[dev, np.arange(N)].sum())
-        if best is None or key < best[0]:
-            best = (key, dev)
+        dev = _swap_search(W, lm, dev.copy(), expert_group, max_swaps)
+        k = key(dev)
+        if best is None or k < best[0]:
+            best = (k, dev)
     return best[1]
 
 
 def _swap_search(W: np.ndarray, lm: LoadModel, dev: np.ndarray,
-                 expert_group: np.ndarray) -> np.ndarray:
+                 expert_group: np.ndarray, max_swaps: int | None = None) -> np.ndarray:
     """Pairwise expert swaps between devices: first those that cut the total overload above
     the cap (least affinity lost), then best-improvement swaps with exact gain that keep both
     devices under the cap. dev int64[N] is updated in place and returned."""
@@ -284,7 +325,7 @@ def _swap_search(W: np.ndarray, lm: LoadModel, dev: np.ndarray,
     cap = lm.cap
     ar = np.arange(N)
     same = expert_group[:, None] == expert_group[None, :]
-    for _ in range(SWAP_LIMIT * N):
+    for _ in range(SWAP_LIMIT * N if max_swaps is None else max_swaps):
         L = lm.of(dev, G)
         own = W[dev, ar]                                                 # [N]
         cross = W[dev][:, ar]                                            # [e2, e1]: W[d(e2), e1]
@@ -391,20 +432,22 @@ def _hosts(dev: np.ndarray, G: int) -> np.ndarray:
 
 
 def alternate(M, assign, lm: LoadModel, slot_group: np.ndarray, expert_group: np.ndarray, items: np.ndarray,
-              dev: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+              dev: np.ndarray | None = None, rounds: int = ROUNDS,
+              **step_bounds) -> tuple[np.ndarray, np.ndarray, float]:
     """(expert device int64[N], item device int64[n], fit local activations) for one layer.
 
     M [n, N] (dense or CSR): activations of expert e by item i (tokens in tp mode); assign:
     local float[n, G] -> int[n], the items' step under their capacity rule; lm: loads and cap;
     items int[n]: a starting item
-    clustering; dev: a starting expert placement (used when it respects the groups)."""
+    clustering; dev: a starting expert placement (used when it respects the groups); rounds and
+    step_bounds (`expert_step`'s bounds): the large-trace path's shorter search."""
     G = lm.cap_devices
     best = None
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         W = np.asarray((M.T @ _onehot(items, G))).T                       # [G, N]
         dev = expert_step(W, lm, slot_group, expert_group,
                           dev if dev is not None and _in_groups(dev, slot_group, expert_group)
-                          else None)
+                          else None, **step_bounds)
         local = np.asarray(M @ _onehot(dev, G))                           # [n, G]
         items = assign(local)
         obj = float(local[np.arange(items.size), items].sum())
@@ -426,6 +469,7 @@ def _in_groups(dev: np.ndarray, slot_group: np.ndarray, expert_group: np.ndarray
 @SOLVERS.register("sempar")
 def sempar(p: PlacementProblem) -> Placement:
     """Ours: locality under a hard per-layer balance cap, mode-aware (module docstring)."""
+    from sempar.placement import sempar_scale      # it builds on this module's pieces
     meta = p.trace.meta
     L, N, G = meta.num_layers, meta.num_experts, p.num_devices
     if N % G:
@@ -445,15 +489,32 @@ def sempar(p: PlacementProblem) -> Placement:
     allowed = np.ones((G, N), bool)
     if p.mode == "dp":
         return _solve_dp(p, stats, slot_group, expert_group, model, node_of, allowed)
-    tok_cap = np.full(G, (1 + TOKEN_SLACK) * stats.a.sum() / G)
-    occ, size = pseudo_batches(stats, p.seed)
-    assign = lambda local: batch_priced_assign(local, occ, size, SHUFFLES)         # noqa: E731
+    large = sempar_scale.is_large(stats.token_index.size, L)
+    if large:                     # the large-trace path: sempar_scale's docstring
+        tok_cap = np.full(G, (1 + TOKEN_SLACK) * stats.a.sum() / G)
+        assign = lambda local: capacitated_assign(                                # noqa: E731
+            local, stats.a, tok_cap, sempar_scale.SCALE_TOKEN_ROUNDS)
+        bounds = sempar_scale.step_bounds(G)
+        sample = sempar_scale.RequestSample(stats.request_index, stats.R, p.seed)
+    else:
+        occ, size = pseudo_batches(stats, p.seed)
+        assign = lambda local: batch_priced_assign(local, occ, size, SHUFFLES)     # noqa: E731
+        bounds = {}
     devs, toks, hosts_all, objs = [], [], [], []
     for l in range(L):
         C = stats.counts(l)
-        lm = model(request_counts(stats, l))
-        edev, etok, _, _ = metis_layer(C.toarray().astype(np.int64), stats.a, G, p.seed)
-        dev, items, obj = alternate(C, assign, lm, slot_group, expert_group, etok, edev)
+        if large:
+            X = sample.counts(stats.trace.experts[:, l], N)
+            load = np.asarray(C.sum(axis=0), np.float64).ravel()
+            lm = sempar_scale.ScaledLoadModel(load, sample.scale * load_spread(X, X.sum(axis=0)),
+                                              p.max_imbalance * load.sum() / G, G)
+            edev = sempar_scale.greedy_start(X, load, slot_group, expert_group)
+            etok = np.argmax(np.asarray(C @ _onehot(edev, G)), axis=1)     # uncapacitated
+        else:
+            lm = model(request_counts(stats, l))
+            edev, etok, _, _ = metis_layer(C.toarray().astype(np.int64), stats.a, G, p.seed)
+        dev, items, obj = alternate(C, assign, lm, slot_group, expert_group, etok, edev,
+                                    **bounds)
         devs.append(dev)
         toks.append(items)
         objs.append(obj)
@@ -465,7 +526,7 @@ def sempar(p: PlacementProblem) -> Placement:
             toks[-1] = assign(local)
             hosts_all.append(h)
     info = {"mode": "tp", "max_imbalance": p.max_imbalance, "fit_local_activations": objs,
-            "preserve_groups": p.preserve_groups}
+            "preserve_groups": p.preserve_groups, "large_trace_path": large}
     if p.redundant:
         return replicated_placement(p, "sempar", np.stack(devs), hosts_all, stats,
                                     np.stack(toks), info)

@@ -1,0 +1,132 @@
+"""The large-trace path of the `sempar` solver: a cheaper start, token step and expert search.
+
+Size rule: a fit trace with more than `SCALE_TOKEN_LAYERS` (token occurrences x MoE layers,
+8M) takes this path; below it (the tiny models' traces: 0.35M at fit 20%, 1.7M whole; the
+planted tests; bench_placement's olmoe preset, 0.3M) `sempar` runs unchanged. Qwen3-30B-A3B at
+1M tokens is 48M, DeepSeek-V3 at 2M tokens 116M. What changes, per MoE layer (tp mode):
+
+- fit statistics of the load model from a seeded sample of at most `SCALE_REQUESTS` fit
+  requests: the request counts X [R_s, N] and the resampling spread Sigma (`load_spread`,
+  scaled by R / R_s, an unbiased estimate of the sum over all requests); the loads themselves
+  stay exact (column sums of the layer's counts C);
+- start: no METIS (`graph_baselines.metis_layer` partitions the whole U + N token-expert graph
+  per layer); a greedy co-activation start instead, from the sampled requests: A = X^T X
+  (experts used by the same requests; the token-level C^T C sparse product cost 0.3 s a layer
+  at Qwen3's shape), normalised A[e, f] / sqrt(load_e load_f) so hot experts do not pull
+  everything; each device's slots are filled in turn, the first with the heaviest expert left
+  (of the slot's expert group), each next with the expert left of that group that is most
+  co-activated with those already there. Tokens start on the device holding most of their
+  activations (no capacity: the first expert step only needs their affinities);
+- token step: `capacitated_assign` with each device taking at most 1/G of the fit occurrences
+  (weight a_u, one capacity for the whole fit trace) instead of the per-pseudo-batch Lagrangian
+  (`batch_priced_assign`, 80 price steps over SHUFFLES x T / BATCH batches), with at most
+  `SCALE_TOKEN_ROUNDS` proposal rounds on each token's top preferences (a token's activations
+  touch about 10 experts, so its later preferences are ties at 0) and leftovers to the
+  roomiest devices;
+- expert step: `SCALE_PRICE_STEPS` Hungarian solves (not PRICE_STEPS), swaps only on the
+  `SCALE_POLISH` best candidates and at most `SCALE_SWAPS` swaps each (each swap is an O(N^2)
+  scan; unbounded it is SWAP_LIMIT x N scans); `SCALE_ROUNDS` alternations. Device load
+  variances 1_S^T Sigma 1_S gathered from each device's experts (`ScaledLoadModel`), not an
+  N x N x G product.
+
+The balance cap is the same constraint; only the search is shorter.
+
+Measured (benchmarks/bench_placement_scale.py, one run, a shared 2-core machine under load):
+Qwen3-30B-A3B shape, 1M tokens (seed 1), EP 8: solve 33.4 s wall / 32.8 s CPU, peak 2.86 GB
+(semmoe in the same run: 42.8 s); the 30 s target is missed by this margin on that machine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sempar.placement.sempar_solver import LoadModel, _onehot
+
+SCALE_TOKEN_LAYERS = 8_000_000
+SCALE_ROUNDS = 3
+SCALE_PRICE_STEPS = 8
+SCALE_POLISH = 2
+SCALE_SWAPS = 32
+SCALE_REQUESTS = 1024
+SCALE_TOKEN_ROUNDS = 8
+
+
+def is_large(num_occurrences: int, num_layers: int) -> bool:
+    """Whether a fit trace takes the large-trace path (module docstring)."""
+    return num_occurrences * num_layers > SCALE_TOKEN_LAYERS
+
+
+def step_bounds(G: int) -> dict:
+    """Keyword bounds for `sempar_solver.alternate` on the large-trace path."""
+    return {"rounds": SCALE_ROUNDS, "price_steps": SCALE_PRICE_STEPS, "polish": SCALE_POLISH,
+            "max_swaps": SCALE_SWAPS}
+
+
+class RequestSample:
+    """A seeded sample of at most `SCALE_REQUESTS` fit requests: `rows` int64[T_s] their
+    occurrences, `req` int64[T_s] their index in the sample, `size` R_s and `scale` R / R_s."""
+
+    def __init__(self, request_index: np.ndarray, R: int, seed: int):
+        rng = np.random.default_rng([seed, 0x5CA1E])
+        pick = np.sort(rng.choice(R, min(R, SCALE_REQUESTS), replace=False))
+        where = np.full(R, -1, np.int64)
+        where[pick] = np.arange(pick.size)
+        self.rows = np.flatnonzero(where[request_index] >= 0)
+        self.req = where[request_index[self.rows]]
+        self.size, self.scale = int(pick.size), R / pick.size
+
+    def counts(self, experts: np.ndarray, N: int) -> np.ndarray:
+        """float64[R_s, N]: activations of each expert by each sampled request at one layer;
+        experts int[T, k]: the layer's selections of every fit occurrence."""
+        key = self.req[:, None] * N + experts[self.rows]
+        return np.bincount(key.ravel(), minlength=self.size * N).reshape(self.size, N) \
+            .astype(np.float64)
+
+
+def greedy_start(X: np.ndarray, load: np.ndarray, slot_group: np.ndarray,
+                 expert_group: np.ndarray) -> np.ndarray:
+    """int64[N]: a start placement from co-activation (module docstring).
+
+    X float[R_s, N]: the sampled requests' activations per expert; load float[N]: activations
+    per expert; slot_group int[G, S]: expert group of each slot; expert_group int[N]."""
+    G, S = slot_group.shape
+    N = load.size
+    A = X.T @ X
+    np.fill_diagonal(A, 0.0)
+    norm = np.sqrt(np.maximum(load, 1e-12))
+    A /= norm[:, None] * norm[None, :]
+    free = np.ones(N, bool)
+    dev = np.full(N, -1, np.int64)
+    for d in range(G):
+        members: list[int] = []
+        for j in range(S):
+            pool = free & (expert_group == slot_group[d, j])
+            if members:
+                score = np.where(pool, A[members].sum(axis=0), -np.inf)
+            else:
+                score = np.where(pool, load, -np.inf)
+            e = int(np.argmax(score))
+            members.append(e)
+            free[e] = False
+            dev[e] = d
+    return dev
+
+
+class ScaledLoadModel(LoadModel):
+    """`LoadModel` whose per-device sums of Sigma are gathered from each device's N/G experts
+    (N x G x N/G reads, not an N x N x G product); the same values up to rounding."""
+
+    def by_device(self, dev: np.ndarray, G: int) -> np.ndarray:
+        counts = np.bincount(dev, minlength=G)
+        if counts.min() != counts.max():                 # unequal devices: the plain product
+            return super().by_device(dev, G)
+        members = np.argsort(dev, kind="stable").reshape(G, -1)                  # [G, N/G]
+        return self.sigma[:, members].sum(axis=2)
+
+    def of(self, dev: np.ndarray, G: int) -> np.ndarray:
+        L = np.bincount(dev, weights=self.load, minlength=G)
+        if self.sigma is None:
+            return L
+        S = self.by_device(dev, G)
+        V = np.bincount(dev, weights=S[np.arange(dev.size), dev], minlength=G)
+        return L + np.sqrt(np.maximum(V, 0.0)) - self.offset

@@ -1,0 +1,63 @@
+"""`sempar`'s large-trace path (placement/sempar_scale.py): the size rule, and that the path
+completes and places well on a mid-size synthetic trace and on a planted instance (functional;
+the speed targets are benchmarks/bench_placement_scale.py's)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sempar.placement import sempar_scale, solve
+from sempar.placement.base import crosses_groups
+from sempar.placement.evaluate import figures_for
+from sempar.trace import split_by_request
+from sempar.trace.synth import synthesize
+from test_sempar_solver import G, planted, planted_placement
+
+
+@pytest.fixture
+def large_path(monkeypatch):
+    """Every trace takes the large-trace path."""
+    monkeypatch.setattr(sempar_scale, "SCALE_TOKEN_LAYERS", 0)
+
+
+def test_size_rule():
+    assert not sempar_scale.is_large(289_180, 6)               # tiny-moe64, whole dev trace
+    assert not sempar_scale.is_large(20_000, 16)               # bench_placement's olmoe fit
+    assert sempar_scale.is_large(1_000_000, 48)                # Qwen3-30B-A3B, 1M tokens
+    assert sempar_scale.is_large(2_000_000, 58)                # DeepSeek-V3, 2M tokens
+
+
+def test_default_path_below_the_rule():
+    trace, _, _ = planted(T=20_000)
+    assert solve("sempar", trace, G).info["large_trace_path"] is False
+
+
+def test_mid_size_synthetic(large_path):
+    trace = synthesize("olmoe-1b-7b", 60_000, seed=1)
+    fit, ev = split_by_request(trace, seed=0)
+    p = solve("sempar", fit, 8, num_nodes=2)
+    assert p.info["large_trace_path"] is True
+    assert p.token_table.num_layers == trace.meta.num_layers
+    got = figures_for(p, ev, "tp")
+    van = figures_for(solve("vanilla", fit, 8, num_nodes=2), ev, "tp")
+    print(f"\nlarge path, olmoe 60k EP 8 (2 nodes): LAR {got['lar_mean']:.3f} at imbalance "
+          f"{got['imbalance_max_mean']:.3f}; vanilla {van['lar_mean']:.3f}")
+    assert got["lar_mean"] > van["lar_mean"] + 0.05
+
+
+def test_planted_recovered(large_path):
+    trace, ecl, tcl = planted()
+    fit, ev = split_by_request(trace, seed=0)
+    ref = figures_for(planted_placement(trace, ecl, tcl), ev, "tp")["lar_mean"]
+    a, b = solve("sempar", fit, G, seed=2), solve("sempar", fit, G, seed=2)
+    assert np.array_equal(a.phy2log, b.phy2log)                             # deterministic
+    got = figures_for(a, ev, "tp")["lar_mean"]
+    print(f"\nlarge path, planted optimum LAR {ref:.3f}: got {got:.3f} ({got / ref:.1%})")
+    assert got >= 0.9 * ref
+
+
+def test_preserve_groups(large_path):
+    trace, _, _ = planted(groups=2, T=20_000)
+    p = solve("sempar", trace, G, preserve_groups=True)
+    assert p.info["large_trace_path"] and crosses_groups(p, 2) is None
