@@ -34,6 +34,9 @@ The balance cap is the same constraint; only the search is shorter.
 Measured (benchmarks/bench_placement_scale.py, one run, a shared 2-core machine under load):
 Qwen3-30B-A3B shape, 1M tokens (seed 1), EP 8: solve 33.4 s wall / 32.8 s CPU, peak 2.86 GB
 (semmoe in the same run: 42.8 s); the 30 s target is missed by this margin on that machine.
+DeepSeek-V3 shape, 2M tokens, EP 64 as 8 x 8: solve 238.8 s wall / 225.9 s CPU, peak 5.62 GB:
+the 8 GB target is met, the 120 s target is not (per layer the token step's partial sort over
+U x 64 and the swap scans dominate; the node relabelling in `base.solve` adds 3-13 s).
 """
 
 from __future__ import annotations
