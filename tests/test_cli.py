@@ -16,7 +16,7 @@ from sempar.paths import olmoe_aggregates_dir
 
 def sempar(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sempar.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=1500)
 
 
 @pytest.fixture(scope="module")
