@@ -34,7 +34,9 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
             if node.level:
                 up = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(up + ([base] if base else []))
-            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+            subs = [f"{base}.{a.name}" for a in node.names]
+            # `from pkg import sub` imports the submodule; `from pkg import name`, the package
+            targets = subs if all(t in known for t in subs) else subs + [base]
         else:
             continue
         for t in targets:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sempar.placement.sempar_solver import LoadModel, _onehot
+from sempar.placement.sempar_load import LoadModel
 
 SCALE_TOKEN_LAYERS = 8_000_000
 SCALE_ROUNDS = 3

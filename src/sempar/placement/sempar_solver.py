@@ -66,6 +66,8 @@ from sempar.placement.affinity_stats import AffinityStats
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement, slot_groups
 from sempar.placement.graph_baselines import metis_layer
 from sempar.placement.placement import Placement
+from sempar.placement import sempar_scale
+from sempar.placement.sempar_load import LoadModel, _onehot, load_spread
 
 ROUNDS = 12             # alternations at most (ours: the tiny-moe64 objective settles in 4-8)
 PRICE_STEPS = 25        # Lagrangian price updates of the expert step
@@ -75,7 +77,6 @@ SHUFFLES = 4            # random request orders cut into pseudo-batches (tp toke
 TOKEN_PRICE_STEPS = 80
 BATCH = 2048            # tokens per tp batch (metrics.BATCH)
 REPLICA_MARGIN = 3.0    # x the primary's robust margin, taken off the replica step's cap
-ROBUST = 2.0            # load margin: z^2 x (1 + fit/eval size), see `LoadModel`
 
 
 # ----------------------------------------------------------------------------- item assignment
@@ -203,71 +204,6 @@ def batch_priced_assign(local: np.ndarray, occ, size: np.ndarray, shuffles: int)
 
 
 # -------------------------------------------------------------------------------- expert step
-
-def load_spread(X: np.ndarray, load: np.ndarray) -> np.ndarray:
-    """float64[N, N]: Sigma with 1_S^T Sigma 1_S = the variance of a device's load share (in
-    activations) when the fit requests are resampled, for any expert set S (delta method).
-
-    X float[R, N]: activations of each expert by each fit request; load float[N] = X.sum(0).
-    Residual of request r on expert e: z[r, e] = X[r, e] - load[e] / T * t[r] (t: the request's
-    activations, T their sum), so Sigma = Z^T Z (ours: it is what moves a device's held-out load
-    away from its fit load; grouping experts that the same requests use makes it larger)."""
-    t = X.sum(axis=1, dtype=np.float64)
-    Z = X - np.outer(t, load / max(float(load.sum()), 1e-12))
-    return Z.T @ Z
-
-
-class LoadModel:
-    """Robust device loads: L_d + sqrt(ROBUST x V_d) - sqrt(ROBUST x V0) with L_d the fit load,
-    V_d its resampling variance (`load_spread`) and V0 the expected V_d of a uniformly random set
-    of N/G experts. So only the spread that a placement adds by grouping experts the same
-    requests use costs capacity (ours: charging the unavoidable sampling noise too made the
-    planted optimum infeasible); `sigma` None gives the plain fit load."""
-
-    def __init__(self, load: np.ndarray, sigma: np.ndarray | None, cap: float, G: int):
-        self.load, self.cap, self.cap_devices = load, cap, G
-        self.sigma = None if sigma is None else ROBUST * sigma
-        self.offset = 0.0
-        if sigma is not None:
-            N = load.size
-            S = N // G
-            tr = float(np.trace(self.sigma))      # 1^T sigma 1 = 0: residuals sum to 0 per request
-            self.offset = np.sqrt(max(tr * S / N * (1 - (S - 1) / max(N - 1, 1)), 0.0))
-
-    def of(self, dev: np.ndarray, G: int) -> np.ndarray:
-        L = np.bincount(dev, weights=self.load, minlength=G)
-        if self.sigma is None:
-            return L
-        oh = _onehot(dev, G).astype(np.float64)
-        V = np.einsum("ng,nm,mg->g", oh, self.sigma, oh)
-        return L + np.sqrt(np.maximum(V, 0.0)) - self.offset
-
-    def by_device(self, dev: np.ndarray, G: int) -> np.ndarray:
-        """float64[N, G]: sum of sigma[e, m] over the experts m on each device."""
-        return self.sigma @ _onehot(dev, G).astype(np.float64)
-
-    def swapped(self, dev: np.ndarray, G: int) -> tuple[np.ndarray, np.ndarray]:
-        """(R1, R2) float[N, N]: robust loads of dev[e1] and dev[e2] after swapping e1, e2."""
-        load, N = self.load, dev.size
-        L = np.bincount(dev, weights=load, minlength=G)
-        d = load[None, :] - load[:, None]                                  # e1 -> d2, e2 -> d1
-        L1, L2 = L[dev][:, None] + d, L[dev][None, :] - d
-        if self.sigma is None:
-            return L1, L2
-        Sg = self.sigma
-        S = self.by_device(dev, G)                                         # [N, G]
-        ar = np.arange(N)
-        V = np.bincount(dev, weights=S[ar, dev], minlength=G)              # [G]
-        own = S[ar, dev]                                                   # S[e, dev[e]]
-        cross = S[:, dev]                                                  # [e2, e1]: S[e2, dev[e1]]
-        diag = np.diag(Sg)
-        V1 = (V[dev][:, None] - 2 * own[:, None] + diag[:, None] + 2 * cross.T
-              - 2 * Sg + diag[None, :])
-        V2 = (V[dev][None, :] - 2 * own[None, :] + diag[None, :] + 2 * cross
-              - 2 * Sg + diag[:, None])
-        return (L1 + np.sqrt(np.maximum(V1, 0.0)) - self.offset,
-                L2 + np.sqrt(np.maximum(V2, 0.0)) - self.offset)
-
 
 def expert_step(W: np.ndarray, lm: LoadModel, slot_group: np.ndarray,
                 expert_group: np.ndarray, start: np.ndarray | None = None,
@@ -420,12 +356,6 @@ def request_counts(stats: AffinityStats, l: int) -> np.ndarray:
     return np.bincount(key.ravel(), minlength=R * N).reshape(R, N).astype(np.float32)
 
 
-def _onehot(dev: np.ndarray, G: int) -> np.ndarray:
-    out = np.zeros((dev.size, G), np.float32)
-    out[np.arange(dev.size), dev] = 1.0
-    return out
-
-
 def _hosts(dev: np.ndarray, G: int) -> np.ndarray:
     """bool[G, N] of a one-replica placement dev int[N]."""
     return _onehot(dev, G).T.astype(bool)
@@ -469,7 +399,6 @@ def _in_groups(dev: np.ndarray, slot_group: np.ndarray, expert_group: np.ndarray
 @SOLVERS.register("sempar")
 def sempar(p: PlacementProblem) -> Placement:
     """Ours: locality under a hard per-layer balance cap, mode-aware (module docstring)."""
-    from sempar.placement import sempar_scale      # it builds on this module's pieces
     meta = p.trace.meta
     L, N, G = meta.num_layers, meta.num_experts, p.num_devices
     if N % G:
