@@ -218,6 +218,21 @@ def atomic_path(target: str | os.PathLike, suffix: str = "", option: str = "--ou
         _live.discard(tmp_path)
 
 
+@contextlib.contextmanager
+def scratch_folder(prefix: str) -> Iterator[Path]:
+    """A private working folder in $TMPDIR for one run: made by this process, removed when the
+    block ends, on any exception, and on SIGTERM / SIGHUP (it is a live temporary)."""
+    install_signal_cleanup()
+    with _signals_held():
+        work = Path(tempfile.mkdtemp(prefix=prefix))
+        _live.add(work)
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)     # made by mkdtemp above, never a user's
+        _live.discard(work)
+
+
 def write_text_atomic(target: str | os.PathLike, text: str, option: str = "--out") -> None:
     with atomic_path(target, option=option) as tmp:
         tmp.write_text(text, encoding="utf-8")

@@ -29,14 +29,13 @@ import dataclasses
 import json
 import os
 import pickle
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from sempar.atomic import scratch_folder
 from sempar.errors import InputError
 
 MODEL = "tiny-moe64"
@@ -298,8 +297,7 @@ def execute(specs: list, G: int, preset: str | None, scale: float, timeout_s: fl
     from sempar.testbed import netns
     from sempar.testbed.launch import launch
 
-    work = Path(tempfile.mkdtemp(prefix="sempar-bench-"))
-    try:
+    with scratch_folder("sempar-bench-") as work:
         (work / "specs.pkl").write_bytes(pickle.dumps(specs))
         args = {"specs_path": str(work / "specs.pkl"), "out_path": str(work / "out.pkl")}
         kw = dict(timeout_s=timeout_s, op_timeout_s=op_timeout_s, grace_s=10.0)
@@ -310,8 +308,6 @@ def execute(specs: list, G: int, preset: str | None, scale: float, timeout_s: fl
         else:
             launch(ENTRY, G, args, **kw)
         raw = pickle.loads((work / "out.pkl").read_bytes())
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return [RunResult(r["logits"], r["bytes"], r["layer_seconds"], r["forward_seconds"], G,
                       s.mode) for r, s in zip(raw, specs)]
 
