@@ -1,4 +1,4 @@
-"""sempar bench (sempar.runtime.bench): a tiny loopback run at G = 2 checks the `bench --json`
+"""sempar bench (sempar.bench; sempar.runtime executes): a tiny loopback run at G = 2 checks the `bench --json`
 contract, measured bytes == the comm simulator's where the runtime matches it exactly (attn-dp
 vs sglang-ep, tp-allreduce vs ds-moe, tp-rebatch vs smoe, tp-exact vs smoe-exact; exflow: + 4 B per dispatched copy),
 lossless logits, LAR in (0, 1], the saved last result and the demo rows; a testbed run (root +
@@ -11,10 +11,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from sempar.runtime import bench
+from sempar import bench
+from sempar.comm.pipelines import PIPELINES
+from sempar.runtime import DISPATCHERS, MODES
 
 KEYS = {"moe_layer_seconds", "forward_seconds", "bytes_sent", "bytes_predicted", "lar_mean",
-        "max_abs_logit_diff"}
+        "max_abs_logit_diff", "moe_block_seconds", "attn_comm_seconds", "layer_seconds",
+        "rank_seconds", "moe_block_ratio"}
 EXACT = ("vanilla", "vanilla-tp", "sempar-dp", "sempar-tp", "sempar-tp-exact")
 
 
@@ -38,6 +41,29 @@ def check_result(res: dict, G: int) -> None:
             extra = m["dispatch_predicted"] * 4 / 576
             assert m["bytes_sent"] == pytest.approx(m["bytes_predicted"] + extra), name
     assert res["methods"]["vanilla"]["time_ratio"] == 1.0
+    assert res["methods"]["vanilla"]["moe_block_ratio"] == 1.0
+    check_times(res, G)
+
+
+def check_times(res: dict, G: int) -> None:
+    """The MoE block and the attention collectives are parts of the layer, on every rank and in
+    the max over ranks; the DP modes have attention collectives only in exflow."""
+    for name, m in res["methods"].items():
+        per = m["rank_seconds"]
+        assert set(per) == {"layer", "moe_block", "attn_comm"}, name
+        assert all(len(v) == G for v in per.values()), name
+        for r in range(G):
+            assert 0 < per["moe_block"][r] <= per["layer"][r], (name, r)
+            assert 0 <= per["attn_comm"][r] <= per["layer"][r], (name, r)
+            assert per["moe_block"][r] + per["attn_comm"][r] <= per["layer"][r] * (1 + 1e-9), \
+                (name, r)
+        assert 0 < m["moe_block_seconds"] <= m["layer_seconds"] == m["moe_layer_seconds"], name
+        # mean over layers of the max over ranks >= every rank's mean over layers
+        for b, key in (("layer", "layer_seconds"), ("moe_block", "moe_block_seconds"),
+                       ("attn_comm", "attn_comm_seconds")):
+            assert m[key] >= max(per[b]) * (1 - 1e-9), (name, b)
+        tp_or_exflow = m["mode"].startswith("tp") or m["mode"] == "exflow"
+        assert (m["attn_comm_seconds"] > 0) == tp_or_exflow, name
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +103,20 @@ def test_cli_bad_input():
     r = CliRunner().invoke(app, ["bench", "--hosts", "2", "--preset", "none", "--methods",
                                  "nope"])
     assert isinstance(r.exception, InputError) and "nope" in str(r.exception)
+
+
+def test_every_mode_names_a_pipeline_and_every_method_a_mode():
+    assert set(MODES) == set(DISPATCHERS) == {"attn-dp", "tp-allreduce", "tp-rebatch",
+                                              "tp-exact", "exflow"}
+    for mode in DISPATCHERS:
+        cls = DISPATCHERS.get(mode)
+        assert cls.name == mode and cls.pipeline in PIPELINES, mode
+        pipe = PIPELINES.get(cls.pipeline)
+        assert pipe.expert_parallel, mode
+        assert (pipe.attention == "tp") == cls.tensor_parallel, mode
+    for name in bench.METHODS:
+        m = bench.METHODS.get(name)
+        assert m.mode in DISPATCHERS and m.pipeline == DISPATCHERS.get(m.mode).pipeline, name
 
 
 def test_tp_skipped_when_heads_do_not_split():

@@ -20,7 +20,7 @@ from sempar.comm.simulate import SimOptions, simulate
 from sempar.comm.topology import Topology
 from sempar.placement.metrics import home_tp_contiguous
 from sempar.placement.placement import Placement
-from sempar.runtime import MODES, RankFailure, RunSpec, reference_logits, run, run_many
+from sempar.runtime import DISPATCHERS, MODES, RankFailure, RunSpec, reference_logits, run, run_many
 from sempar.schedule.prerouter import exact_homes
 from sempar.schedule.rebatch import plan_align
 from sempar.trace.record import load_model, resolve_model
@@ -40,8 +40,6 @@ def assert_lossless(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     diff = (got - ref).abs().max().item() if got.numel() else 0.0
     DIFFS[what] = diff
     assert torch.allclose(got, ref, rtol=TOL, atol=TOL), f"{what}: max |logit diff| {diff:.2e}"
-SIM_PIPE = {"attn-dp": "sglang-ep", "tp-allreduce": "ds-moe", "tp-rebatch": "smoe",
-            "tp-exact": "smoe-exact", "exflow": "exflow"}
 
 
 def shape(model: str) -> tuple[int, int, int, int]:
@@ -106,7 +104,7 @@ def simulated(mode: str, spec: RunSpec, experts: np.ndarray, G: int) -> np.ndarr
     T = spec.input_ids.numel()
     opts = SimOptions(hidden=H, dtype_bytes=4, batch=T, dedup=True, one_shot=True)
     return simulate(experts, homes(mode, spec, G, L, experts), spec.placement, uniform_topology(G),
-                    PIPELINES.get(SIM_PIPE[mode]), opts)["bytes_per_pair"]
+                    PIPELINES.get(DISPATCHERS.get(mode).pipeline), opts)["bytes_per_pair"]
 
 
 def by_hand_dp(spec: RunSpec, experts: np.ndarray, G: int) -> tuple[np.ndarray, np.ndarray]:

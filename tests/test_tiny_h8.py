@@ -15,7 +15,7 @@ import torch
 from sempar.paths import assets_dir
 from sempar.placement.placement import Placement
 from sempar.runtime import RunSpec, reference_logits, run_many
-from sempar.runtime.bench import tp_ok
+from sempar.bench import tp_ok
 from sempar.tiny.models import TINY_MODELS
 
 MODEL = "tiny-moe64-h8"

@@ -131,7 +131,7 @@ def stage_stream(ctx: DemoContext, name: str, trace) -> dict:
 @STAGES.register("bench")
 def stage_bench(ctx: DemoContext) -> dict | None:
     """Quote the last `sempar bench` (real EP execution); the demo does not run it."""
-    from sempar.runtime.bench import TABLE_HEADER, bench_table_rows, last_bench_result
+    from sempar.bench import TABLE_HEADER, bench_table_rows, last_bench_result
 
     ctx.report.heading("Real expert-parallel execution (last `sempar bench`)")
     res = last_bench_result()

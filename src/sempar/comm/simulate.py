@@ -185,7 +185,9 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
         X = ntok * H
         for step in pipeline.steps:
             if step in ("AR", "RS", "AG"):
-                if step == "AG" and pipeline.name.startswith("smoe") and not opts.count_sag:
+                # the AG closing a pipeline that reduce-scattered its attention output is
+                # s-MoE's shuffled AG, the one count_sag=False leaves out (pipelines.py)
+                if step == "AG" and "RS" in pipeline.steps and not opts.count_sag:
                     continue
                 secs[:, l, 3] += ring_seconds(topo, step, X)
                 pair_bytes[l, 3] += ring_pairs(step, G, X.sum())

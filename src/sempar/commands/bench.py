@@ -1,5 +1,6 @@
 """`sempar bench`: real expert-parallel prefill of the tiny 64-expert model, vanilla vs exflow vs
-sempar, on the namespace testbed (root) or over loopback (sempar.runtime.bench)."""
+sempar, on the namespace testbed (root) or over loopback: the verb and its console table; the
+orchestration is `sempar.bench`, the execution `sempar.runtime`."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from sempar.errors import InputError
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench_cmd(
-        hosts: int = typer.Option(4, "--hosts", help="ranks (G): one per testbed host",
-                                   callback=bound(2, 64)),
+        ep: int = typer.Option(4, "--ep", "--hosts", help="devices (G, the EP degree): one rank "
+                                "per testbed host", callback=bound(2, 64)),
         preset: str = typer.Option("pcie-upi8", "--preset", help="testbed topology preset "
                                    "(pcie-upi8, a100x4-ib, or a topology JSON FILE) or `none` "
                                    "for loopback; without root / netns: loopback"),
@@ -30,7 +31,8 @@ def register(app: typer.Typer) -> None:
         repeats: int = typer.Option(3, "--repeats", help="timed forwards per batch (min)",
                                      callback=bound(1, 1000)),
         methods: str | None = typer.Option(None, "--methods", help="comma-separated subset of "
-                                           "vanilla, vanilla-tp, exflow, sempar-dp, sempar-tp"),
+                                           "vanilla, vanilla-tp, exflow, sempar-dp, sempar-tp, "
+                                           "sempar-tp-exact"),
         timeout: float = typer.Option(600.0, "--timeout", help="hard limit of the run, seconds",
                                       callback=POSITIVE_SECONDS),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -38,11 +40,12 @@ def register(app: typer.Typer) -> None:
                                   "trace: tiny-moe64, or tiny-moe64-h8 (8 heads: TP at G = 8) once "
                                   "scripts/make-dev-assets.sh has built it"),
     ) -> None:
-        """MoE-layer and forward time, bytes (measured and predicted), LAR and logit error per
-        method; the result is also saved for `sempar demo` ($SEMPAR_BENCH_RESULT)."""
+        """MoE-block, attention-collective, layer and forward time, bytes (measured and
+        predicted), LAR and logit error per method; the result is also saved for `sempar demo`
+        ($SEMPAR_BENCH_RESULT)."""
         from sempar.cli import emit_json
         from sempar.commands.testbed import fail_env
-        from sempar.runtime.bench import run_bench
+        from sempar.bench import run_bench
         from sempar.runtime.dist import RankFailure
         from sempar.testbed.netns import TestbedError
 
@@ -51,7 +54,7 @@ def register(app: typer.Typer) -> None:
         ms = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
         progress = None if as_json else (lambda s: sys.stderr.write(s + "\n"))
         try:
-            res = run_bench(hosts, preset, scale, batches, batch_size, seq, repeats, ms,
+            res = run_bench(ep, preset, scale, batches, batch_size, seq, repeats, ms,
                             model=model, timeout_s=timeout, progress=progress)
         except (TestbedError, RankFailure) as e:
             fail_env(e)
@@ -65,7 +68,7 @@ def print_table(res: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from sempar.runtime.bench import TABLE_HEADER, bench_table_rows
+    from sempar.bench import TABLE_HEADER, bench_table_rows
 
     where = (f"testbed {res['preset']} x {res['scale']:g}" if res["preset"] else "loopback")
     t = Table(title=f"sempar bench: {res['model']}, G={res['hosts']}, {where}, "
@@ -76,7 +79,7 @@ def print_table(res: dict) -> None:
     for row in bench_table_rows(res):
         t.add_row(*row)
     con = Console()
-    con.width = max(con.width, 132)
+    con.width = max(con.width, 150)
     con.print(t)
     for m, why in res.get("skipped", {}).items():
         print(f"skipped {m}: {why}")

@@ -1,18 +1,32 @@
-"""The four execution modes: one forward (prefill) of a batch of equal-length requests.
+"""Runtime modes: one dispatcher class per mode behind `Dispatcher`, registered by name in
+`DISPATCHERS`, each naming the simulator pipeline (comm/pipelines.py) whose bytes it sends.
+
+Notation (every dispatcher):
+
+    G ranks, this one `me`; L MoE layers; a batch of B requests x S positions, T = B * S tokens,
+    token t = request t // S, position t % S (input_ids int64[B, S]); H hidden; N experts; top-k
+    x      float32[n, H]  the residual stream of the n tokens this rank holds
+    a      float32[n, H]  attention output (TP: this rank's partial sum over its heads)
+    m      float32[n, H]  MoE input, post_attention_layernorm(x + a)
+    ids    int64[n, k]    the model's router on m, w float32[n, k] its weights
+    serve  int64[G, N]    serving device of expert e for a token homed on g (`serving_table`)
+    home   the rank that holds a token while its MoE block runs (the simulator's homes)
 
 All modes drive the HF model's own submodules (embeddings, rotary, per decoder layer
 input_layernorm / self_attn / post_attention_layernorm / router `mlp.gate`, final norm, lm_head)
 in the decoder layer's order, replacing only the routed experts (local ones, `LocalExperts`) and
-adding the collectives. The router is the model's, unchanged, run on every rank for the tokens
-it holds. Token t of the batch is request t // S, position t % S (input_ids int64[B, S]).
+adding the collectives. The dispatch prologue every mode shares (`Dispatcher.moe_block`, after
+Megatron-core's token dispatchers: one base class, the layouts in subclasses): norm, the model's
+router on the tokens this rank holds, then the one-shot de-duplicated dispatch, the local
+experts and the combine (`dispatch.ep_moe`; exflow's chained variant).
 
-| mode | attention | per MoE layer | token home (simulator pipeline) |
-| --- | --- | --- | --- |
-| `attn-dp` | DP: rank r runs its requests | dispatch -> combine (dedup, one-shot) | request rank (`sglang-ep`) |
-| `tp-allreduce` | TP (heads split) | AR -> dispatch -> combine -> AG | contiguous chunk (`ds-moe`) |
-| `tp-rebatch` | TP | shuffled RS -> dispatch -> combine -> deferred shuffled AG (Sem-MoE §3.4, Alg. 3) | re-batched chunk (`smoe`) |
-| `tp-exact` | TP | AR of [T, N] partial router logits (`prerouting`) -> shuffled RS -> dispatch -> combine -> shuffled AG (ours, issue 16) | capacity-aligned home of the pre-routed experts (`smoe-exact`) |
-| `exflow` | context-coherent | context AG -> dispatch -> partial combine to the top-1 device (ExFlow §IV-A) | layer 0: request rank; then top-1 device (`exflow`) |
+| mode | class | attention | per MoE layer | token home (pipeline) |
+| --- | --- | --- | --- | --- |
+| `attn-dp` | `AttnDP` | DP: rank r runs its requests | dispatch -> combine (dedup, one-shot) | request rank (`sglang-ep`) |
+| `tp-allreduce` | `TPAllReduce` | TP (heads split) | AR -> dispatch -> combine -> AG | contiguous chunk (`ds-moe`) |
+| `tp-rebatch` | `TPRebatch` | TP | shuffled RS -> dispatch -> combine -> deferred shuffled AG (Sem-MoE §3.4, Alg. 3) | re-batched chunk (`smoe`) |
+| `tp-exact` | `TPExact` | TP | AR of [T, N] partial router logits (`prerouting`) -> shuffled RS -> dispatch -> combine -> shuffled AG (ours, issue 16) | capacity-aligned home of the pre-routed experts (`smoe-exact`) |
+| `exflow` | `ExFlow` | context-coherent | context AG -> dispatch -> partial combine to the top-1 device (ExFlow §IV-A) | layer 0: request rank; then top-1 device (`exflow`) |
 
 tp-exact: every rank turns its partial attention output (rank 0 adds the residual) into partial
 router logits W(w ⊙ p) (`schedule.prerouter`), all-reduces them (every rank then holds bitwise the
@@ -20,29 +34,37 @@ same [T, N]), selects each token's top-k, and homes it with the capacity-bound o
 (`capacity_home`, the whole forward batch as one tp batch); the router then runs as usual on the
 home rank, so the output is the same as every other mode's.
 
-Logits (float32[B, S, V]) are computed on rank 0 from the final hidden states; the DP and
-exflow modes gather them there first (collective `output`).
-
 exflow in a prefill: a token's attention needs the keys of its context at the same layer, whose
 hidden states sit on other ranks, so the runtime all-gathers the held hidden states (+ their
 global index) at every layer (`context-ag`); ExFlow's paper all-gathers once per decode
-iteration (the simulator charges that once, at the last layer).
+iteration.
+
+Logits (float32[B, S, V]) are computed on rank 0 from the final hidden states; the DP and
+exflow modes gather them there first (collective `output`).
+
+Timings (`Dispatcher.clock`, float64[L] seconds per layer and bucket on this rank, one forward):
+`layer` the whole decoder layer; `moe_block` the router, dispatch, experts and combine;
+`attn_comm` the collectives of the attention side: AR / RS / AG (TP), `context-ag` (exflow) and
+tp-exact's `prerouting` all-reduce (a collective outside the MoE block that the homes need).
 """
 
 from __future__ import annotations
 
-import copy
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Iterator
 
+import numpy as np
 import torch
 
-from sempar.errors import InputError
+from sempar.registry import Registry
 from sempar.runtime.dispatch import Comm, ep_moe, ep_moe_chained, serving_table
+from sempar.runtime.tp import tp_attention
 from sempar.schedule.prerouter import capacity_home, device_hits, prerouters
 from sempar.schedule.rebatch import REBATCHERS, equal_chunks, plan_from_home
 
-MODES = ("attn-dp", "tp-allreduce", "tp-rebatch", "tp-exact", "exflow")
+CLOCKS = ("layer", "moe_block", "attn_comm")
 
 
 @dataclass
@@ -58,67 +80,58 @@ class Batch:
     priority: torch.Tensor | None = None
 
 
-def tp_attention(attn: Any, rank: int, world: int, num_heads: int, num_kv: int) -> Any:
-    """A copy of the attention module holding rank's heads (Megatron TP): q/k/v rows and o_proj
-    columns of its heads; KV heads are replicated when world > num_kv. Its output is a partial
-    sum over heads (to be all-reduced / reduce-scattered)."""
-    if num_heads % world:
-        raise InputError(f"tensor parallelism: {num_heads} attention heads do not split over "
-                         f"{world} ranks")
-    hd = attn.head_dim
-    per = num_heads // world
-    groups = num_heads // num_kv
-    q_heads = list(range(rank * per, (rank + 1) * per))
-    kv_heads = sorted({h // groups for h in q_heads})
-    if per % len(kv_heads):
-        raise InputError(f"tensor parallelism: {per} query heads per rank do not share "
-                         f"{len(kv_heads)} KV heads evenly")
-    a = copy.deepcopy(attn)
+class LayerClock:
+    """Seconds per layer in the buckets of `CLOCKS` (float64[L] each), summed over the sections
+    timed; on CUDA the device is synchronised at both ends of a section."""
 
-    def rows(heads: list[int]) -> torch.Tensor:
-        return torch.cat([torch.arange(h * hd, (h + 1) * hd) for h in heads])
+    def __init__(self, num_layers: int, device: torch.device):
+        self.sync = device.type == "cuda"
+        self.seconds = {k: np.zeros(num_layers) for k in CLOCKS}
 
-    q, kv = rows(q_heads), rows(kv_heads)
-    with torch.no_grad():
-        for name, r in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-            lin = getattr(a, name)
-            lin.weight = torch.nn.Parameter(lin.weight[r].clone())
-            if lin.bias is not None:
-                lin.bias = torch.nn.Parameter(lin.bias[r].clone())
-        a.o_proj.weight = torch.nn.Parameter(a.o_proj.weight[:, q].clone())
-        if a.o_proj.bias is not None and rank != 0:
-            a.o_proj.bias = torch.nn.Parameter(torch.zeros_like(a.o_proj.bias))
-    a.num_key_value_groups = per // len(kv_heads)
-    return a
+    @contextmanager
+    def __call__(self, bucket: str, layer: int) -> Iterator[None]:
+        if self.sync:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync:
+                torch.cuda.synchronize()
+            self.seconds[bucket][layer] += time.perf_counter() - t0
 
 
-class Runner:
-    """One rank's view of the model for one mode. experts: LocalExperts per MoE layer."""
+class Dispatcher:
+    """One rank's view of the model for one mode. experts: LocalExperts per MoE layer.
+    Subclasses set `pipeline` (the simulator pipeline of the same bytes) and `tensor_parallel`
+    and implement `run_layers(ids, batch)`: the decoder layers, returning the final hidden states
+    float32[T, H] on rank 0 (None elsewhere where only rank 0 gathers them)."""
 
-    def __init__(self, model: Any, experts: list, placement: Any, comm: Comm, mode: str,
+    name: ClassVar[str]
+    pipeline: ClassVar[str]
+    tensor_parallel: ClassVar[bool] = False
+
+    def __init__(self, model: Any, experts: list, placement: Any, comm: Comm,
                  rebatch: str = "align"):
-        if mode not in MODES:
-            raise InputError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
-        self.model, self.experts, self.comm, self.mode = model, experts, comm, mode
+        self.model, self.experts, self.comm = model, experts, comm
         self.cfg = model.config
         self.inner = model.model
         self.layers = list(self.inner.layers)
         self.rebatch = rebatch
         self.serve = [serving_table(placement, l, comm.device) for l in range(len(self.layers))]
-        if mode.startswith("tp"):
+        if self.tensor_parallel:
             nh, nkv = self.cfg.num_attention_heads, self.cfg.num_key_value_heads
             self.attn = [tp_attention(ly.self_attn, comm.rank, comm.world, nh, nkv)
                          for ly in self.layers]
         else:
             self.attn = [ly.self_attn for ly in self.layers]
-        if mode == "tp-exact":
-            self.pre = prerouters(model)
-            self.hosts = [torch.as_tensor(placement.hosts()[l]).to(comm.device)
-                          for l in range(len(self.layers))]
-        self.timings: list[float] = [0.0] * len(self.layers)
+        self.clock = LayerClock(len(self.layers), comm.device)
 
-    # ------------------------------------------------------------------ helpers
-    def _attend(self, l: int, x: torch.Tensor) -> torch.Tensor:
+    def reset_clock(self) -> None:
+        self.clock = LayerClock(len(self.layers), self.comm.device)
+
+    # ------------------------------------------------------------------ shared steps
+    def attend(self, l: int, x: torch.Tensor) -> torch.Tensor:
         """x: float32[b, S, H] -> attention output [b, S, H] (partial over heads in TP)."""
         if x.shape[0] == 0:
             return torch.zeros_like(x)
@@ -131,7 +144,7 @@ class Runner:
         h = self.layers[l].input_layernorm(x)
         return self.attn[l](hidden_states=h, position_embeddings=pe, attention_mask=mask)[0]
 
-    def _route(self, l: int, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(self, l: int, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's router on m float32[n, H]: (ids int64[n, k], weights float32[n, k])."""
         gate = self.layers[l].mlp.gate
         if m.shape[0] == 0:
@@ -141,16 +154,22 @@ class Runner:
         _, w, ids = gate(m)
         return ids.long(), w.to(m.dtype)
 
-    def _moe(self, l: int, r: torch.Tensor) -> torch.Tensor:
-        """r: float32[n, H] residual after attention -> r + MoE(post_norm(r))."""
+    def prologue(self, l: int, r: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The dispatch prologue: r float32[n, H] residual after attention -> (m the MoE input
+        post_attention_layernorm(r), ids int64[n, k], w float32[n, k] the model's router on m)."""
         m = self.layers[l].post_attention_layernorm(r) if r.shape[0] else r
-        ids, w = self._route(l, m)
-        return r + ep_moe(m, ids, w, self.serve[l], self.experts[l], self.comm, l)
+        ids, w = self.route(l, m)
+        return m, ids, w
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(self.inner.norm(x))
+    def moe_block(self, l: int, r: torch.Tensor) -> torch.Tensor:
+        """The EP MoE block, timed as `moe_block`: r float32[n, H] -> r + MoE(m), the output
+        back on this rank (dispatch, local experts, combine: `dispatch.ep_moe`)."""
+        with self.clock("moe_block", l):
+            m, ids, w = self.prologue(l, r)
+            return r + ep_moe(m, ids, w, self.serve[l], self.experts[l], self.comm, l)
 
-    def _gather_output(self, x: torch.Tensor, gid: torch.Tensor, T: int) -> torch.Tensor | None:
+    def gather_output(self, x: torch.Tensor, gid: torch.Tensor, T: int) -> torch.Tensor | None:
         """Send (gid, x) rows to rank 0; there, float32[T, H] in global token order."""
         G, me = self.comm.world, self.comm.rank
         rows = torch.cat([gid.to(torch.int32).view(torch.float32)[:, None].to(x.dtype), x], 1)
@@ -162,134 +181,173 @@ class Runner:
         out[got[:, 0].contiguous().view(torch.int32).long()] = got[:, 1:]
         return out
 
-    # ------------------------------------------------------------------ modes
     @torch.no_grad()
     def forward(self, batch: Batch) -> torch.Tensor | None:
         """Logits float32[B, S, V] on rank 0, None elsewhere."""
         ids = batch.input_ids.to(self.comm.device)
         B, S = ids.shape
-        fn = {"attn-dp": self._dp, "tp-allreduce": self._tp_ar, "tp-rebatch": self._tp_rebatch,
-              "tp-exact": self._tp_exact, "exflow": self._exflow}[self.mode]
-        x = fn(ids, batch)
+        x = self.run_layers(ids, batch)
         if x is None:
             return None
-        return self._logits(x.view(B, S, self.cfg.hidden_size))
+        return self.model.lm_head(self.inner.norm(x.view(B, S, self.cfg.hidden_size)))
 
-    def _timed(self, l: int, t0: float) -> None:
-        import time
+    def run_layers(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor | None:
+        raise NotImplementedError
 
-        self.timings[l] += time.perf_counter() - t0
 
-    def _dp(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor | None:
-        import time
+DISPATCHERS: Registry[type[Dispatcher]] = Registry("runtime mode")
 
+
+def _mode(name: str, pipeline: str, tensor_parallel: bool = False):
+    def deco(cls: type[Dispatcher]) -> type[Dispatcher]:
+        cls.name, cls.pipeline, cls.tensor_parallel = name, pipeline, tensor_parallel
+        return DISPATCHERS.add(name, cls)
+
+    return deco
+
+
+def request_tokens(batch: Batch, rank: int, S: int, device: torch.device
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mine int64[b] the requests of `rank`, gid int64[b * S] their tokens' global index)."""
+    mine = (batch.request_rank.to(device) == rank).nonzero()[:, 0]
+    return mine, (mine[:, None] * S + torch.arange(S, device=device)[None]).reshape(-1)
+
+
+@_mode("attn-dp", "sglang-ep")
+class AttnDP(Dispatcher):
+    """Attention DP: rank r runs the attention of its requests, then the EP MoE block."""
+
+    def run_layers(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor | None:
         B, S = ids.shape
-        mine = (batch.request_rank.to(ids.device) == self.comm.rank).nonzero()[:, 0]
+        mine, gid = request_tokens(batch, self.comm.rank, S, ids.device)
         x = self.inner.embed_tokens(ids[mine])                          # [b, S, H]
         H = x.shape[-1]
         for l in range(len(self.layers)):
-            t0 = time.perf_counter()
-            r = x + self._attend(l, x)
-            x = self._moe(l, r.reshape(-1, H)).view(r.shape)
-            self._timed(l, t0)
-        gid = (mine[:, None] * S + torch.arange(S, device=ids.device)[None]).reshape(-1)
-        return self._gather_output(x.reshape(-1, H), gid, B * S)
+            with self.clock("layer", l):
+                r = x + self.attend(l, x)
+                x = self.moe_block(l, r.reshape(-1, H)).view(r.shape)
+        return self.gather_output(x.reshape(-1, H), gid, B * S)
 
-    def _tp_ar(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor:
-        import time
 
+@_mode("tp-allreduce", "ds-moe", tensor_parallel=True)
+class TPAllReduce(Dispatcher):
+    """Attention TP: all-reduce the attention output, each rank the MoE block of its contiguous
+    chunk (the simulator's home_tp_contiguous: token i -> i * G // T), all-gather the chunks."""
+
+    def run_layers(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor:
         B, S = ids.shape
         T, G, me = B * S, self.comm.world, self.comm.rank
         H = self.cfg.hidden_size
         x = self.inner.embed_tokens(ids).reshape(T, H)                  # replicated
-        # contiguous chunks, the simulator's home_tp_contiguous: token i -> i * G // T
         dev = torch.arange(T, device=ids.device) * G // max(T, 1)
         chunks = torch.bincount(dev, minlength=G).tolist()
         lo = sum(chunks[:me])
         for l in range(len(self.layers)):
-            t0 = time.perf_counter()
-            a = self.comm.all_reduce(self._attend(l, x.view(B, S, H)).reshape(T, H), l)
-            r = x + a
-            y = self._moe(l, r[lo:lo + chunks[me]])
-            x, _ = self.comm.all_gather_v(y, l, "all-gather", chunks)
-            self._timed(l, t0)
+            with self.clock("layer", l):
+                a_part = self.attend(l, x.view(B, S, H)).reshape(T, H)
+                with self.clock("attn_comm", l):
+                    a = self.comm.all_reduce(a_part, l)
+                y = self.moe_block(l, (x + a)[lo:lo + chunks[me]])
+                with self.clock("attn_comm", l):
+                    x, _ = self.comm.all_gather_v(y, l, "all-gather", chunks)
         return x
 
-    def _tp_rebatch(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """Sem-MoE Alg. 3: re-batch by the predicted device, shuffled reduce-scatter (each rank
-        gets the summed attention output of its re-batched chunk), MoE, deferred shuffled
-        all-gather, tokens resumed to their order."""
-        T = ids.numel()
-        plan_fn = REBATCHERS.get(self.rebatch)
 
-        def plan(l: int, x: torch.Tensor, a_part: torch.Tensor):
-            target = (batch.targets[l].to(ids.device) if batch.targets is not None
-                      else torch.full((T,), -1, dtype=torch.int64, device=ids.device))
-            prio = batch.priority[l].to(ids.device) if batch.priority is not None else None
-            return plan_fn(target, self.comm.world, prio)
+class Shuffled(Dispatcher):
+    """The shuffled TP layer: per layer a re-batching plan (`plan(l, x, a_part)`), the
+    reduce-scatter of the attention output in plan order, the MoE block of this rank's chunk,
+    the deferred shuffled all-gather, tokens resumed to their order (Sem-MoE §3.4, Alg. 3)."""
 
-        return self._tp_shuffled(ids, plan)
+    def plan(self, l: int, x: torch.Tensor, a_part: torch.Tensor, batch: Batch):
+        raise NotImplementedError
 
-    def _tp_exact(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """Exact pre-routing (schedule.prerouter): all-reduce the partial router logits, home
-        every token by its real experts, then the shuffled RS / MoE / shuffled AG of tp-rebatch."""
-        G = self.comm.world
-
-        def plan(l: int, x: torch.Tensor, a_part: torch.Tensor):
-            pre = self.pre[l]
-            z = self.comm.all_reduce(pre.partial_logits(a_part + x if self.comm.rank == 0
-                                                        else a_part), l, "prerouting")
-            eids = pre.select(z, None if pre.exact else pre.residual_scale(x))
-            home = capacity_home(device_hits(eids, self.hosts[l]))
-            return plan_from_home(home, equal_chunks(home.shape[0], G, home.device))
-
-        return self._tp_shuffled(ids, plan)
-
-    def _tp_shuffled(self, ids: torch.Tensor, plan_of) -> torch.Tensor:
-        """The shuffled tp layer loop; plan_of(l, x [T, H], partial attention [T, H]) -> plan."""
-        import time
-
+    def run_layers(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor:
         B, S = ids.shape
         T, me = B * S, self.comm.rank
         H = self.cfg.hidden_size
         x = self.inner.embed_tokens(ids).reshape(T, H)
         for l in range(len(self.layers)):
-            t0 = time.perf_counter()
-            a_full = self._attend(l, x.view(B, S, H)).reshape(T, H)
-            plan = plan_of(l, x, a_full)
-            chunks = plan.chunk_sizes.tolist()
-            off = sum(chunks[:me])
-            a = self.comm.reduce_scatter_v(a_full.index_select(0, plan.perm), chunks, l,
-                                           "reduce-scatter")
-            rows = plan.perm[off:off + chunks[me]]
-            y = self._moe(l, x.index_select(0, rows) + a)
-            xs, _ = self.comm.all_gather_v(y, l, "all-gather", chunks)
-            x = xs.index_select(0, plan.inverse)
-            self._timed(l, t0)
+            with self.clock("layer", l):
+                a_full = self.attend(l, x.view(B, S, H)).reshape(T, H)
+                plan = self.plan(l, x, a_full, batch)
+                chunks = plan.chunk_sizes.tolist()
+                off = sum(chunks[:me])
+                with self.clock("attn_comm", l):
+                    a = self.comm.reduce_scatter_v(a_full.index_select(0, plan.perm), chunks, l,
+                                                   "reduce-scatter")
+                rows = plan.perm[off:off + chunks[me]]
+                y = self.moe_block(l, x.index_select(0, rows) + a)
+                with self.clock("attn_comm", l):
+                    xs, _ = self.comm.all_gather_v(y, l, "all-gather", chunks)
+                x = xs.index_select(0, plan.inverse)
         return x
 
-    def _exflow(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor | None:
-        import time
 
+@_mode("tp-rebatch", "smoe", tensor_parallel=True)
+class TPRebatch(Shuffled):
+    """Sem-MoE Alg. 3: re-batch by the predicted device (batch.targets, their priority)."""
+
+    def plan(self, l: int, x: torch.Tensor, a_part: torch.Tensor, batch: Batch):
+        T = x.shape[0]
+        target = (batch.targets[l].to(x.device) if batch.targets is not None
+                  else torch.full((T,), -1, dtype=torch.int64, device=x.device))
+        prio = batch.priority[l].to(x.device) if batch.priority is not None else None
+        return REBATCHERS.get(self.rebatch)(target, self.comm.world, prio)
+
+
+@_mode("tp-exact", "smoe-exact", tensor_parallel=True)
+class TPExact(Shuffled):
+    """Exact pre-routing (schedule.prerouter): all-reduce the partial router logits, home every
+    token by its real experts, then tp-rebatch's shuffled RS / MoE / shuffled AG."""
+
+    def __init__(self, model: Any, experts: list, placement: Any, comm: Comm,
+                 rebatch: str = "align"):
+        super().__init__(model, experts, placement, comm, rebatch)
+        self.pre = prerouters(model)
+        self.hosts = [torch.as_tensor(placement.hosts()[l]).to(comm.device)
+                      for l in range(len(self.layers))]
+
+    def plan(self, l: int, x: torch.Tensor, a_part: torch.Tensor, batch: Batch):
+        pre = self.pre[l]
+        with self.clock("attn_comm", l):
+            z = self.comm.all_reduce(pre.partial_logits(a_part + x if self.comm.rank == 0
+                                                        else a_part), l, "prerouting")
+        eids = pre.select(z, None if pre.exact else pre.residual_scale(x))
+        home = capacity_home(device_hits(eids, self.hosts[l]))
+        return plan_from_home(home, equal_chunks(home.shape[0], self.comm.world, home.device))
+
+
+@_mode("exflow", "exflow")
+class ExFlow(Dispatcher):
+    """ExFlow §IV-A: context-coherent attention (every rank gets every held token's hidden
+    state), then one dispatch; the token stays on its top-1 expert's device."""
+
+    def run_layers(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor | None:
         B, S = ids.shape
-        T = B * S
-        mine = (batch.request_rank.to(ids.device) == self.comm.rank).nonzero()[:, 0]
-        gid = (mine[:, None] * S + torch.arange(S, device=ids.device)[None]).reshape(-1)
-        H = self.cfg.hidden_size
+        T, H = B * S, self.cfg.hidden_size
+        mine, gid = request_tokens(batch, self.comm.rank, S, ids.device)
         x = self.inner.embed_tokens(ids[mine]).reshape(gid.numel(), H)
         for l in range(len(self.layers)):
-            t0 = time.perf_counter()
-            # context coherence: every rank gets every held token's hidden state
-            rows = torch.cat([gid.to(torch.int32).view(torch.float32)[:, None], x], 1)
-            got, _ = self.comm.all_gather_v(rows, l, "context-ag")
-            full = torch.empty((T, H), dtype=x.dtype, device=x.device)
-            full[got[:, 0].contiguous().view(torch.int32).long()] = got[:, 1:]
-            a = self._attend(l, full.view(B, S, H)).reshape(T, H)
-            r = x + a.index_select(0, gid)
-            norm = self.layers[l].post_attention_layernorm
-            m = norm(r) if r.shape[0] else r
-            eids, w = self._route(l, m)
-            x, gid = ep_moe_chained(r, gid, eids, w, self.serve[l], self.experts[l], self.comm,
-                                    l, norm)
-            self._timed(l, t0)
-        return self._gather_output(x, gid, T)
+            with self.clock("layer", l):
+                rows = torch.cat([gid.to(torch.int32).view(torch.float32)[:, None], x], 1)
+                with self.clock("attn_comm", l):
+                    got, _ = self.comm.all_gather_v(rows, l, "context-ag")
+                full = torch.empty((T, H), dtype=x.dtype, device=x.device)
+                full[got[:, 0].contiguous().view(torch.int32).long()] = got[:, 1:]
+                a = self.attend(l, full.view(B, S, H)).reshape(T, H)
+                r = x + a.index_select(0, gid)
+                with self.clock("moe_block", l):
+                    _, eids, w = self.prologue(l, r)
+                    x, gid = ep_moe_chained(r, gid, eids, w, self.serve[l], self.experts[l],
+                                            self.comm, l, self.layers[l].post_attention_layernorm)
+        return self.gather_output(x, gid, T)
+
+
+MODES = tuple(DISPATCHERS.names())
+
+
+def dispatcher(mode: str, model: Any, experts: list, placement: Any, comm: Comm,
+               rebatch: str = "align") -> Dispatcher:
+    """The registered dispatcher of `mode` for this rank (InputError naming the modes if
+    unknown)."""
+    return DISPATCHERS.get(mode)(model, experts, placement, comm, rebatch)

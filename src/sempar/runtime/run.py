@@ -19,15 +19,19 @@ one_shot=True), a uniform topology, the same homes), tested equal per layer and 
   direct all-to-all RS / AG (per-rank totals equal the ring's with equal chunks; per pair they
   spread over all peers where the simulator puts them on the ring successor).
 
-`rank_main(rank, world, port, specs)` is the per-process entry: `launch` spawns it locally; the
-testbed can run it in network namespaces (spec.addr / MASTER_ADDR the rendezvous address).
+Per-process entries: `rank_main(rank, world, port, specs)`, which `launch` spawns locally, and
+`testbed_rank(rank, world, specs_path, out_path)`, which `testbed.launch` runs in the network
+namespaces of the testbed or over loopback (`sempar bench`). `res.seconds("moe_block")` and
+`res.rank_seconds` give the per-layer times of `modes.CLOCKS` (max over ranks / per rank).
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,6 +72,19 @@ class RunResult:
     world: int
     mode: str
     info: dict = field(default_factory=dict)
+    # {bucket: float64[G, L]} per rank (min over repeats), buckets modes.CLOCKS: layer,
+    # moe_block (router, dispatch, experts, combine), attn_comm (attention-side collectives)
+    rank_seconds: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def from_rank0(cls, r: dict, world: int, mode: str) -> "RunResult":
+        """From rank 0's dict of `_run_one`."""
+        return cls(r["logits"], r["bytes"], r["rank_seconds"]["layer"].max(axis=0),
+                   r["forward_seconds"], world, mode, rank_seconds=r["rank_seconds"])
+
+    def seconds(self, bucket: str) -> np.ndarray:
+        """float64[L]: the bucket's seconds per layer, max over ranks."""
+        return self.rank_seconds[bucket].max(axis=0)
 
     def total(self, name: str | None = None) -> int:
         return int(sum(v.sum() for (l, n), v in self.bytes.items() if name in (None, n)))
@@ -101,22 +118,46 @@ def _inject(comm, fault: dict | None) -> None:
 
 
 def rank_main(rank: int, world: int, port: int | None, specs: list[RunSpec]) -> list | None:
-    """One rank: join the group, then per spec load the model's weights (once per model) and
-    this rank's experts and run the forward(s); rank 0 returns one dict per spec
-    {"logits", "bytes", "layer_seconds", "forward_seconds"}, the others None."""
+    """One rank: join the group, then run every spec in turn (`run_specs`)."""
+    device = init(rank, world, port, specs[0].addr, max(s.timeout for s in specs))
+    return run_specs(rank, world, device, specs)
+
+
+def testbed_rank(rank: int, world: int, specs_path: str, out_path: str) -> dict | None:
+    """One testbed / loopback rank of `testbed.launch` (process group already up, gloo, CPU):
+    run every RunSpec of the pickle at `specs_path` after one untimed warm-up forward (allocator,
+    lazy imports); rank 0 pickles its list of result dicts to `out_path`."""
+    specs = pickle.loads(Path(specs_path).read_bytes())
+    out = run_specs(rank, world, torch.device("cpu"), specs, warmup=True)
+    if rank != 0:
+        return None
+    tmp = Path(out_path + ".tmp")
+    tmp.write_bytes(pickle.dumps(out))
+    os.replace(tmp, out_path)
+    return {"specs": len(specs)}
+
+
+def run_specs(rank: int, world: int, device: torch.device, specs: list[RunSpec],
+              warmup: bool = False) -> list | None:
+    """Per spec load the model's weights (once per model) and this rank's experts and run the
+    forward(s); rank 0 returns one dict per spec {"logits", "bytes", "rank_seconds",
+    "forward_seconds"}, the others None. warmup: one untimed forward of the first spec first."""
     import copy
+    import dataclasses
 
     from transformers.utils import logging as hf_logging
 
     from sempar.trace.record import load_model
 
     hf_logging.disable_progress_bar()
-    device = init(rank, world, port, specs[0].addr, max(s.timeout for s in specs))
     models: dict[str, Any] = {}
     out = []
-    for spec in specs:
+    for i, spec in enumerate(specs):
         if spec.model not in models:
             models[spec.model] = load_model(spec.model).to(device)
+        if warmup and i == 0:
+            _run_one(rank, world, device, copy.deepcopy(models[spec.model]),
+                     dataclasses.replace(spec, repeats=1))
         out.append(_run_one(rank, world, device, copy.deepcopy(models[spec.model]), spec))
     return out if rank == 0 else None
 
@@ -127,7 +168,7 @@ def _run_one(rank: int, world: int, device: torch.device, model: Any, spec: RunS
     from sempar.errors import InputError
     from sempar.runtime.dispatch import Comm
     from sempar.runtime.experts import load_local_experts
-    from sempar.runtime.modes import Batch, Runner
+    from sempar.runtime.modes import CLOCKS, Batch, dispatcher
 
     placement = spec.placement.validate()
     if placement.num_devices != world:
@@ -135,23 +176,23 @@ def _run_one(rank: int, world: int, device: torch.device, model: Any, spec: RunS
     experts = load_local_experts(model, placement, rank)
     comm = Comm(rank, world, device, spec.timeout)
     _inject(comm, spec.fault)
-    runner = Runner(model, experts, placement, comm, spec.mode, spec.rebatch)
+    runner = dispatcher(spec.mode, model, experts, placement, comm, spec.rebatch)
     B = spec.input_ids.shape[0]
     rr = spec.request_rank if spec.request_rank is not None else torch.arange(B) % world
     batch = Batch(spec.input_ids.long(), torch.as_tensor(rr).long(), spec.targets, spec.priority)
-    logits, layer_s, fwd_s = None, None, None
+    logits, secs, fwd_s = None, None, None
     for rep in range(max(1, spec.repeats)):
-        runner.timings = [0.0] * len(runner.layers)
+        runner.reset_clock()
         t0 = time.perf_counter()
         res = runner.forward(batch)
         dt = time.perf_counter() - t0
         if rep == 0:
             logits, counted = res, {key: v.copy() for key, v in comm.bytes.items()}
-        ls = np.asarray(runner.timings)
-        layer_s = ls if layer_s is None else np.minimum(layer_s, ls)
+        got = runner.clock.seconds
+        secs = got if secs is None else {k: np.minimum(secs[k], got[k]) for k in CLOCKS}
         fwd_s = dt if fwd_s is None else min(fwd_s, dt)
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, (counted, layer_s, fwd_s))
+    dist.all_gather_object(gathered, (counted, secs, fwd_s))
     if rank != 0:
         return None
     full = {}
@@ -162,7 +203,7 @@ def _run_one(rank: int, world: int, device: torch.device, model: Any, spec: RunS
                 m[src] = g[0][key]
         full[key] = m
     return {"logits": None if logits is None else logits.cpu(), "bytes": full,
-            "layer_seconds": np.max([g[1] for g in gathered], axis=0),
+            "rank_seconds": {k: np.stack([g[1][k] for g in gathered]) for k in CLOCKS},
             "forward_seconds": float(max(g[2] for g in gathered))}
 
 
@@ -175,8 +216,7 @@ def run_many(specs: list[RunSpec], world: int, deadline: float = 300.0,
     timeout = max(s.timeout for s in specs)
     res = launch(rank_main, world, (list(specs),), deadline=deadline,
                  grace=timeout + 10 if grace is None else grace, threads=threads)[0]
-    return [RunResult(r["logits"], r["bytes"], r["layer_seconds"], r["forward_seconds"], world,
-                      s.mode) for r, s in zip(res, specs)]
+    return [RunResult.from_rank0(r, world, s.mode) for r, s in zip(res, specs)]
 
 
 def run(spec: RunSpec, world: int, deadline: float = 180.0, grace: float | None = None,

@@ -1,0 +1,150 @@
+"""What `sempar bench` runs: its methods (placement, runtime mode, scheduling), the RunSpecs of a
+benchmark, and the comm simulator's prediction for each run.
+
+| name | placement | runtime mode | scheduling |
+| --- | --- | --- | --- |
+| `vanilla` | contiguous experts | attn-dp | requests round-robin |
+| `vanilla-tp` | contiguous experts | tp-allreduce | contiguous chunks |
+| `exflow` | exflow (ILP) | exflow | requests round-robin |
+| `sempar-dp` | semmoe | attn-dp | requests by Sem-MoE Alg. 2 |
+| `sempar-tp` | semmoe | tp-rebatch | targets from `OnlineScheduler.predict` |
+| `sempar-tp-exact` | semmoe | tp-exact | exact pre-routing (`schedule.prerouter`) |
+
+A method's simulator pipeline is its runtime mode's (`runtime.modes.DISPATCHERS`): bench and
+the simulator read one table. `vanilla` (attention DP + EP, SGLang's default) is the baseline of
+every time ratio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from sempar.bench.inputs import batch_trace, load_dev, reference, tp_ok
+from sempar.registry import Registry
+from sempar.runtime.modes import DISPATCHERS
+
+
+@dataclass(frozen=True)
+class Method:
+    """placement: solver name; mode: runtime mode; scheduling: round-robin | contiguous | alg2 |
+    online | exact."""
+
+    placement: str
+    mode: str
+    scheduling: str
+
+    @property
+    def pipeline(self) -> str:
+        return DISPATCHERS.get(self.mode).pipeline
+
+    @property
+    def tensor_parallel(self) -> bool:
+        return DISPATCHERS.get(self.mode).tensor_parallel
+
+
+METHODS: Registry[Method] = Registry("bench method")
+for _name, _m in (("vanilla", Method("vanilla", "attn-dp", "round-robin")),
+                  ("vanilla-tp", Method("vanilla", "tp-allreduce", "contiguous")),
+                  ("exflow", Method("exflow", "exflow", "round-robin")),
+                  ("sempar-dp", Method("semmoe", "attn-dp", "alg2")),
+                  ("sempar-tp", Method("semmoe", "tp-rebatch", "online")),
+                  ("sempar-tp-exact", Method("semmoe", "tp-exact", "exact"))):
+    METHODS.add(_name, _m)
+BASELINE = "vanilla"
+
+
+def _uniform(G: int):
+    from sempar.comm.topology import Topology
+
+    return Topology("uniform", np.zeros(G, np.int32), np.zeros((G, G)),
+                    np.ones((G, G)) - np.eye(G))
+
+
+def _homes(mode: str, spec, L: int, experts: np.ndarray) -> np.ndarray:
+    from sempar.placement.metrics import home_tp_contiguous
+    from sempar.schedule.rebatch import plan_align
+
+    B, S = spec.input_ids.shape
+    T, G = B * S, spec.placement.num_devices
+    if mode in ("attn-dp", "exflow"):
+        rr = np.repeat(np.asarray(spec.request_rank), S)
+        return np.repeat(rr[:, None], L, axis=1).astype(np.int32)
+    if mode == "tp-allreduce":
+        return home_tp_contiguous(T, G, L, batch=T)
+    if mode == "tp-exact":
+        from sempar.schedule.prerouter import exact_homes
+
+        return exact_homes(torch.as_tensor(experts), torch.as_tensor(spec.placement.hosts()),
+                           T).numpy().astype(np.int32)
+    prio = spec.priority
+    return np.stack([plan_align(spec.targets[l], G, None if prio is None else prio[l])
+                     .home_device().numpy() for l in range(L)], axis=1).astype(np.int32)
+
+
+def predicted(spec, experts: np.ndarray, pipeline: str, hidden: int
+              ) -> tuple[float, float, float, float]:
+    """(dispatch bytes, combine bytes, LAR mean, pre-routing all-reduce bytes) of the comm
+    simulator for the run's homes."""
+    from sempar.comm.pipelines import PIPELINES
+    from sempar.comm.simulate import SimOptions, simulate
+
+    T, L, _ = experts.shape
+    G = spec.placement.num_devices
+    opts = SimOptions(hidden=hidden, dtype_bytes=4, batch=T, dedup=True, one_shot=True)
+    res = simulate(experts, _homes(spec.mode, spec, L, experts), spec.placement, _uniform(G),
+                   PIPELINES.get(pipeline), opts)
+    bpp = res["bytes_per_pair"]
+    return (float(bpp[:, 1].sum()), float(bpp[:, 2].sum()), float(res["total"]["lar_mean"]),
+            float(res["total"]["bytes_prerouting"]))
+
+
+def plan_specs(G: int, batches: list[torch.Tensor], methods: list[str], model: str,
+               repeats: int = 3, timeout: float = 60.0, progress=None):
+    """(specs, per-spec context {"method", "batch", "experts", "logits"}, fitted placements,
+    skipped {method: why}) of a benchmark: placements and online schedulers fitted on the dev
+    trace's fit split, one RunSpec per (batch, method)."""
+    from sempar.placement import solve
+    from sempar.runtime.run import RunSpec
+    from sempar.schedule.online import OnlineScheduler, model_embedding
+
+    say = progress or (lambda s: None)
+    fit, _ = load_dev(model)
+    skipped = {}
+    if not tp_ok(model, G):
+        for m in methods:
+            if METHODS.get(m).tensor_parallel:
+                skipped[m] = f"{model}'s attention heads do not split over {G} ranks"
+    methods = [m for m in methods if m not in skipped]
+    placements, scheds = {}, {}
+    for m in methods:
+        solver = METHODS.get(m).placement
+        if solver not in placements:
+            say(f"placement {solver} at G={G}")
+            placements[solver] = solve(solver, fit, G)
+        if METHODS.get(m).scheduling in ("alg2", "online") and solver not in scheds:
+            say(f"online schedulers for {solver}")
+            scheds[solver] = OnlineScheduler(oov=model_embedding(model)).fit(fit,
+                                                                             placements[solver])
+    specs, ctx = [], []
+    for bi, ids in enumerate(batches):
+        logits, experts = reference(model, ids)
+        tr = batch_trace(fit.meta, ids, experts)
+        B, S = ids.shape
+        for m in methods:
+            meth = METHODS.get(m)
+            solver, policy = meth.placement, meth.scheduling
+            rr, targets, prio = torch.arange(B) % G, None, None
+            if policy == "alg2":
+                rr = torch.from_numpy(scheds[solver].home_dp(tr, "alg2")[::S, 0].astype(np.int64))
+            elif policy == "online":
+                dev, conf = scheds[solver].predict(tr)
+                targets = torch.from_numpy(np.ascontiguousarray(dev.T).astype(np.int64))
+                prio = torch.from_numpy(np.ascontiguousarray(conf.T).astype(np.float32))
+            specs.append(RunSpec(model, ids, placements[solver], meth.mode, request_rank=rr,
+                                 targets=targets, priority=prio, timeout=timeout,
+                                 repeats=repeats))
+            ctx.append({"method": m, "batch": bi, "experts": experts, "logits": logits})
+    return specs, ctx, placements, skipped
