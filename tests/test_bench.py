@@ -1,8 +1,10 @@
-"""sempar bench (sempar.bench; sempar.runtime executes): a tiny loopback run at G = 2 checks the `bench --json`
-contract, measured bytes == the comm simulator's where the runtime matches it exactly (attn-dp
-vs sglang-ep, tp-allreduce vs ds-moe, tp-rebatch vs smoe, tp-exact vs smoe-exact; exflow: + 4 B per dispatched copy),
-lossless logits, LAR in (0, 1], the saved last result and the demo rows; a testbed run (root +
-netns) is marked slow and skipped elsewhere."""
+"""sempar bench (sempar.bench; sempar.runtime executes): a tiny loopback run at G = 2 checks the
+`bench --json` contract, the three times (MoE block and attention collectives within the layer,
+per rank and max over ranks), measured bytes == the comm simulator's where the runtime matches it
+exactly (attn-dp vs sglang-ep, tp-allreduce vs ds-moe, tp-rebatch vs smoe, tp-exact vs
+smoe-exact; exflow: + 4 B per dispatched copy), lossless logits, LAR in (0, 1], the saved last
+result and the demo rows; every runtime mode names a registered simulator pipeline; a testbed
+run (root + netns) is marked slow and skipped elsewhere."""
 
 from __future__ import annotations
 

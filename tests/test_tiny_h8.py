@@ -1,6 +1,6 @@
 """tiny-moe64-h8, the 8-head variant of tiny-moe64 (issue 19): its shape, its heads split over
 G = 8 ranks, and a G = 8 tensor-parallel forward through the runtime that reproduces the model's
-logits (both TP modes, vanilla placement). The runtime tests use the registered config with
+logits (the three TP modes, vanilla placement). The runtime tests use the registered config with
 seeded random weights (the runtime's losslessness does not depend on training); the packaged
 checkpoint is checked when it is installed."""
 
@@ -65,7 +65,8 @@ def test_tp_forward_g8_lossless(h8_dir):
     ids = torch.randint(2, 8192, (G, 12), generator=g)
     targets = torch.randint(-1, G, (L, ids.numel()), generator=g)
     specs = [RunSpec(h8_dir, ids, placement, "tp-allreduce"),
-             RunSpec(h8_dir, ids, placement, "tp-rebatch", targets=targets)]
+             RunSpec(h8_dir, ids, placement, "tp-rebatch", targets=targets),
+             RunSpec(h8_dir, ids, placement, "tp-exact")]
     ref = reference_logits(h8_dir, ids)
     for spec, r in zip(specs, run_many(specs, G, deadline=600)):
         assert r.logits.shape == ref.shape
