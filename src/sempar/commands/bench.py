@@ -37,8 +37,7 @@ def register(app: typer.Typer) -> None:
                                       callback=POSITIVE_SECONDS),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
         model: str = typer.Option("tiny-moe64", "--model", help="packaged model with a dev "
-                                  "trace: tiny-moe64, or tiny-moe64-h8 (8 heads: TP at G = 8) once "
-                                  "scripts/make-dev-assets.sh has built it"),
+                                  "trace: tiny-moe64, or tiny-moe64-h8 (8 heads: TP at G = 8)"),
     ) -> None:
         """MoE-block, attention-collective, layer and forward time, bytes (measured and
         predicted), LAR and logit error per method; the result is also saved for `sempar demo`
