@@ -1,12 +1,21 @@
 """Parquet I/O for `RoutingTrace`: one row per token, compressed, with a JSON metadata block.
 
-Columns:
+Columns (format 2, written by default):
     token_id   int32
     request_id int32
     position   int32
     domain     dictionary<int16, string>, null = unknown (absent when no row has a domain)
-    experts    fixed_size_list<int16 or int32>[L * k]   layer-major: layer 0's k slots first
-    weights    fixed_size_list<float32>[L * k]          optional
+    experts    fixed_size_binary[L * k * b]   L * k little-endian ids of b bytes (b = 2: int16,
+                                              4: int32 when num_experts > 32767, as
+                                              TraceMeta.expert_dtype), layer-major: layer 0's
+                                              k slots first
+    weights    fixed_size_binary[L * k * 4]   optional: L * k little-endian float32, same order
+
+Format 1 (still read; written with `format_version=1`) stores `experts` as
+fixed_size_list<int16 or int32>[L * k] and `weights` as fixed_size_list<float32>[L * k] (a
+variable-size list with exactly L * k values per row is accepted too). The binary rows of
+format 2 decode as one buffer per column chunk, viewed by numpy; Parquet assembles a
+fixed-size list value by value (about 10x slower for DeepSeek-V3's 464 ids per row).
 
 Key-value metadata `sempar.trace` holds JSON: `format_version`, `meta` (TraceMeta), `domains`,
 `num_tokens`, `num_requests`. Every data page carries a CRC-32 checksum (Parquet page header
@@ -31,6 +40,13 @@ from sempar.errors import InputError
 from sempar.trace.schema import (FORMAT_VERSION, SUPPORTED_VERSIONS, RoutingTrace, TraceMeta,
                                  validate_arrays)
 
+WEIGHT_DTYPE = np.dtype("<f4")
+
+
+def stored_dtype(meta: TraceMeta) -> np.dtype:
+    """The little-endian dtype of the ids in a format 2 `experts` row."""
+    return meta.expert_dtype.newbyteorder("<")
+
 META_KEY = b"sempar.trace"
 # zstd level 1 compresses expert ids about 3x at several hundred MB/s: the 2M-token
 # deepseek-v3 synth benchmark is bound by this step.
@@ -38,17 +54,23 @@ COMPRESSION = "zstd"
 COMPRESSION_LEVEL = 1
 
 
-def arrow_schema(meta: TraceMeta, has_domain: bool, has_weights: bool) -> pa.Schema:
+def arrow_schema(meta: TraceMeta, has_domain: bool, has_weights: bool,
+                 format_version: int = FORMAT_VERSION) -> pa.Schema:
     width = meta.num_layers * meta.top_k
-    expert_type = pa.int16() if meta.expert_dtype == np.int16 else pa.int32()
+    if format_version == 1:
+        expert_type = pa.list_(pa.int16() if meta.expert_dtype == np.int16 else pa.int32(), width)
+        weight_type = pa.list_(pa.float32(), width)
+    else:
+        expert_type = pa.binary(width * stored_dtype(meta).itemsize)
+        weight_type = pa.binary(width * WEIGHT_DTYPE.itemsize)
     fields = [pa.field("token_id", pa.int32(), nullable=False),
               pa.field("request_id", pa.int32(), nullable=False),
               pa.field("position", pa.int32(), nullable=False)]
     if has_domain:
         fields.append(pa.field("domain", pa.dictionary(pa.int16(), pa.string())))
-    fields.append(pa.field("experts", pa.list_(expert_type, width), nullable=False))
+    fields.append(pa.field("experts", expert_type, nullable=False))
     if has_weights:
-        fields.append(pa.field("weights", pa.list_(pa.float32(), width), nullable=False))
+        fields.append(pa.field("weights", weight_type, nullable=False))
     return pa.schema(fields)
 
 
@@ -62,14 +84,18 @@ class TraceWriter:
     """
 
     def __init__(self, path: str | os.PathLike, meta: TraceMeta, domains: list[str] | None = None,
-                 has_weights: bool = False, validate: bool = True):
+                 has_weights: bool = False, validate: bool = True,
+                 format_version: int = FORMAT_VERSION):
+        if format_version not in SUPPORTED_VERSIONS:
+            raise ValueError(f"format_version: {format_version} is not one of {SUPPORTED_VERSIONS}")
+        self.version = format_version
         self.path = Path(path)
         self.meta = meta
         self.domains = list(domains or [])
         self.has_domain = bool(self.domains)
         self.has_weights = has_weights
         self.validate = validate
-        self.schema = arrow_schema(meta, self.has_domain, has_weights)
+        self.schema = arrow_schema(meta, self.has_domain, has_weights, format_version)
         self.rows = 0
         self._requests: set[int] | None = set()
         self._request_count = 0
@@ -105,16 +131,24 @@ class TraceWriter:
             idx = np.full(T, -1, np.int16) if domain is None else domain.astype(np.int16, copy=False)
             cols.append(pa.DictionaryArray.from_arrays(
                 pa.array(idx, mask=idx < 0), pa.array(self.domains, pa.string())))
-        flat = np.ascontiguousarray(experts.astype(self.meta.expert_dtype, copy=False)).reshape(-1)
-        cols.append(pa.FixedSizeListArray.from_arrays(pa.array(flat), width))
+        cols.append(self._rows(experts, stored_dtype(self.meta), width))
         if weights is not None:
-            wflat = np.ascontiguousarray(weights, dtype=np.float32).reshape(-1)
-            cols.append(pa.FixedSizeListArray.from_arrays(pa.array(wflat), width))
+            cols.append(self._rows(weights, WEIGHT_DTYPE, width))
         self._writer.write_table(pa.Table.from_arrays(cols, schema=self.schema))
         self.rows += T
         # Counting requests exactly needs their ids; blocks from generators and recorders
         # hold whole requests in order, so a set of the ids seen stays small enough.
         self._requests.update(np.unique(request_id).tolist())
+
+    def _rows(self, values: np.ndarray, dtype: np.dtype, width: int) -> pa.Array:
+        """values [T, L, k] as one column: `width` values of `dtype` per row (format 2: the
+        rows' bytes, one buffer; format 1: a fixed-size list)."""
+        flat = np.ascontiguousarray(values, dtype=dtype).reshape(-1)
+        if self.version == 1:
+            return pa.FixedSizeListArray.from_arrays(pa.array(flat), width)
+        return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width * dtype.itemsize),
+                                                    flat.size // width,
+                                                    [None, pa.py_buffer(flat)])
 
     def __exit__(self, exc_type, exc, tb) -> None:
         assert self._writer is not None and self._ctx is not None
@@ -130,16 +164,18 @@ class TraceWriter:
         self._ctx.__exit__(exc_type, exc, tb)
 
     def _meta_block(self) -> dict[str, Any]:
-        return {"format_version": FORMAT_VERSION, "meta": self.meta.to_json(),
+        return {"format_version": self.version, "meta": self.meta.to_json(),
                 "domains": self.domains, "num_tokens": self.rows,
                 "num_requests": len(self._requests)}
 
 
-def write_trace(trace: RoutingTrace, path: str | os.PathLike, row_group_size: int = 65536) -> None:
+def write_trace(trace: RoutingTrace, path: str | os.PathLike, row_group_size: int = 65536,
+                format_version: int = FORMAT_VERSION) -> None:
     """Validate and write a whole trace atomically."""
     trace.validate()
     with TraceWriter(path, trace.meta, trace.domains if trace.domain is not None else None,
-                     has_weights=trace.weights is not None, validate=False) as w:
+                     has_weights=trace.weights is not None, validate=False,
+                     format_version=format_version) as w:
         for lo in range(0, max(trace.num_tokens, 1), row_group_size):
             sl = slice(lo, lo + row_group_size)
             w.write(trace.token_id[sl], trace.request_id[sl], trace.position[sl], trace.experts[sl],
@@ -191,22 +227,53 @@ def read_header(path: str | os.PathLike) -> tuple[pq.ParquetFile, dict[str, Any]
     if block.get("num_tokens") != n_rows:
         raise InputError(f"metadata.num_tokens: {block.get('num_tokens')!r} but the file holds "
                          f"{n_rows} rows")
-    width = meta.num_layers * meta.top_k
-    etype = pf.schema_arrow.field("experts").type
-    if pa.types.is_fixed_size_list(etype) and etype.list_size != width:
-        raise InputError(f"experts: rows hold {etype.list_size} values but metadata says "
-                         f"num_layers {meta.num_layers} x top_k {meta.top_k} = {width}")
-    if "weights" in names:
-        wtype = pf.schema_arrow.field("weights").type
-        if pa.types.is_fixed_size_list(wtype) and wtype.list_size != width:
-            raise InputError(f"weights: rows hold {wtype.list_size} values but metadata says "
-                             f"num_layers {meta.num_layers} x top_k {meta.top_k} = {width}")
+    for col, dtype in (("experts", stored_dtype(meta)), ("weights", WEIGHT_DTYPE)):
+        if col in names:
+            _check_row_type(col, pf.schema_arrow.field(col).type, meta, dtype, version)
     domains = block.get("domains", [])
     if not isinstance(domains, list) or not all(isinstance(d, str) for d in domains):
         raise InputError(f"metadata.domains: {domains!r} is not a list of names")
     if "domain" in names and not domains:
         raise InputError("metadata.domains: empty, but the file has a domain column")
     return pf, block, meta
+
+
+def _check_row_type(col: str, typ: pa.DataType, meta: TraceMeta, dtype: np.dtype,
+                    version: int) -> None:
+    """Format 2: fixed_size_binary rows of L * k values of dtype; format 1: lists (fixed-size
+    ones of L * k values)."""
+    width = meta.num_layers * meta.top_k
+    shape = f"num_layers {meta.num_layers} x top_k {meta.top_k} = {width}"
+    if version == 1:
+        if pa.types.is_fixed_size_binary(typ):
+            raise InputError(f"{col}: column type {typ} is not a list (format 1)")
+        if pa.types.is_fixed_size_list(typ) and typ.list_size != width:
+            raise InputError(f"{col}: rows hold {typ.list_size} values but metadata says {shape}")
+        return
+    if not pa.types.is_fixed_size_binary(typ):
+        raise InputError(f"{col}: column type {typ} is not fixed_size_binary (format 2)")
+    if typ.byte_width != width * dtype.itemsize:
+        held = (f"{typ.byte_width // dtype.itemsize} values" if typ.byte_width % dtype.itemsize == 0
+                else f"{typ.byte_width} bytes, not whole {dtype.itemsize}-byte values,")
+        raise InputError(f"{col}: rows hold {held} but metadata says {shape}")
+
+
+def _binary_values(col: pa.ChunkedArray, width: int, field: str, row0: int,
+                   dtype: np.dtype) -> np.ndarray:
+    """A format 2 column (fixed_size_binary rows, type checked by read_header) as dtype[rows,
+    width]: each chunk's value buffer viewed in place, no copy, no per-row objects."""
+    parts = []
+    for arr in col.chunks:
+        if arr.null_count:
+            r = int(np.argmax(arr.is_null().to_numpy(zero_copy_only=False)))
+            raise InputError(f"{field}: row {row0 + r}: value is null")
+        nbytes = arr.type.byte_width
+        parts.append(np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr) * width,
+                                   offset=arr.offset * nbytes).reshape(len(arr), width))
+        row0 += len(arr)
+    if not parts:
+        return np.zeros((0, width), dtype)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _list_values(col: pa.ChunkedArray, width: int, field: str, row0: int, dtype) -> np.ndarray:
@@ -313,8 +380,12 @@ def _block_arrays(tab: pa.Table, meta: TraceMeta, domains: list[str], row0: int)
             if not pa.types.is_integer(c.type):
                 raise InputError(f"{col}: column type {c.type} is not an integer type")
             out[col] = _narrow(c.to_numpy(), np.int32, col, row0)
+    binary = "experts" in tab.column_names and pa.types.is_fixed_size_binary(
+        tab.schema.field("experts").type)
     if "experts" in tab.column_names:
-        raw = _list_values(tab.column("experts"), L * k, "experts", row0, None).reshape(-1, L, k)
+        raw = (_binary_values(tab.column("experts"), L * k, "experts", row0, stored_dtype(meta))
+               if binary else
+               _list_values(tab.column("experts"), L * k, "experts", row0, None)).reshape(-1, L, k)
         if not np.issubdtype(raw.dtype, np.integer):
             raise InputError(f"experts: values of type {raw.dtype} are not integers")
         if raw.dtype.itemsize > meta.expert_dtype.itemsize:  # check before narrowing wraps ids
@@ -325,8 +396,10 @@ def _block_arrays(tab: pa.Table, meta: TraceMeta, domains: list[str], row0: int)
                                  f"{int(raw[r, l, s])} out of range [0, {meta.num_experts})")
         out["experts"] = raw.astype(meta.expert_dtype, copy=False)
     if "weights" in tab.column_names:
-        out["weights"] = _list_values(tab.column("weights"), L * k, "weights", row0,
-                                      np.float32).reshape(-1, L, k)
+        read = _binary_values if pa.types.is_fixed_size_binary(
+            tab.schema.field("weights").type) else _list_values
+        out["weights"] = read(tab.column("weights"), L * k, "weights", row0,
+                              WEIGHT_DTYPE).reshape(-1, L, k)
     if "domain" in tab.column_names:
         out["domain"] = _domain_codes(tab.column("domain"), domains, row0)
     return out

@@ -24,8 +24,12 @@ import numpy as np
 
 from sempar.errors import InputError
 
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+# On-disk format (trace/io.py): version 2 stores `experts` and `weights` as fixed-size binary
+# rows (L x k little-endian int16 / int32 ids, L x k float32 weights per row), which Parquet
+# decodes as one buffer; version 1 as fixed-size lists, read still (committed traces, files
+# in the wild). Both are written with `TraceWriter(format_version=...)`.
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
 
 # Shapes far beyond any real MoE (DeepSeek-V3: 61 layers, 256 experts, top-8, 129k vocabulary)
 # and far below what a reader would exhaust memory on: a file claiming more is refused.
