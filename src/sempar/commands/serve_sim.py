@@ -86,9 +86,11 @@ def print_result(res: dict) -> None:
     from sempar.cli import out
     from sempar.serving.metrics import SLO_KEYS
 
-    slos = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in res["slos"].items())
+    from sempar.serving.report import slo_text
+
     t = Table(title=f"serve-sim: {res['model']} on {res['topology']} ({res['accelerator']} x "
-                    f"{res['ep']}), SLOs: {slos}; max req/s and tokens/s under each SLO")
+                    f"{res['ep']}), SLOs: {slo_text(res)}; max req/s and tokens/s under each SLO "
+                    "of the system's attention mode")
     for c in ("system", "placement / pipeline / policy", "LAR", *[f"{k} req/s" for k in SLO_KEYS],
               *[f"{k} tok/s" for k in SLO_KEYS]):
         t.add_column(c, justify="right")
