@@ -25,7 +25,8 @@ def register(app: typer.Typer) -> None:
                                         "smoe-b, cpu"),
         ep: Optional[int] = typer.Option(None, "--ep", help="EP degree G (default: the topology's devices)"),
         systems: str = typer.Option("all", "--systems", help="all, or a comma-separated list; the "
-                                    "first is the baseline whose lightest load sets the SLOs"),
+                                    "first of each attention mode (DP, TP) is the baseline whose "
+                                    "lightest load sets that mode's SLOs"),
         rates: Optional[str] = typer.Option(None, "--rates", help="requests/s, comma-separated "
                                             "(default: 10 rates up to 1.2 x the estimated capacity)"),
         arrivals: Optional[Path] = typer.Option(None, "--arrivals", help="arrival times (s) file "
