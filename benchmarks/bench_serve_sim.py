@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 from sempar.comm.topology import load_topology
@@ -82,6 +83,8 @@ def sweep(fc: Forecaster, args, out: dict) -> None:
         now = time.process_time()
         phases[last[1]] += now - last[0]
         last[:] = [now, "prepare" if msg.startswith("prepare") else "run"]
+        # on stderr as it goes, so a run cut short still tells where its time went
+        sys.stderr.write(f"{time.perf_counter() - t3:8.1f} s wall {now - c3:8.1f} s CPU  {msg}\n")
 
     res = compare(fc, SWEEP_SYSTEMS, None, args.sweep_duration, progress=progress)
     phases[last[1]] += time.process_time() - last[0]
