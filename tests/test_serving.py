@@ -18,6 +18,7 @@ from sempar.serving.engine import EngineConfig, Workload, run
 from sempar.serving.forecast import Forecaster, compare
 from sempar.serving.hardware import Accelerator
 from sempar.serving.metrics import SLO_KEYS, run_metrics, weighted_quantile
+from sempar.serving.roofline import Roofline
 from sempar.serving.systems import SYSTEMS, resolve
 from sempar.serving.workload import poisson_arrivals
 from sempar.trace import read_trace, write_trace
@@ -199,3 +200,88 @@ def test_plan_json_contract(small_trace):
         assert any(c.startswith("sempar place") and f"--method {x['placement']}" in c
                    for c in x["commands"])
         assert any("--enable-dp-attention" in c for c in x["commands"])
+
+
+# ---- DP ranks on the served lengths, SLOs per attention mode -------------------------------
+def test_tiled_requests_repeat_each_request_from_its_start():
+    from sempar.serving.ranks import served_lengths, tiled_requests
+
+    tok, off = tiled_requests(np.array([5, 6, 7, 8, 9]), np.array([0, 3, 5]), np.array([4, 1]))
+    assert tok.tolist() == [5, 6, 7, 5, 8] and off.tolist() == [0, 4, 5]
+    assert served_lengths(np.array([3, 9]), "trace", 100, 10).tolist() == [13, 19]
+    assert served_lengths(np.array([3, 9]), "fixed", 100, 10).tolist() == [110, 110]
+
+
+def test_balanced_policy_balances_the_served_requests(small_trace):
+    """With fixed lengths every request costs the same, so `balanced` (5 % slack) must give
+    every DP rank the same number of requests within a few, whatever the trace's lengths."""
+    fc = _forecaster(small_trace, load_topology("pcie-upi8"))
+    dp = resolve("sempar").variants[0]
+    assert dp.policy == "balanced"
+    p = fc.prepare(dp, served=("fixed", 128, 16))
+    per = np.bincount(p.request_rank, minlength=fc.G)
+    assert per.max() - per.min() <= max(2, 0.05 * per.mean()), per.tolist()
+
+
+def test_slos_are_set_per_attention_mode(small_trace):
+    fc = _forecaster(small_trace, load_topology("pcie-upi8"))
+    res = compare(fc, ["sglang", "ds-moe", "sglang-eplb"], [20.0, 60.0], 2.0, input_len=128,
+                  output_len=16)
+    assert res["slo_baselines"] == {"dp": "sglang", "tp": "ds-moe"}
+    for name, base in (("sglang", "sglang"), ("ds-moe", "ds-moe"), ("sglang-eplb", "sglang")):
+        light = res["systems"][base]["curve"][0]
+        s = res["systems"][name]
+        assert s["slo_baseline"] == base
+        assert s["slos"]["e2e"] == pytest.approx(5 * light["e2e_p50"])
+        assert s["slos"]["ttft"] == pytest.approx(5 * light["ttft_p99"])
+    assert res["slos"] == res["slos_by_attention"]["dp"] != res["slos_by_attention"]["tp"]
+    given = compare(fc, ["sglang", "ds-moe"], [20.0], 2.0, input_len=128, output_len=16,
+                    slo_given={"e2e": 3.0})
+    assert {m: s["e2e"] for m, s in given["slos_by_attention"].items()} == {"dp": 3.0, "tp": 3.0}
+
+
+# ---- the forecast against sempar bench -------------------------------------------------------
+def test_bench_methods_map_to_serving_variants():
+    from sempar.comm.pipelines import PIPELINES
+    from sempar.placement import SOLVERS
+    from sempar.runtime.bench import METHODS
+    from sempar.serving.benchcheck import bench_variant, measured_layer_seconds
+
+    for solver, _, sched, pipe in METHODS.values():
+        v = bench_variant({"placement": solver, "scheduling": sched, "pipeline": pipe})
+        SOLVERS.get(v.placement), PIPELINES.get(v.pipeline)
+        assert v.pipeline == pipe and v.placement == solver
+    assert measured_layer_seconds({"moe_layer_seconds": 0.3, "layer_seconds": 0.2}) == 0.2
+    assert measured_layer_seconds({"moe_layer_seconds": 0.3}) == 0.3
+
+
+def test_bench_forecast_is_calibrated_compute_plus_communication(small_trace):
+    from sempar.errors import InputError
+    from sempar.serving.benchcheck import bench_dims, calibrated_cpu, compare_bench, iteration_inputs
+
+    tr = read_trace(small_trace)
+    dims = bench_dims(model_dims(tr.meta.model))
+    acc = calibrated_cpu(dims, 8, 64, 0.5)
+    one = Roofline(dims, acc, 1, False)           # the whole batch on one device takes 0.5 s
+    L = dims.moe_layers
+    t = one.dense_seconds(*iteration_inputs(1, 8, 64))[0] + one.expert_seconds(
+        np.full((L, 1), 8 * 64 * dims.top_k), np.full((L, 1), dims.num_experts))
+    assert t == pytest.approx(0.5)
+    topo = load_topology("a100x4-ib:1")
+    bench = {"hosts": topo.num_devices, "batch_size": 8, "seq": 64, "methods": {
+        m: {"placement": "vanilla", "scheduling": s, "pipeline": p, "moe_layer_seconds": 0.1}
+        for m, s, p in (("dp", "round-robin", "sglang-ep"), ("tp", "contiguous", "ds-moe"))}}
+    res = {f: compare_bench(bench, Forecaster(tr, dims, tp, acc))
+           for f, tp in (("real", topo), ("free", _scaled(topo, 0.0, 0.0)))}
+    layers = dims.moe_layers + dims.dense_layers
+    for m in ("dp", "tp"):
+        free, real = res["free"][m], res["real"][m]
+        assert free["forecast_comm_layer_seconds"] == 0.0
+        assert free["forecast_layer_seconds"] == pytest.approx(free["forecast_compute_layer_seconds"])
+        assert real["forecast_layer_seconds"] > free["forecast_layer_seconds"]
+        assert real["ratio"] == pytest.approx(real["forecast_layer_seconds"] / 0.1)
+        assert real["forecast_forward_seconds"] == pytest.approx(real["forecast_layer_seconds"] * layers)
+    # DP: every rank computes 1/G of the batch, so less than the single device did
+    assert res["free"]["dp"]["forecast_layer_seconds"] * layers < 0.5
+    with pytest.raises(InputError, match="hosts"):
+        compare_bench({**bench, "hosts": 3}, Forecaster(tr, dims, topo, acc))

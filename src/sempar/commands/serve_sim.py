@@ -25,7 +25,8 @@ def register(app: typer.Typer) -> None:
                                         "smoe-b, cpu"),
         ep: Optional[int] = typer.Option(None, "--ep", help="EP degree G (default: the topology's devices)"),
         systems: str = typer.Option("all", "--systems", help="all, or a comma-separated list; the "
-                                    "first is the baseline whose lightest load sets the SLOs"),
+                                    "first of each attention mode (DP, TP) is the baseline whose "
+                                    "lightest load sets that mode's SLOs"),
         rates: Optional[str] = typer.Option(None, "--rates", help="requests/s, comma-separated "
                                             "(default: 10 rates up to 1.2 x the estimated capacity)"),
         arrivals: Optional[Path] = typer.Option(None, "--arrivals", help="arrival times (s) file "
@@ -86,9 +87,11 @@ def print_result(res: dict) -> None:
     from sempar.cli import out
     from sempar.serving.metrics import SLO_KEYS
 
-    slos = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in res["slos"].items())
+    from sempar.serving.report import slo_text
+
     t = Table(title=f"serve-sim: {res['model']} on {res['topology']} ({res['accelerator']} x "
-                    f"{res['ep']}), SLOs: {slos}; max req/s and tokens/s under each SLO")
+                    f"{res['ep']}), SLOs: {slo_text(res)}; max req/s and tokens/s under each SLO "
+                    "of the system's attention mode")
     for c in ("system", "placement / pipeline / policy", "LAR", *[f"{k} req/s" for k in SLO_KEYS],
               *[f"{k} tok/s" for k in SLO_KEYS]):
         t.add_column(c, justify="right")

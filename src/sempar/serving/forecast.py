@@ -4,9 +4,20 @@ finds the throughput each sustains under the SLOs (`sempar serve-sim`).
 
 Protocol (Sem-MoE §5, s-MoE §5): the trace is split by request, 20% to fit the placements and
 schedulers, 80% replayed (routing of the iterations' tokens, request ranks, `trace` lengths).
-Every system sees the same arrivals at a given rate (one seed per rate). The lightest load is
-the lowest swept rate, measured on the first system named (the baseline), and the SLOs are
-`slo_scale` x its statistics there (metrics.py), unless given. Arrivals stop at `duration`; the
+Every system sees the same arrivals at a given rate (one seed per rate).
+
+SLOs, per attention mode: each paper judges systems against the baseline of its own attention
+mode -- Sem-MoE's DP systems against SGLang (DP), s-MoE's TP systems against DeepSpeed-MoE (TP)
+-- with the SLO at `slo_scale` x that baseline's latency under the lightest load. So here the
+first system named with an Attention-DP variant is the DP baseline and the first with an
+Attention-TP variant the TP baseline (with the default order: `sglang` and `semmoe-tp`); the
+lightest load is the lowest swept rate, and each system (each variant of `sempar`) is judged
+against the SLOs of its own mode (metrics.py). Given SLOs (`--slo`) apply to both modes. A TP
+instance spreads one batch over G devices, so its light-load latency differs from a DP rank's;
+judging it by the DP baseline's SLOs would score the mode, not the system. (`sempar plan`
+instead ranks every deployment, DP or TP, against one SLO: the user's question there is which
+mode to deploy under one latency requirement.) `sempar`'s reported variant is the one with the
+higher throughput under its own mode's E2E SLO. Arrivals stop at `duration`; the
 run then drains until 2 x `duration`, and what is still unfinished counts as infinitely late.
 """
 
@@ -97,6 +108,7 @@ class Forecaster:
         self.fit, self.eval = split_by_request(trace, 0.2, seed=seed)
         self._placements: dict = {}
         self._homes: dict = {}
+        self._served: dict = {}         # DP homes under the served lengths (ranks.py)
         _, first, counts = np.unique(self.eval.request_id, return_index=True, return_counts=True)
         order = np.argsort(first, kind="stable")
         self._req_first, self._req_tokens = first[order], counts[order].astype(np.int64)
@@ -114,17 +126,25 @@ class Forecaster:
                                           redundant, self.seed)
         return self._placements[key]
 
-    def prepare(self, v: Variant, sample_tokens: int | None = None) -> Prepared:
+    def prepare(self, v: Variant, sample_tokens: int | None = None,
+                served: tuple[str, int, int] | None = None) -> Prepared:
         """The deployment of variant `v`; `sample_tokens` (default steptable.SAMPLE_TOKENS)
-        tokens are drawn per batch-size bucket."""
+        tokens are drawn per batch-size bucket. `served` = (lengths, input_len, output_len) of
+        the runs to come: an Attention-DP request policy then ranks the requests by the tokens
+        the simulation serves for them (ranks.py), and their tokens' homes follow; without it
+        the policy sees the trace's lengths."""
         pipe = PIPELINES.get(v.pipeline)
         G = self.G
         pl = self.placement(v.placement, v.redundant_slots(G))
         hk = (v.placement, v.redundant_slots(G), v.schedule, v.policy)
         if hk not in self._homes:
             self._homes[hk] = Homes(pl, self.eval, self.fit, v.schedule, v.policy)
-        home = self._homes[hk](pipe)
+        homes = self._homes[hk]
         tp = pipe.attention == "tp"
+        if served is not None and not tp and pipe.expert_parallel and homes.scheduled(pipe):
+            home = self._served_homes(hk, pl, v.policy, served)
+        else:
+            home = homes(pipe)
         roof = Roofline(self.dims, self.acc, G, tp)
         inst = 1 if tp else G
         scale = G if tp else 1
@@ -139,6 +159,19 @@ class Forecaster:
                 else np.zeros(self._req_first.size, np.int32))
         return Prepared(v, cfg, roof, table, self._req_tokens, np.asarray(rank, np.int32),
                         pl.slots_per_device)
+
+    def _served_homes(self, hk: tuple, pl, policy: str, served: tuple[str, int, int]) -> np.ndarray:
+        """int32[T, L]: each eval token on the DP rank `policy` gives its request when requests
+        hold their served lengths (cached per placement, policy and lengths)."""
+        from sempar.schedule.requests import home_from_ranks
+        from sempar.serving.ranks import policy_ranks, served_lengths
+
+        key = (*hk, *served)
+        if key not in self._served:
+            n = served_lengths(self._req_tokens, *served)
+            ranks = policy_ranks(pl, self.fit, self.eval, policy, n)
+            self._served[key] = home_from_ranks(self.eval.request_id, ranks, self.eval.meta.num_layers)
+        return self._served[key]
 
     def run_rate(self, p: Prepared, rate: float, duration: float, lengths: str, input_len: int,
                  output_len: int, arrivals: np.ndarray | None = None) -> dict:
@@ -168,6 +201,22 @@ def clean(x):
     return x
 
 
+def attention(p: Prepared) -> str:
+    """"tp" or "dp": the attention mode of a deployment."""
+    return "tp" if p.roofline.tp else "dp"
+
+
+def mode_baselines(plans: dict[str, list[Prepared]], curves: dict[str, list[list[dict]]]
+                   ) -> dict[str, tuple[str, list[dict]]]:
+    """{attention mode: (system, curve)}: the first system named with a variant of that mode,
+    and that variant's curve (its lowest rate is the mode's lightest load)."""
+    out: dict = {}
+    for name, ps in plans.items():
+        for p, pts in zip(ps, curves[name]):
+            out.setdefault(attention(p), (name, pts))
+    return out
+
+
 def compare(fc: Forecaster, systems: list[str], rates: list[float] | None, duration: float,
             lengths: str = "fixed", input_len: int = 512, output_len: int = 128,
             slo_scale: float = 5.0, slo_given: dict | None = None,
@@ -185,7 +234,7 @@ def compare(fc: Forecaster, systems: list[str], rates: list[float] | None, durat
         for v in sysm.variants:
             if progress:
                 progress(f"prepare {name} ({v.label()})")
-            plans[name].append(fc.prepare(v))
+            plans[name].append(fc.prepare(v, served=(lengths, input_len, output_len)))
     if arrivals is not None:                # one point: the file's requests over its span
         duration = max(duration, float(arrivals[-1]))
         rates = [arrivals.size / duration]
@@ -204,23 +253,28 @@ def compare(fc: Forecaster, systems: list[str], rates: list[float] | None, durat
                     progress(f"{name} ({p.variant.label()}) at {r:g} req/s")
                 pts.append(fc.run_rate(p, r, duration, lengths, input_len, output_len, arrivals))
             curves[name].append(pts)
-    light = curves[systems[0]][0][0]
-    slos = slos_from(light, slo_scale, slo_given)
+    base = mode_baselines(plans, curves)
+    by_mode = {m: slos_from(pts[0], slo_scale, slo_given) for m, (_, pts) in base.items()}
+    first = attention(plans[systems[0]][0])
     out = {}
     for name, ps in plans.items():
         scored = []
         for p, pts in zip(ps, curves[name]):
-            att = attainment(pts, slos)
+            att = attainment(pts, by_mode[attention(p)])
             key = tuple((att["throughput_under_slo"][k] or 0.0) for k in ("e2e", "ttft"))
             scored.append((key, p, pts, att))
         _, p, pts, att = max(scored, key=lambda s: s[0])
+        m = attention(p)
         entry = {"config": p.config(), "description": resolve(name).description,
-                 "notes": list(p.variant.notes), **att, "curve": pts}
+                 "notes": list(p.variant.notes), "slo_baseline": base[m][0],
+                 "slos": by_mode[m], **att, "curve": pts}
         if len(ps) > 1:
             entry["variants"] = {q.variant.label(): a["throughput_under_slo"] for _, q, _, a in scored}
         out[name] = entry
     return clean({"model": fc.dims.name, "topology": fc.topo.name, "accelerator": fc.acc.name,
                   "ep": fc.G, "duration": duration, "lengths": lengths, "input_len": input_len,
                   "output_len": output_len, "rates": rates, "baseline": systems[0],
-                  "light_load": light, "slo_scale": slo_scale, "slos": slos,
+                  "light_load": base[first][1][0], "slo_scale": slo_scale, "slos": by_mode[first],
+                  "slo_baselines": {m: b[0] for m, b in base.items()}, "slos_by_attention": by_mode,
+                  "slos_given": sorted(slo_given or {}),
                   "systems": out, "wall_seconds": time.perf_counter() - t0})

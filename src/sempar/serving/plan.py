@@ -90,13 +90,14 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
     """make_fc(ep) -> Forecaster for that EP size. Returns the ranked deployments."""
     t0 = time.perf_counter()
     fcs = {G: make_fc(G) for G in eps}
+    served = ("fixed", input_len, output_len)      # DP policies rank by the served lengths
     screened, skipped = [], []
     for G, fc in fcs.items():
         for v in candidates(methods, pipelines, policies, redundant):
             if progress:
                 progress(f"screen EP {G}: {v.label()} r={v.redundant}")
             try:
-                p = fc.prepare(v, sample_tokens=SCREEN_TOKENS)
+                p = fc.prepare(v, sample_tokens=SCREEN_TOKENS, served=served)
             except InputError as e:
                 skipped.append({"ep": G, **_row(v, G), "reason": str(e)})
                 continue
@@ -109,7 +110,7 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
     for _, G, v in best:
         if progress:
             progress(f"forecast EP {G}: {v.label()}")
-        full.append((G, v, fcs[G].prepare(v)))
+        full.append((G, v, fcs[G].prepare(v, served=served)))
     base_fc = fcs[eps[0]]
     base = base_fc.prepare(Variant("vanilla", "sglang-ep"))
     rates = sorted(rates or default_rates([p for _, _, p in full] + [base], input_len, output_len,

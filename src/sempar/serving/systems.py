@@ -9,9 +9,9 @@ number of redundant expert slots, all looked up by name in their registries (pla
 | `sglang-eplb` | eplb, G redundant slots | DP, round-robin | sglang-ep | SGLang's EPLB |
 | `moetuner` | moetuner | DP, round-robin | sglang-ep | Sem-MoE §5 baseline |
 | `semmoe-dp` | semmoe | DP, Alg. 2 | sglang-ep | Sem-MoE §3.2, App. B Alg. 2 |
+| `ds-moe` | vanilla | TP, contiguous chunks | ds-moe | s-MoE §5 baseline |
 | `semmoe-tp` | semmoe | TP, re-batching (Alg. 3) | semmoe-tp | Sem-MoE §3.2 |
 | `smoe` | smoe-cem | TP, re-batching (SRS/SAG) | smoe | s-MoE §4, Alg. 2 |
-| `ds-moe` | vanilla | TP, contiguous chunks | ds-moe | s-MoE §5 baseline |
 | `exflow` | exflow | DP, round-robin, context-coherent | exflow | ExFlow §IV |
 | `sempar` | sempar (else semmoe) | DP `balanced` / TP exact pre-routing | see below | ours |
 
@@ -78,12 +78,13 @@ _add("sglang-eplb", "SGLang with EPLB placement (G redundant slots)",
 _add("moetuner", "MoETuner ILP placement on SGLang's DP pipeline", Variant("moetuner", "sglang-ep"))
 _add("semmoe-dp", "Sem-MoE attention DP: co-clustered placement + Alg. 2 request scheduling",
      Variant("semmoe", "sglang-ep", "alg2", "auto"))
+# ds-moe before the other TP systems: with --systems all it is the TP baseline (forecast.py)
+_add("ds-moe", "DeepSpeed-MoE: attention TP + EP, AR -> A2A -> A2A -> AG",
+     Variant("vanilla", "ds-moe"))
 _add("semmoe-tp", "Sem-MoE attention TP: co-clustered placement + token re-batching",
      Variant("semmoe", "semmoe-tp", "alg2", "auto"))
 _add("smoe", "s-MoE: speculative expert grouping + token shuffling (SRS/SAG)",
      Variant("smoe-cem", "smoe", "alg2", "auto"))
-_add("ds-moe", "DeepSpeed-MoE: attention TP + EP, AR -> A2A -> A2A -> AG",
-     Variant("vanilla", "ds-moe"))
 _add("exflow", "ExFlow: context-coherent EP with affinity placement", Variant("exflow", "exflow"))
 
 
