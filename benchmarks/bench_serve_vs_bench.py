@@ -55,7 +55,7 @@ def forward_seconds(model: str, batch_size: int, seq: int, repeats: int, ranks: 
     process layout on this machine's cores) and the median of their times is returned."""
     import multiprocessing as mp
 
-    from sempar.runtime.bench import load_dev, prefill_batches
+    from sempar.bench.inputs import load_dev, prefill_batches
 
     _, held = load_dev(model)
     ids = prefill_batches(held, 1, batch_size, seq)[0]

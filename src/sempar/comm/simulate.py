@@ -76,7 +76,7 @@ class SimOptions:
 def runtime_options(hidden: int, batch: int) -> SimOptions:
     """The options under which the simulator counts what our runtime (sempar.runtime) sends for
     one forward of `batch` tokens: fp32 rows, de-duplicated one-shot dispatch, int64 size
-    exchanges, int32 token indices (pipelines: runtime.bench.METHODS)."""
+    exchanges, int32 token indices (pipelines: sempar.bench.METHODS)."""
     return SimOptions(hidden=hidden, dtype_bytes=4, batch=batch, dedup=True, one_shot=True,
                       size_bytes=8, index_bytes=4)
 
