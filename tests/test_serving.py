@@ -244,10 +244,11 @@ def test_slos_are_set_per_attention_mode(small_trace):
 def test_bench_methods_map_to_serving_variants():
     from sempar.comm.pipelines import PIPELINES
     from sempar.placement import SOLVERS
-    from sempar.runtime.bench import METHODS
+    from sempar.bench import METHODS
     from sempar.serving.benchcheck import bench_variant, measured_layer_seconds
 
-    for solver, _, sched, pipe in METHODS.values():
+    for m in map(METHODS.get, METHODS):
+        solver, sched, pipe = m.placement, m.scheduling, m.pipeline
         v = bench_variant({"placement": solver, "scheduling": sched, "pipeline": pipe})
         SOLVERS.get(v.placement), PIPELINES.get(v.pipeline)
         assert v.pipeline == pipe and v.placement == solver
