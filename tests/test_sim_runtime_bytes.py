@@ -17,12 +17,10 @@ import torch
 
 from sempar.comm.pipelines import PIPELINES
 from sempar.comm.simulate import runtime_options, simulate
-from sempar.runtime import MODES, RunSpec, run_many
+from sempar.runtime import DISPATCHERS, MODES, RunSpec, run_many
 from test_runtime import homes, permuted_replicated, routing, shape, uniform_topology, vanilla
 
 MODEL, G = "tiny-moe64", 2
-SIM_PIPE = {"attn-dp": "sglang-ep", "tp-allreduce": "ds-moe", "tp-rebatch": "smoe",
-            "tp-exact": "smoe-exact", "exflow": "exflow-prefill"}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +43,7 @@ def test_every_mode_counted_as_simulated(runs):
     for spec, r in zip(specs, results):
         what = f"{spec.mode} {spec.placement.method}"
         sim = simulate(experts, homes(spec.mode, spec, G, L, experts), spec.placement,
-                       uniform_topology(G), PIPELINES.get(SIM_PIPE[spec.mode]),
+                       uniform_topology(G), PIPELINES.get(DISPATCHERS.get(spec.mode).pipeline),
                        runtime_options(H, ids.numel()))["bytes_per_pair"]     # [L, 4, G, G]
         got = r.dispatch_combine(L)
         np.testing.assert_array_equal(got[:, 0], sim[:, 1], err_msg=what + " dispatch")

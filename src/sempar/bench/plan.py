@@ -89,11 +89,11 @@ def predicted(spec, experts: np.ndarray, pipeline: str, hidden: int
     """(dispatch bytes, combine bytes, LAR mean, pre-routing all-reduce bytes) of the comm
     simulator for the run's homes."""
     from sempar.comm.pipelines import PIPELINES
-    from sempar.comm.simulate import SimOptions, simulate
+    from sempar.comm.simulate import runtime_options, simulate
 
     T, L, _ = experts.shape
     G = spec.placement.num_devices
-    opts = SimOptions(hidden=hidden, dtype_bytes=4, batch=T, dedup=True, one_shot=True)
+    opts = runtime_options(hidden, T)
     res = simulate(experts, _homes(spec.mode, spec, L, experts), spec.placement, _uniform(G),
                    PIPELINES.get(pipeline), opts)
     bpp = res["bytes_per_pair"]

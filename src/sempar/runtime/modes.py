@@ -317,7 +317,7 @@ class TPExact(Shuffled):
         return plan_from_home(home, equal_chunks(home.shape[0], self.comm.world, home.device))
 
 
-@_mode("exflow", "exflow")
+@_mode("exflow", "exflow-prefill")
 class ExFlow(Dispatcher):
     """ExFlow §IV-A: context-coherent attention (every rank gets every held token's hidden
     state), then one dispatch; the token stays on its top-1 expert's device."""
