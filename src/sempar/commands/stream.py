@@ -118,7 +118,7 @@ def stream(
     if plot is not None:
         out["plots"] = written
     if json_out:
-        from sempar.cli import emit_json
+        from sempar.console import emit_json
         emit_json(out)
         return
     from rich.console import Console

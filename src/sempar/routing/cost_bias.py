@@ -224,18 +224,6 @@ def build_tables(topology: Any, hosts: np.ndarray, n_disp: np.ndarray, nbytes: T
                           topology.name, {"bytes": nbytes.to_json(), "eps": eps})
 
 
-def tables_from_routing(topology: Any, hosts: np.ndarray, experts: np.ndarray, home: np.ndarray,
-                        nbytes: TokenBytes, forwards: int = 1, dedup: bool = False) -> CostBiasTables:
-    """One-shot traffic accounting (CAMoE §3.4): the lambda = 0 routing experts int[T, L, k] of
-    `forwards` forward passes with homes int[T] -> the tables (counts divided by `forwards`)."""
-    if forwards < 1:
-        raise InputError(f"forwards: {forwards} is not a positive integer")
-    hosts = _check_hosts(hosts, topology.num_devices)
-    dest = destination_table(hosts, topology, nbytes.dispatch)
-    n = dispatch_counts(experts, home, dest, dedup) / forwards
-    return build_tables(topology, hosts, n, nbytes, dest)
-
-
 def a2a_layer_seconds(topology: Any, n_disp: np.ndarray, nbytes: TokenBytes) -> dict[str, np.ndarray]:
     """CAMoE eq. 9 per layer: {"metadata", "dispatch", "combine", "total"} -> float64[...].
 

@@ -108,7 +108,7 @@ def rank_main(rank: int, world: int, port: int | None, specs: list[RunSpec]) -> 
 
     from transformers.utils import logging as hf_logging
 
-    from sempar.trace.record import load_model
+    from sempar.models import load_model
 
     hf_logging.disable_progress_bar()
     device = init(rank, world, port, specs[0].addr, max(s.timeout for s in specs))
@@ -187,7 +187,7 @@ def run(spec: RunSpec, world: int, deadline: float = 180.0, grace: float | None 
 
 def reference_logits(model: str, input_ids: torch.Tensor) -> torch.Tensor:
     """float32[B, S, V]: the single-process HF forward (the lossless reference)."""
-    from sempar.trace.record import load_model
+    from sempar.models import load_model
 
     m = load_model(model)
     with torch.no_grad():
