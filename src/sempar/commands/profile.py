@@ -5,12 +5,13 @@ Topology JSON and checks its fidelity against measured all-to-all times (CAMoE e
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import typer
 
 from sempar.bounds import POSITIVE_SECONDS, bound
+from sempar.commands._options import renamed
 from sempar.errors import InputError
 
 
@@ -81,8 +82,10 @@ def run_profile(hosts: int, testbed: str | None = None, scale: float = 1 / 8000,
 def register(app: typer.Typer) -> None:
     @app.command("profile")
     def profile_cmd(
-        hosts: int = typer.Option(..., "--hosts", help="ranks (devices) to profile, 2..64",
-                                   callback=bound(2, 64)),
+        ep: Optional[int] = typer.Option(None, "--ep", help="ranks (devices) to profile, one "
+                                          "per testbed host, 2..64 (--hosts: the same, still read)",
+                                          callback=bound(2, 64)),
+        hosts: Optional[int] = typer.Option(None, "--hosts", hidden=True, callback=bound(2, 64)),
         out: Path = typer.Option(Path("topo.json"), "--out", help="topology JSON to write"),
         testbed: str | None = typer.Option(None, "--testbed", "--preset", help="bring up a "
                                               "namespace testbed shaped as this preset or JSON "
@@ -112,6 +115,7 @@ def register(app: typer.Typer) -> None:
         from sempar.testbed.fidelity import plot_fidelity
         from sempar.testbed.netns import TestbedError
 
+        ranks = renamed(ep, hosts, "--ep", "--hosts")
         if plot is not None and not fidelity:
             raise InputError("--plot needs the fidelity cases (drop --no-fidelity)")
         from sempar.atomic import check_output
@@ -121,7 +125,7 @@ def register(app: typer.Typer) -> None:
             check_output(plot, out, option="--plot")
         sz = _ints(sizes, "--sizes") if sizes else None
         try:
-            topo, res = run_profile(hosts, testbed, scale, sz, reps, fidelity, method=method,
+            topo, res = run_profile(ranks, testbed, scale, sz, reps, fidelity, method=method,
                                     timeout_s=timeout, op_timeout_s=op_timeout)
         except TestbedError as e:
             fail_env(e)
