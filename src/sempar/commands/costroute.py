@@ -155,9 +155,7 @@ def tables(model: str = _MODEL, topology: str = _TOPO, ep: int = _EP,
     hook = CostRoutingHook(m, None)
     meta = trace_meta_for(m, hook.sites, src.name)
     hosts, _ = make_hosts(placement, meta.num_layers, meta.num_experts, topo)
-    nb = (TokenBytes.for_model(int(m.config.hidden_size), meta.top_k, meta.num_experts)
-          if token_bytes is None else TokenBytes(token_bytes + 4.0 * meta.top_k, float(token_bytes),
-                                                 4.0 * meta.num_experts))
+    nb = TokenBytes.for_option(int(m.config.hidden_size), meta.top_k, meta.num_experts, token_bytes)
     bs = batch_size or 2 * ep
     base = run_pass(m, seqs, hook, ep, bs)
     dest = destination_table(hosts, topo, nb.dispatch)

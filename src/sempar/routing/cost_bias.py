@@ -59,6 +59,14 @@ class TokenBytes:
         return cls(float(hidden * elem_bytes + top_k * prob_bytes), float(hidden * elem_bytes),
                    float(num_experts * count_bytes))
 
+    @classmethod
+    def for_option(cls, hidden: int, top_k: int, num_experts: int,
+                   token_bytes: int | None = None) -> "TokenBytes":
+        """`for_model`, or with `--token-bytes` B: dispatch B + k fp32 weights, combine B."""
+        if token_bytes is None:
+            return cls.for_model(hidden, top_k, num_experts)
+        return cls(float(token_bytes + 4 * top_k), float(token_bytes), float(4 * num_experts))
+
     def to_json(self) -> dict[str, float]:
         return {"dispatch": self.dispatch, "combine": self.combine, "metadata": self.metadata}
 

@@ -135,8 +135,7 @@ def run_sweeps(cfg: SweepConfig, progress: Callable[[str], Any] | None = None,
     meta = trace_meta_for(model, probe.sites, src.name)
     L, E, k = meta.num_layers, meta.num_experts, meta.top_k
     hidden = int(model.config.hidden_size)
-    nbytes = (TokenBytes.for_model(hidden, k, E) if cfg.token_bytes is None else
-              TokenBytes(float(cfg.token_bytes + 4 * k), float(cfg.token_bytes), float(4 * E)))
+    nbytes = TokenBytes.for_option(hidden, k, E, cfg.token_bytes)
     hosts_of = {t.name: make_hosts(cfg.placement, L, E, t) for t in topos}
     say("lambda 0")
     base = run_pass(model, seqs, CostRoutingHook(model, None, cfg.mode), cfg.ep, batch_size)
