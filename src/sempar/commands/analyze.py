@@ -17,7 +17,7 @@ import typer
 from sempar.atomic import atomic_folder, check_folder_output, write_text_atomic
 from sempar.bounds import DEVICES_MAX, SEED, TOKENS_MAX, bound
 from sempar.commands._options import renamed
-from sempar.console import emit_json
+from sempar.console import emit_json, err
 from sempar.errors import InputError
 
 
@@ -100,10 +100,9 @@ def run_analyze(trace_path: Path | None, out_dir: Path | None, devices: int = 8,
             report.write(tmp / "report.html")
             write_text_atomic(tmp / "analysis.json", json.dumps(result, indent=1) + "\n")
     if not quiet and trace_path is not None:
-        from sempar.progress import stderr
         from sempar.report.sections import analysis_table
 
-        stderr.print(analysis_table(result))
+        err.print(analysis_table(result))
     return result
 
 
