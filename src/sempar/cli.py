@@ -10,7 +10,9 @@ import sys
 from typing import Any, Optional
 
 import typer
+from typer.exceptions import TyperException
 
+from sempar.atomic import install_signal_cleanup, track_inputs
 from sempar.commands import register_all
 from sempar.console import emit_json, err, out  # noqa: F401  (older verbs import them from here)
 from sempar.errors import InputError
@@ -22,10 +24,6 @@ register_all(app)
 
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app; bad input is one line on stderr and exit code 2."""
-    from typer.exceptions import TyperException
-
-    from sempar.atomic import install_signal_cleanup, track_inputs
-
     track_inputs()
     install_signal_cleanup()
     try:
@@ -47,8 +45,6 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 def _run(argv: Optional[list[str]]) -> Any:
-    from sempar.atomic import track_inputs
-
     try:
         return app(args=argv, standalone_mode=False, prog_name="sempar")
     finally:
