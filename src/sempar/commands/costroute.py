@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 
 from sempar.bounds import DEVICES_MAX, bound
+from sempar.console import emit_json, out
 from sempar.errors import InputError, check_choice
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -79,7 +80,6 @@ def sweep(model: str = _MODEL, topology: str = _TOPO, ep: int = _EP, lambdas: st
           as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
           plot: Optional[Path] = typer.Option(None, "--plot", help="folder for pareto.png")) -> None:
     """Run the model on held-out text at every lambda: all-to-all mean/p95, routing shift, quality."""
-    from sempar.console import emit_json
     from sempar.progress import steps
     from sempar.routing.report import (COLUMNS, layer_rows, pareto_line, pareto_plot,
                                        table_rows)
@@ -97,8 +97,6 @@ def sweep(model: str = _MODEL, topology: str = _TOPO, ep: int = _EP, lambdas: st
         emit_json({"model": results[0]["model"], "ep": ep, "sweeps": results})
         return
     from rich.table import Table
-
-    from sempar.console import out
 
     for r in results:
         t = Table(title=f"{r['model']} on {r['topology']} (EP {r['ep']}, {r['placement']}, "

@@ -12,6 +12,7 @@ import typer
 
 from sempar.bounds import POSITIVE_SECONDS, bound
 from sempar.commands._options import renamed
+from sempar.console import emit_json
 from sempar.errors import InputError
 
 
@@ -110,7 +111,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Profile alpha-beta per directed pair (CAMoE Alg. 1) and write a Topology JSON."""
-        from sempar.console import emit_json
         from sempar.commands.testbed import fail_env
         from sempar.testbed.fidelity import plot_fidelity
         from sempar.testbed.netns import TestbedError
