@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
     @app.command("profile")
     def profile_cmd(
         ep: Optional[int] = typer.Option(None, "--ep", help="ranks (devices) to profile, one "
-                                          "per testbed host, 2..64 (--hosts: the same, still read)",
+                                          "per testbed host, 2..64 (--hosts: the same, still read) \\[required]",
                                           callback=bound(2, 64)),
         hosts: Optional[int] = typer.Option(None, "--hosts", hidden=True, callback=bound(2, 64)),
         out: Path = typer.Option(Path("topo.json"), "--out", help="topology JSON to write"),
