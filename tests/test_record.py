@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from sempar import models  # noqa: E402
+from sempar import models as loading  # noqa: E402
 from sempar.errors import InputError  # noqa: E402
 from sempar.models import load_model, load_tokenizer, resolve_model  # noqa: E402
 from sempar.trace import read_trace  # noqa: E402
@@ -434,15 +434,15 @@ def test_resolve_names_dirs_and_text_args(tmp_path, monkeypatch):
     (assets / "models" / "tiny-own" / "config.json").write_text("{}")
     (assets / "models" / "tiny-own" / "tokenizer.json").write_text("{}")
     (assets / "tokenizer.json").write_text("{}")
-    monkeypatch.setattr(models, "ASSETS_DIR", assets)
-    monkeypatch.setattr(models, "MODELS_DIR", assets / "models")
+    monkeypatch.setattr(loading, "ASSETS_DIR", assets)
+    monkeypatch.setattr(loading, "MODELS_DIR", assets / "models")
     monkeypatch.chdir(tmp_path)
 
     src = resolve_model("tiny-moe64")
     assert (src.name, src.model_dir, src.tokenizer_path) == (
         "tiny-moe64", assets / "models" / "tiny-moe64", assets / "tokenizer.json")
     assert resolve_model("tiny-own").tokenizer_path == assets / "models" / "tiny-own" / "tokenizer.json"
-    assert models.known_models() == ["tiny-moe64", "tiny-own"]
+    assert loading.known_models() == ["tiny-moe64", "tiny-own"]
     direct = resolve_model(str(assets / "models" / "tiny-own"))
     assert direct.name == "tiny-own"
     with pytest.raises(InputError, match=r"known: tiny-moe64, tiny-own") as e:
@@ -453,7 +453,7 @@ def test_resolve_names_dirs_and_text_args(tmp_path, monkeypatch):
         resolve_model(str(tmp_path / "empty"))
     with pytest.raises(InputError, match="safetensors"):
         load_model("tiny-moe64")
-    monkeypatch.setattr(models, "MODELS_DIR", tmp_path / "nowhere")
+    monkeypatch.setattr(loading, "MODELS_DIR", tmp_path / "nowhere")
     with pytest.raises(InputError, match="none installed"):
         resolve_model("tiny-moe64")
 
