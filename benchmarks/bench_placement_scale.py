@@ -7,7 +7,9 @@ placement/sempar_scale.py) finish in <= 120 s and <= 8 GB; on a Qwen3-30B-A3B-sh
 (48 layers, 128 experts, 1M tokens) at EP 8, in <= 30 s. `vanilla` and `eplb` are timed for
 reference (no target).
 
-Read targets (issue 19): reading the 2M-token DeepSeek-V3 trace in <= 10 s and <= 1.5 GB. Two
+Read targets (issue 19): reading the 2M-token DeepSeek-V3 trace in <= 10 s and <= 1.5 GB (the
+trace in format 2, what `sempar synth` writes; a cached format 1 file is read too and its rows
+say so). Two
 rows measure it: `read` (read_trace into memory, the columns `place` reads: what every solver
 starts with; its floor is the expert-id array itself, T x L x k int16 = 1.86 GB for that trace)
 and `read-stream` (trace_info: every row validated, statistics summed row group by row group,
@@ -90,8 +92,9 @@ class RssSampler:
 
 def read_worker(path: str, method: str, cap_gb: float) -> None:
     """Only read the trace (READS); print one JSON line."""
-    from sempar.trace import read_trace, trace_info
+    from sempar.trace import read_header, read_trace, trace_info
 
+    version = read_header(path)[1]["format_version"]
     with RssSampler(cap_gb * 1e9):
         t0, c0 = time.perf_counter(), time.process_time()
         if method == "read":
@@ -100,6 +103,7 @@ def read_worker(path: str, method: str, cap_gb: float) -> None:
             tokens = trace_info(path)["tokens"]
         read_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     print(json.dumps({"read_s": read_s, "read_cpu_s": cpu_s, "tokens": tokens,
+                      "format_version": version,
                       "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                       * 1024 / 1e9}), flush=True)
 
@@ -214,7 +218,8 @@ def print_table(report: dict) -> None:
                     verdict = (f"<={tg['read_s']:.0f}s {'PASS' if tg['read_pass'] else 'MISS'} "
                                f"{'PASS' if tg['rss_pass'] else 'MISS'}")
                 print(f"{m:<11} {r['read_s']:7.1f} {'':>8} {r['read_cpu_s']:7.1f} "
-                      f"{r['peak_rss_gb']:8.2f} {'':>8} {verdict:>16}  read only")
+                      f"{r['peak_rss_gb']:8.2f} {'':>8} {verdict:>16}  read only, trace "
+                      f"format {r.get('format_version')}")
                 continue
             if tg:
                 verdict = f"<={tg['solve_s']:.0f}s {'PASS' if tg['solve_pass'] else 'MISS'}"

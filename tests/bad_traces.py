@@ -102,10 +102,11 @@ ROW_MUTATIONS = {
 }
 
 
-def _valid_file(tmp: Path, **kw: Any) -> Path:
-    from sempar.trace import write_trace
+def _valid_file(tmp: Path, format_version: int | None = None, **kw: Any) -> Path:
+    from sempar.trace import FORMAT_VERSION, write_trace
     p = tmp / "valid.parquet"
-    write_trace(build_trace(**kw), p, row_group_size=16)
+    write_trace(build_trace(**kw), p, row_group_size=16,
+                format_version=format_version or FORMAT_VERSION)
     return p
 
 
@@ -128,7 +129,9 @@ def _ragged(column: str, message: str):
             rows[BAD_ROW] = rows[BAD_ROW][:5]
             value_type = table.schema.field(column).type.value_type
             return replace_column(table, column, pa.array(rows, pa.list_(value_type)))
-        return rewrite(_valid_file(tmp), tmp / "bad.parquet", table_edit=edit), re_exact(message)
+        # lists can be ragged: format 1's columns (format 2's rows are fixed-size binary)
+        return (rewrite(_valid_file(tmp, format_version=1), tmp / "bad.parquet", table_edit=edit),
+                re_exact(message))
     return make
 
 
@@ -217,12 +220,12 @@ FILE_CASES: dict[str, Callable[[Path], tuple[Path, str]]] = {
     "ragged_weights": _ragged("weights", "weights: row 37: 5 values, expected 6 (ragged top-k)"),
     "null_experts_row": _null_row("experts", "experts: row 37: value is null"),
     "null_token_id": _null_row("token_id", "token_id: row 37: value is null"),
-    "format_version_unknown": _meta_case(lambda b: b.update(format_version=2),
-                                         "metadata.format_version: 2 is not supported "
-                                         "(this sempar reads 1)"),
+    "format_version_unknown": _meta_case(lambda b: b.update(format_version=3),
+                                         "metadata.format_version: 3 is not supported "
+                                         "(this sempar reads 1, 2)"),
     "format_version_missing": _meta_case(lambda b: b.pop("format_version"),
                                          "metadata.format_version: None is not supported "
-                                         "(this sempar reads 1)"),
+                                         "(this sempar reads 1, 2)"),
     "num_tokens_wrong": _meta_case(lambda b: b.update(num_tokens=199),
                                    "metadata.num_tokens: 199 but the file holds 200 rows"),
     "num_layers_mismatch": _meta_case(_set_meta("num_layers", 2),

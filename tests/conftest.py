@@ -67,10 +67,12 @@ def copy_trace(t: RoutingTrace) -> RoutingTrace:
                         weights=None if t.weights is None else t.weights.copy())
 
 
-def write_unchecked(trace: RoutingTrace, path: Path, row_group_size: int = 16) -> Path:
+def write_unchecked(trace: RoutingTrace, path: Path, row_group_size: int = 16,
+                    format_version: int | None = None) -> Path:
     """Write a trace through `TraceWriter` without validation (to put bad rows on disk)."""
+    kw = {} if format_version is None else {"format_version": format_version}
     with TraceWriter(path, trace.meta, trace.domains if trace.domain is not None else None,
-                     has_weights=trace.weights is not None, validate=False) as w:
+                     has_weights=trace.weights is not None, validate=False, **kw) as w:
         for lo in range(0, trace.num_tokens, row_group_size):
             sl = slice(lo, lo + row_group_size)
             w.write(trace.token_id[sl], trace.request_id[sl], trace.position[sl],

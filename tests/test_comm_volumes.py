@@ -135,8 +135,36 @@ def test_exflow_table_one(k):
         assert 0 < extra <= T * L
 
 
+def test_exflow_prefill_context_and_size_exchanges():
+    """exflow-prefill: per layer and batch an all-gather of every held token (H + index bytes to
+    each of the G - 1 others) and two size exchanges (context, dispatch) of size_bytes per pair;
+    its dispatch and combine are exflow's with one-shot dedup plus the index per copy."""
+    rng = np.random.default_rng(5)
+    T, L, N, k, B = 3000, 3, 32, 2, 1024
+    ex = np.stack([rng.permutation(N)[:k] for _ in range(T * L)]).reshape(T, L, k)
+    home = np.repeat((np.arange(T) % G)[:, None], L, axis=1)
+    topo = topology_preset("a100x4-ib")
+    o = opts(batch=B, size_bytes=8, index_bytes=4)
+    pre = simulate(ex, home, vanilla(L, N), topo, PIPELINES.get("exflow-prefill"), o)
+    ref = simulate(ex, home, vanilla(L, N), topo, PIPELINES.get("exflow"),
+                   opts(batch=B, dedup=True, one_shot=True))
+    nb = -(-T // B)
+    pairs = nb * G * (G - 1)
+    for lp, lr in zip(pre["layers"], ref["layers"]):
+        ph = lp["bytes_by_phase"]
+        assert ph["collectives"] == T * (G - 1) * (64 + 4) + pairs * 8
+        assert ph["metadata"] == pairs * 8
+        assert ph["dispatch"] == lr["bytes_by_phase"]["dispatch"] / 64 * (64 + 4)
+        assert ph["combine"] == lr["bytes_by_phase"]["combine"]
+        assert lp["seconds_by_phase"]["collectives"] > 0
+    # the papers' models charge no size exchange: size_bytes 0 leaves the one-shot metadata empty
+    sg = simulate(ex, home, vanilla(L, N), topo, PIPELINES.get("sglang-ep"), opts(batch=B))
+    assert sg["total"]["bytes_by_phase"]["metadata"] == 0
+
+
 def test_dedup_cuts_copies_and_registry():
-    assert pipeline_names() == ["ds-moe", "sglang-tp", "smoe", "smoe-exact", "attn-dp", "sglang-ep", "exflow"]
+    assert pipeline_names() == ["ds-moe", "sglang-tp", "smoe", "smoe-exact", "attn-dp", "sglang-ep",
+                                "exflow", "exflow-prefill"]
     rng = np.random.default_rng(4)
     T, L, N, k = 4096, 2, 16, 8                                  # 2 experts per device: duplicates
     ex = np.stack([rng.permutation(N)[:k] for _ in range(T * L)]).reshape(T, L, k)

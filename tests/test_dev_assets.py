@@ -70,3 +70,21 @@ def test_dev_traces_cover_every_domain():
         assert np.array_equal(t.domain[first][np.searchsorted(np.unique(t.request_id), t.request_id)],
                               t.domain)
     assert total <= 30 * 2**20
+
+
+H8 = MODELS / "tiny-moe64-h8"
+
+
+@pytest.mark.skipif(not (H8 / "model.safetensors").is_file(), reason="tiny-moe64-h8 not built")
+def test_h8_model_trained_and_traced():
+    """The 8-head variant (TP at G = 8) is a trained checkpoint with its own trace, and every
+    committed trace together stays within the traces' 30 MB budget."""
+    info = json.loads((H8 / "train.json").read_text())
+    assert info["heldout_lm_loss"] < 7.0
+    assert json.loads((H8 / "config.json").read_text())["num_attention_heads"] == 8
+    trace = assets_dir() / "traces" / "tiny-moe64-h8.parquet"
+    t = read_trace(trace)
+    assert t.meta.num_layers == 6 and t.meta.num_experts == 64
+    assert set(t.domain_counts()) == {"code", "docs", "literature", "math", "chat", "de-ru"}
+    total = sum(p.stat().st_size for p in (assets_dir() / "traces").glob("*.parquet"))
+    assert total <= 30 * 2**20

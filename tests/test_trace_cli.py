@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -141,11 +142,11 @@ def test_validate_num_requests_wrong(tmp_path, good_file):
 
 
 def test_validate_weights_width_mismatch(tmp_path, good_file):
-    def narrow(table):
+    def narrow(table):   # format 2: 4 of the 6 float32 weights per row
         w = table.column("weights").combine_chunks()
-        flat = w.flatten().to_numpy()[: len(w) * 4]
-        return replace_column(table, "weights",
-                              pa.FixedSizeListArray.from_arrays(pa.array(flat), 4))
+        rows = np.frombuffer(w.buffers()[1], np.uint8).reshape(len(w), 24)[:, :16].copy()
+        return replace_column(table, "weights", pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(16), len(w), [None, pa.py_buffer(rows)]))
     p = rewrite(good_file, tmp_path / "bad.parquet", table_edit=narrow)
     one_error_line(run_cli("trace", "validate", p, cwd=tmp_path), r"weights: .*")
 

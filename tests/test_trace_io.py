@@ -72,28 +72,94 @@ def test_round_trip_arrays_dtypes_meta(tmp_path, with_weights):
     assert list(names[190:]) == [None] * 10
 
 
-def test_metadata_block_contents(tmp_path, trace):
+@pytest.mark.parametrize("version", [1, 2])
+def test_metadata_block_contents(tmp_path, trace, version):
     p = tmp_path / "t.parquet"
-    write_trace(trace, p)
+    write_trace(trace, p, format_version=version)
     block = read_block(p)
-    assert block["format_version"] == FORMAT_VERSION == 1
+    assert FORMAT_VERSION == 2 and block["format_version"] == version
     assert block["num_tokens"] == 200
     assert block["num_requests"] == 20
     assert block["domains"] == ["code", "math"]
     assert block["meta"]["num_layers"] == 3 and block["meta"]["num_experts"] == 8
     assert block["meta"]["top_k"] == 2 and block["meta"]["vocab_size"] == 1000
     schema = pq.ParquetFile(p).schema_arrow
-    assert schema.field("experts").type == pa.list_(pa.int16(), 6)
-    assert schema.field("weights").type == pa.list_(pa.float32(), 6)
+    if version == 1:
+        assert schema.field("experts").type == pa.list_(pa.int16(), 6)
+        assert schema.field("weights").type == pa.list_(pa.float32(), 6)
+    else:   # 6 little-endian int16 ids, 6 float32 weights per row
+        assert schema.field("experts").type == pa.binary(12)
+        assert schema.field("weights").type == pa.binary(24)
+    assert_same_trace(trace, read_trace(p))
     pf, blk, meta = read_header(p)
     assert meta == trace.meta and blk == block
 
 
-def test_experts_layout_is_layer_major(tmp_path, trace):
+@pytest.mark.parametrize("version", [1, 2])
+def test_experts_layout_is_layer_major(tmp_path, trace, version):
     p = tmp_path / "t.parquet"
-    write_trace(trace, p)
+    write_trace(trace, p, format_version=version)
     row = pq.read_table(p).column("experts")[BAD_ROW].as_py()
+    if version == 2:
+        row = np.frombuffer(row, "<i2").tolist()
     assert row == trace.experts[BAD_ROW].reshape(-1).tolist()
+
+
+@pytest.mark.parametrize("rgs", [16, 1000])
+def test_format_1_and_2_read_alike(tmp_path, trace, rgs):
+    """Format 1 files (the committed dev traces, files in the wild) keep reading, equal to the
+    format 2 file of the same trace, through every reader."""
+    write_trace(trace, tmp_path / "v1.parquet", row_group_size=rgs, format_version=1)
+    write_trace(trace, tmp_path / "v2.parquet", row_group_size=rgs)
+    a, b = read_trace(tmp_path / "v1.parquet"), read_trace(tmp_path / "v2.parquet")
+    assert_same_trace(trace, a)
+    assert_same_trace(a, b)
+    assert trace_info(tmp_path / "v1.parquet") == trace_info(tmp_path / "v2.parquet")
+    for opt in ((), ("weights",), ("domain",)):
+        assert_same_trace(read_trace(tmp_path / "v1.parquet", optional=opt),
+                          read_trace(tmp_path / "v2.parquet", optional=opt))
+
+
+@pytest.mark.parametrize("case", sorted(ROW_MUTATIONS))
+def test_bad_rows_of_format_1_files(tmp_path, case):
+    """Format 1 files obey the same row rules (format 2's are the bad_file cases)."""
+    mutate, kw = ROW_MUTATIONS[case]
+    t = build_trace(**kw)
+    message = mutate(t)
+    p = write_unchecked(t, tmp_path / "bad.parquet", format_version=1)
+    assert read_block(p)["format_version"] == 1
+    with pytest.raises(InputError) as e:
+        read_trace(p)
+    assert str(e.value) == message
+
+
+def _as_list(table):
+    """Format 2's binary expert rows as format 1's fixed-size lists (in a format 2 file)."""
+    rows = np.frombuffer(table.column("experts").combine_chunks().buffers()[1], "<i2")
+    return replace_column(table, "experts", pa.FixedSizeListArray.from_arrays(pa.array(rows), 6))
+
+
+def _narrow_binary(table):
+    w = table.column("weights").combine_chunks()
+    rows = np.frombuffer(w.buffers()[1], np.uint8).reshape(len(w), 24)[:, :16].copy()
+    arr = pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), len(w), [None, pa.py_buffer(rows)])
+    return replace_column(table, "weights", arr)
+
+
+@pytest.mark.parametrize("edit, version, message", [
+    (_as_list, 2, "experts: column type fixed_size_list<element: int16>[6] is not fixed_size_binary "
+                  "(format 2)"),
+    (_narrow_binary, 2, "weights: rows hold 4 values but metadata says num_layers 3 x top_k 2 = 6"),
+    (None, 1, "experts: column type fixed_size_binary[12] is not a list (format 1)"),
+])
+def test_row_column_types_follow_the_format(tmp_path, trace, edit, version, message):
+    write_trace(trace, tmp_path / "a.parquet", row_group_size=16)
+    p = rewrite(tmp_path / "a.parquet", tmp_path / "b.parquet", table_edit=edit,
+                block_edit=lambda b: b.update(format_version=version))
+    for reader in (read_trace, trace_info):
+        with pytest.raises(InputError) as e:
+            reader(p)
+        assert str(e.value) == message
 
 
 def test_round_trip_without_domains(tmp_path):
@@ -208,7 +274,7 @@ def test_unchecked_writer_and_rewrite_helpers_are_faithful(tmp_path, trace):
 
 
 def test_variable_length_list_columns_are_accepted(tmp_path, trace):
-    write_trace(trace, tmp_path / "a.parquet")
+    write_trace(trace, tmp_path / "a.parquet", format_version=1)
 
     def to_var_lists(table):
         for col in ("experts", "weights"):
@@ -413,7 +479,7 @@ def _narrow_weights(table):
 
 
 def test_weights_width_mismatch_is_an_input_error(tmp_path, trace):
-    write_trace(trace, tmp_path / "a.parquet", row_group_size=16)
+    write_trace(trace, tmp_path / "a.parquet", row_group_size=16, format_version=1)
     p = rewrite(tmp_path / "a.parquet", tmp_path / "b.parquet", table_edit=_narrow_weights)
     with pytest.raises(InputError, match=r"^weights: "):
         read_trace(p)
@@ -421,7 +487,7 @@ def test_weights_width_mismatch_is_an_input_error(tmp_path, trace):
 
 @pytest.mark.parametrize("column", ["token_id", "experts"])
 def test_wide_integer_column_does_not_wrap(tmp_path, trace, column):
-    write_trace(trace, tmp_path / "a.parquet", row_group_size=16)
+    write_trace(trace, tmp_path / "a.parquet", row_group_size=16, format_version=1)
     if column == "token_id":
         tid = trace.token_id.astype(np.int64)
         tid[BAD_ROW] = 2**32 + 5

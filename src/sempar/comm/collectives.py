@@ -157,3 +157,22 @@ def all_to_all_volume(counts: np.ndarray, per_copy: float, header: float = 0.0,
         mask = off if every_pair else (counts > 0)
         b = b + header * mask
     return b
+
+
+def size_exchange(num_batches: int, G: int, nbytes: float) -> np.ndarray:
+    """float64[B, G, G]: `nbytes` on every directed pair off the diagonal, per batch: the row
+    count a receiver needs to size its buffer before an all-to-all-v whose receive sizes it does
+    not know (our runtime: one int64 per pair, `runtime.dispatch.Comm.exchange_sizes`)."""
+    out = np.full((num_batches, G, G), float(nbytes))
+    out[:, np.arange(G), np.arange(G)] = 0.0
+    return out
+
+
+def gather_held(held: np.ndarray, batch: np.ndarray, num_batches: int, G: int,
+                row_bytes: float) -> np.ndarray:
+    """float64[B, G, G]: an all-gather of uneven blocks: every device sends `row_bytes` per token
+    it holds to each other device. held: int[T] the device holding each token; batch: int[T]."""
+    n = np.bincount(np.asarray(batch, np.int64) * G + held, minlength=num_batches * G)
+    out = np.repeat((n.reshape(num_batches, G) * float(row_bytes))[:, :, None], G, axis=2)
+    out[:, np.arange(G), np.arange(G)] = 0.0
+    return out

@@ -9,6 +9,7 @@
 | `attn-dp` | DP | A2A dispatch -> A2A combine | DP rank of the request | no | separate |
 | `sglang-ep` | DP | one-shot dispatch (DeepEP) -> combine | DP rank of the request | yes | one-shot |
 | `exflow` | DP, context-coherent | one A2A dispatch per layer (+ partial combine for k > 1); one AG of the new tokens per batch | layer 0: DP rank; then the device of its top-1 expert | no | separate |
+| `exflow-prefill` | DP, context-coherent | AG of the held context -> A2A dispatch -> partial combine, every layer | as `exflow` | yes | one-shot (+ token index) |
 
 Choices where the papers are vague (ours):
 
@@ -29,6 +30,15 @@ Choices where the papers are vague (ours):
   "partial combine"), which ExFlow Table I does not count (`partial_combine=False` reproduces
   Table I). The per-iteration all-gather of the new tokens is charged once per batch, at the last
   layer: every device sends the tokens it holds to the G - 1 others (Table I writes G for G - 1).
+- `exflow-prefill` (ours, issue 19): ExFlow in a prefill, as our runtime's `exflow` mode runs
+  it. A token's attention needs the hidden states of its whole context at the same layer, and
+  those sit on the devices of the previous layer's top-1 experts, so before every layer each
+  device all-gathers the tokens it holds: `token_bytes + index_bytes` per token to each of the
+  G - 1 others (the row and its int32 global token index), preceded by a size exchange
+  (`SimOptions.size_bytes` per pair: the receivers do not know the block sizes). Its dispatch
+  is one-shot and de-duplicated, each copy carrying the token index too (`index_bytes`: the
+  top-1 device places the token in the next layer's context). No per-iteration all-gather:
+  the per-layer one replaces it.
 - Metadata, `separate`: an extra all-to-all before dispatch (CAMoE eq. 9's preprocess) carrying
   the token counts per expert (N x 4 bytes, every pair) and each copy's top-k ids and weights
   (k x 8 bytes); `one-shot` (s-MoE §4 (b)): the ids and weights ride in the dispatch packet, no
@@ -52,15 +62,11 @@ class Pipeline:
     scheduled: bool             # may place tokens with the online schedulers
     description: str
     aliases: tuple[str, ...] = ()
+    chained: bool = False       # ExFlow: a token's home at layer l + 1 is its top-1 expert's device
 
     @property
     def expert_parallel(self) -> bool:
         return "A2A-dispatch" in self.steps
-
-    @property
-    def chained(self) -> bool:
-        """ExFlow: a token's home at layer l + 1 is its top-1 expert's device at layer l."""
-        return self.name == "exflow"
 
 
 PIPELINES: Registry[Pipeline] = Registry("pipeline")
@@ -88,7 +94,12 @@ _add(Pipeline("attn-dp", "dp", ("A2A-dispatch", "A2A-combine"), False, False, Tr
 _add(Pipeline("sglang-ep", "dp", ("A2A-dispatch", "A2A-combine"), True, True, True,
               "attention DP + EP as SGLang runs it with DeepEP: one-shot dedup dispatch -> combine"))
 _add(Pipeline("exflow", "dp", ("A2A-dispatch", "A2A-combine", "AG-iteration"), False, False, True,
-              "ExFlow context-coherent EP: one A2A per layer + AG of new tokens per iteration"))
+              "ExFlow context-coherent EP: one A2A per layer + AG of new tokens per iteration",
+              chained=True))
+_add(Pipeline("exflow-prefill", "dp", ("AG-context", "A2A-dispatch", "A2A-combine"), True, True,
+              True, "ExFlow in a prefill (our runtime's exflow mode): AG of the held context "
+              "(+ size exchange) -> one-shot dedup A2A -> partial combine, every layer",
+              chained=True))
 
 
 def pipeline_names() -> list[str]:

@@ -10,7 +10,8 @@ layer, the pipeline's collectives (pipelines.py) become byte matrices float64[G,
   AG, each one all-to-all phase timed by eq. 9 with the dispatch parameters), the algorithm
   our runtime runs and the one small buffers want (a ring pays 2 (G - 1) latencies for them);
 - ExFlow's all-gather of the new tokens: every device sends its tokens to every other, timed by
-  eq. 9 with the dispatch parameters, charged at the last layer.
+  eq. 9 with the dispatch parameters, charged at the last layer; `exflow-prefill`'s all-gather of
+  the held context, every layer, the same way (+ its size exchange, one more eq. 9 phase).
 
 A layer's `a2a_seconds` is metadata + dispatch + combine (eq. 9); `comm_seconds` adds the rings.
 Per batch these are summed over layers (one pass of the batch through the model); the report
@@ -29,7 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sempar.comm.collectives import all_to_all_volume, ring_pairs, ring_seconds, route_counts
+from sempar.comm.collectives import (all_to_all_volume, gather_held, ring_pairs, ring_seconds,
+                                     route_counts, size_exchange)
 from sempar.comm.pipelines import Pipeline
 from sempar.comm.topology import PHASES, Topology
 from sempar.errors import InputError
@@ -47,7 +49,11 @@ class SimOptions:
     """hidden: elements per token vector; dtype_bytes: 2 = bf16. dedup / one_shot: None = the
     pipeline's default. meta_bytes: per selected expert per copy (int32 id + fp32 weight);
     count_bytes: per expert in the separate metadata collective's counts (CAMoE's s_cnt).
-    logit_bytes: per router logit in `smoe-exact`'s all-reduce (4: fp32, as the runtime)."""
+    logit_bytes: per router logit in `smoe-exact`'s all-reduce (4: fp32, as the runtime).
+    size_bytes: per directed pair, the size exchange before an all-to-all-v with unknown receive
+    sizes (one-shot dispatch, `exflow-prefill`'s context all-gather; 0: not charged, as in the
+    papers' models; 8: an int64, as our runtime). index_bytes: `exflow-prefill`'s global token
+    index per dispatched copy and per gathered token (4: int32, as the runtime)."""
 
     hidden: int
     dtype_bytes: int = 2
@@ -59,10 +65,20 @@ class SimOptions:
     count_sag: bool = True
     partial_combine: bool = True
     logit_bytes: int = 4
+    size_bytes: int = 0
+    index_bytes: int = 4
 
     @property
     def token_bytes(self) -> int:
         return int(self.hidden) * int(self.dtype_bytes)
+
+
+def runtime_options(hidden: int, batch: int) -> SimOptions:
+    """The options under which the simulator counts what our runtime (sempar.runtime) sends for
+    one forward of `batch` tokens: fp32 rows, de-duplicated one-shot dispatch, int64 size
+    exchanges, int32 token indices (pipelines: runtime.bench.METHODS)."""
+    return SimOptions(hidden=hidden, dtype_bytes=4, batch=batch, dedup=True, one_shot=True,
+                      size_bytes=8, index_bytes=4)
 
 
 def resolve_hidden(model: str, extra: dict | None = None, hidden: int | None = None) -> int:
@@ -139,7 +155,8 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
     ntok = np.bincount(batch_of, minlength=nb).astype(np.float64)
     dedup = pipeline.dedup if opts.dedup is None else opts.dedup
     one_shot = pipeline.one_shot if opts.one_shot is None else opts.one_shot
-    meta = k * opts.meta_bytes
+    context = "AG-context" in pipeline.steps
+    meta = k * opts.meta_bytes + (opts.index_bytes if context else 0)
     header = placement.num_experts * opts.count_bytes
 
     secs = np.zeros((nb, L, len(COLUMNS)))
@@ -163,7 +180,7 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
             if dedup:
                 cnt = cnt_dd
             disp = all_to_all_volume(cnt, H + (meta if one_shot else 0))
-            mbytes = (np.zeros_like(disp) if one_shot
+            mbytes = (size_exchange(nb, G, opts.size_bytes) if one_shot
                       else all_to_all_volume(cnt, meta, header, every_pair=True))
             if pipeline.chained:
                 first = e[:, 0]
@@ -196,12 +213,12 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
                     secs[:, l, 3] += topo.a2a_seconds("dispatch", phase)
                     pair_bytes[l, 3] += phase.sum(axis=0)
                     pre_bytes += float(phase.sum())
-            elif step == "AG-iteration" and l == L - 1:
-                held = np.bincount(batch_of * G + cur, minlength=nb * G).reshape(nb, G) * float(H)
-                ag = np.repeat(held[:, :, None], G, axis=2)
-                ag[:, np.arange(G), np.arange(G)] = 0.0
-                secs[:, l, 3] += topo.a2a_seconds("dispatch", ag)
-                pair_bytes[l, 3] += ag.sum(axis=0)
+            elif step == "AG-iteration" and l == L - 1 or step == "AG-context":
+                held, row = (h, H + opts.index_bytes) if step == "AG-context" else (cur, H)
+                for ag in ((gather_held(held, batch_of, nb, G, row),)
+                           + ((size_exchange(nb, G, opts.size_bytes),) if context else ())):
+                    secs[:, l, 3] += topo.a2a_seconds("dispatch", ag)
+                    pair_bytes[l, 3] += ag.sum(axis=0)
     res = _report(pipeline, topo, secs, pair_bytes, lar, copies, T, nb, dedup, one_shot, opts)
     res["total"]["bytes_prerouting"] = pre_bytes
     return res

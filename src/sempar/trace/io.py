@@ -1,12 +1,21 @@
 """Parquet I/O for `RoutingTrace`: one row per token, compressed, with a JSON metadata block.
 
-Columns:
+Columns (format 2, written by default):
     token_id   int32
     request_id int32
     position   int32
     domain     dictionary<int16, string>, null = unknown (absent when no row has a domain)
-    experts    fixed_size_list<int16 or int32>[L * k]   layer-major: layer 0's k slots first
-    weights    fixed_size_list<float32>[L * k]          optional
+    experts    fixed_size_binary[L * k * b]   L * k little-endian ids of b bytes (b = 2: int16,
+                                              4: int32 when num_experts > 32767, as
+                                              TraceMeta.expert_dtype), layer-major: layer 0's
+                                              k slots first
+    weights    fixed_size_binary[L * k * 4]   optional: L * k little-endian float32, same order
+
+Format 1 (still read; written with `format_version=1`) stores `experts` as
+fixed_size_list<int16 or int32>[L * k] and `weights` as fixed_size_list<float32>[L * k] (a
+variable-size list with exactly L * k values per row is accepted too). The binary rows of
+format 2 decode as one buffer per column chunk, viewed by numpy; Parquet assembles a
+fixed-size list value by value (about 10x slower for DeepSeek-V3's 464 ids per row).
 
 Key-value metadata `sempar.trace` holds JSON: `format_version`, `meta` (TraceMeta), `domains`,
 `num_tokens`, `num_requests`. Every data page carries a CRC-32 checksum (Parquet page header
@@ -28,6 +37,7 @@ import pyarrow.parquet as pq
 
 from sempar.atomic import atomic_path, check_input
 from sempar.errors import InputError
+from sempar.trace.columns import WEIGHT_DTYPE, block_arrays, check_row_type, stored_dtype
 from sempar.trace.schema import (FORMAT_VERSION, SUPPORTED_VERSIONS, RoutingTrace, TraceMeta,
                                  validate_arrays)
 
@@ -38,17 +48,23 @@ COMPRESSION = "zstd"
 COMPRESSION_LEVEL = 1
 
 
-def arrow_schema(meta: TraceMeta, has_domain: bool, has_weights: bool) -> pa.Schema:
+def arrow_schema(meta: TraceMeta, has_domain: bool, has_weights: bool,
+                 format_version: int = FORMAT_VERSION) -> pa.Schema:
     width = meta.num_layers * meta.top_k
-    expert_type = pa.int16() if meta.expert_dtype == np.int16 else pa.int32()
+    if format_version == 1:
+        expert_type = pa.list_(pa.int16() if meta.expert_dtype == np.int16 else pa.int32(), width)
+        weight_type = pa.list_(pa.float32(), width)
+    else:
+        expert_type = pa.binary(width * stored_dtype(meta).itemsize)
+        weight_type = pa.binary(width * WEIGHT_DTYPE.itemsize)
     fields = [pa.field("token_id", pa.int32(), nullable=False),
               pa.field("request_id", pa.int32(), nullable=False),
               pa.field("position", pa.int32(), nullable=False)]
     if has_domain:
         fields.append(pa.field("domain", pa.dictionary(pa.int16(), pa.string())))
-    fields.append(pa.field("experts", pa.list_(expert_type, width), nullable=False))
+    fields.append(pa.field("experts", expert_type, nullable=False))
     if has_weights:
-        fields.append(pa.field("weights", pa.list_(pa.float32(), width), nullable=False))
+        fields.append(pa.field("weights", weight_type, nullable=False))
     return pa.schema(fields)
 
 
@@ -62,14 +78,18 @@ class TraceWriter:
     """
 
     def __init__(self, path: str | os.PathLike, meta: TraceMeta, domains: list[str] | None = None,
-                 has_weights: bool = False, validate: bool = True):
+                 has_weights: bool = False, validate: bool = True,
+                 format_version: int = FORMAT_VERSION):
+        if format_version not in SUPPORTED_VERSIONS:
+            raise ValueError(f"format_version: {format_version} is not one of {SUPPORTED_VERSIONS}")
+        self.version = format_version
         self.path = Path(path)
         self.meta = meta
         self.domains = list(domains or [])
         self.has_domain = bool(self.domains)
         self.has_weights = has_weights
         self.validate = validate
-        self.schema = arrow_schema(meta, self.has_domain, has_weights)
+        self.schema = arrow_schema(meta, self.has_domain, has_weights, format_version)
         self.rows = 0
         self._requests: set[int] | None = set()
         self._request_count = 0
@@ -105,16 +125,24 @@ class TraceWriter:
             idx = np.full(T, -1, np.int16) if domain is None else domain.astype(np.int16, copy=False)
             cols.append(pa.DictionaryArray.from_arrays(
                 pa.array(idx, mask=idx < 0), pa.array(self.domains, pa.string())))
-        flat = np.ascontiguousarray(experts.astype(self.meta.expert_dtype, copy=False)).reshape(-1)
-        cols.append(pa.FixedSizeListArray.from_arrays(pa.array(flat), width))
+        cols.append(self._rows(experts, stored_dtype(self.meta), width))
         if weights is not None:
-            wflat = np.ascontiguousarray(weights, dtype=np.float32).reshape(-1)
-            cols.append(pa.FixedSizeListArray.from_arrays(pa.array(wflat), width))
+            cols.append(self._rows(weights, WEIGHT_DTYPE, width))
         self._writer.write_table(pa.Table.from_arrays(cols, schema=self.schema))
         self.rows += T
         # Counting requests exactly needs their ids; blocks from generators and recorders
         # hold whole requests in order, so a set of the ids seen stays small enough.
         self._requests.update(np.unique(request_id).tolist())
+
+    def _rows(self, values: np.ndarray, dtype: np.dtype, width: int) -> pa.Array:
+        """values [T, L, k] as one column: `width` values of `dtype` per row (format 2: the
+        rows' bytes, one buffer; format 1: a fixed-size list)."""
+        flat = np.ascontiguousarray(values, dtype=dtype).reshape(-1)
+        if self.version == 1:
+            return pa.FixedSizeListArray.from_arrays(pa.array(flat), width)
+        return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width * dtype.itemsize),
+                                                    flat.size // width,
+                                                    [None, pa.py_buffer(flat)])
 
     def __exit__(self, exc_type, exc, tb) -> None:
         assert self._writer is not None and self._ctx is not None
@@ -130,16 +158,18 @@ class TraceWriter:
         self._ctx.__exit__(exc_type, exc, tb)
 
     def _meta_block(self) -> dict[str, Any]:
-        return {"format_version": FORMAT_VERSION, "meta": self.meta.to_json(),
+        return {"format_version": self.version, "meta": self.meta.to_json(),
                 "domains": self.domains, "num_tokens": self.rows,
                 "num_requests": len(self._requests)}
 
 
-def write_trace(trace: RoutingTrace, path: str | os.PathLike, row_group_size: int = 65536) -> None:
+def write_trace(trace: RoutingTrace, path: str | os.PathLike, row_group_size: int = 65536,
+                format_version: int = FORMAT_VERSION) -> None:
     """Validate and write a whole trace atomically."""
     trace.validate()
     with TraceWriter(path, trace.meta, trace.domains if trace.domain is not None else None,
-                     has_weights=trace.weights is not None, validate=False) as w:
+                     has_weights=trace.weights is not None, validate=False,
+                     format_version=format_version) as w:
         for lo in range(0, max(trace.num_tokens, 1), row_group_size):
             sl = slice(lo, lo + row_group_size)
             w.write(trace.token_id[sl], trace.request_id[sl], trace.position[sl], trace.experts[sl],
@@ -191,72 +221,15 @@ def read_header(path: str | os.PathLike) -> tuple[pq.ParquetFile, dict[str, Any]
     if block.get("num_tokens") != n_rows:
         raise InputError(f"metadata.num_tokens: {block.get('num_tokens')!r} but the file holds "
                          f"{n_rows} rows")
-    width = meta.num_layers * meta.top_k
-    etype = pf.schema_arrow.field("experts").type
-    if pa.types.is_fixed_size_list(etype) and etype.list_size != width:
-        raise InputError(f"experts: rows hold {etype.list_size} values but metadata says "
-                         f"num_layers {meta.num_layers} x top_k {meta.top_k} = {width}")
-    if "weights" in names:
-        wtype = pf.schema_arrow.field("weights").type
-        if pa.types.is_fixed_size_list(wtype) and wtype.list_size != width:
-            raise InputError(f"weights: rows hold {wtype.list_size} values but metadata says "
-                             f"num_layers {meta.num_layers} x top_k {meta.top_k} = {width}")
+    for col, dtype in (("experts", stored_dtype(meta)), ("weights", WEIGHT_DTYPE)):
+        if col in names:
+            check_row_type(col, pf.schema_arrow.field(col).type, meta, dtype, version)
     domains = block.get("domains", [])
     if not isinstance(domains, list) or not all(isinstance(d, str) for d in domains):
         raise InputError(f"metadata.domains: {domains!r} is not a list of names")
     if "domain" in names and not domains:
         raise InputError("metadata.domains: empty, but the file has a domain column")
     return pf, block, meta
-
-
-def _list_values(col: pa.ChunkedArray, width: int, field: str, row0: int, dtype) -> np.ndarray:
-    """Flatten a (fixed or variable) list column to dtype[rows, width]; ragged rows raise.
-
-    A fixed-size list chunk without nulls is its child array: `flatten()` slices it and
-    `to_numpy` wraps its buffer, so a single-chunk column comes back without a copy (and
-    without a Python object per row or value)."""
-    parts = []
-    for arr in col.chunks:
-        rows = len(arr)
-        if arr.null_count:
-            r = int(np.argmax(arr.is_null().to_numpy(zero_copy_only=False)))
-            raise InputError(f"{field}: row {row0 + r}: value is null")
-        if pa.types.is_fixed_size_list(arr.type):
-            values = arr.flatten()
-        elif pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-            lengths = arr.value_lengths().to_numpy(zero_copy_only=False)
-            bad = lengths != width
-            if bad.any():
-                r = int(np.argmax(bad))
-                raise InputError(f"{field}: row {row0 + r}: {int(lengths[r])} values, expected "
-                                 f"{width} (ragged top-k)")
-            values = arr.flatten()
-        else:
-            raise InputError(f"{field}: column type {arr.type} is not a list")
-        if values.null_count:
-            i = int(np.argmax(values.is_null().to_numpy(zero_copy_only=False)))
-            raise InputError(f"{field}: row {row0 + i // width}: null value at slot {i % width}")
-        flat = values.to_numpy(zero_copy_only=False)
-        parts.append(flat.reshape(rows, width) if dtype is None
-                     else flat.astype(dtype, copy=False).reshape(rows, width))
-        row0 += rows
-    if not parts:
-        return np.zeros((0, width), dtype or np.int16)
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-def _narrow(x: np.ndarray, dtype, field: str, row0: int) -> np.ndarray:
-    """x cast to integer `dtype`, refusing values that would wrap around."""
-    if not np.issubdtype(x.dtype, np.integer):
-        raise InputError(f"{field}: values of type {x.dtype} are not integers")
-    info = np.iinfo(dtype)
-    if x.dtype.itemsize > np.dtype(dtype).itemsize or x.dtype.kind != np.dtype(dtype).kind:
-        bad = (x < info.min) | (x > info.max)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise InputError(f"{field}: row {row0 + i}: value {int(x[i])} does not fit "
-                             f"{np.dtype(dtype).name}")
-    return x.astype(dtype, copy=False)
 
 
 # Columns every reader needs (RoutingTrace's required arrays); `domain` and `weights` are
@@ -292,65 +265,13 @@ def iter_blocks(path: str | os.PathLike, optional: tuple[str, ...] | None = None
         except (pa.ArrowException, OSError) as err:
             raise InputError(f"{path}: row group {g} cannot be read (corrupted or truncated: "
                              f"{str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
-        arrays = _block_arrays(tab, meta, domains, row0)
+        arrays = block_arrays(tab, meta, domains, row0)
         if validate:
             validate_arrays(meta, arrays["token_id"], arrays["request_id"], arrays["position"],
                             arrays["experts"], arrays.get("domain"), domains, arrays.get("weights"),
                             row_offset=row0)
         yield meta, domains, row0, arrays
         row0 += tab.num_rows
-
-
-def _block_arrays(tab: pa.Table, meta: TraceMeta, domains: list[str], row0: int) -> dict[str, np.ndarray]:
-    L, k = meta.num_layers, meta.top_k
-    out: dict[str, np.ndarray] = {}
-    for col in ("token_id", "request_id", "position"):
-        if col in tab.column_names:
-            c = tab.column(col)
-            if c.null_count:
-                r = int(np.argmax(c.is_null().to_numpy(zero_copy_only=False)))
-                raise InputError(f"{col}: row {row0 + r}: value is null")
-            if not pa.types.is_integer(c.type):
-                raise InputError(f"{col}: column type {c.type} is not an integer type")
-            out[col] = _narrow(c.to_numpy(), np.int32, col, row0)
-    if "experts" in tab.column_names:
-        raw = _list_values(tab.column("experts"), L * k, "experts", row0, None).reshape(-1, L, k)
-        if not np.issubdtype(raw.dtype, np.integer):
-            raise InputError(f"experts: values of type {raw.dtype} are not integers")
-        if raw.dtype.itemsize > meta.expert_dtype.itemsize:  # check before narrowing wraps ids
-            bad = (raw < 0) | (raw >= meta.num_experts)
-            if bad.any():
-                r, l, s = (int(i) for i in np.argwhere(bad)[0])
-                raise InputError(f"experts: row {row0 + r} layer {l} slot {s}: expert id "
-                                 f"{int(raw[r, l, s])} out of range [0, {meta.num_experts})")
-        out["experts"] = raw.astype(meta.expert_dtype, copy=False)
-    if "weights" in tab.column_names:
-        out["weights"] = _list_values(tab.column("weights"), L * k, "weights", row0,
-                                      np.float32).reshape(-1, L, k)
-    if "domain" in tab.column_names:
-        out["domain"] = _domain_codes(tab.column("domain"), domains, row0)
-    return out
-
-
-def _domain_codes(col: pa.ChunkedArray, domains: list[str], row0: int) -> np.ndarray:
-    """Map a (dictionary or plain) string column onto int16 indices of `domains`, -1 for null."""
-    arr = col.combine_chunks()
-    if pa.types.is_dictionary(arr.type):
-        local = arr.dictionary.to_pylist()
-        lookup = np.array([domains.index(n) if n in domains else -2 for n in local] + [-1], np.int16)
-        idx = arr.indices.to_numpy(zero_copy_only=False)
-        idx = np.where(arr.is_null().to_numpy(zero_copy_only=False), len(local), idx).astype(np.int64)
-        codes = lookup[idx]
-    else:
-        names = arr.to_pylist()
-        codes = np.array([-1 if n is None else (domains.index(n) if n in domains else -2)
-                          for n in names], np.int16)
-    bad = codes == -2
-    if bad.any():
-        r = int(np.argmax(bad))
-        raise InputError(f"domain: row {row0 + r}: {arr[r].as_py()!r} is not listed in "
-                         f"metadata.domains {domains}")
-    return codes.astype(np.int16, copy=False)
 
 
 def read_trace(path: str | os.PathLike, validate: bool = True,

@@ -24,8 +24,12 @@ import numpy as np
 
 from sempar.errors import InputError
 
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+# On-disk format (trace/io.py): version 2 stores `experts` and `weights` as fixed-size binary
+# rows (L x k little-endian int16 / int32 ids, L x k float32 weights per row), which Parquet
+# decodes as one buffer; version 1 as fixed-size lists, read still (committed traces, files
+# in the wild). Both are written with `TraceWriter(format_version=...)`.
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
 
 # Shapes far beyond any real MoE (DeepSeek-V3: 61 layers, 256 experts, top-8, 129k vocabulary)
 # and far below what a reader would exhaust memory on: a file claiming more is refused.
@@ -334,8 +338,10 @@ def validate_arrays(meta: TraceMeta, token_id: np.ndarray, request_id: np.ndarra
         if bad.any():
             r = _first_bad(bad)[0]
             raise InputError(f"{name}: row {r + row_offset}: value {int(arr[r])} is negative")
-    bad = (experts < 0) | (experts >= N)
-    if bad.any():
+    # min / max first: one pass each, no boolean temporaries of the block's size
+    bad = (experts < 0) | (experts >= N) if experts.size and (
+        experts.min() < 0 or experts.max() >= N) else None
+    if bad is not None:
         r, l, s = _first_bad(bad)
         raise InputError(f"experts: row {r + row_offset} layer {l} slot {s}: expert id "
                          f"{int(experts[r, l, s])} out of range [0, {N})")
@@ -353,8 +359,9 @@ def validate_arrays(meta: TraceMeta, token_id: np.ndarray, request_id: np.ndarra
     if weights is not None:
         if weights.shape != experts.shape:
             raise InputError(f"weights: shape {weights.shape} differs from experts {experts.shape}")
-        bad = ~np.isfinite(weights) | (weights < 0)
-        if bad.any():
-            r, l, s = _first_bad(bad)
+        # a NaN makes min() NaN (not >= 0), an infinity makes max() infinite
+        ok = not weights.size or (weights.min() >= 0 and np.isfinite(weights.max()))
+        if not ok:
+            r, l, s = _first_bad(~np.isfinite(weights) | (weights < 0))
             raise InputError(f"weights: row {r + row_offset} layer {l} slot {s}: value "
                              f"{float(weights[r, l, s])} is not a finite non-negative number")
