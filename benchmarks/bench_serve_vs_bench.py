@@ -28,7 +28,7 @@ def _time_forward(model: str, ids, repeats: int, barrier=None) -> float:
     """Min over `repeats` of one forward of ids int64[B, S], 1 thread, after a warm-up."""
     import torch
 
-    from sempar.trace.record import load_model
+    from sempar.models import load_model
 
     torch.set_num_threads(1)
     m = load_model(model)

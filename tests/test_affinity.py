@@ -638,7 +638,7 @@ def test_analyze_trace_random_routing_lookback_near_uniform():
 
 @pytest.mark.parametrize("devices", [0, -1, 9])
 def test_analyze_trace_rejects_bad_devices(devices):
-    with pytest.raises(InputError, match="--devices"):
+    with pytest.raises(InputError, match="--ep"):
         analyze_trace(_random_trace(), devices=devices)
 
 

@@ -113,3 +113,23 @@ def test_demo_writes_report_and_summary(tmp_path):
     if olmoe_aggregates_dir() is not None:
         assert summary["stages"]["real-aggregates"]["models"]["olmoe"]["layers"]
         assert "Real routing" in html
+
+
+def test_old_spellings_still_read(tmp_path, capsys):
+    """`--ep` is the device count on every verb; `analyze --devices` still reads the same."""
+    from conftest import build_trace
+    from sempar.cli import main
+    from sempar.trace import write_trace
+
+    p = tmp_path / "t.parquet"
+    write_trace(build_trace(T=400, R=20, L=3, N=16, k=2), p)
+
+    def run(*args: str) -> dict:
+        with pytest.raises(SystemExit) as e:
+            main(["analyze", str(p), "--json", *args])
+        assert e.value.code == 0
+        return json.loads(capsys.readouterr().out)
+
+    new, old = run("--ep", "4"), run("--devices", "4")
+    assert new == old
+    assert new != run("--ep", "2")     # the option is read, not ignored

@@ -102,7 +102,7 @@ def test_a2a_time_eq9():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from sempar.trace.record import load_model
+    from sempar.models import load_model
 
     return {name: load_model(name) for name in ("tiny-mixtral", "tiny-moe64")}
 

@@ -26,7 +26,7 @@ def _check_exact(res: dict) -> None:
 @pytest.mark.parametrize("world", [2, 4])
 def test_tiny_models_preroute_exactly(name: str, world: int, moe64_split) -> None:
     from sempar.paths import assets_dir
-    from sempar.trace.record import load_model
+    from sempar.models import load_model
 
     d = assets_dir() / "models" / name
     if not any(d.glob("*.safetensors")):

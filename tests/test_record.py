@@ -11,12 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from sempar import models as loading  # noqa: E402
 from sempar.errors import InputError  # noqa: E402
+from sempar.models import load_model, load_tokenizer, resolve_model  # noqa: E402
 from sempar.trace import read_trace  # noqa: E402
 from sempar.trace import record as rec  # noqa: E402
-from sempar.trace.record import (DOC_MARKER, RecordJob, find_routers, load_model,  # noqa: E402
-                                 load_tokenizer, parse_text_arg, record, resolve_model,
-                                 split_requests)
+from sempar.trace.record import (DOC_MARKER, RecordJob, find_routers, parse_text_arg,  # noqa: E402
+                                 record, split_requests)
 
 V = 300
 COMMON = dict(vocab_size=V, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
@@ -433,15 +434,15 @@ def test_resolve_names_dirs_and_text_args(tmp_path, monkeypatch):
     (assets / "models" / "tiny-own" / "config.json").write_text("{}")
     (assets / "models" / "tiny-own" / "tokenizer.json").write_text("{}")
     (assets / "tokenizer.json").write_text("{}")
-    monkeypatch.setattr(rec, "ASSETS_DIR", assets)
-    monkeypatch.setattr(rec, "MODELS_DIR", assets / "models")
+    monkeypatch.setattr(loading, "ASSETS_DIR", assets)
+    monkeypatch.setattr(loading, "MODELS_DIR", assets / "models")
     monkeypatch.chdir(tmp_path)
 
     src = resolve_model("tiny-moe64")
     assert (src.name, src.model_dir, src.tokenizer_path) == (
         "tiny-moe64", assets / "models" / "tiny-moe64", assets / "tokenizer.json")
     assert resolve_model("tiny-own").tokenizer_path == assets / "models" / "tiny-own" / "tokenizer.json"
-    assert rec.known_models() == ["tiny-moe64", "tiny-own"]
+    assert loading.known_models() == ["tiny-moe64", "tiny-own"]
     direct = resolve_model(str(assets / "models" / "tiny-own"))
     assert direct.name == "tiny-own"
     with pytest.raises(InputError, match=r"known: tiny-moe64, tiny-own") as e:
@@ -452,7 +453,7 @@ def test_resolve_names_dirs_and_text_args(tmp_path, monkeypatch):
         resolve_model(str(tmp_path / "empty"))
     with pytest.raises(InputError, match="safetensors"):
         load_model("tiny-moe64")
-    monkeypatch.setattr(rec, "MODELS_DIR", tmp_path / "nowhere")
+    monkeypatch.setattr(loading, "MODELS_DIR", tmp_path / "nowhere")
     with pytest.raises(InputError, match="none installed"):
         resolve_model("tiny-moe64")
 

@@ -23,7 +23,7 @@ from sempar.placement.placement import Placement
 from sempar.runtime import DISPATCHERS, MODES, RankFailure, RunSpec, reference_logits, run, run_many
 from sempar.schedule.prerouter import exact_homes
 from sempar.schedule.rebatch import plan_align
-from sempar.trace.record import load_model, resolve_model
+from sempar.models import load_model, resolve_model
 from sempar.trace.routers import RoutingCapture, find_routers
 
 TOL = 1e-5

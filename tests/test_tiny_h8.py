@@ -76,7 +76,7 @@ def test_tp_forward_g8_lossless(h8_dir):
 
 
 def test_packaged_checkpoint():
-    from sempar.trace.record import load_model
+    from sempar.models import load_model
 
     if not (assets_dir() / "models" / MODEL / "config.json").is_file():
         pytest.skip(f"{MODEL} is not trained yet (scripts/make-dev-assets.sh builds it)")

@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from conftest import (BAD_ROW, FILE_CASES, build_trace, replace_column, rewrite, run_cli,
-                      write_unchecked)
+from bad_traces import BAD_ROW, FILE_CASES
+from conftest import build_trace, replace_column, rewrite, run_cli, write_unchecked
 from sempar.cli import main
 from sempar.trace import write_trace
 

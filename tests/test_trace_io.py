@@ -10,8 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import (BAD_ROW, ROW_MUTATIONS, build_trace, copy_trace, read_block, replace_column,
-                      rewrite, write_unchecked)
+from bad_traces import BAD_ROW, ROW_MUTATIONS
+from conftest import (build_trace, copy_trace, read_block, replace_column, rewrite,
+                      write_unchecked)
 from sempar.errors import InputError
 from sempar.trace import (FORMAT_VERSION, RoutingTrace, TraceMeta, TraceWriter, concat,
                           read_header, read_trace, select_domains, split_by_request,
@@ -403,7 +404,7 @@ def test_trace_meta_rejects_bad_shapes(kw, message):
 
 
 # ============================================================================================
-# 2b. Validation: files on disk (bad_file fixture in conftest.py; the CLI side is in
+# 2b. Validation: files on disk (bad_file fixture in bad_traces.py; the CLI side is in
 #     test_trace_cli.py)
 # ============================================================================================
 

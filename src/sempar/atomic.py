@@ -238,11 +238,6 @@ def write_text_atomic(target: str | os.PathLike, text: str, option: str = "--out
         tmp.write_text(text, encoding="utf-8")
 
 
-def write_bytes_atomic(target: str | os.PathLike, data: bytes, option: str = "--out") -> None:
-    with atomic_path(target, option=option) as tmp:
-        tmp.write_bytes(data)
-
-
 # ---- folders -------------------------------------------------------------------------------
 
 def _files_under(folder: Path) -> set[str]:

@@ -11,3 +11,9 @@ class InputError(ValueError):
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))
+
+
+def check_choice(option: str, value: object, choices: "tuple | list") -> None:
+    """Bad input unless `value` is one of `choices`: "OPTION: 'x' is not one of a, b"."""
+    if value not in choices:
+        raise InputError(f"{option}: {value!r} is not one of {', '.join(map(str, choices))}")

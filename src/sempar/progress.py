@@ -7,11 +7,10 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 
-stderr = Console(stderr=True)
+from sempar.console import err as stderr  # the same console the verbs write stderr with
 
 
 @contextlib.contextmanager

@@ -97,7 +97,7 @@ def analyze_trace(trace: RoutingTrace, devices: int = 8, seed: int = 0,
         raise InputError(f"trace: {trace.num_tokens} tokens are too few to analyse (need >= 8)")
     N, L, k = trace.meta.num_experts, trace.meta.num_layers, trace.meta.top_k
     if not 1 <= devices <= N:
-        raise InputError(f"--devices: {devices} is not between 1 and the {N} experts")
+        raise InputError(f"--ep: {devices} is not between 1 and the {N} experts")
     info = trace.info()
     info["domain_names"] = list(trace.domains)
     trace, sampled = _subsample(trace, max_tokens, seed)

@@ -53,7 +53,7 @@ def reference(model: str, ids: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
     """(logits float32[B, S, V], experts int64[B*S, L, k]) of the single-process HF forward."""
     from transformers.utils import logging as hf_logging
 
-    from sempar.trace.record import load_model
+    from sempar.models import load_model
     from sempar.trace.routers import RoutingCapture, find_routers
 
     hf_logging.disable_progress_bar()
@@ -82,7 +82,7 @@ def batch_trace(meta, ids: torch.Tensor, experts: np.ndarray):
 
 def model_config(model: str) -> dict:
     """config.json of a packaged model name or a model folder."""
-    from sempar.trace.record import resolve_model
+    from sempar.models import resolve_model
 
     return json.loads((resolve_model(model).model_dir / "config.json").read_text())
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import pickle
 
-import torch
 
 from sempar.atomic import scratch_folder
 from sempar.bench.inputs import load_dev, model_config, prefill_batches

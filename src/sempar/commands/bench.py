@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         """MoE-block, attention-collective, layer and forward time, bytes (measured and
         predicted), LAR and logit error per method; the result is also saved for `sempar demo`
         ($SEMPAR_BENCH_RESULT)."""
-        from sempar.cli import emit_json
+        from sempar.console import emit_json
         from sempar.commands.testbed import fail_env
         from sempar.bench import run_bench
         from sempar.runtime.dist import RankFailure

@@ -15,7 +15,8 @@ from typing import Optional
 import typer
 
 from sempar.bounds import DEVICES_MAX, bound
-from sempar.errors import InputError
+from sempar.console import emit_json, out
+from sempar.errors import InputError, check_choice
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Cost-aware routing (CAMoE): gate bias from the topology, lambda sweep.")
@@ -33,11 +34,10 @@ def _lambdas(text: str) -> tuple[float, ...]:
 
 def _config(model, topology, ep, lambdas, corpus, text, tokens_per_domain, seq_len, batch_size,
             placement, dedup, mode, token_bytes, max_acc_loss):
-    from sempar.routing.hook import MODES
+    from sempar.routing.hook import BIAS_MODES
     from sempar.routing.sweep import SweepConfig
 
-    if mode not in MODES:
-        raise InputError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
+    check_choice("--mode", mode, BIAS_MODES)
     return SweepConfig(model=model, topologies=tuple(t.strip() for t in topology.split(",") if t.strip()),
                        ep=ep, lambdas=_lambdas(lambdas), tokens_per_domain=tokens_per_domain,
                        seq_len=seq_len, batch_size=batch_size, placement=placement, dedup=dedup,
@@ -80,7 +80,6 @@ def sweep(model: str = _MODEL, topology: str = _TOPO, ep: int = _EP, lambdas: st
           as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
           plot: Optional[Path] = typer.Option(None, "--plot", help="folder for pareto.png")) -> None:
     """Run the model on held-out text at every lambda: all-to-all mean/p95, routing shift, quality."""
-    from sempar.cli import emit_json
     from sempar.progress import steps
     from sempar.routing.report import (COLUMNS, layer_rows, pareto_line, pareto_plot,
                                        table_rows)
@@ -98,8 +97,6 @@ def sweep(model: str = _MODEL, topology: str = _TOPO, ep: int = _EP, lambdas: st
         emit_json({"model": results[0]["model"], "ep": ep, "sweeps": results})
         return
     from rich.table import Table
-
-    from sempar.cli import out
 
     for r in results:
         t = Table(title=f"{r['model']} on {r['topology']} (EP {r['ep']}, {r['placement']}, "
@@ -132,10 +129,12 @@ def tables(model: str = _MODEL, topology: str = _TOPO, ep: int = _EP,
     G(l) for a lambda is lambda x unit[l]."""
     from sempar.atomic import write_text_atomic
     from sempar.comm.topology import load_topology
+    from sempar.models import load_model, resolve_model
     from sempar.routing.cost_bias import TokenBytes, build_tables, destination_table
     from sempar.routing.hook import CostRoutingHook
-    from sempar.routing.sweep import load_sequences, make_hosts, per_batch_counts, run_pass
-    from sempar.trace.record import load_model, resolve_model
+    from sempar.routing.passes import per_batch_counts, run_pass
+    from sempar.routing.sweep import make_hosts
+    from sempar.routing.text import load_sequences
     from sempar.trace.routers import trace_meta_for
 
     from sempar.atomic import check_output
@@ -154,9 +153,7 @@ def tables(model: str = _MODEL, topology: str = _TOPO, ep: int = _EP,
     hook = CostRoutingHook(m, None)
     meta = trace_meta_for(m, hook.sites, src.name)
     hosts, _ = make_hosts(placement, meta.num_layers, meta.num_experts, topo)
-    nb = (TokenBytes.for_model(int(m.config.hidden_size), meta.top_k, meta.num_experts)
-          if token_bytes is None else TokenBytes(token_bytes + 4.0 * meta.top_k, float(token_bytes),
-                                                 4.0 * meta.num_experts))
+    nb = TokenBytes.for_option(int(m.config.hidden_size), meta.top_k, meta.num_experts, token_bytes)
     bs = batch_size or 2 * ep
     base = run_pass(m, seqs, hook, ep, bs)
     dest = destination_table(hosts, topo, nb.dispatch)

@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
                        pipelines=_names(pipelines), policies=_names(policies), redundant=red,
                        progress=step)
         if as_json:
-            from sempar.cli import emit_json
+            from sempar.console import emit_json
 
             emit_json(res)
             return
@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
 def print_plan(res: dict) -> None:
     from rich.table import Table
 
-    from sempar.cli import out
+    from sempar.console import out
 
     keys = ", ".join(f"{k} {res['slos'][k] * 1e3:.1f} ms" for k in res["slo_keys"])
     base = res["baseline"]["throughput_under_slo"]

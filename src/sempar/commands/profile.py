@@ -5,12 +5,14 @@ Topology JSON and checks its fidelity against measured all-to-all times (CAMoE e
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import typer
 
 from sempar.bounds import POSITIVE_SECONDS, bound
+from sempar.commands._options import renamed
+from sempar.console import emit_json
 from sempar.errors import InputError
 
 
@@ -38,7 +40,7 @@ def run_profile(hosts: int, testbed: str | None = None, scale: float = 1 / 8000,
     if not 2 <= hosts <= netns.MAX_HOSTS:
         raise InputError(f"--hosts must be 2..{netns.MAX_HOSTS}, got {hosts}")
     if reps < 1:
-        raise InputError(f"--reps must be at least 1, got {reps}")
+        raise InputError(f"--repeats must be at least 1, got {reps}")
     if method not in F.METHODS:
         raise InputError(f"--method {method!r}: choose one of {', '.join(F.METHODS)}")
     if timeout_s <= 0 or op_timeout_s <= 0:
@@ -81,8 +83,10 @@ def run_profile(hosts: int, testbed: str | None = None, scale: float = 1 / 8000,
 def register(app: typer.Typer) -> None:
     @app.command("profile")
     def profile_cmd(
-        hosts: int = typer.Option(..., "--hosts", help="ranks (devices) to profile, 2..64",
-                                   callback=bound(2, 64)),
+        ep: Optional[int] = typer.Option(None, "--ep", help="ranks (devices) to profile, one "
+                                          "per testbed host, 2..64 (--hosts: the same, still read) \\[required]",
+                                          callback=bound(2, 64)),
+        hosts: Optional[int] = typer.Option(None, "--hosts", hidden=True, callback=bound(2, 64)),
         out: Path = typer.Option(Path("topo.json"), "--out", help="topology JSON to write"),
         testbed: str | None = typer.Option(None, "--testbed", "--preset", help="bring up a "
                                               "namespace testbed shaped as this preset or JSON "
@@ -92,8 +96,10 @@ def register(app: typer.Typer) -> None:
                                     callback=bound(0, 1.0, lo_open=True)),
         sizes: str | None = typer.Option(None, "--sizes", help="message sizes in bytes, "
                                             "comma-separated (default 4096,65536,262144,786432)"),
-        reps: int = typer.Option(3, "--reps", help="repeats per measurement (median)",
-                                 callback=bound(1, 1000)),
+        repeats: Optional[int] = typer.Option(None, "--repeats", help="repeats per measurement "
+                                              "(median; --reps: the same, still read) \\[default: 3]",
+                                              callback=bound(1, 1000)),
+        reps: Optional[int] = typer.Option(None, "--reps", hidden=True, callback=bound(1, 1000)),
         fidelity: bool = typer.Option(True, "--fidelity/--no-fidelity",
                                       help="measure all-to-all cases against eq. 9"),
         method: str = typer.Option("p2p", "--method", help="all-to-all measured: p2p (all "
@@ -107,11 +113,12 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Profile alpha-beta per directed pair (CAMoE Alg. 1) and write a Topology JSON."""
-        from sempar.cli import emit_json
         from sempar.commands.testbed import fail_env
         from sempar.testbed.fidelity import plot_fidelity
         from sempar.testbed.netns import TestbedError
 
+        ranks = renamed(ep, hosts, "--ep", "--hosts")
+        repeat = renamed(repeats, reps, "--repeats", "--reps", 3)
         if plot is not None and not fidelity:
             raise InputError("--plot needs the fidelity cases (drop --no-fidelity)")
         from sempar.atomic import check_output
@@ -121,7 +128,7 @@ def register(app: typer.Typer) -> None:
             check_output(plot, out, option="--plot")
         sz = _ints(sizes, "--sizes") if sizes else None
         try:
-            topo, res = run_profile(hosts, testbed, scale, sz, reps, fidelity, method=method,
+            topo, res = run_profile(ranks, testbed, scale, sz, repeat, fidelity, method=method,
                                     timeout_s=timeout, op_timeout_s=op_timeout)
         except TestbedError as e:
             fail_env(e)

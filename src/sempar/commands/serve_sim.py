@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
 
             res["png"] = str(plot_curves(res, Path(plot) / "serve-sim-curves.png"))
         if as_json:
-            from sempar.cli import emit_json
+            from sempar.console import emit_json
 
             emit_json(res)
             return
@@ -84,7 +84,7 @@ def _r(x, fmt="{:.3g}") -> str:
 def print_result(res: dict) -> None:
     from rich.table import Table
 
-    from sempar.cli import out
+    from sempar.console import out
     from sempar.serving.metrics import SLO_KEYS
 
     from sempar.serving.report import slo_text

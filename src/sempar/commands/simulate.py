@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from sempar.bounds import SEED, bound
+from sempar.console import emit_json, out
 from sempar.errors import InputError
 
 
@@ -86,8 +87,6 @@ def register(app: typer.Typer) -> None:
                 rows = run_grid(study, methods, pipes, topos, nodes, progress=step)
             plot_grid(rows, png, title=f"{tr.meta.model}: {', '.join(topos)}")
             if as_json:
-                from sempar.cli import emit_json
-
                 emit_json({"trace": str(trace), "hidden": opts.hidden, "batch": opts.batch,
                            "png": str(png), "rows": rows})
             else:
@@ -97,8 +96,6 @@ def register(app: typer.Typer) -> None:
         topo = load_topology(topology, nodes)
         res = single(study, placement, pipeline, topo)
         if as_json:
-            from sempar.cli import emit_json
-
             emit_json(res)
             return
         _print_single(res)
@@ -114,8 +111,6 @@ def _f(x, fmt="{:.3f}") -> str:
 
 def _print_single(res: dict) -> None:
     from rich.table import Table
-
-    from sempar.cli import out
 
     t = Table(title=f"{res['pipeline']} on {res['topology']} ({res['devices']} devices, "
                     f"{res['nodes']} nodes), placement {res.get('placement')}, "
@@ -136,8 +131,6 @@ def _print_single(res: dict) -> None:
 
 def _print_rows(rows: list[dict]) -> None:
     from rich.table import Table
-
-    from sempar.cli import out
 
     t = Table(title="sempar simulate --compare (ratios against the first placement)")
     for c in ("topology", "pipeline", "placement", "sched", "B/token", "a2a ms", "a2a p95",

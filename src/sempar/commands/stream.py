@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from sempar.console import emit_json
+
 
 def register(app: typer.Typer) -> None:
     app.command("stream")(stream)
@@ -118,7 +120,6 @@ def stream(
     if plot is not None:
         out["plots"] = written
     if json_out:
-        from sempar.cli import emit_json
         emit_json(out)
         return
     from rich.console import Console

@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
                                      "removes it", callback=POSITIVE_SECONDS),
            as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
         """Create the namespaces, bridge, addresses and shaping; `down` removes them."""
-        from sempar.cli import emit_json
+        from sempar.console import emit_json
         from sempar.testbed import netns
 
         if ttl <= 0:
@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
                                                   "testbed and stray sempar-* namespace)"),
              as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
         """Remove a testbed (or all of them): namespaces, veths, bridge, state file."""
-        from sempar.cli import emit_json
+        from sempar.console import emit_json
         from sempar.testbed import netns
 
         kept: list = []
@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
     @tb_app.command("status")
     def status(as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
         """List recorded testbeds and every sempar-* namespace present."""
-        from sempar.cli import emit_json
+        from sempar.console import emit_json
         from sempar.testbed import netns
 
         reaped = netns.reap_expired() if netns.netns_available()[0] else []

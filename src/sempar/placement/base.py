@@ -23,7 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from sempar.errors import InputError
+from sempar.errors import InputError, check_choice
 from sempar.placement.placement import Placement, cross_group_slots, contiguous_nodes
 from sempar.predict.token_table import TokenTable
 from sempar.registry import Registry
@@ -45,8 +45,7 @@ class PlacementProblem:
 
     def __post_init__(self) -> None:
         N, G = self.trace.meta.num_experts, self.num_devices
-        if self.mode not in ("tp", "dp"):
-            raise InputError(f"--mode: {self.mode!r} is not one of dp, tp")
+        check_choice("--mode", self.mode, ("dp", "tp"))
         if not 1.0 <= self.max_imbalance < 100:
             raise InputError(f"--max-imbalance: {self.max_imbalance} is not in [1, 100)")
         if G < 1 or G > N:
@@ -55,6 +54,12 @@ class PlacementProblem:
             raise InputError(f"--redundant: {N} experts + {self.redundant} replicas do not split "
                              f"evenly over {G} devices")
         contiguous_nodes(G, self.num_nodes)
+
+    def refuse_replicas(self, solver: str) -> None:
+        """Bad input for a solver that places every expert exactly once, when replicas are asked."""
+        if self.redundant:
+            raise InputError(f"--redundant {self.redundant}: {solver} places every expert once "
+                             "(no replicas)")
 
     @property
     def slots_per_device(self) -> int:

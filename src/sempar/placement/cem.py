@@ -1,6 +1,6 @@
 """`smoe-cem`: s-MoE's cross-entropy co-clustering of tokens and experts (speculative-moe.txt).
 
-Source: /work/shared/papers/speculative-moe.txt, Appendix B ("Algorithm for the s-TS/s-EG
+Source: s-MoE (the papers folder's speculative-moe.txt), Appendix B ("Algorithm for the s-TS/s-EG
 Solver", line 291; its description of Algorithm 1 at line 295) and Algorithm 1 "CEO-based
 co-clustering algorithm" (line 303 onwards). The main text (line 118) calls it a "two-phase
 cross-entropy optimization algorithm"; §5 (line 189) compares it against METIS and 2D balanced
@@ -54,12 +54,12 @@ Choices where the paper is vague or where we deviate (ours):
   elites correct it (two planted co-clusters: 1-2 of 100 tokens per layer end on the wrong side
   at the defaults; n_samples = 128 removes it there).
 
-Scaling (ours; issue 4's targets: DeepSeek-V3's shape, 58 layers x 256 experts, EP 64 as 8
+Scaling (ours; targets: DeepSeek-V3's shape, 58 layers x 256 experts, EP 64 as 8
 nodes x 8, 2M fit tokens of which 128k distinct, in <= 120 s and 8 GB; Qwen3-30B-A3B's, 48 x
 128, EP 8, 1M tokens, in <= 30 s). The sampler costs K x rows x E per round and step, so:
 - all layers run as one batch of independent problems (`cem_batch`; chunks of at most
   `BATCH_CELLS` cells), one numpy step serving every layer, BLAS on one thread (many small
-  GEMMs; a second thread only contended on this shared 2-core machine);
+  GEMMs; a second thread only contends on 2 shared cores);
 - above `MAX_TOKENS` (8192) distinct fit tokens, CE runs on the `TOP_TOKENS` (256) most frequent
   ones and every other token goes to the device holding most of its expected activations once
   the experts are placed (`coclustered_placement`). The synthetic traces' heads are heavy: the
@@ -67,7 +67,7 @@ nodes x 8, 2M fit tokens of which 128k distinct, in <= 120 s and 8 GB; Qwen3-30B
   4096: 61%) and the DeepSeek-V3-shaped 2M-token one (1024: 57%). Held-out tp LAR barely moved
   with M on a 6-layer DeepSeek-V3-shaped trace (200k fit tokens, EP 64 / 8 nodes: M = 256 0.045,
   512 0.045, 1024 0.047, against vanilla 0.016 and semmoe 0.054) while the time grew about
-  linearly with M; the tiny dev traces (5.6k distinct fit tokens) are clustered whole, as before;
+  linearly with M; the tiny dev traces (5.6k distinct fit tokens) are clustered whole;
 - with nodes (1 < nodes < G) and G > `FLAT_MAX_DEVICES` (16), `hierarchy="auto"` clusters in
   two stages (`staged_problems`, ExFlow's node-then-GPU staging): first nodes as co-clusters,
   then the devices inside each node over that node's experts and tokens. The rounds of the
@@ -383,16 +383,6 @@ def cem_problems(Cp: np.ndarray, a: np.ndarray, E: int, rng: np.random.Generator
     return eps, tks, hists
 
 
-def cem_layer(Cp: np.ndarray, a: np.ndarray, E: int, rng: np.random.Generator, **kw):
-    """Alg. 1 for one layer: (expert clusters int64[N], token clusters int64[U], history dict).
-
-    Cp float[U, N] token -> expert confidence, a float[U] token frequency."""
-    tw = kw.pop("token_weight", None)
-    e, t, h = cem_batch(Cp[None], np.asarray(a)[None], E, rng,
-                        token_weight=None if tw is None else np.asarray(tw)[None], **kw)
-    return e[0], t[0], h[0]
-
-
 def staged_problems(Cp: np.ndarray, a: np.ndarray, E: int, nodes: int,
                     rng: np.random.Generator, **kw):
     """(expert devices int64[L, N], token devices int64[L, U], histories) in two stages (ours,
@@ -450,8 +440,7 @@ def smoe_cem(p: PlacementProblem, n_iter: int = N_ITER, n_samples: int = N_SAMPL
     always all tokens). hierarchy: "flat" (Alg. 1 as written), "nodes" (`staged_problems`) or
     "auto" (nodes when the problem has 1 < nodes < G and G > `FLAT_MAX_DEVICES`).
     """
-    if p.redundant:
-        raise InputError("smoe-cem: places every expert once; --redundant is not supported")
+    p.refuse_replicas("smoe-cem")
     if n_iter < 1 or n_samples < 1 or not 0.0 < rho <= 1.0 or beta < 1.0:
         raise InputError(f"smoe-cem: n_iter={n_iter}, n_samples={n_samples}, rho={rho}, "
                          f"beta={beta} (need n_iter, n_samples >= 1, 0 < rho <= 1, beta >= 1)")

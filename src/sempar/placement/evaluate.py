@@ -112,7 +112,7 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
     for mode in modes:
         if mode not in MODES:
             raise InputError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
-    if fit.meta.compatible_with(eval_.meta):
+    if fit.meta.first_difference(eval_.meta) is not None:
         raise InputError("--eval: the eval trace's model shape differs from the fit trace's")
     names = methods or SOLVERS.names()
     out = {mode: {"ep": ep, "nodes": nodes, "mode": mode, "redundant": redundant,

@@ -53,7 +53,6 @@ from scipy import sparse
 from scipy.optimize import linear_sum_assignment
 from threadpoolctl import threadpool_limits
 
-from sempar.errors import InputError
 from sempar.placement.affinity_stats import AffinityStats
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement
 from sempar.placement.placement import Placement
@@ -62,11 +61,6 @@ KMEANS_N_INIT = 1
 EXPERT_ROUNDS = 20
 TOKEN_ROUNDS = 3
 TOKEN_SLACK = 0.05    # a token cluster may exceed sum(a) / G by 5% (METIS' ufactor is 3%)
-
-
-def _refuse_replicas(p: PlacementProblem, name: str) -> None:
-    if p.redundant:
-        raise InputError(f"{name}: places every expert once; --redundant is not supported")
 
 
 def _layer(stats: AffinityStats, l: int) -> tuple[np.ndarray, np.ndarray]:
@@ -131,7 +125,7 @@ def metis_layer(counts: np.ndarray, a: np.ndarray, G: int, seed: int):
 def metis(p: PlacementProblem) -> Placement:
     """s-MoE §5.7 METIS baseline: min k-cut of the token-expert co-activation graph per layer,
     then equal expert counts per part (see the module docstring for the choices)."""
-    _refuse_replicas(p, "metis")
+    p.refuse_replicas("metis")
     G = p.num_devices
     stats = AffinityStats(p.trace)
     groups, tdev, cuts, moves = [], [], [], []
@@ -218,7 +212,7 @@ def balanced_token_kmeans(X: np.ndarray, w: np.ndarray, G: int, seed: int) -> np
 def kmeans2d(p: PlacementProblem) -> Placement:
     """s-MoE §5.7 2D balanced k-means baseline: balanced k-means of experts, balanced k-means of
     tokens, token clusters matched to expert groups (see the module docstring for the choices)."""
-    _refuse_replicas(p, "kmeans2d")
+    p.refuse_replicas("kmeans2d")
     G = p.num_devices
     stats = AffinityStats(p.trace)
     groups, tdev = [], []

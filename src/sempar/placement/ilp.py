@@ -87,11 +87,6 @@ WINDOW = 1               # free layers per ILP (None: as many as MAX_PAIR_VARS a
 KEEP_PAIRS = 4           # per free-free layer pair, only the KEEP_PAIRS * n heaviest (i, j) pairs
 
 
-def _refuse_replicas(p: PlacementProblem, name: str) -> None:
-    if p.redundant:
-        raise InputError(f"--redundant: {name} places each expert once (got {p.redundant} replicas)")
-
-
 def affinity_counts(experts: np.ndarray, num_experts: int, pairs: str = "all") -> np.ndarray:
     """float64[L-1, N, N]: C[l, i, j] = pairs (i at layer l, j at layer l+1) over the tokens."""
     if pairs not in ("all", "top1"):
@@ -370,7 +365,7 @@ def exflow(p: PlacementProblem, time_limit: float = TIME_LIMIT, pairs: str = "al
            batches: int = 1, max_pair_vars: int = MAX_PAIR_VARS,
            window: int | None = WINDOW) -> Placement:
     """ExFlow's staged affinity ILP (eqs. 8-12); see the module docstring."""
-    _refuse_replicas(p, "exflow")
+    p.refuse_replicas("exflow")
     t = p.trace
     N = t.meta.num_experts
     rng = np.random.default_rng(p.seed)
@@ -407,7 +402,7 @@ def moetuner(p: PlacementProblem, time_limit: float = TIME_LIMIT, lam: float = L
              pairs: str = "all", max_pair_vars: int = MAX_PAIR_VARS,
              window: int | None = WINDOW) -> Placement:
     """Joint load-balance + inter-layer traffic ILP (MoETuner); see the module docstring."""
-    _refuse_replicas(p, "moetuner")
+    p.refuse_replicas("moetuner")
     t = p.trace
     N, G = t.meta.num_experts, p.num_devices
     t0 = time.perf_counter()

@@ -5,7 +5,7 @@ Co-clusters = devices (E = G). Per MoE layer l, from the fit trace:
 - request-expert affinity `Q[l]` float[R, N] = sum of Cp rows of the request's tokens;
 - expert-expert affinity `A[l]` float[N, N] = Cp^T diag(a) Cp.
 
-`expert_place` (Alg. 1 lines 3-26) visits experts by decreasing load and puts each on the
+`expert_place_layers` (Alg. 1 lines 3-26, all layers at once) visits experts by decreasing load and puts each on the
 unsaturated cluster (N/E experts each) maximising
     alpha * EAF_e + beta * EAF_r - gamma * loads_cls
 then runs `ft_steps` random pairwise swaps between clusters, kept when they raise the same
@@ -23,10 +23,10 @@ ft_steps = 20 * N. gamma trades locality for balance; measured on the tiny-moe64
 (20/80 split, tp mode, held-out LAR / max-mean imbalance): gamma 0.5 gives 0.385 / 1.14 at
 EP 4 and 0.223 / 1.19 at EP 8; gamma 1 gives 0.360 / 1.05 and 0.219 / 1.06; gamma 2 gives
 0.359 / 1.03 and 0.211 / 1.05. We take gamma = 1, the most local setting within the 1.10
-imbalance budget. (We also tried a marginal greedy score, each term normalised per expert
-and the load term counting only overflow above the mean: no better, not kept.)
+imbalance budget. A marginal greedy score (each term normalised per expert, the load term
+counting only overflow above the mean) measured no better.
 
-Scaling (ours; issue 4's target is DeepSeek-V3's shape: 58 layers x 256 experts, EP 64, 2M fit
+Scaling (ours; the target is DeepSeek-V3's shape: 58 layers x 256 experts, EP 64, 2M fit
 tokens, 128k distinct tokens, 7.8k requests, in <= 120 s and 8 GB):
 - statistics come one layer at a time from `AffinityStats` (sparse Cp; Q float32[L, R, N] and
   A float64[L, N, N] are the only tables kept for all layers: 0.46 GB and 30 MB at that shape,
@@ -39,7 +39,7 @@ tokens, 128k distinct tokens, 7.8k requests, in <= 120 s and 8 GB):
   projection is one 60 GFLOP pass (float32 GEMMs, layer by layer); on the raw vectors k-means
   (E = 64, 3 inits) costs 15 GFLOP per Lloyd iteration and the greedy pass 15 GFLOP per
   alternation step in 7.8k small matrix-vector products, and the R x LN copy is 0.46 GB more.
-  Smaller problems (tiny-moe64: 6 x 64 = 384) use the exact vectors as before;
+  Smaller problems (tiny-moe64: 6 x 64 = 384) use the exact vectors;
 - fine-tuning swaps (same semantics: `ft_steps` random pairwise swaps between clusters, each
   kept when it raises the score) are proposed in rounds of floor(E / 2) swaps over disjoint
   cluster pairs (a random matching of the clusters). A swap's gain depends only on its two
@@ -64,11 +64,11 @@ the fixes is `sempar`, placement/sempar_solver.py):
   (`base.coclustered_placement`), i.e. derived from the expert clusters, not the request ones.
 - expert-expert affinity A = Cp^T diag(a) Cp treats a token's expert choices as independent
   across its occurrences; real co-activation counts (pairs chosen together by one occurrence)
-  differ (measured in issue 15's review: +0.011 held-out LAR when counted for real).
+  differ (+0.011 held-out LAR when counted for real, tiny-moe64).
 - term normalisation (ours, the paper gives none) lets the load term dominate: at the final
   placement on tiny-moe64 the spread of EAF_e / EAF_r over clusters is 0.0016 / 0.0072 while one
   expert's load term is 0.012-0.087, so the greedy pass is close to pure load balancing; gamma =
-  0 gives imbalance 2.24 and no setting in between keeps both (issue 15's review).
+  0 gives imbalance 2.24 and no setting in between keeps both.
 - the objective and the choice of the best step are §3.3's dp objective (per request) also when
   the placement serves tp mode, where locality is per token (dropping the request term alone
   gives 0.364 against 0.355 held-out LAR at EP 4, tp).
@@ -81,7 +81,6 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 
-from sempar.errors import InputError
 from sempar.placement.affinity_stats import AffinityStats
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement
 from sempar.placement.placement import Placement
@@ -125,16 +124,6 @@ def request_features(Q: np.ndarray, seed: int) -> tuple[np.ndarray, str]:
         W = rng.standard_normal((N, PROJ_DIM), dtype=np.float32) / np.float32(np.sqrt(PROJ_DIM))
         out += Q[l] @ W
     return out * inv, f"random projection to {PROJ_DIM}"
-
-
-def expert_place(loads: np.ndarray, A: np.ndarray, Qc: np.ndarray, E: int,
-                 rng: np.random.Generator, ft_steps: int) -> np.ndarray:
-    """int64[N]: cluster of each expert for one layer (Alg. 1 lines 3-26), `expert_place_layers`.
-
-    loads float[N]; A float[N, N] (zero diagonal); Qc float[E, N] = request-expert affinity
-    summed per cluster.
-    """
-    return expert_place_layers(loads[None], A[None], Qc[None], E, rng, ft_steps)[0]
 
 
 def expert_place_layers(loads: np.ndarray, A: np.ndarray, Qc: np.ndarray, E: int,
@@ -270,8 +259,7 @@ def objective(raf_e: np.ndarray, total: float, rcls: np.ndarray, lengths: np.nda
 @SOLVERS.register("semmoe")
 def semmoe(p: PlacementProblem) -> Placement:
     """Co-cluster experts and requests (one device per cluster); no replicas, nodes ignored."""
-    if p.redundant:
-        raise InputError("semmoe: places every expert once; --redundant is not supported")
+    p.refuse_replicas("semmoe")
     meta = p.trace.meta
     L, N, E = meta.num_layers, meta.num_experts, p.num_devices
     rng = np.random.default_rng(p.seed)

@@ -3,7 +3,7 @@ accounting, a hook that applies them to HF MoE routers, the lambda controller, a
 
 from sempar.routing.cost_bias import (CostBiasTables, TokenBytes, a2a_layer_seconds,  # noqa: F401
                                       build_tables, destination_table, dispatch_counts,
-                                      tables_from_routing, traffic_weighted_cost, unit_bias,
+                                      traffic_weighted_cost, unit_bias,
                                       zscore_row)
 from sempar.routing.hook import CostRoutingHook, supported_model_types  # noqa: F401
 from sempar.routing.report import pareto_plot  # noqa: F401,E402

@@ -59,6 +59,14 @@ class TokenBytes:
         return cls(float(hidden * elem_bytes + top_k * prob_bytes), float(hidden * elem_bytes),
                    float(num_experts * count_bytes))
 
+    @classmethod
+    def for_option(cls, hidden: int, top_k: int, num_experts: int,
+                   token_bytes: int | None = None) -> "TokenBytes":
+        """`for_model`, or with `--token-bytes` B: dispatch B + k fp32 weights, combine B."""
+        if token_bytes is None:
+            return cls.for_model(hidden, top_k, num_experts)
+        return cls(float(token_bytes + 4 * top_k), float(token_bytes), float(4 * num_experts))
+
     def to_json(self) -> dict[str, float]:
         return {"dispatch": self.dispatch, "combine": self.combine, "metadata": self.metadata}
 
@@ -222,18 +230,6 @@ def build_tables(topology: Any, hosts: np.ndarray, n_disp: np.ndarray, nbytes: T
         dest = destination_table(hosts, topology, nbytes.dispatch)
     return CostBiasTables(unit_bias(c, hosts, eps), c, np.asarray(n_disp, np.float64), dest,
                           topology.name, {"bytes": nbytes.to_json(), "eps": eps})
-
-
-def tables_from_routing(topology: Any, hosts: np.ndarray, experts: np.ndarray, home: np.ndarray,
-                        nbytes: TokenBytes, forwards: int = 1, dedup: bool = False) -> CostBiasTables:
-    """One-shot traffic accounting (CAMoE §3.4): the lambda = 0 routing experts int[T, L, k] of
-    `forwards` forward passes with homes int[T] -> the tables (counts divided by `forwards`)."""
-    if forwards < 1:
-        raise InputError(f"forwards: {forwards} is not a positive integer")
-    hosts = _check_hosts(hosts, topology.num_devices)
-    dest = destination_table(hosts, topology, nbytes.dispatch)
-    n = dispatch_counts(experts, home, dest, dedup) / forwards
-    return build_tables(topology, hosts, n, nbytes, dest)
 
 
 def a2a_layer_seconds(topology: Any, n_disp: np.ndarray, nbytes: TokenBytes) -> dict[str, np.ndarray]:

@@ -36,10 +36,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from sempar.errors import InputError
+from sempar.errors import InputError, check_choice
 from sempar.trace.routers import RouterSite, find_routers
 
-MODES = ("logits", "select")
+BIAS_MODES = ("logits", "select")
 
 
 # --------------------------------------------------------------------------- family routers
@@ -148,8 +148,7 @@ class CostRoutingHook:
 
     def __init__(self, model: Any, tables: np.ndarray | None, mode: str = "logits",
                  passthrough_at_zero: bool = True):
-        if mode not in MODES:
-            raise InputError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
+        check_choice("--mode", mode, BIAS_MODES)
         self.model = model
         self.model_type, self.sites = router_sites(model)
         self.route = FAMILIES[self.model_type]

@@ -1,11 +1,7 @@
 """The lambda sweep of CAMoE §4.4-4.5 on a real (tiny) model: latency, routing shift, quality.
 
 Protocol (ours where CAMoE is silent):
-- Text: held-out documents of every corpus domain (`sempar.tiny.data.split_corpus`: never
-  trained on), tokenised, joined by end-of-text, cut into `seq_len` sequences, at most
-  `tokens_per_domain` tokens per domain; sequences are interleaved across domains so every
-  batch mixes them. One batch (`batch_size` sequences) = one forward = one all-to-all sample
-  (a last, partial batch counts for quality but not for the all-to-all figures).
+- Text: see `sempar.routing.text` (held-out documents of every domain, interleaved).
 - Homes (S): Attention-DP, sequence b of a batch on device b mod G (round-robin DP ranks).
 - Placement: `vanilla` (device g hosts experts [gE/G, (g+1)E/G)), `round-robin`, or a placement
   JSON; node ids from the topology.
@@ -28,212 +24,21 @@ Protocol (ours where CAMoE is silent):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
 from sempar.errors import InputError
-from sempar.routing.cost_bias import (TokenBytes, a2a_layer_seconds, build_tables,
-                                      destination_table, dispatch_counts, link_cost_share)
+from sempar.routing.cost_bias import TokenBytes, build_tables, destination_table
 from sempar.routing.hook import CostRoutingHook
-from sempar.routing.metrics import device_imbalance, finish, routing_shift
+from sempar.routing.metrics import finish
+from sempar.routing.passes import per_batch_counts, point_figures, run_pass
+from sempar.routing.text import Sequences, load_sequences
 
 DEFAULT_LAMBDAS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25)
 
-
-# --------------------------------------------------------------------------- text
-
-@dataclass
-class Sequences:
-    """tokens[i]: int64[<= seq_len]; domain[i]: index into domains; interleaved order."""
-
-    tokens: list[np.ndarray] = field(default_factory=list)
-    domain: list[int] = field(default_factory=list)
-    domains: list[str] = field(default_factory=list)
-
-    def tokens_per_domain(self) -> dict[str, int]:
-        out = {d: 0 for d in self.domains}
-        for t, d in zip(self.tokens, self.domain):
-            out[self.domains[d]] += int(t.size)
-        return out
-
-
-def chunk_streams(streams: dict[str, list[list[int]]], eos: int, seq_len: int,
-                  tokens_per_domain: int) -> Sequences:
-    """Join each domain's documents (token lists) with `eos`, cut into `seq_len` pieces up to
-    `tokens_per_domain` tokens, and interleave the domains' pieces round-robin."""
-    if seq_len < 2 or tokens_per_domain < 2:
-        raise InputError(f"--seq-len {seq_len} and --tokens-per-domain {tokens_per_domain} "
-                         "must be at least 2")
-    per: dict[str, list[np.ndarray]] = {}
-    for domain, docs in streams.items():
-        ids: list[int] = []
-        for d in docs:
-            if len(ids) >= tokens_per_domain:
-                break
-            ids.extend(d)
-            ids.append(eos)
-        ids = ids[:tokens_per_domain]
-        pieces = [np.asarray(ids[i:i + seq_len], np.int64) for i in range(0, len(ids), seq_len)]
-        pieces = [p for p in pieces if p.size >= 2]
-        if pieces:
-            per[domain] = pieces
-    if not per:
-        raise InputError("no held-out text: every domain is empty")
-    out = Sequences(domains=sorted(per))
-    for i in range(max(len(v) for v in per.values())):
-        for j, d in enumerate(out.domains):
-            if i < len(per[d]):
-                out.tokens.append(per[d][i])
-                out.domain.append(j)
-    return out
-
-
-def heldout_sequences(corpus: Path, tokenizer_path: Path, tokens_per_domain: int,
-                      seq_len: int) -> Sequences:
-    """Held-out text of every domain of a `sempar corpus fetch` folder (see module docstring)."""
-    from tokenizers import Tokenizer
-
-    from sempar.tiny.data import split_corpus
-    from sempar.tiny.tokenizer import EOS
-
-    tok = Tokenizer.from_file(str(tokenizer_path))
-    splits = split_corpus(Path(corpus), tok, heldout_tokens=tokens_per_domain)
-    streams = {s.domain: [e.ids for e in tok.encode_batch(s.heldout, add_special_tokens=False)]
-               for s in splits}
-    return chunk_streams(streams, tok.token_to_id(EOS) or 0, seq_len, tokens_per_domain)
-
-
-def text_sequences(pairs: Sequence[tuple[str, str]], tokenizer_path: Path, tokens_per_domain: int,
-                   seq_len: int) -> Sequences:
-    """(text, domain) pairs -> sequences (each text one document of its domain)."""
-    from tokenizers import Tokenizer
-
-    from sempar.tiny.tokenizer import EOS
-
-    tok = Tokenizer.from_file(str(tokenizer_path))
-    streams: dict[str, list[list[int]]] = {}
-    for text, domain in pairs:
-        streams.setdefault(domain, []).append(tok.encode(text, add_special_tokens=False).ids)
-    return chunk_streams(streams, tok.token_to_id(EOS) or 0, seq_len, tokens_per_domain)
-
-
-# --------------------------------------------------------------------------- one pass
-
-@dataclass
-class PassResult:
-    """One lambda over all batches: routing (experts int16[T, L, k], home int8[T], batch int32[T]),
-    counts int64[L, E], and per-domain quality sums (nll, correct, predicted tokens)."""
-
-    experts: np.ndarray
-    home: np.ndarray
-    batch: np.ndarray
-    full_batches: int
-    counts: np.ndarray
-    nll: np.ndarray
-    correct: np.ndarray
-    predicted: np.ndarray
-
-
-def run_pass(model: Any, seqs: Sequences, hook: CostRoutingHook, num_devices: int,
-             batch_size: int, progress: Callable[[int], Any] | None = None) -> PassResult:
-    """Run every batch through `model` with `hook` active; capture routing and LM quality."""
-    import torch
-
-    from sempar.trace.routers import RoutingCapture, trace_meta_for
-
-    meta = trace_meta_for(model, hook.sites, "sweep")
-    L, E, k = meta.num_layers, meta.num_experts, meta.top_k
-    D = len(seqs.domains)
-    nll, correct, predicted = np.zeros(D), np.zeros(D), np.zeros(D)
-    counts = np.zeros((L, E), np.int64)
-    ex_parts, home_parts, batch_parts = [], [], []
-    pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
-    n = len(seqs.tokens)
-    full = 0
-    with hook, RoutingCapture(hook.sites, k, E) as cap, torch.no_grad():
-        for bi, lo in enumerate(range(0, n, batch_size)):
-            batch = seqs.tokens[lo:lo + batch_size]
-            B, S = len(batch), max(t.size for t in batch)
-            full += int(B == batch_size)
-            ids = np.full((B, S), pad_id, np.int64)
-            mask = np.zeros((B, S), bool)
-            for b, t in enumerate(batch):
-                ids[b, :t.size], mask[b, :t.size] = t, True
-            homes = np.repeat(np.arange(B) % num_devices, S)
-            hook.set_sources(homes)
-            cap.expect(B * S)
-            out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask.astype(np.int64)),
-                        use_cache=False)
-            experts, _ = cap.take()
-            keep = mask.reshape(-1)
-            ex = experts[keep]
-            ex_parts.append(ex.astype(np.int16))
-            home_parts.append(homes[keep].astype(np.int8))
-            batch_parts.append(np.full(ex.shape[0], bi, np.int32))
-            for l in range(L):
-                counts[l] += np.bincount(ex[:, l, :].ravel(), minlength=E)
-            logp = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)
-            target = torch.from_numpy(ids[:, 1:])
-            valid = mask[:, 1:] & mask[:, :-1]
-            tok_nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1).numpy()
-            hit = (logp.argmax(-1) == target).numpy()
-            for b in range(B):
-                d = seqs.domain[lo + b]
-                v = valid[b]
-                nll[d] += float(tok_nll[b][v].sum())
-                correct[d] += float(hit[b][v].sum())
-                predicted[d] += float(v.sum())
-            if progress is not None:
-                progress(int(mask.sum()))
-    return PassResult(np.concatenate(ex_parts), np.concatenate(home_parts),
-                      np.concatenate(batch_parts), full, counts, nll, correct, predicted)
-
-
-def per_batch_counts(res: PassResult, dest: np.ndarray, batch_size: int, dedup: bool) -> np.ndarray:
-    """float64[full batches, L, G, G] dispatch counts of the full batches (eq. 10 per forward)."""
-    out = []
-    for b in range(res.full_batches):
-        sel = res.batch == b
-        out.append(dispatch_counts(res.experts[sel], res.home[sel], dest, dedup))
-    if not out:
-        raise InputError(f"fewer sequences than one batch of {batch_size}: lower --batch-size "
-                         "or raise --tokens-per-domain")
-    return np.stack(out)
-
-
-# --------------------------------------------------------------------------- figures
-
-def point_figures(lam: float, res: PassResult, base: PassResult, topology: Any, hosts: np.ndarray,
-                  dest: np.ndarray, nbytes: TokenBytes, batch_size: int, dedup: bool,
-                  domains: list[str]) -> dict[str, Any]:
-    """Every figure of one lambda (absolute; changes are filled in by `finish`)."""
-    n = per_batch_counts(res, dest, batch_size, dedup)                  # [F, L, G, G]
-    t = a2a_layer_seconds(topology, n, nbytes)
-    total = t["total"]                                                   # [F, L]
-    layers = [{"layer": l, "a2a_mean_s": float(total[:, l].mean()),
-               "a2a_p95_s": float(np.percentile(total[:, l], 95))} for l in range(total.shape[1])]
-    all_n = n.sum(axis=0)
-    quality = {d: {"ppl": float(np.exp(res.nll[i] / max(res.predicted[i], 1))),
-                   "acc": float(res.correct[i] / max(res.predicted[i], 1)),
-                   "tokens": int(res.predicted[i])} for i, d in enumerate(domains)}
-    out = {"lambda": float(lam),
-           "a2a_mean_s": float(total.mean()), "a2a_p95_s": float(np.percentile(total, 95)),
-           "phases_mean_s": {p: float(t[p].mean()) for p in ("metadata", "dispatch", "combine")},
-           "layers": layers,
-           "local_rate": float(np.trace(all_n, axis1=-2, axis2=-1).sum() / max(all_n.sum(), 1)),
-           "expensive_link_share": link_cost_share(topology, all_n, nbytes),
-           "imbalance_max_mean": device_imbalance(res.counts, hosts),
-           "quality": quality,
-           "ppl_mean": float(np.mean([q["ppl"] for q in quality.values()])),
-           "acc_mean": float(np.mean([q["acc"] for q in quality.values()]))}
-    out.update(routing_shift(res.counts, base.counts))
-    return out
-
-
-# --------------------------------------------------------------------------- the sweep
 
 @dataclass
 class SweepConfig:
@@ -283,26 +88,10 @@ def make_hosts(placement: str, num_layers: int, num_experts: int, topology: Any)
     return p.hosts(), p.method or Path(placement).stem
 
 
-def load_sequences(cfg: SweepConfig, tokenizer_path: Path) -> Sequences:
-    """The text of the sweep: `--text FILE[:DOMAIN]` files, else the corpus's held-out documents."""
-    import os
-
-    if cfg.texts:
-        from sempar.trace.record import read_texts
-
-        return text_sequences(read_texts(list(cfg.texts)), tokenizer_path, cfg.tokens_per_domain,
-                              cfg.seq_len)
-    corpus = cfg.corpus or os.environ.get("SEMPAR_CORPUS")
-    if not corpus:
-        raise InputError("give --corpus DIR (`sempar corpus fetch --out DIR` builds it), "
-                         "$SEMPAR_CORPUS, or --text FILE[:DOMAIN]")
-    return heldout_sequences(Path(corpus), tokenizer_path, cfg.tokens_per_domain, cfg.seq_len)
-
-
 def validate_config(cfg: SweepConfig) -> tuple[list[float], list[Any]]:
     """Check the options before any slow work: (sorted lambdas with 0, topologies)."""
     from sempar.comm.topology import load_topology
-    from sempar.trace.record import resolve_model
+    from sempar.models import resolve_model
 
     lams = cfg.checked_lambdas()
     if cfg.ep < 1:
@@ -329,7 +118,7 @@ def run_sweeps(cfg: SweepConfig, progress: Callable[[str], Any] | None = None,
     result dict per topology: {"model", "topology", "ep", "placement", "mode", "dedup",
     "homes", "tokens", "domains", "batch_size", "seq_len", "forwards", "bytes",
     "table_fp16_bytes", "points": [per lambda], "pareto"}. `model`/`seqs` skip the loading."""
-    from sempar.trace.record import load_model, resolve_model
+    from sempar.models import load_model, resolve_model
     from sempar.trace.routers import trace_meta_for
 
     say = progress or (lambda _m: None)
@@ -346,8 +135,7 @@ def run_sweeps(cfg: SweepConfig, progress: Callable[[str], Any] | None = None,
     meta = trace_meta_for(model, probe.sites, src.name)
     L, E, k = meta.num_layers, meta.num_experts, meta.top_k
     hidden = int(model.config.hidden_size)
-    nbytes = (TokenBytes.for_model(hidden, k, E) if cfg.token_bytes is None else
-              TokenBytes(float(cfg.token_bytes + 4 * k), float(cfg.token_bytes), float(4 * E)))
+    nbytes = TokenBytes.for_option(hidden, k, E, cfg.token_bytes)
     hosts_of = {t.name: make_hosts(cfg.placement, L, E, t) for t in topos}
     say("lambda 0")
     base = run_pass(model, seqs, CostRoutingHook(model, None, cfg.mode), cfg.ep, batch_size)

@@ -147,7 +147,7 @@ def run_specs(rank: int, world: int, device: torch.device, specs: list[RunSpec],
 
     from transformers.utils import logging as hf_logging
 
-    from sempar.trace.record import load_model
+    from sempar.models import load_model
 
     hf_logging.disable_progress_bar()
     models: dict[str, Any] = {}
@@ -227,7 +227,7 @@ def run(spec: RunSpec, world: int, deadline: float = 180.0, grace: float | None 
 
 def reference_logits(model: str, input_ids: torch.Tensor) -> torch.Tensor:
     """float32[B, S, V]: the single-process HF forward (the lossless reference)."""
-    from sempar.trace.record import load_model
+    from sempar.models import load_model
 
     m = load_model(model)
     with torch.no_grad():

@@ -101,7 +101,7 @@ def trace_agreement(trace: Any, world: int, requests: int = 16) -> dict | None:
     import math
 
     from sempar.paths import assets_dir
-    from sempar.trace.record import load_model
+    from sempar.models import load_model
 
     d = assets_dir() / "models" / str(trace.meta.model)
     if not d.is_dir() or not any(d.glob("*.safetensors")):

@@ -55,7 +55,7 @@ def concat(traces: Sequence[RoutingTrace]) -> RoutingTrace:
         raise InputError("concat: no traces given")
     first = traces[0]
     for i, t in enumerate(traces[1:], start=1):
-        diff = first.meta.compatible_with(t.meta)
+        diff = first.meta.first_difference(t.meta)
         if diff:
             raise InputError(f"metadata.{diff}: trace {i} has {getattr(t.meta, diff)!r}, "
                              f"trace 0 has {getattr(first.meta, diff)!r}")

@@ -21,16 +21,13 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from sempar.errors import InputError
-from sempar.paths import assets_dir
+from sempar.errors import InputError, check_choice
+from sempar.models import DTYPES, FileTokenizer, ModelSource, load_model, resolve_model
 from sempar.trace.io import TraceWriter
 from sempar.trace.routers import RoutingCapture, find_routers, sort_by_weight, trace_meta_for
 
 DOC_MARKER = "<|doc|>"
 FLUSH_ROWS = 32768  # rows buffered before a Parquet row group is written
-ASSETS_DIR = assets_dir()
-MODELS_DIR = ASSETS_DIR / "models"
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 # --------------------------------------------------------------------------- requests
@@ -248,99 +245,7 @@ def record(model: Any, tokenizer: Any, texts: Sequence[tuple[str, str | None]],
                            model_name=model_name, max_tokens=max_tokens, weights=weights)
 
 
-# --------------------------------------------------------------------------- loading
-
-def known_models() -> list[str]:
-    """Names of the models shipped in the package (`assets/models/<name>/config.json`)."""
-    if not MODELS_DIR.is_dir():
-        return []
-    return sorted(p.name for p in MODELS_DIR.iterdir() if (p / "config.json").is_file())
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    name: str
-    model_dir: Path
-    tokenizer_path: Path
-
-
-def resolve_model(name_or_dir: str | os.PathLike) -> ModelSource:
-    """A model folder, or the name of a packaged model (`tiny-moe64` -> assets/models/tiny-moe64).
-
-    The tokenizer is the folder's own `tokenizer.json`, else the package's
-    `assets/tokenizer.json`. Raises `InputError` naming the known models when nothing matches.
-    """
-    arg = str(name_or_dir)
-    p = Path(arg)
-    if p.is_dir():
-        model_dir, name = p, p.resolve().name
-    elif arg and "/" not in arg and "\\" not in arg and (MODELS_DIR / arg).is_dir():
-        model_dir, name = MODELS_DIR / arg, arg
-    else:
-        known = known_models()
-        raise InputError(f"--model {arg}: no such folder and not a known model name "
-                         f"(known: {', '.join(known) if known else 'none installed'})")
-    if not (model_dir / "config.json").is_file():
-        raise InputError(f"--model {arg}: {model_dir} has no config.json")
-    from sempar.atomic import register_input
-
-    register_input(model_dir)
-    for tok in (model_dir / "tokenizer.json", ASSETS_DIR / "tokenizer.json"):
-        if tok.is_file():
-            return ModelSource(name, model_dir, tok)
-    raise InputError(f"--model {arg}: no tokenizer.json in {model_dir} nor in {ASSETS_DIR}")
-
-
-def load_model(name_or_dir: str | os.PathLike, dtype: str = "float32") -> Any:
-    """Load a model folder (config.json + safetensors) offline with AutoModelForCausalLM."""
-    if dtype not in DTYPES:
-        raise InputError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
-    src = resolve_model(name_or_dir)
-    if not any(src.model_dir.glob("*.safetensors")):
-        raise InputError(f"--model {name_or_dir}: {src.model_dir} has no .safetensors weights")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    try:
-        model = AutoModelForCausalLM.from_pretrained(src.model_dir, local_files_only=True,
-                                                     dtype=getattr(torch, dtype))
-    except Exception as err:  # noqa: BLE001 - transformers/safetensors raise many kinds
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(f"--model {name_or_dir}: {src.model_dir} cannot be loaded "
-                         f"({type(err).__name__}: {reason[:200]})") from None
-    model.eval()
-    return model
-
-
-class FileTokenizer:
-    """A `tokenizers.Tokenizer` from a tokenizer.json, encoding without special tokens."""
-
-    def __init__(self, path: str | os.PathLike):
-        from tokenizers import Tokenizer
-
-        try:
-            self.tokenizer = Tokenizer.from_file(str(path))
-        except Exception as err:  # tokenizers raises a bare Exception on bad JSON
-            raise InputError(f"{path}: not a readable tokenizer.json "
-                             f"({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
-        self.path = Path(path)
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
-
-
-def load_tokenizer(path: str | os.PathLike) -> FileTokenizer:
-    """The tokenizer of a model folder or name (see `resolve_model`), or a tokenizer.json file."""
-    p = Path(path)
-    if p.is_file():
-        return FileTokenizer(p)
-    return FileTokenizer(resolve_model(path).tokenizer_path)
-
+# --------------------------------------------------------------------------- texts
 
 def parse_text_arg(arg: str) -> tuple[Path, str]:
     """`FILE[:DOMAIN]` -> (file, domain); the domain defaults to the file's stem.
@@ -393,8 +298,7 @@ class RecordJob:
                 dtype: str = "float32") -> "RecordJob":
         if not texts:
             raise InputError("--text: give at least one FILE[:DOMAIN]")
-        if dtype not in DTYPES:
-            raise InputError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+        check_choice("--dtype", dtype, DTYPES)
         source = resolve_model(model)
         pairs = read_texts(texts)  # check the inputs before the (slow) model load
         requests = tokenize_requests(FileTokenizer(source.tokenizer_path), pairs, max_tokens)

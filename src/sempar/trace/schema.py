@@ -154,8 +154,9 @@ class TraceMeta:
             kwargs["layer_ids"] = tuple(kwargs["layer_ids"])
         return cls(**kwargs)
 
-    def compatible_with(self, other: "TraceMeta") -> str | None:
-        """None if traces of the two can be concatenated, else the first field that differs."""
+    def first_difference(self, other: "TraceMeta") -> str | None:
+        """The first model-shape field in which the two differ (their traces cannot be
+        concatenated nor evaluated against each other); None when the shapes match."""
         for name in ("num_layers", "num_experts", "top_k", "shared_experts", "layer_ids",
                      "vocab_size", "num_expert_groups", "topk_groups"):
             if getattr(self, name) != getattr(other, name):

@@ -10,8 +10,14 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
+from typing import Optional
+
+import typer
 
 from sempar.atomic import atomic_folder, check_folder_output, write_text_atomic
+from sempar.bounds import DEVICES_MAX, SEED, TOKENS_MAX, bound
+from sempar.commands._options import renamed
+from sempar.console import emit_json, err
 from sempar.errors import InputError
 
 
@@ -94,9 +100,38 @@ def run_analyze(trace_path: Path | None, out_dir: Path | None, devices: int = 8,
             report.write(tmp / "report.html")
             write_text_atomic(tmp / "analysis.json", json.dumps(result, indent=1) + "\n")
     if not quiet and trace_path is not None:
-        from sempar.progress import stderr
         from sempar.report.sections import analysis_table
 
-        stderr.print(analysis_table(result))
+        err.print(analysis_table(result))
     return result
 
+
+
+def analyze(trace: Optional[Path] = typer.Argument(None, help="Parquet trace"),
+            out_dir: Optional[Path] = typer.Option(None, "--out", help="folder for JSON, PNGs, report"),
+            as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+            ep: Optional[int] = typer.Option(None, "--ep", help="G for device-level figures (--devices: "
+                                             "the old spelling, still read) \\[default: 8]",
+                                             callback=bound(1, DEVICES_MAX)),
+            devices: Optional[int] = typer.Option(None, "--devices", hidden=True,
+                                                  callback=bound(1, DEVICES_MAX)),
+            seed: int = typer.Option(0, "--seed", callback=SEED),
+            max_tokens: int = typer.Option(1_000_000, "--max-tokens",
+                                           help="analyse a random subset of whole requests above this",
+                                           callback=bound(8, TOKENS_MAX)),
+            olmoe_aggregates: Optional[Path] = typer.Option(
+                None, "--olmoe-aggregates", help="also analyse the real OLMoE/Mixtral aggregates here"),
+            control: bool = typer.Option(False, "--control",
+                                         help="also analyse a random router of the same shape"),
+            force: bool = typer.Option(False, "--force", help="move a non-empty --out folder "
+                                       "sempar did not write aside (never deleted)")) -> None:
+    """Affinity statistics: Sem-MoE Table 1, kurtosis, inter-layer affinity, domains, load tail."""
+    result = run_analyze(trace, out_dir, devices=renamed(ep, devices, "--ep", "--devices", 8),
+                         seed=seed, max_tokens=max_tokens, aggregates=olmoe_aggregates,
+                         quiet=as_json, control=control, force=force)
+    if as_json:
+        emit_json(result)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("analyze")(analyze)

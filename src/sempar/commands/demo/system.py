@@ -1,5 +1,5 @@
 """`sempar demo` stages downstream of scheduling: simulated communication, cost-aware routing,
-the chiplet simulator, and the last real EP benchmark. Registered after demo.py's own stages
+the chiplet simulator, and the last real EP benchmark. Registered after `demo.stages`' own
 (importing this module registers them), each small enough for the demo's time budget.
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sempar.demo import EVAL_TOKENS, STAGES, DemoContext, _sample_requests
+from sempar.commands.demo.stages import EVAL_TOKENS, STAGES, DemoContext, _sample_requests
 
 SIM_METHODS = ["vanilla", "semmoe"]
 SIM_PIPELINES = ["ds-moe", "smoe", "smoe-exact", "sglang-ep", "exflow"]
@@ -63,7 +63,7 @@ def stage_simulate(ctx: DemoContext, name: str, trace) -> dict:
 
 def _dev_sequences(trace, tokens_per_domain: int, seq_len: int = 256):
     """The dev trace's own held-out text (its token ids, request by request) as sweep input."""
-    from sempar.routing.sweep import chunk_streams
+    from sempar.routing.text import chunk_streams
 
     streams: dict[str, list[list[int]]] = {}
     names = np.asarray(trace.domains + ["unknown"], dtype=object)
@@ -137,7 +137,7 @@ def stage_bench(ctx: DemoContext) -> dict | None:
     res = last_bench_result()
     if not res:
         ctx.report.paragraph("No `sempar bench` result on this machine yet: run `sempar bench "
-                             "--hosts 4` (a network-namespace testbed needs root).", note=True)
+                             "--ep 4` (a network-namespace testbed needs root).", note=True)
         return None
     ctx.report.paragraph(f"{res.get('hosts')} ranks, links shaped as {res.get('preset') or 'loopback'}, "
                          f"model {res.get('model')}.", note=True)

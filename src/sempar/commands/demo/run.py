@@ -1,7 +1,7 @@
 """Run every registered `sempar demo` stage into one folder: report.html and summary.json.
 
-The data and scheduling stages (`sempar.demo`) register before the downstream ones
-(`sempar.demo_system`), which import them; this module imports both, so neither imports it.
+The data and scheduling stages (`demo.stages`) register before the downstream ones
+(`demo.system`), which import them; this module imports both, so neither imports it.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import json
 import time
 from pathlib import Path
 
-from sempar import demo_system  # noqa: F401  (registers the downstream stages)
 from sempar.atomic import atomic_folder, write_text_atomic
-from sempar.demo import STAGES, DemoContext
+from sempar.commands.demo import system  # noqa: F401  (registers the downstream stages)
+from sempar.commands.demo.stages import STAGES, DemoContext
 from sempar.progress import steps
 from sempar.report.html import HtmlReport
 

@@ -1,7 +1,7 @@
 """`sempar demo`: every stage sempar has, on the embedded default data, into one report.
 
 Stages are registered by name in order: the data and scheduling stages here, the downstream ones
-in `demo_system`; `demo_run.run_demo` imports both and runs them. A stage receives the shared
+in `demo.system`; `demo.run.run_demo` imports both and runs them. A stage receives the shared
 context (output folder, the default trace, results of earlier stages) and returns the JSON it
 contributes to summary.json, adding its section to the HTML report.
 """
@@ -62,7 +62,7 @@ def stage_trace(ctx: DemoContext) -> dict:
 
 @STAGES.register("analyze")
 def stage_analyze(ctx: DemoContext) -> dict:
-    from sempar.analyze import analyze_to
+    from sempar.commands.analyze import analyze_to
     from sempar.report.sections import add_analysis
 
     out = {}

@@ -1,0 +1,29 @@
+"""`sempar demo`: every stage sempar has on the embedded default data, into report.html and
+summary.json. `stages` holds the data and scheduling stages, `system` the downstream ones,
+`run` runs them in registration order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from sempar.console import emit_json
+
+
+def demo(out_dir: Path = typer.Option(Path("sempar-demo"), "--out", help="folder for report.html"),
+         as_json: bool = typer.Option(False, "--json", help="print summary.json on stdout"),
+         force: bool = typer.Option(False, "--force", help="move a non-empty --out folder sempar "
+                                    "did not write aside (never deleted)")) -> None:
+    """Run every stage sempar has on the embedded default data; write report.html and summary.json."""
+    from sempar.atomic import check_folder_output
+    from sempar.commands.demo.run import run_demo
+
+    check_folder_output(out_dir, force=force)
+    summary = run_demo(out_dir, force=force)
+    if as_json:
+        emit_json(summary)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo)

@@ -1,0 +1,86 @@
+"""`sempar evaluate`: placement methods compared on held-out routing (LAR, oracle LAR, copies,
+imbalance), optionally with the online schedulers and the cross-dataset matrix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sempar.bounds import DEVICES_MAX, REDUNDANT_MAX, SEED, bound
+from sempar.console import emit_json, out
+from sempar.errors import InputError
+
+
+def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements are solved on"),
+             eval_file: Optional[Path] = typer.Option(None, "--eval", help="held-out trace"),
+             ep: int = typer.Option(..., "--ep", help="EP degree G", callback=bound(1, DEVICES_MAX)),
+             nodes: int = typer.Option(1, "--nodes", callback=bound(1, DEVICES_MAX)),
+             methods: str = typer.Option("all", "--methods", help="comma-separated, or all"),
+             mode: str = typer.Option("tp", "--mode", help="dp or tp"),
+             redundant: int = typer.Option(0, "--redundant", callback=bound(0, REDUNDANT_MAX)),
+             max_imbalance: float = typer.Option(1.05, "--max-imbalance",
+                                                 help="per-layer device load cap, x the mean",
+                                                 callback=bound(1.0, 100.0)),
+             preserve_groups: bool = typer.Option(False, "--preserve-groups",
+                                                  help="experts stay in their expert group's slots"),
+             split: bool = typer.Option(False, "--split", help="split --fit 20/80 by request"),
+             cross: bool = typer.Option(False, "--cross-dataset",
+                                        help="also fit on each domain of --fit, evaluate on the others"),
+             online: bool = typer.Option(False, "--online",
+                                         help="also place eval tokens with the online schedulers"),
+             policy: str = typer.Option("alg2", "--policy", help="dp request policy for --online"),
+             lookback: int = typer.Option(2, "--lookback", help="n-gram look-back for --online",
+                                     callback=bound(0, 64)),
+             seed: int = typer.Option(0, "--seed", callback=SEED),
+             as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""
+    from sempar.placement import SOLVERS
+    from sempar.placement.evaluate import evaluate as run
+    from sempar.placement.transfer import DEFAULT_METHODS, cross_dataset_matrix
+    from sempar.progress import steps
+    from sempar.report.console import print_cross, print_evaluation
+    from sempar.trace import read_trace, split_by_request
+
+    if split == (eval_file is not None):
+        raise InputError("evaluate: give --eval EVAL, or --split to divide --fit 20/80 by request")
+    names = SOLVERS.names() if methods == "all" else [m.strip() for m in methods.split(",")]
+    for n in names:
+        SOLVERS.get(n)
+    whole = read_trace(fit, optional=("domain",))   # no solver reads router weights
+    if split:
+        fit_trace, eval_trace = split_by_request(whole, seed=seed)
+    else:
+        fit_trace, eval_trace = whole, read_trace(eval_file, optional=("domain",))
+    extra = home = None
+    if online:
+        from sempar.schedule.online import OnlineHomes, model_embedding, online_figures
+        from sempar.schedule.requests import REQUEST_POLICIES
+
+        REQUEST_POLICIES.get(policy)
+        if lookback < 0:
+            raise InputError(f"--lookback: {lookback} is negative")
+        oov = model_embedding(fit_trace.meta.model)
+        extra = lambda p, m: online_figures(p, fit_trace, eval_trace, m, oov, lookback, policy)  # noqa: E731
+        home = OnlineHomes(oov, lookback, policy)
+    cross_names = [n for n in (DEFAULT_METHODS if methods == "all" else names) if n != "oracle"]
+    chosen = names if methods != "all" else None
+    with steps("evaluate", len(names)) as step:
+        result = run(fit_trace, eval_trace, ep, nodes, chosen, mode, redundant, seed,
+                     progress=step, extra=extra, max_imbalance=max_imbalance,
+                     preserve_groups=preserve_groups)
+    if cross:
+        with steps("cross-dataset", len(cross_names) * len(whole.domains)) as step:
+            result["cross_dataset"] = cross_dataset_matrix(whole, ep, nodes, cross_names, mode,
+                                                           seed, progress=step, home=home)
+    if as_json:
+        emit_json(result)
+        return
+    print_evaluation(out, result)
+    if cross:
+        print_cross(out, result["cross_dataset"])
+
+
+def register(app: typer.Typer) -> None:
+    app.command("evaluate")(evaluate)

@@ -1,0 +1,61 @@
+"""`sempar export`: a placement as an engine's file (plus its launch flags) or a permuted checkpoint."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from sempar.bounds import LAYERS_MAX, bound
+from sempar.console import emit_json
+from sempar.errors import InputError
+
+
+def export(placement: Path = typer.Option(..., "--placement", help="placement.json"),
+           to: str = typer.Option(..., "--to", help="sglang, vllm (PR #49572 format), vllm-maps, "
+                                                  "vllm-ascend or hf-checkpoint"),
+           out_path: Path = typer.Option(..., "--out", help="file (engines) or folder (checkpoint)"),
+           model: Optional[str] = typer.Option(None, "--model", help="hf-checkpoint: packaged "
+                                               "model name or folder to permute"),
+           num_hidden_layers: Optional[int] = typer.Option(
+               None, "--num-hidden-layers", help="sglang, for a placement that does not record "
+                                                 "its model's layers: rows to write",
+               callback=bound(1, LAYERS_MAX)),
+           first_k_dense_replace: Optional[int] = typer.Option(
+               None, "--first-k-dense-replace", help="sglang, likewise: leading dense layers",
+               callback=bound(0, LAYERS_MAX)),
+           as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Write a placement for an engine (and print the engine flags that go with it), or a
+    permuted checkpoint that realises it."""
+    from sempar.placement import Placement
+
+    p = Placement.load(placement)
+    if to == "hf-checkpoint":
+        from sempar.export.checkpoint import permute_checkpoint
+        from sempar.models import resolve_model
+
+        if model is None:
+            raise InputError("--model: hf-checkpoint needs the model to permute")
+        permute_checkpoint(resolve_model(model).model_dir, p, out_path)
+        result: dict[str, Any] = {"engine": to, "path": str(out_path.absolute()), "flags": [],
+                                  "versions": "any engine's contiguous EP split", "notes": []}
+    else:
+        from sempar.export.engines import write_engine_file
+
+        result = write_engine_file(p, to, out_path, num_hidden_layers,
+                                   first_k_dense_replace).to_json()
+    sys.stderr.write(f"wrote {result['path']} ({to})\n")
+    if as_json:
+        emit_json(result)
+    elif result["flags"]:
+        import shlex
+
+        sys.stdout.write(f"launch {to} with: {shlex.join(result['flags'])}\n")
+    for note in result["notes"]:
+        sys.stderr.write(f"note: {note}\n")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export)

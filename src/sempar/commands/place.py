@@ -1,0 +1,42 @@
+"""`sempar place`: solve an expert placement on a fit trace and write placement.json."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from sempar.bounds import DEVICES_MAX, REDUNDANT_MAX, SEED, bound
+
+
+def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)"),
+          method: str = typer.Option("sempar", "--method", help="placement method (see `evaluate`)"),
+          ep: int = typer.Option(..., "--ep", help="EP degree G (devices)", callback=bound(1, DEVICES_MAX)),
+          nodes: int = typer.Option(1, "--nodes", help="nodes the devices are grouped into",
+                                   callback=bound(1, DEVICES_MAX)),
+          redundant: int = typer.Option(0, "--redundant", help="replica slots per layer",
+                                       callback=bound(0, REDUNDANT_MAX)),
+          mode: str = typer.Option("tp", "--mode", help="mode the placement serves: dp or tp"),
+          max_imbalance: float = typer.Option(1.05, "--max-imbalance",
+                                              help="per-layer device load cap, x the mean",
+                                              callback=bound(1.0, 100.0)),
+          preserve_groups: bool = typer.Option(False, "--preserve-groups",
+                                               help="experts stay in their expert group's slots"),
+          seed: int = typer.Option(0, "--seed", callback=SEED),
+          out_file: Path = typer.Option(..., "--out", help="placement.json to write")) -> None:
+    """Solve an expert placement on a fit trace and write it as JSON."""
+    from sempar.atomic import check_output
+    from sempar.placement import solve
+    from sempar.trace import read_trace
+
+    check_output(out_file, trace)
+    p = solve(method, read_trace(trace, optional=("domain",)), ep, nodes, redundant, seed, mode,
+              max_imbalance, preserve_groups)
+    p.save(out_file)
+    sys.stderr.write(f"wrote {out_file}: {method}, {p.num_layers} layers, {ep} devices x "
+                     f"{p.slots_per_device} slots, {p.num_nodes} node(s)\n")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("place")(place)

@@ -1,0 +1,41 @@
+"""`sempar synth`: a synthetic routing trace with the shape of a real MoE model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sempar.bounds import SEED, TOKENS_MAX, bound
+from sempar.trace.presets import PRESETS
+
+
+def synth(preset: str = typer.Option(..., "--preset",
+                                    help="model shape: " + ", ".join(PRESETS.names())),
+          tokens: int = typer.Option(..., "--tokens", help="number of tokens",
+                                     callback=bound(1, TOKENS_MAX)),
+          requests: Optional[int] = typer.Option(None, "--requests",
+                                                 help="number of requests (default tokens/256)",
+                                                 callback=bound(1, TOKENS_MAX)),
+          seed: int = typer.Option(0, "--seed", callback=SEED),
+          weights: bool = typer.Option(False, "--weights/--no-weights",
+                                       help="also store router weights"),
+          out_file: Path = typer.Option(..., "--out", help="Parquet trace to write")) -> None:
+    """Generate a synthetic routing trace with the shape of a real MoE model."""
+    from sempar.atomic import check_output
+    from sempar.progress import progress_bar
+    from sempar.trace.synth import SynthGenerator
+
+    check_output(out_file)
+    gen = SynthGenerator(preset, tokens, requests, seed, weights=weights)
+    with progress_bar(f"synth {gen.shape.model}", tokens) as advance:
+        gen.write(out_file, progress=advance)
+    sys.stderr.write(f"wrote {out_file}: {tokens} tokens, {gen.requests} requests, "
+                     f"{gen.shape.num_layers} layers x {gen.shape.num_experts} experts, "
+                     f"top-{gen.shape.top_k}\n")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("synth")(synth)
