@@ -24,10 +24,10 @@ s ≈ rsqrt(mean(h²) + eps), the only scale every rank knows without another co
 agreement rate with the router is measured (tests), not assumed.
 
 The home of a token is then chosen knowing its real experts with the capacity-bound oracle rule
-of `schedule.homes.oracle_home` (`placement.capacity`): per batch every device takes an equal share (tp mode's
-reduce-scatter chunks), tokens propose to their best device first and a full device spills each
-token to *its* next-best device (proposal rounds), never to the next device in id order. The
-router then runs as usual on the home device, so the layer's output is unchanged.
+of `schedule.homes.oracle_home` (`placement.capacity`): per batch every device takes an equal
+share (tp mode's reduce-scatter chunks), tokens propose to their best device first and a full
+device spills each token to *its* next-best device (proposal rounds), never to the next device
+in id order. The router then runs as usual on the home device, so the layer's output is unchanged.
 
 Costs an all-reduce of T x N logits per layer (`Comm` collective `prerouting`; the simulator's
 pipeline `smoe-exact`).

@@ -16,11 +16,12 @@ reduce-scatter needs equal chunks, so device g receives exactly T // G tokens, t
 devices one more. Each device first keeps the earliest tokens (by position) that prefer it, up to
 its capacity; the overflow and the tokens with no preference then fill the remaining room of the
 devices in device order, or, given per-device scores, each spilled token goes to its own
-next-best device with room (proposal rounds, `propose`; the capacity-bound oracle's rule). The paper computes the inverse with a second argsort; we scatter it in
-O(T) while building the plan.
+next-best device with room (proposal rounds, `propose`; the capacity-bound oracle's rule). The
+paper computes the inverse with a second argsort; we scatter it in O(T) while building the plan.
 
 Everything runs as torch ops on the input's device, with no host synchronisation, so the same code
-serves the CPU simulator and a CUDA runtime. Strategies are registered by name in `REBATCHERS`
+serves the CPU simulator and a CUDA runtime; the one exception is the next-best spill (`scores`
+given), whose proposal rounds (`placement.capacity.proposal_rounds`) run on the host. Strategies are registered by name in `REBATCHERS`
 (`align`, the paper's; `none`, vanilla TP's contiguous split by position).
 """
 
