@@ -8,7 +8,8 @@
   (`OnlineScheduler.home_dp`, Sem-MoE Alg. 2 by default).
 
 - `smoe-exact`: the capacity-aligned home of each token's pre-routed experts (its real ones:
-  `schedule.homes.oracle_home`, the pre-router's rule), whatever `schedule` says: nothing is predicted or fitted.
+  `schedule.homes.oracle_home`, the pre-router's rule), whatever `schedule` says: nothing is
+  predicted or fitted.
 
 `schedule`: "auto" (default) uses the online schedulers when the placement carries a token
 table, i.e. comes from a co-clustering method (semmoe, smoe-cem), and vanilla homes otherwise;

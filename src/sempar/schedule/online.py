@@ -139,8 +139,8 @@ def exact_figures(placement: Placement, eval_: RoutingTrace, mode: str,
     "selection_agreement": share of (token, layer) whose pre-routed top-k is the router's, or
     None}.
 
-    The homes are the pre-router's (`schedule.homes.oracle_home`) of the eval trace's recorded experts: what the
-    pre-router selects when it agrees with the router. The agreement itself is measured, when
+    The homes are the pre-router's (`schedule.homes.oracle_home`) of the eval trace's recorded
+    experts: what the pre-router selects when it agrees with the router. The agreement itself is measured, when
     the trace's model is one of ours on disk, by re-running it on the first eval requests
     (`agreement.trace_agreement`); None otherwise.
     """

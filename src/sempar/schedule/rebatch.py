@@ -21,8 +21,9 @@ paper computes the inverse with a second argsort; we scatter it in O(T) while bu
 
 Everything runs as torch ops on the input's device, with no host synchronisation, so the same code
 serves the CPU simulator and a CUDA runtime; the one exception is the next-best spill (`scores`
-given), whose proposal rounds (`placement.capacity.proposal_rounds`) run on the host. Strategies are registered by name in `REBATCHERS`
-(`align`, the paper's; `none`, vanilla TP's contiguous split by position).
+given), whose proposal rounds (`placement.capacity.proposal_rounds`) run on the host.
+Strategies are registered by name in `REBATCHERS` (`align`, the paper's; `none`, vanilla TP's
+contiguous split by position).
 """
 
 from __future__ import annotations
