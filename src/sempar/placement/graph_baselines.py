@@ -7,8 +7,9 @@ Balanced KMeans performs a two-stage balanced KMeans clustering for tokens and e
 predicted routing affinity separately." That is all the paper says; the rest below is our choice.
 
 Both work per MoE layer on the fit trace's statistics from
-`affinity.routing_stats.AffinityStats`: token frequency a[u] and token -> expert confidence Cp[l, u, e] (so the co-activation count of token u
-and expert e is c[u, e] = a[u] * k * Cp[l, u, e], an integer). One cluster = one device; every
+`affinity.routing_stats.AffinityStats`: token frequency a[u] and token -> expert confidence
+Cp[l, u, e] (so the co-activation count of token u and expert e is c[u, e] = a[u] * k *
+Cp[l, u, e], an integer). One cluster = one device; every
 expert is placed once (no replicas), N/G experts per device. Both return, besides the placement,
 `info["token_table"]` (token -> device per layer, with confidence = the share of the token's
 expected activations at that layer that land on that device), which tp/dp evaluation uses to

@@ -140,9 +140,9 @@ def exact_figures(placement: Placement, eval_: RoutingTrace, mode: str,
     None}.
 
     The homes are the pre-router's (`schedule.homes.oracle_home`) of the eval trace's recorded
-    experts: what the pre-router selects when it agrees with the router. The agreement itself is measured, when
-    the trace's model is one of ours on disk, by re-running it on the first eval requests
-    (`agreement.trace_agreement`); None otherwise.
+    experts: what the pre-router selects when it agrees with the router. The agreement itself is
+    measured, when the trace's model is one of ours on disk, by re-running it on the first eval
+    requests (`agreement.trace_agreement`); None otherwise.
     """
     if mode != "tp":
         return {"exact_lar_mean": None, "exact_lar": None, "exact_imbalance_max_mean": None,
