@@ -31,7 +31,7 @@ import numpy as np
 
 from sempar.paths import dev_trace_paths
 from sempar.placement import solve
-from sempar.placement.evaluate import oracle_home_dp
+from sempar.schedule.homes import oracle_home_dp
 from sempar.placement.metrics import placement_figures
 from sempar.schedule.requests import (REQUEST_POLICIES, evaluate_policies, make_policy,
                                       rank_figures, reorder_requests, request_arrays)

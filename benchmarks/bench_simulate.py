@@ -32,7 +32,7 @@ from sempar.comm.pipelines import PIPELINES, pipeline_names
 from sempar.comm.simulate import SimOptions, simulate
 from sempar.comm.topology import topology_preset
 from sempar.paths import assets_dir
-from sempar.placement.metrics import home_dp_round_robin, home_tp_contiguous
+from sempar.schedule.homes import home_dp_round_robin, home_tp_contiguous
 from sempar.placement.placement import Placement
 from sempar.trace import read_trace
 

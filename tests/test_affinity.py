@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from sempar.affinity import load, requests, token_stats, transitions
+from sempar.affinity import load, requests, routing_stats, token_stats, transitions
 from sempar.affinity.analysis import analyze_trace
 from sempar.errors import InputError
 from sempar.trace.schema import RoutingTrace, TraceMeta
@@ -49,7 +49,7 @@ def test_quantiles_known_and_empty():
 def test_activation_counts_by_hand():
     tok = np.array([0, 1, 0, 2])
     ex = np.array([[0, 1], [2, 3], [1, 3], [0, 2]])
-    c = token_stats.activation_counts(tok, ex, 4, 4)
+    c = routing_stats.activation_counts(tok, ex, 4, 4)
     assert c.shape == (4, 4)
     np.testing.assert_array_equal(c, [[1, 2, 0, 1], [0, 0, 1, 1], [1, 0, 1, 0], [0, 0, 0, 0]])
 
@@ -213,19 +213,27 @@ def test_contiguous_devices():
 
 def test_device_states_majority_and_ties():
     dev = transitions.contiguous_devices(8, 4)                     # [0,0,1,1,2,2,3,3]
+
+    def states(e, ties="top1"):
+        return routing_stats.device_states(e, routing_stats.layout_hosts(dev, 4, e.shape[1]), ties)
+
     # k=2: a tie between two devices always goes to the top-1 expert's device
     e2 = np.array([[[2, 6], [6, 2]], [[0, 1], [7, 0]]])            # [T=2, L=2, k=2]
-    np.testing.assert_array_equal(transitions.device_states(e2, dev, 4), [[1, 3], [0, 3]])
+    np.testing.assert_array_equal(states(e2), [[1, 3], [0, 3]])
+    np.testing.assert_array_equal(states(e2, "lowest"), [[1, 1], [0, 0]])
     # k=3: majority wins even against the top-1's device
     e3 = np.array([[[0, 4, 5]], [[4, 0, 1]], [[7, 6, 2]]])
-    np.testing.assert_array_equal(transitions.device_states(e3, dev, 4), [[2], [0], [3]])
+    np.testing.assert_array_equal(states(e3), [[2], [0], [3]])
     # k=4: 2-1-1 majority; 2-2 tie with the top-1 among the tied -> top-1's device
     e4 = np.array([[[0, 2, 4, 5]], [[6, 0, 1, 7]], [[0, 1, 6, 7]]])
-    np.testing.assert_array_equal(transitions.device_states(e4, dev, 4), [[2], [3], [0]])
+    np.testing.assert_array_equal(states(e4), [[2], [3], [0]])
+    np.testing.assert_array_equal(states(e4, "lowest"), [[2], [0], [0]])
     # k=5: tie between devices 1 and 2 and the top-1 (device 0) is not among them -> lowest id
     e5 = np.array([[[0, 2, 3, 4, 5]], [[7, 4, 5, 2, 3]]])
-    np.testing.assert_array_equal(transitions.device_states(e5, dev, 4), [[1], [1]])
-    assert transitions.device_states(e5, dev, 4).dtype == np.int32
+    np.testing.assert_array_equal(states(e5), [[1], [1]])
+    assert states(e5).dtype == np.int16
+    with pytest.raises(InputError, match="ties"):
+        states(e5, "first")
 
 
 def test_lookback_deterministic_chain_is_perfect():

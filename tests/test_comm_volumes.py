@@ -7,7 +7,7 @@ from sempar.comm.collectives import dedup_targets, pair_counts, ring_pairs, ring
 from sempar.comm.pipelines import PIPELINES, pipeline_names
 from sempar.comm.simulate import SimOptions, simulate
 from sempar.comm.topology import Topology, topology_preset
-from sempar.placement.metrics import home_tp_contiguous
+from sempar.schedule.homes import home_tp_contiguous
 from sempar.placement.placement import Placement
 
 G = 8

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from sempar.placement import solve
-from sempar.placement.metrics import BATCH, home_tp_contiguous, placement_figures
+from sempar.placement.metrics import placement_figures
+from sempar.placement.capacity import BATCH
+from sempar.schedule.homes import home_tp_contiguous
 from sempar.schedule.online import OnlineScheduler, online_figures
 from sempar.trace import split_by_request, write_trace
 from sempar.trace.synth import synthesize

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from sempar.placement import Placement
-from sempar.placement.metrics import (home_dp_round_robin, home_tp_contiguous, oracle_home,
-                                      placement_figures, serving_device)
+from sempar.placement.metrics import placement_figures, serving_device
+from sempar.schedule.homes import home_dp_round_robin, home_tp_contiguous, oracle_home
 
 
 def _p(nodes=None, phy=None):
@@ -88,7 +88,7 @@ def test_place_and_evaluate_cli(tmp_path):
 def test_semmoe_beats_vanilla_on_real_routing(moe64_split):
     """Sem-MoE Alg. 1 on the tiny-moe64 dev trace (fit 20%, held-out 80%), EP 4, tp mode."""
     from sempar.placement import solve
-    from sempar.placement.metrics import home_tp_contiguous, home_tp_table
+    from sempar.schedule.homes import home_tp_contiguous, home_tp_table
 
     fit, ev = moe64_split
     sem = solve("semmoe", fit, 4)

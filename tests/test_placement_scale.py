@@ -17,9 +17,10 @@ import pytest
 import sklearn.cluster  # noqa: F401  (semmoe imports it lazily: keep the import out of the peak)
 
 from sempar.placement import SOLVERS, solve
-from sempar.placement.affinity_stats import AffinityStats
+from sempar.affinity.routing_stats import AffinityStats
 from sempar.placement.base import PlacementProblem
-from sempar.placement.metrics import home_tp_contiguous, home_tp_table, placement_figures
+from sempar.placement.metrics import placement_figures
+from sempar.schedule.homes import home_tp_contiguous, home_tp_table
 from sempar.trace import split_by_request
 from sempar.trace.presets import PRESETS
 from sempar.trace.synth import synthesize

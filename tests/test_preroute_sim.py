@@ -10,7 +10,8 @@ from sempar.comm.pipelines import PIPELINES
 from sempar.comm.simulate import SimOptions, simulate
 from sempar.comm.topology import topology_preset
 from sempar.placement import solve
-from sempar.placement.metrics import oracle_home, placement_figures
+from sempar.placement.metrics import placement_figures
+from sempar.schedule.homes import oracle_home
 from sempar.schedule.online import exact_figures
 
 TOKENS = 4 * 2048          # four tp batches of the held-out split keep the test short

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sempar.placement import solve
-from sempar.placement.metrics import oracle_home
+from sempar.schedule.homes import oracle_home
 from sempar.schedule.agreement import selection_agreement
 from sempar.schedule.prerouter import capacity_home, device_hits, exact_homes
 from sempar.schedule.rebatch import plan_align

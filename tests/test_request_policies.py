@@ -7,9 +7,9 @@ import pytest
 
 from sempar.errors import InputError
 from sempar.predict.token_table import TokenTable
-from sempar.schedule.requests import (REQUEST_POLICIES, evaluate_policies, home_from_ranks,
-                                      make_policy, rank_figures, reorder_requests, request_arrays,
-                                      score_matrix)
+from sempar.schedule.requests import (REQUEST_POLICIES, evaluate_policies, make_policy, rank_figures,
+                                      reorder_requests, request_arrays, score_matrix)
+from sempar.schedule.homes import home_from_ranks
 
 
 def random_table(rng, G: int, U: int = 300, L: int = 3, vocab: int = 1000) -> TokenTable:

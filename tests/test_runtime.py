@@ -18,7 +18,7 @@ import torch
 from sempar.comm.pipelines import PIPELINES
 from sempar.comm.simulate import SimOptions, simulate
 from sempar.comm.topology import Topology
-from sempar.placement.metrics import home_tp_contiguous
+from sempar.schedule.homes import home_tp_contiguous
 from sempar.placement.placement import Placement
 from sempar.runtime import DISPATCHERS, MODES, RankFailure, RunSpec, reference_logits, run, run_many
 from sempar.schedule.prerouter import exact_homes

@@ -10,7 +10,8 @@ from sempar.errors import InputError
 from sempar.placement import Placement, solve
 from sempar.placement.base import crosses_groups
 from sempar.placement.evaluate import figures_for
-from sempar.placement.metrics import home_tp_contiguous, placement_figures
+from sempar.placement.metrics import placement_figures
+from sempar.schedule.homes import home_tp_contiguous
 from sempar.predict.token_table import TokenTable
 from sempar.trace import split_by_request
 from sempar.trace.schema import RoutingTrace, TraceMeta

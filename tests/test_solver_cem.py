@@ -10,7 +10,8 @@ from sempar.placement import (
     cem,  # registers "smoe-cem"
     solve,
 )
-from sempar.placement.metrics import home_tp_table, placement_figures
+from sempar.placement.metrics import placement_figures
+from sempar.schedule.homes import home_tp_table
 from sempar.trace import RoutingTrace, TraceMeta, split_by_request
 
 

@@ -8,7 +8,8 @@ import pytest
 import sempar.placement.graph_baselines  # noqa: F401  (registers the solvers)
 from sempar.errors import InputError
 from sempar.placement import SOLVERS, solve
-from sempar.placement.metrics import home_tp_contiguous, home_tp_table, placement_figures
+from sempar.placement.metrics import placement_figures
+from sempar.schedule.homes import home_tp_contiguous, home_tp_table
 from sempar.trace.schema import RoutingTrace, TraceMeta
 from sempar.trace.synth import synthesize
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from sempar.affinity import load, requests, token_stats, transitions
+from sempar.affinity import load, requests, routing_stats, token_stats, transitions
 from sempar.errors import InputError
 from sempar.trace.ops import split_by_request, split_by_token
 from sempar.trace.schema import RoutingTrace
@@ -116,7 +116,8 @@ def analyze_trace(trace: RoutingTrace, devices: int = 8, seed: int = 0,
     top1 = trace.experts[:, :, 0].astype(np.int32)
     lb_expert = transitions.lookback_accuracy(top1, trace.experts, N, fit, MAX_LOOKBACK)
     device_of = transitions.contiguous_devices(N, devices)
-    dev = transitions.device_states(trace.experts, device_of, devices)
+    hosts = routing_stats.layout_hosts(device_of, devices, L)
+    dev = routing_stats.device_states(trace.experts, hosts, ties="top1").astype(np.int32)
     lb_device = transitions.lookback_accuracy(dev, dev[:, :, None], devices, fit, MAX_LOOKBACK)
     masses = [transitions.topk_mass(transitions.pair_counts(trace.experts[:, l],
                                                             trace.experts[:, l + 1], N), k)

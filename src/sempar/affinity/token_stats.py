@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sempar.affinity.routing_stats import activation_counts
+
 QUANTILES = (25, 50, 75)
 
 
@@ -34,17 +36,6 @@ def quantiles(x: np.ndarray) -> dict[str, float | None]:
         return {f"p{q}": None for q in QUANTILES}
     vals = np.percentile(x, QUANTILES)
     return {f"p{q}": float(v) for q, v in zip(QUANTILES, vals)}
-
-
-def activation_counts(token_index: np.ndarray, experts: np.ndarray, n_tokens: int,
-                      num_experts: int) -> np.ndarray:
-    """int32[n_tokens, N]: counts of each (token, expert) selection.
-
-    token_index: int[T] compact token indices in [0, n_tokens); experts: int[T, k] one layer.
-    """
-    key = token_index.astype(np.int64)[:, None] * num_experts + experts
-    return np.bincount(key.ravel(), minlength=n_tokens * num_experts).reshape(
-        n_tokens, num_experts).astype(np.int32, copy=False)
 
 
 def top_k_mask(counts: np.ndarray, k: int) -> np.ndarray:

@@ -5,7 +5,8 @@ Definitions (our choices where the papers are open):
 - A token's **state** at layer l is its top-1 expert (slot 0: the trace lists experts by
   decreasing router weight). At **device level** the state is the device hosting most of its k
   experts under the contiguous layout of N experts on G devices (what engines do by default),
-  ties going to the device of the highest-ranked expert.
+  ties going to the device of the highest-ranked expert (`routing_stats.device_states`,
+  ties="top1").
 - **Look-back prediction with n layers** (Sem-MoE B.1 builds the same table over device
   sequences): fit on the fit rows a table context -> counts of the items selected at layer l,
   where the context is the token's states at layers l-n..l-1; predict the k most frequent items
@@ -27,22 +28,6 @@ import numpy as np
 def contiguous_devices(num_experts: int, num_devices: int) -> np.ndarray:
     """int64[N]: device of each expert when N experts are laid out contiguously on G devices."""
     return np.arange(num_experts, dtype=np.int64) * num_devices // num_experts
-
-
-def device_states(experts: np.ndarray, device_of: np.ndarray, num_devices: int) -> np.ndarray:
-    """int32[T, L]: per token and layer, the device hosting most of its experts.
-
-    experts: int[T, L, k]; device_of: int[N]. Ties go to the top-1 expert's device when it is
-    among the tied, else to the lowest device id.
-    """
-    dev = device_of[experts]                                      # [T, L, k]
-    score = np.zeros(dev.shape[:2] + (num_devices,), np.int16)
-    for s in range(dev.shape[2]):
-        np.put_along_axis(score, dev[:, :, s:s + 1],
-                          np.take_along_axis(score, dev[:, :, s:s + 1], axis=2) + 2, axis=2)
-    np.put_along_axis(score, dev[:, :, :1], np.take_along_axis(score, dev[:, :, :1], axis=2) + 1,
-                      axis=2)
-    return score.argmax(axis=2).astype(np.int32)
 
 
 def _compact(keys: np.ndarray) -> np.ndarray:

@@ -64,24 +64,18 @@ def _uniform(G: int):
 
 
 def _homes(mode: str, spec, L: int, experts: np.ndarray) -> np.ndarray:
-    from sempar.placement.metrics import home_tp_contiguous
-    from sempar.schedule.rebatch import plan_align
+    from sempar.schedule import homes
 
     B, S = spec.input_ids.shape
     T, G = B * S, spec.placement.num_devices
     if mode in ("attn-dp", "exflow"):
-        rr = np.repeat(np.asarray(spec.request_rank), S)
-        return np.repeat(rr[:, None], L, axis=1).astype(np.int32)
+        return homes.home_from_ranks(np.repeat(np.arange(B), S), np.asarray(spec.request_rank), L)
     if mode == "tp-allreduce":
-        return home_tp_contiguous(T, G, L, batch=T)
+        return homes.home_tp_contiguous(T, G, L, batch=T)
     if mode == "tp-exact":
-        from sempar.schedule.prerouter import exact_homes
-
-        return exact_homes(torch.as_tensor(experts), torch.as_tensor(spec.placement.hosts()),
-                           T).numpy().astype(np.int32)
-    prio = spec.priority
-    return np.stack([plan_align(spec.targets[l], G, None if prio is None else prio[l])
-                     .home_device().numpy() for l in range(L)], axis=1).astype(np.int32)
+        return homes.oracle_home(spec.placement, experts, T)
+    prio = spec.priority                                   # targets, priority: [L, T]
+    return homes.rebatched_home(spec.targets.T, G, None if prio is None else prio.T, batch=T)
 
 
 def predicted(spec, experts: np.ndarray, pipeline: str, hidden: int

@@ -7,8 +7,9 @@
   the DP ranks in arrival order, or with the online schedulers by a request policy
   (`OnlineScheduler.home_dp`, Sem-MoE Alg. 2 by default).
 
-- `smoe-exact`: the capacity-aligned home of each token's pre-routed experts (its real ones,
-  `schedule.prerouter.exact_homes`), whatever `schedule` says: nothing is predicted or fitted.
+- `smoe-exact`: the capacity-aligned home of each token's pre-routed experts (its real ones:
+  `schedule.homes.oracle_home`, the pre-router's rule), whatever `schedule` says: nothing is
+  predicted or fitted.
 
 `schedule`: "auto" (default) uses the online schedulers when the placement carries a token
 table, i.e. comes from a co-clustering method (semmoe, smoe-cem), and vanilla homes otherwise;
@@ -22,8 +23,9 @@ import numpy as np
 
 from sempar.comm.pipelines import Pipeline
 from sempar.errors import InputError
-from sempar.placement.metrics import home_dp_round_robin, home_tp_contiguous
+from sempar.placement.capacity import BATCH
 from sempar.placement.placement import Placement
+from sempar.schedule.homes import home_dp_round_robin, home_tp_contiguous, oracle_home
 from sempar.trace.schema import RoutingTrace
 
 SCHEDULES = ("auto", "online", "none")
@@ -33,7 +35,7 @@ class Homes:
     """Caches the fitted schedulers and the homes of one (placement, eval trace) pair."""
 
     def __init__(self, placement: Placement, eval_: RoutingTrace, fit: RoutingTrace | None,
-                 schedule: str = "auto", policy: str = "alg2", batch: int = 2048):
+                 schedule: str = "auto", policy: str = "alg2", batch: int = BATCH):
         if schedule not in SCHEDULES:
             raise InputError(f"--schedule: {schedule!r} is not one of {', '.join(SCHEDULES)}")
         self.placement, self.eval, self.fit = placement, eval_, fit
@@ -64,24 +66,18 @@ class Homes:
             return None
         if pipeline.name == "smoe-exact":
             if "exact" not in self._cache:
-                import torch
-
-                from sempar.schedule.prerouter import exact_homes
-
-                self._cache["exact"] = exact_homes(
-                    torch.as_tensor(self.eval.experts.astype(np.int64)),
-                    torch.as_tensor(self.placement.hosts()), self.batch).numpy().astype(np.int32)
+                self._cache["exact"] = oracle_home(self.placement, self.eval.experts, self.batch)
             return self._cache["exact"]
         sched = self.scheduled(pipeline)
         key = f"{pipeline.attention}:{sched}"
         if key not in self._cache:
             T, L = self.eval.num_tokens, self.eval.meta.num_layers
             G = self.placement.num_devices
-            if pipeline.attention == "tp":
-                home = (self._scheduler().home_tp(self.eval) if sched
-                        else home_tp_contiguous(T, G, L, self.batch))
+            if sched:
+                home = self._scheduler().home(self.eval, pipeline.attention, self.policy)
+            elif pipeline.attention == "tp":
+                home = home_tp_contiguous(T, G, L, self.batch)
             else:
-                home = (self._scheduler().home_dp(self.eval, self.policy) if sched
-                        else home_dp_round_robin(self.eval.request_id, G, L))
+                home = home_dp_round_robin(self.eval.request_id, G, L)
             self._cache[key] = np.asarray(home, np.int32)
         return self._cache[key]

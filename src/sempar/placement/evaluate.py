@@ -1,11 +1,12 @@
 """`sempar evaluate`: every placement method in one table, judged on held-out routing.
 
-Protocol (design.md): solve on the fit trace, measure on the eval trace. Homes:
+Protocol (design.md): solve on the fit trace, measure on the eval trace. Homes
+(`schedule.homes.method_home`):
 - dp mode: a method's own token table when it has one (each new request to the rank its
   tokens prefer, one request per rank per round: Sem-MoE Alg. 2), else requests dealt
   round-robin to the DP ranks in arrival order (equal counts per round);
-- tp mode: a method's own token table when it has one (`metrics.home_tp_table`), else equal
-  contiguous chunks of every batch of 2,048 tokens (vanilla TP).
+- tp mode: a method's own token table when it has one (`schedule.homes.home_tp_table`), else
+  equal contiguous chunks of every batch of 2,048 tokens (vanilla TP).
 Next to each method's LAR stand its oracle LARs: the same placement with homes chosen knowing
 the real routing, under the mode's capacity rule (tp: equal tokens per device per batch; dp:
 whole requests, each round of G requests matched to the G ranks by maximum local activations)
@@ -18,52 +19,15 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-import numpy as np
-from scipy.optimize import linear_sum_assignment
-
 from sempar.errors import InputError
 from sempar.placement.base import SOLVERS, solve
 from sempar.placement.oracle import ORACLE
-from sempar.placement.metrics import (home_dp_round_robin, home_dp_table, home_tp_contiguous,
-                                      home_tp_table, oracle_home, placement_figures)
+from sempar.placement.metrics import placement_figures
 from sempar.placement.placement import Placement
+from sempar.schedule.homes import method_home, oracle_home, oracle_home_dp
 from sempar.trace.schema import RoutingTrace
 
 MODES = ("dp", "tp")
-
-
-def oracle_home_dp(placement: Placement, trace: RoutingTrace, balanced: bool = True) -> np.ndarray:
-    """int32[T, L]: whole requests on DP ranks knowing their routing; each round of G requests
-    (arrival order) is matched to the G ranks maximising local activations (Hungarian). With
-    balanced=False every request goes to its best rank (the request-level ceiling without
-    balance)."""
-    hosts = placement.hosts()                                    # [L, G, N]
-    G, L = placement.num_devices, trace.meta.num_layers
-    reqs, first, ridx = np.unique(trace.request_id, return_index=True, return_inverse=True)
-    hits = np.zeros((reqs.size, G))
-    for l in range(L):
-        per_token = hosts[l][:, trace.experts[:, l]].sum(axis=2).T   # [T, G]
-        np.add.at(hits, ridx, per_token)
-    if not balanced:
-        return np.repeat(hits.argmax(axis=1).astype(np.int32)[ridx][:, None], L, axis=1)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty(reqs.size, np.int32)
-    for lo in range(0, order.size, G):
-        group = order[lo:lo + G]
-        rows, cols = linear_sum_assignment(-hits[group])
-        rank[group[rows]] = cols
-    return np.repeat(rank[ridx][:, None], L, axis=1)
-
-
-def method_home(placement: Placement, eval_: RoutingTrace, mode: str) -> np.ndarray:
-    """int32[T, L]: where the method itself puts each eval token (module docstring)."""
-    ep, L = placement.num_devices, eval_.meta.num_layers
-    table = placement.token_table
-    if mode == "dp":
-        return (home_dp_table(eval_.request_id, eval_.token_id, table, ep, L) if table is not None
-                else home_dp_round_robin(eval_.request_id, ep, L))
-    return (home_tp_table(eval_.token_id, table, ep) if table is not None
-            else home_tp_contiguous(eval_.num_tokens, ep, L))
 
 
 def figures_for(placement: Placement, eval_: RoutingTrace, mode: str,

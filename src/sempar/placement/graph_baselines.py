@@ -6,9 +6,10 @@ token-expert routing matrix as an undirected graph and solves the minimum k-cut 
 Balanced KMeans performs a two-stage balanced KMeans clustering for tokens and experts with the
 predicted routing affinity separately." That is all the paper says; the rest below is our choice.
 
-Both work per MoE layer on the fit trace's statistics from `affinity_stats.AffinityStats`: token
-frequency a[u] and token -> expert confidence Cp[l, u, e] (so the co-activation count of token u
-and expert e is c[u, e] = a[u] * k * Cp[l, u, e], an integer). One cluster = one device; every
+Both work per MoE layer on the fit trace's statistics from
+`affinity.routing_stats.AffinityStats`: token frequency a[u] and token -> expert confidence
+Cp[l, u, e] (so the co-activation count of token u and expert e is c[u, e] = a[u] * k *
+Cp[l, u, e], an integer). One cluster = one device; every
 expert is placed once (no replicas), N/G experts per device. Both return, besides the placement,
 `info["token_table"]` (token -> device per layer, with confidence = the share of the token's
 expected activations at that layer that land on that device), which tp/dp evaluation uses to
@@ -53,7 +54,7 @@ from scipy import sparse
 from scipy.optimize import linear_sum_assignment
 from threadpoolctl import threadpool_limits
 
-from sempar.placement.affinity_stats import AffinityStats
+from sempar.affinity.routing_stats import AffinityStats
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement
 from sempar.placement.placement import Placement
 

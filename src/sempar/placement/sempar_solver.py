@@ -93,6 +93,8 @@ def capacitated_assign(value: np.ndarray, weight: np.ndarray, cap: np.ndarray,
     (a partial sort), and the leftovers, heaviest first, fill the roomiest devices in turn;
     None: G rounds on a full sort.
     """
+    from sempar.placement.capacity import proposal_rounds
+
     n, G = value.shape
     dens = value / weight[:, None]
     rounds = G if max_rounds is None else min(G, max_rounds)
@@ -102,22 +104,7 @@ def capacitated_assign(value: np.ndarray, weight: np.ndarray, cap: np.ndarray,
                                                   axis=1, kind="stable"), axis=1)
     else:
         pref = np.argsort(-dens, axis=1, kind="stable")
-    room = cap.astype(np.float64).copy()
-    out = np.full(n, -1, np.int64)
-    for r in range(rounds):
-        idx = np.flatnonzero(out < 0)
-        if idx.size == 0:
-            break
-        choice = pref[idx, r]
-        d = dens[idx, choice]
-        order = np.lexsort((-d, choice))
-        c, w = choice[order], weight[idx[order]]
-        csum = np.cumsum(w)
-        start = np.searchsorted(c, np.arange(G), side="left")
-        before = csum - w - np.concatenate([[0.0], csum])[start[c]]
-        ok = before + w <= room[c] + 1e-9
-        out[idx[order[ok]]] = c[ok]
-        room -= np.bincount(c[ok], weights=w[ok], minlength=G)
+    out, room = proposal_rounds(pref, np.take_along_axis(dens, pref, axis=1), cap, weight)
     if max_rounds is not None:
         _fill_roomiest(out, weight, room)
     for i in np.flatnonzero(out < 0):                       # rare: heavy leftovers

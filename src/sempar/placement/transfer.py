@@ -4,7 +4,7 @@ Sem-MoE profiles on one dataset and serves another to show how much of the local
 shift of workload. We do the same with the domains of one trace: for each fit domain d, the
 placement is solved on a 20% split (by request) of d; it is evaluated on the other 80% of d (the
 diagonal) and on the whole of every other domain (never seen in fit). Each cell is the held-out
-LAR of the method in the given mode (homes as in `evaluate.method_home`).
+LAR of the method in the given mode (homes as in `schedule.homes.method_home`).
 
     cross_dataset_matrix(trace, ep, ...) -> {"domains": [...], "mode", "ep", "nodes",
         "methods": {name: {"lar": float[D][D] (row = fit domain, column = eval domain),
@@ -21,7 +21,7 @@ import numpy as np
 
 from sempar.errors import InputError
 from sempar.placement.base import solve
-from sempar.placement.evaluate import method_home
+from sempar.schedule.homes import method_home
 from sempar.placement.metrics import placement_figures
 from sempar.trace.ops import select_domains, split_by_request
 from sempar.trace.schema import RoutingTrace
@@ -37,7 +37,7 @@ def cross_dataset_matrix(trace: RoutingTrace, ep: int, nodes: int = 1,
     """The fit-domain x eval-domain LAR matrix of each method (module docstring).
 
     `home(placement, fit, eval, mode) -> int32[T, L]` places the eval tokens; default: the
-    method's own (`evaluate.method_home`); `evaluate --online` passes its online schedulers.
+    method's own (`schedule.homes.method_home`); `evaluate --online` passes its online schedulers.
     """
     if home is None:
         home = lambda placement, fit, ev, mode: method_home(placement, ev, mode)  # noqa: E731

@@ -24,23 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from sempar.affinity.routing_stats import layer_counts
 from sempar.errors import InputError
 from sempar.predict.oov import EmbeddingOOV, fitted_mapper, resolve
 from sempar.trace.schema import RoutingTrace
-
-
-def layer_counts(tok: np.ndarray, experts: np.ndarray, num_experts: int
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(row int64[m], expert int64[m], count int64[m]) of the non-zero (token, expert) counts.
-
-    tok: int64[T] compact token index; experts: int[T, k] one layer's selections. Sorted by row,
-    then decreasing count, then increasing expert id.
-    """
-    key = (tok[:, None] * num_experts + experts.astype(np.int64)).ravel()
-    uniq, count = np.unique(key, return_counts=True)
-    row, expert = uniq // num_experts, uniq % num_experts
-    order = np.lexsort((expert, -count, row))
-    return row[order], expert[order], count[order]
 
 
 class ExpertConfidence:

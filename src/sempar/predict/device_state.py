@@ -4,9 +4,8 @@ Both papers model "the activation device sequence rather than the activation exp
 D^(l) is "the device index where the chosen expert locates at the l-th layer". A token selects k
 experts, so we define its **device state** at layer l as the device hosting the most of its k
 real selected experts under the placement; an expert with replicas counts for every device that
-hosts it. Ties go to the lowest device id (argmax order; unlike `affinity.transitions`, which
-breaks ties by the top-1 expert's device, because its states feed an expert-level analysis).
-This state is also the ground truth the token and n-gram tables are scored against: sending the
+hosts it; ties go to the lowest device id (`affinity.routing_stats.device_states`). This state
+is also the ground truth the token and n-gram tables are scored against: sending the
 token there makes the most of its activations local.
 
 Placements are duck-typed (anything with `hosts() -> bool[L, G, N]`), so this package never
@@ -19,9 +18,6 @@ import numpy as np
 
 from sempar.errors import InputError
 from sempar.trace.schema import RoutingTrace
-
-CHUNK = 1 << 16   # tokens per block: bounds the [chunk, k, G] host counts
-
 
 def check_placement(trace: RoutingTrace, hosts: np.ndarray) -> None:
     """Raise `InputError` when a placement's hosts bool[L, G, N] does not fit the trace's model."""
@@ -38,27 +34,6 @@ def fit_inputs(trace: RoutingTrace, placement) -> tuple[np.ndarray, np.ndarray, 
     check_placement(trace, hosts)
     tokens, tok = np.unique(np.asarray(trace.token_id, np.int64), return_inverse=True)
     return hosts, tokens, tok
-
-
-def device_counts(experts: np.ndarray, hosts_l: np.ndarray) -> np.ndarray:
-    """int32[T, G]: per token, how many of its selected experts each device hosts.
-
-    experts: int[T, k] one layer's selections; hosts_l: bool[G, N] that layer's hosting.
-    """
-    return hosts_l.T[experts.astype(np.int64)].sum(axis=1, dtype=np.int32)
-
-
-def device_states(experts: np.ndarray, hosts: np.ndarray) -> np.ndarray:
-    """int16[T, L]: per token and layer, the device hosting most of its experts (ties: lowest id).
-
-    experts: int[T, L, k]; hosts: bool[L, G, N] (`Placement.hosts()`).
-    """
-    T, L, _ = experts.shape
-    out = np.empty((T, L), np.int16)
-    for l in range(L):
-        for s in range(0, T, CHUNK):
-            out[s:s + CHUNK, l] = device_counts(experts[s:s + CHUNK, l], hosts[l]).argmax(axis=1)
-    return out
 
 
 def local_share(experts: np.ndarray, hosts: np.ndarray, device: np.ndarray) -> np.ndarray:

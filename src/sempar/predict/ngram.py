@@ -30,7 +30,8 @@ from __future__ import annotations
 import numpy as np
 
 from sempar.errors import InputError
-from sempar.predict.device_state import check_placement, device_states
+from sempar.affinity.routing_stats import device_states
+from sempar.predict.device_state import check_placement
 from sempar.trace.schema import RoutingTrace
 
 MAX_CONTEXTS = 1 << 24    # dense G^n rows per table; beyond that the look-back is too long

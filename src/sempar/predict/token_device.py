@@ -28,8 +28,8 @@ import numpy as np
 from scipy import sparse
 
 from sempar.errors import InputError
-from sempar.predict.confidence import layer_counts
-from sempar.predict.device_state import device_states, fit_inputs
+from sempar.affinity.routing_stats import device_states, layer_counts
+from sempar.predict.device_state import fit_inputs
 from sempar.predict.oov import EmbeddingOOV, fitted_mapper
 from sempar.predict.token_table import TokenTable
 from sempar.trace.schema import RoutingTrace

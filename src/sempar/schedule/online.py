@@ -30,10 +30,12 @@ import numpy as np
 import torch
 
 from sempar.errors import InputError
-from sempar.placement.metrics import BATCH, placement_figures
+from sempar.placement.capacity import BATCH
+from sempar.placement.metrics import placement_figures
 from sempar.placement.placement import Placement
 from sempar.predict import DeviceNgram, EmbeddingOOV, TokenDevice, combine, prediction_accuracy
-from sempar.schedule.rebatch import REBATCHERS
+from sempar.schedule.homes import home_from_ranks, oracle_home, rebatched_home
+from sempar.schedule.requests import REQUEST_POLICIES, request_arrays
 from sempar.trace.schema import RoutingTrace
 
 LOOKBACK = 2          # Sem-MoE B.1's default look-back
@@ -73,18 +75,15 @@ class OnlineScheduler:
         a_dev, a_conf = self.ngram_.predict_trace(trace)
         return combine(t_dev, t_conf, a_dev, a_conf)
 
+    def home(self, trace: RoutingTrace, mode: str, policy: str = "alg2") -> np.ndarray:
+        """int32[T, L]: `home_tp` (mode "tp") or `home_dp` with `policy` (mode "dp")."""
+        return self.home_tp(trace) if mode == "tp" else self.home_dp(trace, policy)
+
     def home_tp(self, trace: RoutingTrace) -> np.ndarray:
         """int32[T, L]: each token's chunk after re-batching every batch at every layer."""
-        plan = REBATCHERS.get(self.rebatch)
         dev, conf = self.predict(trace)
-        target, conf = torch.from_numpy(dev.astype(np.int64)), torch.from_numpy(conf)
-        G = self.placement_.num_devices
-        home = torch.empty(target.shape, dtype=torch.int64)
-        for lo in range(0, target.shape[0], self.batch):
-            for l in range(target.shape[1]):
-                sl = slice(lo, lo + self.batch)
-                home[sl, l] = plan(target[sl, l], G, conf[sl, l]).home_device()
-        return home.numpy().astype(np.int32)
+        return rebatched_home(torch.from_numpy(dev.astype(np.int64)), self.placement_.num_devices,
+                              torch.from_numpy(conf), self.batch, self.rebatch)
 
     def home_tp_hits(self, trace: RoutingTrace) -> np.ndarray:
         """int32[T, L]: homes from `ExpectedHits` scores (ours, beside Alg. 3's T|A): per batch
@@ -95,20 +94,12 @@ class OnlineScheduler:
         if getattr(self, "hits_", None) is None:
             self.hits_ = ExpectedHits(self.oov).fit(self.fit_trace_, self.placement_)
         S = torch.from_numpy(self.hits_.scores(trace))                     # [T, L, G]
-        G = self.placement_.num_devices
-        home = torch.empty(S.shape[:2], dtype=torch.int64)
-        for lo in range(0, S.shape[0], self.batch):
-            for l in range(S.shape[1]):
-                s = S[lo:lo + self.batch, l]
-                best, target = s.max(dim=1)
-                home[lo:lo + self.batch, l] = REBATCHERS.get("align")(
-                    target, G, best, scores=s).home_device()
-        return home.numpy().astype(np.int32)
+        best, target = S.max(dim=2)
+        return rebatched_home(target, self.placement_.num_devices, best, self.batch, "align",
+                              scores=S)
 
     def home_dp(self, trace: RoutingTrace, policy: str = "alg2") -> np.ndarray:
         """int32[T, L]: every token on its request's DP rank, requests in arrival order."""
-        from sempar.schedule.requests import REQUEST_POLICIES, home_from_ranks, request_arrays
-
         tokens, offsets, _ = request_arrays(trace.request_id, trace.token_id)
         sched = REQUEST_POLICIES.get(policy)(self.placement_.num_devices, self.token_device_.table_)
         ranks = sched.assign(self._mapped(tokens), offsets)          # one per request, arrival order
@@ -129,7 +120,7 @@ def online_figures(placement: Placement, fit: RoutingTrace, eval_: RoutingTrace,
     if mode not in ("tp", "dp"):
         raise InputError(f"--mode: {mode!r} is not one of dp, tp")
     sched = OnlineScheduler(lookback, oov).fit(fit, placement)
-    home = sched.home_tp(eval_) if mode == "tp" else sched.home_dp(eval_, policy)
+    home = sched.home(eval_, mode, policy)
     f = placement_figures(placement, eval_.experts, home)
     acc = prediction_accuracy(eval_, placement, sched.token_device_, sched.ngram_)
     out = {"predicted_lar_mean": f["lar_mean"], "predicted_lar": np.round(f["lar"], 4).tolist(),
@@ -148,19 +139,17 @@ def exact_figures(placement: Placement, eval_: RoutingTrace, mode: str,
     "selection_agreement": share of (token, layer) whose pre-routed top-k is the router's, or
     None}.
 
-    The homes are `prerouter.exact_homes` of the eval trace's recorded experts: what the
-    pre-router selects when it agrees with the router. The agreement itself is measured, when
-    the trace's model is one of ours on disk, by re-running it on the first eval requests
-    (`agreement.trace_agreement`); None otherwise.
+    The homes are the pre-router's (`schedule.homes.oracle_home`) of the eval trace's recorded
+    experts: what the pre-router selects when it agrees with the router. The agreement itself is
+    measured, when the trace's model is one of ours on disk, by re-running it on the first eval
+    requests (`agreement.trace_agreement`); None otherwise.
     """
     if mode != "tp":
         return {"exact_lar_mean": None, "exact_lar": None, "exact_imbalance_max_mean": None,
                 "selection_agreement": None}
     from sempar.schedule.agreement import trace_agreement
-    from sempar.schedule.prerouter import exact_homes
 
-    home = exact_homes(torch.as_tensor(eval_.experts.astype(np.int64)),
-                       torch.as_tensor(placement.hosts()), batch).numpy()
+    home = oracle_home(placement, eval_.experts, batch)
     f = placement_figures(placement, eval_.experts, home)
     agree = trace_agreement(eval_, placement.num_devices)
     return {"exact_lar_mean": f["lar_mean"], "exact_lar": np.round(f["lar"], 4).tolist(),
@@ -182,5 +171,4 @@ class OnlineHomes:
         key = id(placement)
         if key not in self._fitted:
             self._fitted = {key: OnlineScheduler(self.lookback, self.oov).fit(fit, placement)}
-        s = self._fitted[key]
-        return s.home_tp(eval_) if mode == "tp" else s.home_dp(eval_, self.policy)
+        return self._fitted[key].home(eval_, mode, self.policy)

@@ -24,10 +24,10 @@ s ≈ rsqrt(mean(h²) + eps), the only scale every rank knows without another co
 agreement rate with the router is measured (tests), not assumed.
 
 The home of a token is then chosen knowing its real experts with the capacity-bound oracle rule
-of `placement.metrics.oracle_home`: per batch every device takes an equal share (tp mode's
-reduce-scatter chunks), tokens propose to their best device first and a full device spills each
-token to *its* next-best device (proposal rounds), never to the next device in id order. The
-router then runs as usual on the home device, so the layer's output is unchanged.
+of `schedule.homes.oracle_home` (`placement.capacity`): per batch every device takes an equal
+share (tp mode's reduce-scatter chunks), tokens propose to their best device first and a full
+device spills each token to *its* next-best device (proposal rounds), never to the next device
+in id order. The router then runs as usual on the home device, so the layer's output is unchanged.
 
 Costs an all-reduce of T x N logits per layer (`Comm` collective `prerouting`; the simulator's
 pipeline `smoe-exact`).
@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from sempar.errors import InputError
-from sempar.schedule.rebatch import equal_chunks, propose
+from sempar.placement import capacity
 
 SOFTMAX_TOPK = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 EXACT_FAMILIES = SOFTMAX_TOPK + ("deepseek_v2",)
@@ -160,24 +160,14 @@ def device_hits(ids: torch.Tensor, hosts: torch.Tensor) -> torch.Tensor:
 def capacity_home(hits: torch.Tensor, batch: int | None = None) -> torch.Tensor:
     """int64[T]: home device per token, equal shares of every batch (the capacity-bound oracle).
 
-    hits: int[T, G] local activations per device. Per batch of `batch` tokens (None: the whole
-    input), device g takes n // G tokens, the first n % G one more. Proposal rounds: in round r
-    every unplaced token asks its r-th best device (ties: lower id); a device with room takes its
-    askers with the most hits at their best device first (ties: earlier token). The same rule,
-    in the same order, as `placement.metrics.oracle_home`.
+    hits: int[T, G] local activations per device; per batch of `batch` tokens (None: the whole
+    input) `placement.capacity.capacity_home`, the rule of `schedule.homes.oracle_home`, run on
+    the host (one round trip); the result is on hits' device.
     """
-    T, G = hits.shape
-    if batch is None or batch >= T:
-        return _capacity_batch(hits)
-    if batch < 1:
+    if batch is not None and batch < 1:
         raise InputError(f"batch: {batch} is not a positive integer")
-    return torch.cat([_capacity_batch(hits[lo:lo + batch]) for lo in range(0, T, batch)])
-
-
-def _capacity_batch(hits: torch.Tensor) -> torch.Tensor:
-    n, G = hits.shape
-    pref = torch.argsort(-hits.long(), dim=1, stable=True)                  # [n, G]
-    return propose(pref, hits.max(dim=1).values.float(), equal_chunks(n, G, hits.device))
+    home = capacity.capacity_home(hits.cpu().numpy(), batch)
+    return torch.from_numpy(home).to(hits.device)
 
 
 def exact_homes(experts: torch.Tensor, hosts: torch.Tensor, batch: int | None = None

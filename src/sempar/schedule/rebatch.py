@@ -16,12 +16,14 @@ reduce-scatter needs equal chunks, so device g receives exactly T // G tokens, t
 devices one more. Each device first keeps the earliest tokens (by position) that prefer it, up to
 its capacity; the overflow and the tokens with no preference then fill the remaining room of the
 devices in device order, or, given per-device scores, each spilled token goes to its own
-next-best device with room (proposal rounds, `propose`; the capacity-bound oracle's rule). The paper computes the inverse with a second argsort; we scatter it in
-O(T) while building the plan.
+next-best device with room (proposal rounds, `propose`; the capacity-bound oracle's rule). The
+paper computes the inverse with a second argsort; we scatter it in O(T) while building the plan.
 
 Everything runs as torch ops on the input's device, with no host synchronisation, so the same code
-serves the CPU simulator and a CUDA runtime. Strategies are registered by name in `REBATCHERS`
-(`align`, the paper's; `none`, vanilla TP's contiguous split by position).
+serves the CPU simulator and a CUDA runtime; the one exception is the next-best spill (`scores`
+given), whose proposal rounds (`placement.capacity.proposal_rounds`) run on the host.
+Strategies are registered by name in `REBATCHERS` (`align`, the paper's; `none`, vanilla TP's
+contiguous split by position).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from sempar.errors import InputError
+from sempar.placement.capacity import proposal_rounds
 from sempar.registry import Registry
 
 
@@ -111,29 +114,12 @@ def propose(pref: torch.Tensor, priority: torch.Tensor, cap: torch.Tensor) -> to
     """int64[n]: device per token by proposal rounds (-1: not placed), capacities int64[G].
 
     pref: int64[n, R] each token's devices in its order of preference (-1 entries: none);
-    priority: float[n]. In round r every unplaced token asks pref[:, r]; a device with room takes
-    its askers by decreasing priority (ties: earlier token). A full device thus spills a token
-    to *that token's* next-best device. Host syncs: one per round (boolean masks).
+    priority: float[n]. `placement.capacity.proposal_rounds` (a full device spills a token to
+    *that token's* next-best device), run on the host: one round trip per call.
     """
-    n, R = pref.shape
-    G, dev = cap.shape[0], pref.device
-    cap = cap.clone()
-    home = torch.full((n,), -1, dtype=torch.int64, device=dev)
-    by_prio = torch.argsort(-priority.float(), stable=True)
-    for r in range(R):
-        idx = by_prio[home.index_select(0, by_prio) < 0]                   # unplaced, by priority
-        choice = pref.index_select(0, idx)[:, r]
-        idx, choice = idx[choice >= 0], choice[choice >= 0]
-        if idx.numel() == 0:
-            continue
-        order = torch.argsort(choice, stable=True)
-        c, who = choice.index_select(0, order), idx.index_select(0, order)
-        rank = torch.arange(c.numel(), device=dev) - torch.searchsorted(c, c, right=False)
-        ok = rank < cap.index_select(0, c)
-        home[who[ok]] = c[ok]
-        cap -= torch.zeros(G, dtype=torch.int64, device=dev).scatter_add_(0, c[ok],
-                                                                        torch.ones_like(c[ok]))
-    return home
+    home, _ = proposal_rounds(pref.cpu().numpy(), priority.float().cpu().numpy(),
+                              cap.cpu().numpy())
+    return torch.from_numpy(home).to(pref.device)
 
 
 def plan_from_home(home: torch.Tensor, cap: torch.Tensor) -> RebatchPlan:

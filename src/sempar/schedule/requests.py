@@ -283,21 +283,6 @@ def make_policy(name: str, num_ranks: int, table: TokenTable | None = None, **kw
 
 # -- evaluation on a trace -------------------------------------------------------------------------
 
-def home_from_ranks(request_id: np.ndarray, ranks: np.ndarray, num_layers: int) -> np.ndarray:
-    """int32[T, L]: every token of a request sits on its rank at every layer (Attention-DP).
-
-    request_id int[T]; ranks int[R], one per request in arrival order (order of first appearance
-    in request_id).
-    """
-    _, first, inv = np.unique(request_id, return_index=True, return_inverse=True)
-    if ranks.size != first.size:
-        raise InputError(f"ranks: {ranks.size} given for {first.size} requests")
-    arrival = np.empty(first.size, np.int64)
-    arrival[np.argsort(first, kind="stable")] = np.arange(first.size)
-    rank_of = np.asarray(ranks, np.int32)[arrival]
-    return np.repeat(rank_of[inv.reshape(-1)][:, None], num_layers, axis=1)
-
-
 def request_arrays(request_id: np.ndarray, token_id: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(token_ids int64[T], offsets int64[R + 1], rows int64[T]): the tokens grouped by request in

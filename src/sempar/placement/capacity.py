@@ -1,0 +1,97 @@
+"""Capacity rules shared by placement, scheduling and evaluation: the tp batch, equal shares and
+proposal rounds.
+
+- `BATCH`: tokens per batch in tp mode (design.md, "Home device": 2,048 unless stated).
+- `equal_shares(n, G)`: int64[G], n // G per device and the first n % G devices one more: the
+  equal chunks reduce-scatter needs (Sem-MoE Alg. 3's align step).
+- `proposal_rounds`: the capacity-bound assignment used by the tp oracle
+  (`schedule.homes.oracle_home`), the exact pre-router's homes (`schedule.prerouter`), the
+  next-best re-batching (`schedule.rebatch.propose`) and the sempar solver's token step
+  (`placement.sempar_solver.capacitated_assign`). In round r every unplaced item asks its r-th
+  preferred device; a device takes its askers by decreasing priority (ties: the earlier item)
+  while they fit. A full device thus spills an item to *that item's* next-best device, never to
+  the next device in id order. The papers leave the overflow rule open; this one is ours.
+
+Pure numpy, low in the package so that placement/ can use it (design.md's layering).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BATCH = 2048          # tokens per batch in tp mode (design.md)
+
+
+def equal_shares(num_items: int, num_devices: int) -> np.ndarray:
+    """int64[G]: num_items // G per device, the first num_items % G devices one more."""
+    base, extra = divmod(int(num_items), int(num_devices))
+    return np.full(num_devices, base, np.int64) + (np.arange(num_devices) < extra)
+
+
+def proposal_rounds(pref: np.ndarray, priority: np.ndarray, cap: np.ndarray,
+                    weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(device int64[n] per item, -1 = not placed; room left [G], cap's dtype or float64).
+
+    pref: int[n, R], each item's devices in its order of preference, -1 = no more choices;
+    priority: float[n] (fixed) or float[n, R] (priority[:, r]: the item's priority when it asks
+    pref[:, r]); cap: [G] capacities (items, or weight units with `weight`); weight: float[n] > 0
+    or None (every item weighs 1, so a device takes its first cap[g] askers). With weights a
+    device takes its askers in priority order while the running sum of their weights fits its
+    room (+1e-9), so a heavy asker that does not fit also blocks the lighter ones behind it.
+    Items never placed (every choice full) are the caller's to settle.
+    """
+    pref = np.asarray(pref)
+    n, R = pref.shape
+    G = cap.shape[0]
+    room = cap.astype(np.float64) if weight is not None else cap.astype(np.int64)
+    prio = np.asarray(priority)
+    out = np.full(n, -1, np.int64)
+    for r in range(R):
+        idx = np.flatnonzero(out < 0)
+        if idx.size == 0:
+            break
+        choice = pref[idx, r]
+        if (choice < 0).any():
+            idx, choice = idx[choice >= 0], choice[choice >= 0]
+        p = prio[idx, r] if prio.ndim == 2 else prio[idx]
+        order = np.lexsort((-p, choice))            # by device, then priority, then item
+        c = choice[order]
+        if weight is None:
+            rank = np.arange(c.size) - np.searchsorted(c, c, side="left")
+            ok = rank < room[c]
+            room -= np.bincount(c[ok], minlength=G)
+        else:
+            w = weight[idx[order]]
+            csum = np.cumsum(w)
+            start = np.searchsorted(c, np.arange(G), side="left")
+            before = csum - w - np.concatenate([[0.0], csum])[start[c]]
+            ok = before + w <= room[c] + 1e-9
+            room -= np.bincount(c[ok], weights=w[ok], minlength=G)
+        out[idx[order[ok]]] = c[ok]
+    return out, room
+
+
+def fill_in_order(home: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """Unplaced items (home < 0), in item order, fill the room left int[G] in device order;
+    `home` int[n] is updated in place and returned."""
+    rest = np.flatnonzero(home < 0)
+    home[rest] = np.repeat(np.arange(room.shape[0]), np.maximum(room, 0))[: rest.size]
+    return home
+
+
+def capacity_home(hits: np.ndarray, batch: int | None = None) -> np.ndarray:
+    """int64[T]: each item's device under equal shares per batch, knowing its local activations.
+
+    hits: int[T, G] local activations per device. Per batch of `batch` items (None: all), device
+    g takes `equal_shares`; proposal rounds over each item's devices by decreasing hits (ties:
+    lower id), priority its hits at its best device (ties: earlier item). The capacity-bound
+    oracle of design.md ("Oracle LAR", tp mode).
+    """
+    T, G = hits.shape
+    step = T if batch is None or batch >= T else batch
+    out = np.empty(T, np.int64)
+    for lo in range(0, T, max(step, 1)):
+        h = hits[lo:lo + step]
+        pref = np.argsort(-h, axis=1, kind="stable")
+        out[lo:lo + step] = proposal_rounds(pref, h.max(axis=1), equal_shares(h.shape[0], G))[0]
+    return out
