@@ -16,18 +16,19 @@ the placement was used in tp mode. Here
     request counts per rank (Alg. 2 gives each rank one request per round);
 - **search** (per layer in tp, all layers tied through the requests in dp): start from METIS
   (`graph_baselines.metis_layer`, the s-MoE §5.7 baseline), then alternate exact steps:
-  1. tokens (requests) given experts: the capacitated assignment maximising local activations,
-     solved by proposal rounds (each unplaced item asks its next-best device; a device with room
-     takes the askers with the highest local share first);
-  2. experts given tokens: maximise sum W[d, e] over hosted (e, d), W[d, e] = activations of e by
-     the tokens on d, with N/G experts per device and the load cap: a min-cost assignment of
+  1. tokens (requests) given experts: the capacitated assignment maximising local activations
+     (`capacitated_assign` here; tp's per-batch capacity in `sempar_tokens`), solved by
+     proposal rounds (each unplaced item asks its next-best device; a device with room takes
+     the askers with the highest local share first);
+  2. experts given tokens (`sempar_experts`): maximise sum W[d, e] over hosted (e, d),
+     W[d, e] = activations of e by the tokens on d, with N/G experts per device and the load cap: a min-cost assignment of
      experts to slots (Hungarian, `scipy.optimize.linear_sum_assignment`) with Lagrangian load
      prices mu_d updated by subgradient, then best-improvement pairwise swaps with exact gain
      that keep every device under the cap (and swaps that cut the overload first, if any);
   until the fit objective stops improving (at most `ROUNDS`). Deterministic given the seed.
-- **replicas** (`--redundant R`, R a multiple of G so that devices keep equal slots): after the
-  primary placement every device gets R/G extra slots, filled greedily by the (expert, device)
-  pair that makes the most fit activations local (W[d, e]) while every device's load, computed
+- **replicas** (`sempar_replicas`; `--redundant R`, R a multiple of G so that devices keep equal
+  slots): after the primary placement every device gets R/G extra slots, filled greedily by the
+  (expert, device) pair that makes the most fit activations local (W[d, e]) while every device's load, computed
   with the evaluator's serving rule (home replica, else same-node replica, else lowest device
   id), stays under the cap; then tokens are re-assigned against the replicated hosts.
 - **--preserve-groups**: expert e may only fill a slot of its own expert group's slot range
@@ -59,7 +60,6 @@ request clusters in dp mode, and the fit objective per layer.
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from sempar.errors import InputError
 from sempar.placement.affinity_stats import AffinityStats
@@ -68,15 +68,12 @@ from sempar.placement.graph_baselines import metis_layer
 from sempar.placement.placement import Placement
 from sempar.placement import sempar_scale
 from sempar.placement.sempar_load import LoadModel, _onehot, load_spread
+from sempar.placement.sempar_experts import expert_step
+from sempar.placement.sempar_replicas import add_replicas, replica_cap, replicated_placement
+from sempar.placement.sempar_tokens import SHUFFLES, batch_priced_assign, pseudo_batches
 
 ROUNDS = 12             # alternations at most (ours: the tiny-moe64 objective settles in 4-8)
-PRICE_STEPS = 25        # Lagrangian price updates of the expert step
-SWAP_LIMIT = 4          # best-improvement swaps per expert, at most, per expert step
 TOKEN_SLACK = 0.0       # tokens of a device may exceed 1/G of the fit occurrences by this share
-SHUFFLES = 4            # random request orders cut into pseudo-batches (tp token step)
-TOKEN_PRICE_STEPS = 80
-BATCH = 2048            # tokens per tp batch (metrics.BATCH)
-REPLICA_MARGIN = 3.0    # x the primary's robust margin, taken off the replica step's cap
 
 
 # ----------------------------------------------------------------------------- item assignment
@@ -139,213 +136,6 @@ def _fill_roomiest(out: np.ndarray, weight: np.ndarray, room: np.ndarray) -> Non
         out[left[fit]] = g
         room[g] -= weight[left[fit]].sum()
         left = left[~fit]
-
-
-def pseudo_batches(stats: AffinityStats, seed: int, shuffles: int = SHUFFLES,
-                   batch: int = BATCH):
-    """(occ CSR float64[U, nb], capacity float[nb]): occurrences of each fit token in each
-    pseudo-batch. The fit requests are put in `shuffles` seeded random orders and each order is
-    cut into batches of `batch` tokens like tp mode cuts a stream (metrics.BATCH); a device may
-    take 1/G of a batch (the capacity returned is the batch size)."""
-    from scipy import sparse
-
-    rng = np.random.default_rng([seed, 0xBA7])
-    req, tok = stats.request_index, stats.token_index
-    order_in_req = np.argsort(req, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(stats.lengths)])
-    rows, cols, sizes = [], [], []
-    nb = 0
-    for _ in range(shuffles):
-        perm = rng.permutation(stats.R)
-        seq = np.concatenate([order_in_req[starts[r]:starts[r + 1]] for r in perm])
-        b = np.arange(seq.size) // batch
-        rows.append(tok[seq])
-        cols.append(nb + b)
-        sizes.append(np.bincount(b))
-        nb += int(b[-1]) + 1
-    occ = sparse.csr_matrix((np.ones(sum(r.size for r in rows)), (np.concatenate(rows),
-                             np.concatenate(cols))), shape=(stats.U, nb))
-    occ.sum_duplicates()
-    return occ, np.concatenate(sizes).astype(np.float64)
-
-
-def batch_priced_assign(local: np.ndarray, occ, size: np.ndarray, shuffles: int) -> np.ndarray:
-    """int64[U]: device of each token, tp mode's per-batch capacity priced in (Lagrangian).
-
-    local float[U, G]: fit activations of token u on device d's experts; occ CSR[U, nb] and
-    size float[nb] from `pseudo_batches`. Each device may take size[b] / G tokens of batch b;
-    overflow is bumped by the evaluator to wherever room is left. Prices lam[b, d] >= 0 per
-    occurrence; token u takes argmax_d local[u, d] - (occ @ lam)[u, d] / shuffles; prices rise
-    with overflow (subgradient). Kept: the iterate with the best local activations minus
-    the overflow, each overflowing occurrence valued at its device's mean local share.
-    """
-    U, G = local.shape
-    cap = size[:, None] / G
-    a = np.asarray(occ.sum(axis=1)).ravel() / shuffles
-    per_occ = local / np.maximum(a, 1e-12)[:, None]
-    lam = np.zeros((size.size, G))
-    step = 0.1 * float(per_occ.max())
-    best = None
-    occT = occ.T.tocsr()
-    for _ in range(TOKEN_PRICE_STEPS):
-        x = np.argmax(local - np.asarray(occ @ lam) / shuffles, axis=1)
-        oh = _onehot(x, G).astype(np.float64)
-        m = np.asarray(occT @ oh)                                          # [nb, G]
-        over = np.maximum(m - cap, 0.0)
-        gain = local[np.arange(U), x]
-        mean_share = np.bincount(x, weights=gain, minlength=G) / np.maximum(
-            np.bincount(x, weights=a, minlength=G), 1e-12)
-        value = gain.sum() - (over.sum(axis=0) / shuffles * mean_share).sum()
-        if best is None or value > best[0]:
-            best = (value, x)
-        lam = np.maximum(0.0, lam + step * (m - cap) / cap)
-        step *= 0.95
-    return best[1]
-
-
-# -------------------------------------------------------------------------------- expert step
-
-def expert_step(W: np.ndarray, lm: LoadModel, slot_group: np.ndarray,
-                expert_group: np.ndarray, start: np.ndarray | None = None,
-                price_steps: int = PRICE_STEPS, polish: int | None = None,
-                max_swaps: int | None = None) -> np.ndarray:
-    """int64[N]: device of each expert maximising sum W[dev[e], e] under the load cap.
-
-    W float[G, N]: activations of e by the items on d; lm: the experts' loads and the cap;
-    slot_group int[G, S]: expert group of each slot (S = N/G); expert_group int[N]. `start` (a
-    placement, feasible or not) competes with the Hungarian solutions. Then swaps (module
-    docstring). Bounds (the large-trace path, `sempar_scale`): `price_steps` Hungarian solves,
-    only the `polish` best candidates (by overload, then affinity) get swaps, at most
-    `max_swaps` swaps each; None: every candidate, SWAP_LIMIT x N swaps.
-    """
-    G, N = W.shape
-    S = N // G
-    load, cap = lm.load, lm.cap
-    dev_of_slot = np.repeat(np.arange(G), S)
-    forbid = slot_group.reshape(-1)[None, :] != expert_group[:, None]            # [N, G*S]
-    scale = max(float(load.mean()), 1e-12)
-    mu = np.zeros(G)
-    cands = [] if start is None else [np.asarray(start, np.int64)]
-    step = 0.5 * float(W.max()) / scale
-    for it in range(price_steps):
-        cost = -(W - mu[:, None] * load[None, :])[dev_of_slot].T                   # [N, G*S]
-        cost = np.where(forbid, 1e18, cost)
-        _, col = linear_sum_assignment(cost)
-        dev = dev_of_slot[col]
-        cands.append(dev)
-        L = lm.of(dev, G)
-        if L.max() <= cap and not mu.any():
-            break
-        mu = np.maximum(0.0, mu + step * (L - cap) / scale)
-        step *= 0.85
-    def key(dev: np.ndarray) -> tuple[float, float]:
-        return (max(0.0, lm.of(dev, G).max() - cap), -W[dev, np.arange(N)].sum())
-
-    if polish is not None:
-        cands = sorted(cands, key=key)[:polish]
-    best = None
-    for dev in cands:
-        dev = _swap_search(W, lm, dev.copy(), expert_group, max_swaps)
-        k = key(dev)
-        if best is None or k < best[0]:
-            best = (k, dev)
-    return best[1]
-
-
-def _swap_search(W: np.ndarray, lm: LoadModel, dev: np.ndarray,
-                 expert_group: np.ndarray, max_swaps: int | None = None) -> np.ndarray:
-    """Pairwise expert swaps between devices: first those that cut the total overload above
-    the cap (least affinity lost), then best-improvement swaps with exact gain that keep both
-    devices under the cap. dev int64[N] is updated in place and returned."""
-    G, N = W.shape
-    cap = lm.cap
-    ar = np.arange(N)
-    same = expert_group[:, None] == expert_group[None, :]
-    for _ in range(SWAP_LIMIT * N if max_swaps is None else max_swaps):
-        L = lm.of(dev, G)
-        own = W[dev, ar]                                                 # [N]
-        cross = W[dev][:, ar]                                            # [e2, e1]: W[d(e2), e1]
-        gain = cross + cross.T - own[:, None] - own[None, :]             # [e1, e2]
-        L1, L2 = lm.swapped(dev, G)
-        valid = same & (dev[:, None] != dev[None, :])
-        over = np.maximum(L - cap, 0.0)
-        if over.sum() > 1e-9:
-            o_old = over[dev][:, None] + over[dev][None, :]
-            o_new = np.maximum(L1 - cap, 0.0) + np.maximum(L2 - cap, 0.0)
-            cut = np.where(valid, o_old - o_new, 0.0)
-            if cut.max() <= 1e-9:
-                return dev
-            score = np.where(cut > 1e-9, gain / 1e6 + cut, -np.inf)
-        else:
-            score = np.where(valid & (L1 <= cap) & (L2 <= cap) & (gain > 1e-9), gain, -np.inf)
-        i = int(np.argmax(score))
-        e1, e2 = divmod(i, N)
-        if not np.isfinite(score[e1, e2]):
-            return dev
-        dev[e1], dev[e2] = dev[e2], dev[e1]
-    return dev
-
-
-# ---------------------------------------------------------------------------------- replicas
-
-def serving_load(hosts: np.ndarray, Wt: np.ndarray, node_of: np.ndarray) -> np.ndarray:
-    """float64[G]: activations each device serves, evaluator's rule (`metrics.serving_device`):
-    the home's replica, else the lowest-id replica on the home's node, else the lowest-id one.
-
-    hosts bool[G, N]; Wt float[G, N]: activations of e by the tokens homed on d."""
-    G, N = hosts.shape
-    L = (Wt * hosts).sum(axis=1)
-    for h in range(G):
-        miss = ~hosts[h] & (Wt[h] > 0)
-        if not miss.any():
-            continue
-        e = np.flatnonzero(miss)
-        rank = np.where(node_of[:, None] == node_of[h], 0, 1) * G + np.arange(G)[:, None]
-        score = np.where(hosts[:, e], rank, np.iinfo(np.int64).max)
-        np.add.at(L, score.argmin(axis=0), Wt[h, e])
-    return L
-
-
-def replica_cap(lm: LoadModel, dev: np.ndarray) -> float:
-    """The served-load cap of the replica step: the cap less the primary placement's largest
-    robust margin sqrt(ROBUST x V_d) (ours: served loads depend on homes, so their resampling
-    variance is not tracked; the primary's margin stands in for it)."""
-    G = lm.cap_devices
-    plain = np.bincount(dev, weights=lm.load, minlength=G)
-    return lm.cap - REPLICA_MARGIN * max(float((lm.of(dev, G) - plain).max()), 0.0)
-
-
-def add_replicas(hosts: np.ndarray, Wt: np.ndarray, per_device: int, cap: float,
-                 node_of: np.ndarray, allowed: np.ndarray) -> np.ndarray:
-    """bool[G, N]: `hosts` plus `per_device` replicas on every device, greedily the (device,
-    expert) pair with the most fit activations made local (Wt[d, e]) whose served loads stay
-    under `cap` (else the pair that leaves the smallest maximum). allowed bool[G, N]."""
-    hosts = hosts.copy()
-    G, N = hosts.shape
-    need = np.full(G, per_device)
-    while need.any():
-        L = serving_load(hosts, Wt, node_of)
-        gain = np.where(~hosts & allowed & (need[:, None] > 0), Wt, -np.inf)
-        best = None
-        # candidates by decreasing gain; the first under the cap wins
-        flat = np.argsort(-gain, axis=None, kind="stable")[: max(4 * G, 64)]
-        for f in flat:
-            d, e = divmod(int(f), N)
-            if not np.isfinite(gain[d, e]):
-                break
-            hosts[d, e] = True
-            peak = serving_load(hosts, Wt, node_of).max()
-            hosts[d, e] = False
-            if peak <= max(cap, L.max()):
-                best = (d, e)
-                break
-            if best is None or peak < best[2]:
-                best = (d, e, peak)
-        d, e = best[0], best[1]
-        hosts[d, e] = True
-        need[d] -= 1
-    return hosts
-
 
 # ------------------------------------------------------------------------------------ solver
 
@@ -467,7 +257,7 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
     """dp mode: requests (one rank for all layers) and every layer's experts, alternated."""
     from sempar.placement.semmoe import _initial_requests, request_features
 
-    L, N, G, R = stats.L, stats.N, p.num_devices, stats.R
+    L, G, R = stats.L, p.num_devices, stats.R
     Q = [request_counts(stats, l) for l in range(L)]                                 # [R, N] each
     lms = [model(q) for q in Q]
     feats, _ = request_features(np.stack(Q), p.seed)
@@ -501,31 +291,5 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
              for l in range(L)]
     return replicated_placement(p, "sempar", np.stack(devs), hosts, stats, None, info)
 
-
-def replicated_placement(p: PlacementProblem, name: str, expert_device: np.ndarray,
-                         hosts: list[np.ndarray], stats: AffinityStats,
-                         token_device: np.ndarray | None, info: dict) -> Placement:
-    """A placement with replicas: device d's slots are its primary experts (ascending) then its
-    replicas; the token table as `coclustered_placement`'s, shares counted over all hosts."""
-    from sempar.predict.token_table import TokenTable
-
-    L, N = expert_device.shape
-    G, U = p.num_devices, stats.U
-    phy2log, device = [], np.empty((L, U), np.int16)
-    conf = np.empty((L, U), np.float32)
-    for l in range(L):
-        row = []
-        for d in range(G):
-            prim = np.flatnonzero(expert_device[l] == d)
-            extra = np.flatnonzero(hosts[l][d] & (expert_device[l] != d))
-            row.extend(prim.tolist() + extra.tolist())
-        phy2log.append(row)
-        C = stats.counts(l)
-        share = np.asarray(C @ hosts[l].T.astype(np.float32)) / (stats.k * stats.a)[:, None]
-        best = share.argmax(axis=1) if token_device is None else token_device[l]
-        device[l] = best
-        conf[l] = share[np.arange(U), best]
-    info = dict(info, token_table=TokenTable(stats.tokens, device, conf))
-    return Placement(np.asarray(phy2log), N, G, p.node_of(), name, info=info)
 sempar.preserves_groups = True     # slots and swaps stay inside each expert group
 sempar.mode_aware = True           # solved once per mode by `evaluate` (tp and dp objectives differ)
