@@ -14,6 +14,10 @@ from sempar.placement.placement import Placement
 from sempar.placement.sempar_load import LoadModel
 
 REPLICA_MARGIN = 3.0    # x the primary's robust margin, taken off the replica step's cap
+# With replicas to follow, the primary placement's cap keeps only this share of the headroom
+# above the mean load (ours: served loads with replicas drift further from their fit values
+# on unseen routing than the primary's loads do, so the primary leaves them room).
+REPLICA_SLACK = 1.0
 
 
 def serving_load(hosts: np.ndarray, Wt: np.ndarray, node_of: np.ndarray) -> np.ndarray:

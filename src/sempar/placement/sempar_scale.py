@@ -52,6 +52,7 @@ SCALE_POLISH = 2
 SCALE_SWAPS = 32
 SCALE_REQUESTS = 1024
 SCALE_TOKEN_ROUNDS = 8
+SCALE_STOP_GAIN = 2e-3    # alternations stop when the fit objective gains less than this share
 
 
 def is_large(num_occurrences: int, num_layers: int) -> bool:
@@ -61,8 +62,73 @@ def is_large(num_occurrences: int, num_layers: int) -> bool:
 
 def step_bounds(G: int) -> dict:
     """Keyword bounds for `sempar_solver.alternate` on the large-trace path."""
-    return {"rounds": SCALE_ROUNDS, "price_steps": SCALE_PRICE_STEPS, "polish": SCALE_POLISH,
-            "max_swaps": SCALE_SWAPS}
+    return {"rounds": SCALE_ROUNDS, "stop_gain": SCALE_STOP_GAIN, "price_steps": SCALE_PRICE_STEPS,
+            "polish": SCALE_POLISH, "max_swaps": SCALE_SWAPS}
+
+
+class SparseLocal:
+    """Each token's local activations per device, kept sparse, with its preference order.
+
+    C CSR[U, N]: the layer's counts; dev int[N]: each expert's device. `indptr` int64[U + 1],
+    `col` int32[nnz] device and `val` float64[nnz] activations of row u's non-zero entries
+    in [indptr[u], indptr[u + 1]), sorted by activations descending, then device id (a token
+    touches about 10 experts, so nnz is about 10 U, not U x G)."""
+
+    def __init__(self, C, dev: np.ndarray, G: int):
+        from scipy import sparse
+
+        U, N = C.shape
+        P = sparse.csr_matrix((np.ones(N, np.float32), (np.arange(N), dev)), shape=(N, G))
+        Lc = (C @ P).tocsr()                              # duplicates summed: one entry a device
+        self.indptr = Lc.indptr.astype(np.int64)
+        row = np.repeat(np.arange(U, dtype=np.int64), np.diff(self.indptr))
+        val = Lc.data.astype(np.int64)                    # exact integer counts
+        top = int(val.max(initial=0)) + 1
+        # rows ascending (already), then activations descending, then device: one integer key
+        order = np.argsort((row * top + (top - 1 - val)) * G + Lc.indices, kind="stable")
+        self.col, self.val = Lc.indices[order], val[order].astype(np.float64)
+        self.row = row
+
+    def first(self) -> np.ndarray:
+        """int64[U]: each token's best device (uncapacitated)."""
+        return self.col[self.indptr[:-1]].astype(np.int64)
+
+    def total(self, items: np.ndarray) -> float:
+        """Local activations of the tokens on devices items int[U]."""
+        return float(self.val[self.col == items[self.row]].sum())
+
+    def assign(self, a: np.ndarray, cap: np.ndarray, rounds: int = SCALE_TOKEN_ROUNDS) -> np.ndarray:
+        """int64[U]: device of each token under per-device capacities cap float[G] on the
+        weights a float[U]: proposal rounds as `sempar_solver.capacitated_assign` (round r:
+        each unplaced token asks its r-th best device; a device takes its askers by local share
+        while they fit), but only over each token's non-zero preferences; leftovers, heaviest
+        first, fill the roomiest devices (`_fill_roomiest`)."""
+        from sempar.placement.sempar_solver import _fill_roomiest
+
+        U, G = a.size, cap.size
+        width = np.diff(self.indptr)
+        room = cap.astype(np.float64).copy()
+        out = np.full(U, -1, np.int64)
+        for r in range(rounds):
+            idx = np.flatnonzero((out < 0) & (width > r))
+            if idx.size == 0:
+                break
+            at = self.indptr[idx] + r
+            choice, dens = self.col[at], self.val[at] / a[idx]
+            order = np.lexsort((-dens, choice))
+            c, w = choice[order], a[idx[order]]
+            csum = np.cumsum(w)
+            start = np.searchsorted(c, np.arange(G), side="left")
+            before = csum - w - np.concatenate([[0.0], csum])[start[c]]
+            ok = before + w <= room[c] + 1e-9
+            out[idx[order[ok]]] = c[ok]
+            room -= np.bincount(c[ok], weights=w[ok], minlength=G)
+        _fill_roomiest(out, a, room)
+        for i in np.flatnonzero(out < 0):                       # rare: heavy leftovers
+            g = int(np.argmax(room))
+            out[i] = g
+            room[g] -= a[i]
+        return out
 
 
 class RequestSample:

@@ -66,7 +66,7 @@ from sempar.placement.affinity_stats import AffinityStats
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement, slot_groups
 from sempar.placement.graph_baselines import metis_layer
 from sempar.placement.placement import Placement
-from sempar.placement import sempar_scale
+from sempar.placement import sempar_replicas, sempar_scale
 from sempar.placement.sempar_load import LoadModel, _onehot, load_spread
 from sempar.placement.sempar_experts import expert_step
 from sempar.placement.sempar_replicas import add_replicas, replica_cap, replicated_placement
@@ -151,16 +151,17 @@ def _hosts(dev: np.ndarray, G: int) -> np.ndarray:
     return _onehot(dev, G).T.astype(bool)
 
 
-def alternate(M, assign, lm: LoadModel, slot_group: np.ndarray, expert_group: np.ndarray, items: np.ndarray,
-              dev: np.ndarray | None = None, rounds: int = ROUNDS,
-              **step_bounds) -> tuple[np.ndarray, np.ndarray, float]:
+def alternate(M, step, lm: LoadModel, slot_group: np.ndarray, expert_group: np.ndarray,
+              items: np.ndarray, dev: np.ndarray | None = None, rounds: int = ROUNDS,
+              stop_gain: float = 1e-6, **step_bounds) -> tuple[np.ndarray, np.ndarray, float]:
     """(expert device int64[N], item device int64[n], fit local activations) for one layer.
 
-    M [n, N] (dense or CSR): activations of expert e by item i (tokens in tp mode); assign:
-    local float[n, G] -> int[n], the items' step under their capacity rule; lm: loads and cap;
-    items int[n]: a starting item
-    clustering; dev: a starting expert placement (used when it respects the groups); rounds and
-    step_bounds (`expert_step`'s bounds): the large-trace path's shorter search."""
+    M [n, N] (dense or CSR): activations of expert e by item i (tokens in tp mode); step:
+    (M, expert device int[N]) -> (item device int[n], local activations), the items' step under
+    their capacity rule; lm: loads and cap; items int[n]: a starting item clustering; dev: a
+    starting expert placement (used when it respects the groups); rounds, stop_gain (stop when
+    a round gains less than this share) and step_bounds (`expert_step`'s bounds): the
+    large-trace path's shorter search."""
     G = lm.cap_devices
     best = None
     for _ in range(rounds):
@@ -168,13 +169,23 @@ def alternate(M, assign, lm: LoadModel, slot_group: np.ndarray, expert_group: np
         dev = expert_step(W, lm, slot_group, expert_group,
                           dev if dev is not None and _in_groups(dev, slot_group, expert_group)
                           else None, **step_bounds)
-        local = np.asarray(M @ _onehot(dev, G))                           # [n, G]
-        items = assign(local)
-        obj = float(local[np.arange(items.size), items].sum())
-        if best is not None and obj <= best[2] * (1 + 1e-6):
+        items, obj = step(M, dev)
+        if best is not None and obj <= best[2] * (1 + stop_gain):
+            if obj > best[2]:
+                best = (dev.copy(), items.copy(), obj)
             break
         best = (dev.copy(), items.copy(), obj)
     return best
+
+
+def dense_step(assign, G: int):
+    """An `alternate` step from a rule assign: local float[n, G] -> int[n] on the dense table
+    local = M @ onehot(dev)."""
+    def step(M, dev: np.ndarray) -> tuple[np.ndarray, float]:
+        local = np.asarray(M @ _onehot(dev, G))                           # [n, G]
+        items = assign(local)
+        return items, float(local[np.arange(items.size), items].sum())
+    return step
 
 
 def _in_groups(dev: np.ndarray, slot_group: np.ndarray, expert_group: np.ndarray) -> bool:
@@ -200,10 +211,12 @@ def sempar(p: PlacementProblem) -> Placement:
         raise InputError("sempar: --preserve-groups with --redundant: replicas have no group slots")
     stats = AffinityStats(p.trace)
     slot_group, expert_group = slot_groups(p)
+    imb = p.max_imbalance if not p.redundant else 1 + sempar_replicas.REPLICA_SLACK * (
+        p.max_imbalance - 1)                      # the primary's cap (REPLICA_SLACK's comment)
+
     def model(X: np.ndarray) -> LoadModel:
         load = X.sum(axis=0, dtype=np.float64)
-        return LoadModel(load, load_spread(X.astype(np.float64), load),
-                         p.max_imbalance * load.sum() / G, G)
+        return LoadModel(load, load_spread(X.astype(np.float64), load), imb * load.sum() / G, G)
     node_of = p.node_of()
     allowed = np.ones((G, N), bool)
     if p.mode == "dp":
@@ -213,11 +226,17 @@ def sempar(p: PlacementProblem) -> Placement:
         tok_cap = np.full(G, (1 + TOKEN_SLACK) * stats.a.sum() / G)
         assign = lambda local: capacitated_assign(                                # noqa: E731
             local, stats.a, tok_cap, sempar_scale.SCALE_TOKEN_ROUNDS)
+
+        def step(C, dev: np.ndarray) -> tuple[np.ndarray, float]:
+            sl = sempar_scale.SparseLocal(C, dev, G)
+            items = sl.assign(stats.a, tok_cap)
+            return items, sl.total(items)
         bounds = sempar_scale.step_bounds(G)
         sample = sempar_scale.RequestSample(stats.request_index, stats.R, p.seed)
     else:
         occ, size = pseudo_batches(stats, p.seed)
         assign = lambda local: batch_priced_assign(local, occ, size, SHUFFLES)     # noqa: E731
+        step = dense_step(assign, G)
         bounds = {}
     devs, toks, hosts_all, objs = [], [], [], []
     for l in range(L):
@@ -226,13 +245,13 @@ def sempar(p: PlacementProblem) -> Placement:
             X = sample.counts(stats.trace.experts[:, l], N)
             load = np.asarray(C.sum(axis=0), np.float64).ravel()
             lm = sempar_scale.ScaledLoadModel(load, sample.scale * load_spread(X, X.sum(axis=0)),
-                                              p.max_imbalance * load.sum() / G, G)
+                                              imb * load.sum() / G, G)
             edev = sempar_scale.greedy_start(X, load, slot_group, expert_group)
-            etok = np.argmax(np.asarray(C @ _onehot(edev, G)), axis=1)     # uncapacitated
+            etok = sempar_scale.SparseLocal(C, edev, G).first()                # uncapacitated
         else:
             lm = model(request_counts(stats, l))
             edev, etok, _, _ = metis_layer(C.toarray().astype(np.int64), stats.a, G, p.seed)
-        dev, items, obj = alternate(C, assign, lm, slot_group, expert_group, etok, edev,
+        dev, items, obj = alternate(C, step, lm, slot_group, expert_group, etok, edev,
                                     **bounds)
         devs.append(dev)
         toks.append(items)
