@@ -17,15 +17,17 @@ planted tests; bench_placement's olmoe preset, 0.3M) `sempar` runs unchanged. Qw
   (of the slot's expert group), each next with the expert left of that group that is most
   co-activated with those already there. Tokens start on the device holding most of their
   activations (no capacity: the first expert step only needs their affinities);
-- token step: `capacitated_assign` with each device taking at most 1/G of the fit occurrences
-  (weight a_u, one capacity for the whole fit trace) instead of the per-pseudo-batch Lagrangian
-  (`batch_priced_assign`, 80 price steps over SHUFFLES x T / BATCH batches), with at most
-  `SCALE_TOKEN_ROUNDS` proposal rounds on each token's top preferences (a token's activations
-  touch about 10 experts, so its later preferences are ties at 0) and leftovers to the
-  roomiest devices;
+- token step: each device takes at most 1/G of the fit occurrences (weight a_u, one capacity
+  for the whole fit trace) instead of the per-pseudo-batch Lagrangian (`batch_priced_assign`,
+  80 price steps over SHUFFLES x T / BATCH batches), by `SparseLocal`: the proposal rounds of
+  `sempar_solver.capacitated_assign` over each token's non-zero local activations only (a token's
+  activations touch about 10 experts, so its later preferences are ties at 0: the dense U x G
+  partial sort cost 0.26 s a call at DeepSeek-V3's shape), at most `SCALE_TOKEN_ROUNDS` rounds,
+  leftovers to the roomiest devices;
 - expert step: `SCALE_PRICE_STEPS` Hungarian solves (not PRICE_STEPS), swaps only on the
   `SCALE_POLISH` best candidates and at most `SCALE_SWAPS` swaps each (each swap is an O(N^2)
-  scan; unbounded it is SWAP_LIMIT x N scans); `SCALE_ROUNDS` alternations. Device load
+  scan; unbounded it is SWAP_LIMIT x N scans); at most `SCALE_ROUNDS` alternations, stopping
+  early when a round gains less than `SCALE_STOP_GAIN` of the fit objective. Device load
   variances 1_S^T Sigma 1_S gathered from each device's experts (`ScaledLoadModel`), not an
   N x N x G product.
 
@@ -47,9 +49,9 @@ from sempar.placement.sempar_load import LoadModel
 
 SCALE_TOKEN_LAYERS = 8_000_000
 SCALE_ROUNDS = 3
-SCALE_PRICE_STEPS = 8
-SCALE_POLISH = 2
-SCALE_SWAPS = 32
+SCALE_PRICE_STEPS = 6
+SCALE_POLISH = 1
+SCALE_SWAPS = 16
 SCALE_REQUESTS = 1024
 SCALE_TOKEN_ROUNDS = 8
 SCALE_STOP_GAIN = 2e-3    # alternations stop when the fit objective gains less than this share
