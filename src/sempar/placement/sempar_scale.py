@@ -33,12 +33,14 @@ planted tests; bench_placement's olmoe preset, 0.3M) `sempar` runs unchanged. Qw
 
 The balance cap is the same constraint; only the search is shorter.
 
-Measured (benchmarks/bench_placement_scale.py, one run, a shared 2-core machine under load):
-Qwen3-30B-A3B shape, 1M tokens (seed 1), EP 8: solve 33.4 s wall / 32.8 s CPU, peak 2.86 GB
-(semmoe in the same run: 42.8 s); the 30 s target is missed by this margin on that machine.
-DeepSeek-V3 shape, 2M tokens, EP 64 as 8 x 8: solve 238.8 s wall / 225.9 s CPU, peak 5.62 GB:
-the 8 GB target is met, the 120 s target is not (per layer the token step's partial sort over
-U x 64 and the swap scans dominate; the node relabelling in `base.solve` adds 3-13 s).
+Measured (benchmarks/bench_placement_scale.py --methods sempar, one run, a shared 2-core machine
+at load average 23 falling to 10: wall times stretched 2-13x, so CPU time is the figure to read):
+DeepSeek-V3 shape, 2M tokens, EP 64 as 8 x 8: solve 257.6 s wall / 112.2 s CPU, peak 3.44 GB
+(before the sparse token step and the shorter expert search: 238.8 s wall / 225.9 s CPU, 5.62 GB
+on a less loaded machine); on the first 6 layers the fit LAR moved 0.1918 -> 0.1915. The 120 s
+target holds in CPU time, not yet shown in wall time. Qwen3-30B-A3B shape, 1M tokens, EP 8:
+570.6 s wall / 44.8 s CPU in the same run (before: 33.4 s wall / 32.8 s CPU); the 30 s target
+is missed.
 """
 
 from __future__ import annotations
