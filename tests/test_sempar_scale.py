@@ -92,3 +92,15 @@ def test_sparse_token_step_matches_dense():
     print(f"\nsparse token step {sl.total(got):.0f} local activations, dense "
           f"{local[np.arange(U), ref].sum():.0f}")
     assert sl.total(got) >= 0.999 * local[np.arange(U), ref].sum()
+
+
+def test_planted_recovered_sparse_step(large_path, monkeypatch):
+    """The sparse token step and the shorter expert search (taken above
+    SCALE_SPARSE_DEVICES devices) still recover the planted optimum."""
+    monkeypatch.setattr(sempar_scale, "SCALE_SPARSE_DEVICES", 0)
+    trace, ecl, tcl = planted()
+    fit, ev = split_by_request(trace, seed=0)
+    ref = figures_for(planted_placement(trace, ecl, tcl), ev, "tp")["lar_mean"]
+    got = figures_for(solve("sempar", fit, G, seed=2), ev, "tp")["lar_mean"]
+    print(f"\nsparse step, planted optimum LAR {ref:.3f}: got {got:.3f} ({got / ref:.1%})")
+    assert got >= 0.9 * ref

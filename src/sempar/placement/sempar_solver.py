@@ -238,7 +238,11 @@ def sempar(p: PlacementProblem) -> Placement:
         assign = lambda local: capacitated_assign(                                # noqa: E731
             local, stats.a, tok_cap, sempar_scale.SCALE_TOKEN_ROUNDS)
 
+        sparse = G > sempar_scale.SCALE_SPARSE_DEVICES
+
         def step(C, dev: np.ndarray) -> tuple[np.ndarray, float]:
+            if not sparse:
+                return dense_step(assign, G)(C, dev)
             sl = sempar_scale.SparseLocal(C, dev, G)
             items = sl.assign(stats.a, tok_cap)
             return items, sl.total(items)
@@ -258,7 +262,8 @@ def sempar(p: PlacementProblem) -> Placement:
             lm = sempar_scale.ScaledLoadModel(load, sample.scale * load_spread(X, X.sum(axis=0)),
                                               imb * load.sum() / G, G)
             edev = sempar_scale.greedy_start(X, load, slot_group, expert_group)
-            etok = sempar_scale.SparseLocal(C, edev, G).first()                # uncapacitated
+            etok = (sempar_scale.SparseLocal(C, edev, G).first() if sparse    # uncapacitated
+                    else np.argmax(np.asarray(C @ _onehot(edev, G)), axis=1))
         else:
             lm = model(request_counts(stats, l))
             edev, etok, _, _ = metis_layer(C.toarray().astype(np.int64), stats.a, G, p.seed)
