@@ -109,14 +109,14 @@ class SparseLocal:
         """Local activations of the tokens on devices items int[U]."""
         return float(self.val[self.col == items[self.row]].sum())
 
-    def assign(self, a: np.ndarray, cap: np.ndarray, rounds: int = SCALE_TOKEN_ROUNDS) -> np.ndarray:
+    def assign(self, a: np.ndarray, cap: np.ndarray, fill,
+               rounds: int = SCALE_TOKEN_ROUNDS) -> np.ndarray:
         """int64[U]: device of each token under per-device capacities cap float[G] on the
         weights a float[U]: proposal rounds as `sempar_solver.capacitated_assign` (round r:
         each unplaced token asks its r-th best device; a device takes its askers by local share
-        while they fit), but only over each token's non-zero preferences; leftovers, heaviest
-        first, fill the roomiest devices (`_fill_roomiest`)."""
-        from sempar.placement.sempar_solver import _fill_roomiest
-
+        while they fit), but only over each token's non-zero preferences; then fill(out, a,
+        room) places leftovers in place (the solver's `_fill_roomiest`: heaviest first into the
+        roomiest devices; passed in, as sempar_solver imports this module)."""
         U, G = a.size, cap.size
         width = np.diff(self.indptr)
         room = cap.astype(np.float64).copy()
@@ -135,7 +135,7 @@ class SparseLocal:
             ok = before + w <= room[c] + 1e-9
             out[idx[order[ok]]] = c[ok]
             room -= np.bincount(c[ok], weights=w[ok], minlength=G)
-        _fill_roomiest(out, a, room)
+        fill(out, a, room)
         for i in np.flatnonzero(out < 0):                       # rare: heavy leftovers
             g = int(np.argmax(room))
             out[i] = g

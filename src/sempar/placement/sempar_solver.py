@@ -244,7 +244,7 @@ def sempar(p: PlacementProblem) -> Placement:
             if not sparse:
                 return dense_step(assign, G)(C, dev)
             sl = sempar_scale.SparseLocal(C, dev, G)
-            items = sl.assign(stats.a, tok_cap)
+            items = sl.assign(stats.a, tok_cap, _fill_roomiest)
             return items, sl.total(items)
         bounds = sempar_scale.step_bounds(G)
         sample = sempar_scale.RequestSample(stats.request_index, stats.R, p.seed)
