@@ -61,3 +61,46 @@ def test_preserve_groups(large_path):
     trace, _, _ = planted(groups=2, T=20_000)
     p = solve("sempar", trace, G, preserve_groups=True)
     assert p.info["large_trace_path"] and crosses_groups(p, 2) is None
+
+
+def test_sparse_token_step_matches_dense():
+    """The large path's token step (SparseLocal) against the dense `capacitated_assign` on
+    the same instance: every token placed, capacities kept, the same best devices, and no
+    less local activation than the dense rule with the same number of rounds."""
+    from scipy import sparse
+
+    from sempar.placement.sempar_load import _onehot
+    from sempar.placement.sempar_solver import _fill_roomiest, capacitated_assign
+
+    rng = np.random.default_rng(3)
+    U, N, G8, k = 3000, 32, 8, 4
+    a = rng.integers(1, 20, U).astype(np.float64)
+    rows = np.repeat(np.arange(U), (a * k).astype(int))
+    cols = rng.integers(0, N, rows.size) // 2 * 2 + (rng.random(rows.size) < 0.5)
+    C = sparse.csr_matrix((np.ones(rows.size, np.float32), (rows, cols)), shape=(U, N))
+    C.sum_duplicates()
+    dev = rng.permutation(np.arange(N) % G8)
+    cap = np.full(G8, a.sum() / G8)
+    local = np.asarray(C @ _onehot(dev, G8))
+    sl = sempar_scale.SparseLocal(C, dev, G8)
+    assert np.array_equal(sl.first(), np.argmax(local, axis=1))
+    got = sl.assign(a, cap, _fill_roomiest)
+    assert got.min() >= 0 and got.max() < G8
+    assert np.bincount(got, weights=a, minlength=G8).max() <= cap[0] + a.max()
+    assert sl.total(got) == pytest.approx(local[np.arange(U), got].sum())
+    ref = capacitated_assign(local, a, cap, sempar_scale.SCALE_TOKEN_ROUNDS)
+    print(f"\nsparse token step {sl.total(got):.0f} local activations, dense "
+          f"{local[np.arange(U), ref].sum():.0f}")
+    assert sl.total(got) >= 0.999 * local[np.arange(U), ref].sum()
+
+
+def test_planted_recovered_sparse_step(large_path, monkeypatch):
+    """The sparse token step and the shorter expert search (taken above
+    SCALE_SPARSE_DEVICES devices) still recover the planted optimum."""
+    monkeypatch.setattr(sempar_scale, "SCALE_SPARSE_DEVICES", 0)
+    trace, ecl, tcl = planted()
+    fit, ev = split_by_request(trace, seed=0)
+    ref = figures_for(planted_placement(trace, ecl, tcl), ev, "tp")["lar_mean"]
+    got = figures_for(solve("sempar", fit, G, seed=2), ev, "tp")["lar_mean"]
+    print(f"\nsparse step, planted optimum LAR {ref:.3f}: got {got:.3f} ({got / ref:.1%})")
+    assert got >= 0.9 * ref

@@ -17,26 +17,31 @@ planted tests; bench_placement's olmoe preset, 0.3M) `sempar` runs unchanged. Qw
   (of the slot's expert group), each next with the expert left of that group that is most
   co-activated with those already there. Tokens start on the device holding most of their
   activations (no capacity: the first expert step only needs their affinities);
-- token step: `capacitated_assign` with each device taking at most 1/G of the fit occurrences
-  (weight a_u, one capacity for the whole fit trace) instead of the per-pseudo-batch Lagrangian
-  (`batch_priced_assign`, 80 price steps over SHUFFLES x T / BATCH batches), with at most
-  `SCALE_TOKEN_ROUNDS` proposal rounds on each token's top preferences (a token's activations
-  touch about 10 experts, so its later preferences are ties at 0) and leftovers to the
-  roomiest devices;
+- token step: each device takes at most 1/G of the fit occurrences (weight a_u, one capacity
+  for the whole fit trace) instead of the per-pseudo-batch Lagrangian (`batch_priced_assign`,
+  80 price steps over SHUFFLES x T / BATCH batches), by `SparseLocal`: the proposal rounds of
+  `sempar_solver.capacitated_assign` over each token's non-zero local activations only (a token's
+  activations touch about 10 experts, so its later preferences are ties at 0: the dense U x G
+  partial sort cost 0.26 s a call at DeepSeek-V3's shape), at most `SCALE_TOKEN_ROUNDS` rounds,
+  leftovers to the roomiest devices;
 - expert step: `SCALE_PRICE_STEPS` Hungarian solves (not PRICE_STEPS), swaps only on the
   `SCALE_POLISH` best candidates and at most `SCALE_SWAPS` swaps each (each swap is an O(N^2)
-  scan; unbounded it is SWAP_LIMIT x N scans); `SCALE_ROUNDS` alternations. Device load
+  scan; unbounded it is SWAP_LIMIT x N scans); at most `SCALE_ROUNDS` alternations, stopping
+  early when a round gains less than `SCALE_STOP_GAIN` of the fit objective. Device load
   variances 1_S^T Sigma 1_S gathered from each device's experts (`ScaledLoadModel`), not an
   N x N x G product.
 
 The balance cap is the same constraint; only the search is shorter.
 
-Measured (benchmarks/bench_placement_scale.py, one run, a shared 2-core machine under load):
-Qwen3-30B-A3B shape, 1M tokens (seed 1), EP 8: solve 33.4 s wall / 32.8 s CPU, peak 2.86 GB
-(semmoe in the same run: 42.8 s); the 30 s target is missed by this margin on that machine.
-DeepSeek-V3 shape, 2M tokens, EP 64 as 8 x 8: solve 238.8 s wall / 225.9 s CPU, peak 5.62 GB:
-the 8 GB target is met, the 120 s target is not (per layer the token step's partial sort over
-U x 64 and the swap scans dominate; the node relabelling in `base.solve` adds 3-13 s).
+Measured (benchmarks/bench_placement_scale.py --methods sempar, one run, a shared 2-core machine
+at load average 23 falling to 10: wall times stretched 2-13x, so CPU time is the figure to read):
+DeepSeek-V3 shape, 2M tokens, EP 64 as 8 x 8: solve 257.6 s wall / 112.2 s CPU, peak 3.44 GB
+(before the sparse token step and the shorter expert search: 238.8 s wall / 225.9 s CPU, 5.62 GB
+on a less loaded machine); on the first 6 layers the fit LAR moved 0.1918 -> 0.1915. The 120 s
+target holds in CPU time, not yet shown in wall time. Qwen3-30B-A3B shape, 1M tokens, EP 8:
+570.6 s wall / 44.8 s CPU in the same run with the sparse step (before: 33.4 s wall / 32.8 s
+CPU), so up to `SCALE_SPARSE_DEVICES` devices the path is the previous one again (same fit
+objective on 12 layers; the whole trace not rerun); the 30 s target is missed.
 """
 
 from __future__ import annotations
@@ -47,11 +52,17 @@ from sempar.placement.sempar_load import LoadModel
 
 SCALE_TOKEN_LAYERS = 8_000_000
 SCALE_ROUNDS = 3
-SCALE_PRICE_STEPS = 8
-SCALE_POLISH = 2
-SCALE_SWAPS = 32
+SCALE_PRICE_STEPS = 6
+SCALE_POLISH = 1
+SCALE_SWAPS = 16
+# Up to this many devices the token step stays dense and the expert search longer (8 Hungarian
+# solves, 2 candidates polished, 32 swaps each, no early stop): at Qwen3's shape, EP 8, the
+# sparse step and the shorter search saved no CPU (9.6 s against 9.1 s on 12 layers) and lost
+# fit LAR (0.3634 against 0.3662).
+SCALE_SPARSE_DEVICES = 16
 SCALE_REQUESTS = 1024
 SCALE_TOKEN_ROUNDS = 8
+SCALE_STOP_GAIN = 2e-3    # alternations stop when the fit objective gains less than this share
 
 
 def is_large(num_occurrences: int, num_layers: int) -> bool:
@@ -61,8 +72,75 @@ def is_large(num_occurrences: int, num_layers: int) -> bool:
 
 def step_bounds(G: int) -> dict:
     """Keyword bounds for `sempar_solver.alternate` on the large-trace path."""
-    return {"rounds": SCALE_ROUNDS, "price_steps": SCALE_PRICE_STEPS, "polish": SCALE_POLISH,
-            "max_swaps": SCALE_SWAPS}
+    if G <= SCALE_SPARSE_DEVICES:
+        return {"rounds": SCALE_ROUNDS, "price_steps": 8, "polish": 2, "max_swaps": 32}
+    return {"rounds": SCALE_ROUNDS, "stop_gain": SCALE_STOP_GAIN, "price_steps": SCALE_PRICE_STEPS,
+            "polish": SCALE_POLISH, "max_swaps": SCALE_SWAPS}
+
+
+class SparseLocal:
+    """Each token's local activations per device, kept sparse, with its preference order.
+
+    C CSR[U, N]: the layer's counts; dev int[N]: each expert's device. `indptr` int64[U + 1],
+    `col` int32[nnz] device and `val` float64[nnz] activations of row u's non-zero entries
+    in [indptr[u], indptr[u + 1]), sorted by activations descending, then device id (a token
+    touches about 10 experts, so nnz is about 10 U, not U x G)."""
+
+    def __init__(self, C, dev: np.ndarray, G: int):
+        from scipy import sparse
+
+        U, N = C.shape
+        P = sparse.csr_matrix((np.ones(N, np.float32), (np.arange(N), dev)), shape=(N, G))
+        Lc = (C @ P).tocsr()                              # duplicates summed: one entry a device
+        self.indptr = Lc.indptr.astype(np.int64)
+        row = np.repeat(np.arange(U, dtype=np.int64), np.diff(self.indptr))
+        val = Lc.data.astype(np.int64)                    # exact integer counts
+        top = int(val.max(initial=0)) + 1
+        # rows ascending (already), then activations descending, then device: one integer key
+        order = np.argsort((row * top + (top - 1 - val)) * G + Lc.indices, kind="stable")
+        self.col, self.val = Lc.indices[order], val[order].astype(np.float64)
+        self.row = row
+
+    def first(self) -> np.ndarray:
+        """int64[U]: each token's best device (uncapacitated)."""
+        return self.col[self.indptr[:-1]].astype(np.int64)
+
+    def total(self, items: np.ndarray) -> float:
+        """Local activations of the tokens on devices items int[U]."""
+        return float(self.val[self.col == items[self.row]].sum())
+
+    def assign(self, a: np.ndarray, cap: np.ndarray, fill,
+               rounds: int = SCALE_TOKEN_ROUNDS) -> np.ndarray:
+        """int64[U]: device of each token under per-device capacities cap float[G] on the
+        weights a float[U]: proposal rounds as `sempar_solver.capacitated_assign` (round r:
+        each unplaced token asks its r-th best device; a device takes its askers by local share
+        while they fit), but only over each token's non-zero preferences; then fill(out, a,
+        room) places leftovers in place (the solver's `_fill_roomiest`: heaviest first into the
+        roomiest devices; passed in, as sempar_solver imports this module)."""
+        U, G = a.size, cap.size
+        width = np.diff(self.indptr)
+        room = cap.astype(np.float64).copy()
+        out = np.full(U, -1, np.int64)
+        for r in range(rounds):
+            idx = np.flatnonzero((out < 0) & (width > r))
+            if idx.size == 0:
+                break
+            at = self.indptr[idx] + r
+            choice, dens = self.col[at], self.val[at] / a[idx]
+            order = np.lexsort((-dens, choice))
+            c, w = choice[order], a[idx[order]]
+            csum = np.cumsum(w)
+            start = np.searchsorted(c, np.arange(G), side="left")
+            before = csum - w - np.concatenate([[0.0], csum])[start[c]]
+            ok = before + w <= room[c] + 1e-9
+            out[idx[order[ok]]] = c[ok]
+            room -= np.bincount(c[ok], weights=w[ok], minlength=G)
+        fill(out, a, room)
+        for i in np.flatnonzero(out < 0):                       # rare: heavy leftovers
+            g = int(np.argmax(room))
+            out[i] = g
+            room[g] -= a[i]
+        return out
 
 
 class RequestSample:
