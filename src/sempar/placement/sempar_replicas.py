@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sempar.placement.affinity_stats import AffinityStats
+from sempar.affinity.routing_stats import AffinityStats
 from sempar.placement.base import PlacementProblem
 from sempar.placement.placement import Placement
 from sempar.placement.sempar_load import LoadModel

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sempar.placement.capacity import proposal_rounds
 from sempar.placement.sempar_load import LoadModel
 
 SCALE_TOKEN_LAYERS = 8_000_000
@@ -112,29 +113,21 @@ class SparseLocal:
     def assign(self, a: np.ndarray, cap: np.ndarray, fill,
                rounds: int = SCALE_TOKEN_ROUNDS) -> np.ndarray:
         """int64[U]: device of each token under per-device capacities cap float[G] on the
-        weights a float[U]: proposal rounds as `sempar_solver.capacitated_assign` (round r:
-        each unplaced token asks its r-th best device; a device takes its askers by local share
-        while they fit), but only over each token's non-zero preferences; then fill(out, a,
+        weights a float[U]: `capacity.proposal_rounds` (round r: each unplaced token asks its
+        r-th best device; a device takes its askers by local share while they fit), only over
+        each token's non-zero preferences; then fill(out, a,
         room) places leftovers in place (the solver's `_fill_roomiest`: heaviest first into the
         roomiest devices; passed in, as sempar_solver imports this module)."""
-        U, G = a.size, cap.size
+        U = a.size
         width = np.diff(self.indptr)
-        room = cap.astype(np.float64).copy()
-        out = np.full(U, -1, np.int64)
-        for r in range(rounds):
-            idx = np.flatnonzero((out < 0) & (width > r))
-            if idx.size == 0:
-                break
-            at = self.indptr[idx] + r
-            choice, dens = self.col[at], self.val[at] / a[idx]
-            order = np.lexsort((-dens, choice))
-            c, w = choice[order], a[idx[order]]
-            csum = np.cumsum(w)
-            start = np.searchsorted(c, np.arange(G), side="left")
-            before = csum - w - np.concatenate([[0.0], csum])[start[c]]
-            ok = before + w <= room[c] + 1e-9
-            out[idx[order[ok]]] = c[ok]
-            room -= np.bincount(c[ok], weights=w[ok], minlength=G)
+        R = int(min(rounds, width.max(initial=0)))
+        pref = np.full((U, R), -1, np.int64)
+        prio = np.zeros((U, R))
+        for r in range(R):
+            has = np.flatnonzero(width > r)
+            at = self.indptr[has] + r
+            pref[has, r], prio[has, r] = self.col[at], self.val[at] / a[has]
+        out, room = proposal_rounds(pref, prio, cap, a)
         fill(out, a, room)
         for i in np.flatnonzero(out < 0):                       # rare: heavy leftovers
             g = int(np.argmax(room))

@@ -72,7 +72,8 @@ from __future__ import annotations
 import numpy as np
 
 from sempar.errors import InputError
-from sempar.placement.affinity_stats import AffinityStats
+from sempar.affinity.routing_stats import AffinityStats
+from sempar.placement.capacity import proposal_rounds
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement, slot_groups
 from sempar.placement.graph_baselines import metis_layer
 from sempar.placement.placement import Placement
@@ -101,8 +102,6 @@ def capacitated_assign(value: np.ndarray, weight: np.ndarray, cap: np.ndarray,
     (a partial sort), and the leftovers, heaviest first, fill the roomiest devices in turn;
     None: G rounds on a full sort.
     """
-    from sempar.placement.capacity import proposal_rounds
-
     n, G = value.shape
     dens = value / weight[:, None]
     rounds = G if max_rounds is None else min(G, max_rounds)

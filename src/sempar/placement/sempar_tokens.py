@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from sempar.placement.affinity_stats import AffinityStats
+from sempar.affinity.routing_stats import AffinityStats
+from sempar.placement.capacity import BATCH
 from sempar.placement.sempar_load import _onehot
 
 SHUFFLES = 4            # random request orders cut into pseudo-batches (tp token step)
 TOKEN_PRICE_STEPS = 80
-BATCH = 2048            # tokens per tp batch (metrics.BATCH)
 
 
 def pseudo_batches(stats: AffinityStats, seed: int, shuffles: int = SHUFFLES,
                    batch: int = BATCH):
     """(occ CSR float64[U, nb], capacity float[nb]): occurrences of each fit token in each
     pseudo-batch. The fit requests are put in `shuffles` seeded random orders and each order is
-    cut into batches of `batch` tokens like tp mode cuts a stream (metrics.BATCH); a device may
+    cut into batches of `batch` tokens like tp mode cuts a stream (capacity.BATCH); a device may
     take 1/G of a batch (the capacity returned is the batch size)."""
     from scipy import sparse
 
