@@ -95,3 +95,25 @@ def capacity_home(hits: np.ndarray, batch: int | None = None) -> np.ndarray:
         pref = np.argsort(-h, axis=1, kind="stable")
         out[lo:lo + step] = proposal_rounds(pref, h.max(axis=1), equal_shares(h.shape[0], G))[0]
     return out
+
+
+def place_leftovers(out: np.ndarray, weight: np.ndarray, room: np.ndarray,
+                    roomiest: bool = True) -> None:
+    """Settle the items proposal rounds left unplaced (out < 0), in place on out int64[n] and
+    room float[G]: with `roomiest`, heaviest first, each device in order of decreasing room
+    takes them while they fit; any still left (heavier than every device's room) goes to the
+    device with the most room, overfilling it."""
+    if roomiest:
+        left = np.flatnonzero(out < 0)
+        left = left[np.argsort(-weight[left], kind="stable")]
+        for g in np.argsort(-room, kind="stable"):
+            if left.size == 0:
+                break
+            fit = np.cumsum(weight[left]) <= room[g] + 1e-9
+            out[left[fit]] = g
+            room[g] -= weight[left[fit]].sum()
+            left = left[~fit]
+    for i in np.flatnonzero(out < 0):
+        g = int(np.argmax(room))
+        out[i] = g
+        room[g] -= weight[i]

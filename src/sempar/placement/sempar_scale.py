@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sempar.placement.capacity import proposal_rounds
+from sempar.placement.capacity import place_leftovers, proposal_rounds
 from sempar.placement.sempar_load import LoadModel
 
 SCALE_TOKEN_LAYERS = 8_000_000
@@ -110,14 +110,12 @@ class SparseLocal:
         """Local activations of the tokens on devices items int[U]."""
         return float(self.val[self.col == items[self.row]].sum())
 
-    def assign(self, a: np.ndarray, cap: np.ndarray, fill,
-               rounds: int = SCALE_TOKEN_ROUNDS) -> np.ndarray:
+    def assign(self, a: np.ndarray, cap: np.ndarray, rounds: int = SCALE_TOKEN_ROUNDS) -> np.ndarray:
         """int64[U]: device of each token under per-device capacities cap float[G] on the
         weights a float[U]: `capacity.proposal_rounds` (round r: each unplaced token asks its
         r-th best device; a device takes its askers by local share while they fit), only over
-        each token's non-zero preferences; then fill(out, a,
-        room) places leftovers in place (the solver's `_fill_roomiest`: heaviest first into the
-        roomiest devices; passed in, as sempar_solver imports this module)."""
+        each token's non-zero preferences; then `capacity.place_leftovers` (heaviest first into
+        the roomiest devices)."""
         U = a.size
         width = np.diff(self.indptr)
         R = int(min(rounds, width.max(initial=0)))
@@ -128,11 +126,7 @@ class SparseLocal:
             at = self.indptr[has] + r
             pref[has, r], prio[has, r] = self.col[at], self.val[at] / a[has]
         out, room = proposal_rounds(pref, prio, cap, a)
-        fill(out, a, room)
-        for i in np.flatnonzero(out < 0):                       # rare: heavy leftovers
-            g = int(np.argmax(room))
-            out[i] = g
-            room[g] -= a[i]
+        place_leftovers(out, a, room)
         return out
 
 

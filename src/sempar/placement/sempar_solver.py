@@ -73,7 +73,7 @@ import numpy as np
 
 from sempar.errors import InputError
 from sempar.affinity.routing_stats import AffinityStats
-from sempar.placement.capacity import proposal_rounds
+from sempar.placement.capacity import place_leftovers, proposal_rounds
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement, slot_groups
 from sempar.placement.graph_baselines import metis_layer
 from sempar.placement.placement import Placement
@@ -112,27 +112,8 @@ def capacitated_assign(value: np.ndarray, weight: np.ndarray, cap: np.ndarray,
     else:
         pref = np.argsort(-dens, axis=1, kind="stable")
     out, room = proposal_rounds(pref, np.take_along_axis(dens, pref, axis=1), cap, weight)
-    if max_rounds is not None:
-        _fill_roomiest(out, weight, room)
-    for i in np.flatnonzero(out < 0):                       # rare: heavy leftovers
-        g = int(np.argmax(room))
-        out[i] = g
-        room[g] -= weight[i]
+    place_leftovers(out, weight, room, roomiest=max_rounds is not None)
     return out
-
-
-def _fill_roomiest(out: np.ndarray, weight: np.ndarray, room: np.ndarray) -> None:
-    """Unplaced items (out < 0), heaviest first, fill the devices by decreasing room, each
-    while they fit; out and room are updated in place."""
-    left = np.flatnonzero(out < 0)
-    left = left[np.argsort(-weight[left], kind="stable")]
-    for g in np.argsort(-room, kind="stable"):
-        if left.size == 0:
-            return
-        fit = np.cumsum(weight[left]) <= room[g] + 1e-9
-        out[left[fit]] = g
-        room[g] -= weight[left[fit]].sum()
-        left = left[~fit]
 
 # ------------------------------------------------------------------------------------ solver
 
@@ -230,7 +211,7 @@ def sempar(p: PlacementProblem) -> Placement:
             if not sparse:
                 return dense_step(assign, G)(C, dev)
             sl = sempar_scale.SparseLocal(C, dev, G)
-            items = sl.assign(stats.a, tok_cap, _fill_roomiest)
+            items = sl.assign(stats.a, tok_cap)
             return items, sl.total(items)
         bounds = sempar_scale.step_bounds(G)
         sample = sempar_scale.RequestSample(stats.request_index, stats.R, p.seed)
