@@ -123,3 +123,13 @@ def test_per_batch_long_tail(olmoe_analysis):
     # decoding traces (shared/data/real/small-full-traces) leave 0.32-0.43
     assert tail["16"]["zero_share"] > 2 * (1 - 8 / 64) ** 16
     assert tail["16"]["max_over_mean"] > 4.0
+
+
+def test_preset_hidden_sizes_one_table():
+    """The communication model's hidden sizes (trace.presets) and the serving simulator's model
+    dimensions name the same models with the same hidden size."""
+    from sempar.serving.dims import DIMS
+    from sempar.trace.presets import HIDDEN_SIZES, PRESETS
+
+    assert set(HIDDEN_SIZES) == set(PRESETS.names()) == set(DIMS)
+    assert all(DIMS[m].hidden == h for m, h in HIDDEN_SIZES.items())

@@ -37,10 +37,8 @@ from sempar.comm.topology import PHASES, Topology
 from sempar.errors import InputError
 from sempar.placement.capacity import BATCH
 from sempar.placement.placement import Placement
+from sempar.trace.presets import HIDDEN_SIZES
 
-# Hidden sizes of the models of trace/presets.py (config.json of each checkpoint).
-HIDDEN_SIZES = {"mixtral-8x7b": 4096, "deepseek-v2-lite": 2048, "olmoe-1b-7b": 2048,
-                "qwen3-30b-a3b": 2048, "deepseek-v3": 7168}
 COLUMNS = PHASES + ("collectives",)
 
 

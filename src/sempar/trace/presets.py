@@ -41,3 +41,9 @@ for _shape in (
             num_expert_groups=8, topk_groups=4),
 ):
     PRESETS.add(_shape.model, _shape)
+
+# hidden_size of each preset's model (config.json of each checkpoint): what one token's hidden
+# state weighs in the communication model. Kept beside the presets rather than in the trace
+# metadata, so synthetic traces stay as they were.
+HIDDEN_SIZES = {"mixtral-8x7b": 4096, "deepseek-v2-lite": 2048, "olmoe-1b-7b": 2048,
+                "qwen3-30b-a3b": 2048, "deepseek-v3": 7168}
