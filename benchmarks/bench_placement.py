@@ -24,7 +24,7 @@ import sys
 
 from sempar.paths import dev_trace_paths
 from sempar.placement import SOLVERS
-from sempar.placement.evaluate import evaluate_modes
+from sempar.schedule.evaluate import evaluate_modes
 from sempar.trace import read_trace, split_by_request
 from sempar.trace.synth import synthesize
 

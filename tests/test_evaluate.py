@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from sempar.placement import Placement, solve
-from sempar.placement.evaluate import evaluate
+from sempar.schedule.evaluate import evaluate
 from sempar.placement.nodes import device_affinity, group_devices, relabel_devices
-from sempar.placement.transfer import cross_dataset_matrix
+from sempar.schedule.transfer import cross_dataset_matrix
 from sempar.predict.token_table import TokenTable
 from sempar.trace import split_by_request, write_trace
 from sempar.trace.synth import synthesize

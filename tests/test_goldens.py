@@ -44,7 +44,7 @@ def slice_figures() -> dict:
     from sempar.comm.compare import Study, run_grid
     from sempar.comm.simulate import SimOptions
     from sempar.paths import dev_trace_paths
-    from sempar.placement.evaluate import evaluate_modes
+    from sempar.schedule.evaluate import evaluate_modes
     from sempar.placement.metrics import placement_figures
     from sempar.schedule.online import OnlineScheduler
     from sempar.trace import read_trace, split_by_request

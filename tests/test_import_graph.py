@@ -1,5 +1,6 @@
-"""The package's imports flow one way (design.md): no import circle, and nothing below the CLI
-imports `sempar.cli` or `sempar.commands`. Function-local imports count as imports."""
+"""The package's imports flow one way (design.md): no import circle, nothing below the CLI
+imports `sempar.cli` or `sempar.commands`, and each stage of the data flow imports only stages
+to its left (`LAYERS`). Function-local imports count as imports."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TOP = ("sempar.cli", "sempar.commands")
+# The data flow of design.md, left to right: trace -> affinity (predictors in predict/) ->
+# placement -> schedule -> comm / runtime -> report; the testbed, the serving and chiplet
+# simulators, the exports and the bench's orchestration build on them. Modules outside this
+# list (errors, atomic, registry, paths, models, console, tiny, corpus, ...) are shared tools.
+LAYERS = ("trace", "affinity", "predict", "placement", "schedule", "comm", "report", "routing",
+          "runtime", "testbed", "serving", "chiplet", "export", "bench")
 
 
 def _modules() -> dict[str, Path]:
@@ -77,3 +84,14 @@ def test_nothing_below_imports_the_cli(graph):
     below = {m: sorted(d for d in deps if d.startswith(TOP))
              for m, deps in graph.items() if not m.startswith(TOP)}
     assert {m: d for m, d in below.items() if d} == {}
+
+
+def test_each_stage_imports_only_stages_to_its_left(graph):
+    def stage(m: str) -> str:
+        parts = m.split(".")
+        return parts[1] if len(parts) > 1 else ""
+
+    bad = sorted(f"{m} -> {d}" for m, deps in graph.items() if stage(m) in LAYERS
+                 for d in deps if stage(d) in LAYERS
+                 and LAYERS.index(stage(d)) > LAYERS.index(stage(m)))
+    assert bad == []

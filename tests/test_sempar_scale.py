@@ -9,7 +9,7 @@ import pytest
 
 from sempar.placement import sempar_scale, solve
 from sempar.placement.base import crosses_groups
-from sempar.placement.evaluate import figures_for
+from sempar.schedule.evaluate import figures_for
 from sempar.trace import split_by_request
 from sempar.trace.synth import synthesize
 from test_sempar_solver import G, planted, planted_placement

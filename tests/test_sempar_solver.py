@@ -9,7 +9,7 @@ import pytest
 from sempar.errors import InputError
 from sempar.placement import Placement, solve
 from sempar.placement.base import crosses_groups
-from sempar.placement.evaluate import figures_for
+from sempar.schedule.evaluate import figures_for
 from sempar.placement.metrics import placement_figures
 from sempar.schedule.homes import home_tp_contiguous
 from sempar.predict.token_table import TokenTable
@@ -150,7 +150,7 @@ def test_bad_arguments(planted_split):
 
 
 def test_evaluate_solves_per_mode_and_reports_ceilings(planted_split):
-    from sempar.placement.evaluate import evaluate_modes
+    from sempar.schedule.evaluate import evaluate_modes
 
     fit, ev, _ = planted_split
     out = evaluate_modes(fit, ev, G, 1, ["vanilla", "sempar"], ("tp", "dp"))

@@ -37,8 +37,8 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
              as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""
     from sempar.placement import SOLVERS
-    from sempar.placement.evaluate import evaluate as run
-    from sempar.placement.transfer import DEFAULT_METHODS, cross_dataset_matrix
+    from sempar.schedule.evaluate import evaluate as run
+    from sempar.schedule.transfer import DEFAULT_METHODS, cross_dataset_matrix
     from sempar.progress import steps
     from sempar.report.console import print_cross, print_evaluation
     from sempar.trace import read_trace, split_by_request

@@ -109,7 +109,7 @@ def _sample_requests(trace, max_tokens: int):
 @STAGES.register("placement")
 def stage_placement(ctx: DemoContext) -> dict:
     """Every registered placement method on each default trace: fit 20%, evaluate 80%, EP 4."""
-    from sempar.placement.evaluate import evaluate_modes
+    from sempar.schedule.evaluate import evaluate_modes
     from sempar.trace import read_trace, split_by_request
 
     ctx.report.heading("Expert placement on held-out routing (EP 4)")
@@ -145,7 +145,7 @@ DEFAULT_METHOD = "sempar"       # ours (placement/sempar_solver.py); semmoe is t
 def stage_online(ctx: DemoContext) -> dict:
     """Online data scheduling on the 64-expert trace at EP 4: tp re-batching and dp policies."""
     from sempar.placement import solve
-    from sempar.placement.evaluate import figures_for
+    from sempar.schedule.evaluate import figures_for
     from sempar.report.schedule_plots import plot_lar_bars, plot_policy_bars
     from sempar.schedule.online import model_embedding, online_figures
     from sempar.schedule.requests import evaluate_policies

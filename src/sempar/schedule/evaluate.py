@@ -27,7 +27,7 @@ from sempar.placement.placement import Placement
 from sempar.schedule.homes import method_home, oracle_home, oracle_home_dp
 from sempar.trace.schema import RoutingTrace
 
-MODES = ("dp", "tp")
+ATTENTION_MODES = ("dp", "tp")
 
 
 def figures_for(placement: Placement, eval_: RoutingTrace, mode: str,
@@ -62,7 +62,7 @@ def unconstrained_oracle_lar(placement: Placement, eval_: RoutingTrace) -> float
 
 
 def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int = 1,
-                   methods: list[str] | None = None, modes: tuple[str, ...] = MODES,
+                   methods: list[str] | None = None, modes: tuple[str, ...] = ATTENTION_MODES,
                    redundant: int = 0, seed: int = 0,
                    progress: Callable[[str], None] | None = None,
                    extra: Callable[[Placement, str], dict] | None = None,
@@ -74,8 +74,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
     passes the online schedulers' figures; the data flow keeps schedulers downstream of here).
     """
     for mode in modes:
-        if mode not in MODES:
-            raise InputError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
+        if mode not in ATTENTION_MODES:
+            raise InputError(f"--mode: {mode!r} is not one of {', '.join(ATTENTION_MODES)}")
     if fit.meta.first_difference(eval_.meta) is not None:
         raise InputError("--eval: the eval trace's model shape differs from the fit trace's")
     names = methods or SOLVERS.names()

@@ -21,8 +21,8 @@ import numpy as np
 
 from sempar.errors import InputError
 from sempar.placement.base import solve
-from sempar.schedule.homes import method_home
 from sempar.placement.metrics import placement_figures
+from sempar.schedule.homes import method_home
 from sempar.trace.ops import select_domains, split_by_request
 from sempar.trace.schema import RoutingTrace
 
