@@ -163,7 +163,7 @@ class Forecaster:
     def _served_homes(self, hk: tuple, pl, policy: str, served: tuple[str, int, int]) -> np.ndarray:
         """int32[T, L]: each eval token on the DP rank `policy` gives its request when requests
         hold their served lengths (cached per placement, policy and lengths)."""
-        from sempar.schedule.requests import home_from_ranks
+        from sempar.schedule.homes import home_from_ranks
         from sempar.serving.ranks import policy_ranks, served_lengths
 
         key = (*hk, *served)
