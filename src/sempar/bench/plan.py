@@ -63,33 +63,16 @@ def _uniform(G: int):
                     np.ones((G, G)) - np.eye(G))
 
 
-def _homes(mode: str, spec, L: int, experts: np.ndarray) -> np.ndarray:
-    from sempar.schedule import homes
-
-    B, S = spec.input_ids.shape
-    T, G = B * S, spec.placement.num_devices
-    if mode in ("attn-dp", "exflow"):
-        return homes.home_from_ranks(np.repeat(np.arange(B), S), np.asarray(spec.request_rank), L)
-    if mode == "tp-allreduce":
-        return homes.home_tp_contiguous(T, G, L, batch=T)
-    if mode == "tp-exact":
-        return homes.oracle_home(spec.placement, experts, T)
-    prio = spec.priority                                   # targets, priority: [L, T]
-    return homes.rebatched_home(spec.targets.T, G, None if prio is None else prio.T, batch=T)
-
-
-def predicted(spec, experts: np.ndarray, pipeline: str, hidden: int
-              ) -> tuple[float, float, float, float]:
+def predicted(spec, experts: np.ndarray, hidden: int) -> tuple[float, float, float, float]:
     """(dispatch bytes, combine bytes, LAR mean, pre-routing all-reduce bytes) of the comm
-    simulator for the run's homes."""
+    simulator for the run: its mode's pipeline and home rule (`DISPATCHERS`)."""
     from sempar.comm.pipelines import PIPELINES
     from sempar.comm.simulate import runtime_options, simulate
 
-    T, L, _ = experts.shape
-    G = spec.placement.num_devices
-    opts = runtime_options(hidden, T)
-    res = simulate(experts, _homes(spec.mode, spec, L, experts), spec.placement, _uniform(G),
-                   PIPELINES.get(pipeline), opts)
+    mode = DISPATCHERS.get(spec.mode)
+    res = simulate(experts, mode.homes(spec, experts), spec.placement,
+                   _uniform(spec.placement.num_devices), PIPELINES.get(mode.pipeline),
+                   runtime_options(hidden, experts.shape[0]))
     bpp = res["bytes_per_pair"]
     return (float(bpp[:, 1].sum()), float(bpp[:, 2].sum()), float(res["total"]["lar_mean"]),
             float(res["total"]["bytes_prerouting"]))

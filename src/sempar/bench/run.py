@@ -75,7 +75,7 @@ def run_bench(G: int = 4, preset: str | None = "pcie-upi8", scale: float = 1 / 8
     per: dict[str, list[dict]] = {}
     for spec, c, r in zip(specs, ctx, results):
         L = c["experts"].shape[1]
-        pred = predicted(spec, c["experts"], METHODS.get(c["method"]).pipeline, hidden)
+        pred = predicted(spec, c["experts"], hidden)
         per.setdefault(c["method"], []).append(run_figures(r, c["logits"], L, pred))
     base = summarise(per[BASELINE], METHODS.get(BASELINE))
     out = {m: base if m == BASELINE else summarise(rows, METHODS.get(m), base)

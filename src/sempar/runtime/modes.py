@@ -61,6 +61,7 @@ import torch
 from sempar.registry import Registry
 from sempar.runtime.dispatch import Comm, ep_moe, ep_moe_chained, serving_table
 from sempar.runtime.tp import tp_attention
+from sempar.schedule import homes as home_rules
 from sempar.schedule.prerouter import capacity_home, device_hits, prerouters
 from sempar.schedule.rebatch import REBATCHERS, equal_chunks, plan_from_home
 
@@ -105,11 +106,18 @@ class Dispatcher:
     """One rank's view of the model for one mode. experts: LocalExperts per MoE layer.
     Subclasses set `pipeline` (the simulator pipeline of the same bytes) and `tensor_parallel`
     and implement `run_layers(ids, batch)`: the decoder layers, returning the final hidden states
-    float32[T, H] on rank 0 (None elsewhere where only rank 0 gathers them)."""
+    float32[T, H] on rank 0 (None elsewhere where only rank 0 gathers them), and `homes(spec,
+    experts)`: the home rule (schedule.homes) the simulator prices this mode's bytes with."""
 
     name: ClassVar[str]
     pipeline: ClassVar[str]
     tensor_parallel: ClassVar[bool] = False
+
+    @staticmethod
+    def homes(spec: Any, experts: np.ndarray) -> np.ndarray:
+        """int32[T, L]: each token's home device per layer for a RunSpec `spec` whose routing is
+        experts int[T, L, k] (what the simulator prices the mode's bytes with)."""
+        raise NotImplementedError
 
     def __init__(self, model: Any, experts: list, placement: Any, comm: Comm,
                  rebatch: str = "align"):
@@ -217,6 +225,13 @@ def request_tokens(batch: Batch, rank: int, S: int, device: torch.device
 class AttnDP(Dispatcher):
     """Attention DP: rank r runs the attention of its requests, then the EP MoE block."""
 
+    @staticmethod
+    def homes(spec: Any, experts: np.ndarray) -> np.ndarray:
+        """int32[T, L]: every token on its request's rank."""
+        B, S = spec.input_ids.shape
+        return home_rules.home_from_ranks(np.repeat(np.arange(B), S),
+                                          np.asarray(spec.request_rank), experts.shape[1])
+
     def run_layers(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor | None:
         B, S = ids.shape
         mine, gid = request_tokens(batch, self.comm.rank, S, ids.device)
@@ -233,6 +248,13 @@ class AttnDP(Dispatcher):
 class TPAllReduce(Dispatcher):
     """Attention TP: all-reduce the attention output, each rank the MoE block of its contiguous
     chunk (the simulator's home_tp_contiguous: token i -> i * G // T), all-gather the chunks."""
+
+    @staticmethod
+    def homes(spec: Any, experts: np.ndarray) -> np.ndarray:
+        """int32[T, L]: equal contiguous chunks of the batch."""
+        T = spec.input_ids.numel()
+        return home_rules.home_tp_contiguous(T, spec.placement.num_devices, experts.shape[1],
+                                             batch=T)
 
     def run_layers(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor:
         B, S = ids.shape
@@ -287,6 +309,14 @@ class Shuffled(Dispatcher):
 class TPRebatch(Shuffled):
     """Sem-MoE Alg. 3: re-batch by the predicted device (batch.targets, their priority)."""
 
+    @staticmethod
+    def homes(spec: Any, experts: np.ndarray) -> np.ndarray:
+        """int32[T, L]: the re-batching plan's device per layer."""
+        prio = spec.priority                               # targets, priority: [L, T]
+        return home_rules.rebatched_home(spec.targets.T, spec.placement.num_devices,
+                                         None if prio is None else prio.T,
+                                         batch=spec.input_ids.numel())
+
     def plan(self, l: int, x: torch.Tensor, a_part: torch.Tensor, batch: Batch):
         T = x.shape[0]
         target = (batch.targets[l].to(x.device) if batch.targets is not None
@@ -299,6 +329,11 @@ class TPRebatch(Shuffled):
 class TPExact(Shuffled):
     """Exact pre-routing (schedule.prerouter): all-reduce the partial router logits, home every
     token by its real experts, then tp-rebatch's shuffled RS / MoE / shuffled AG."""
+
+    @staticmethod
+    def homes(spec: Any, experts: np.ndarray) -> np.ndarray:
+        """int32[T, L]: the capacity-bound oracle of the real routing (exact pre-routing)."""
+        return home_rules.oracle_home(spec.placement, experts, spec.input_ids.numel())
 
     def __init__(self, model: Any, experts: list, placement: Any, comm: Comm,
                  rebatch: str = "align"):
@@ -321,6 +356,8 @@ class TPExact(Shuffled):
 class ExFlow(Dispatcher):
     """ExFlow §IV-A: context-coherent attention (every rank gets every held token's hidden
     state), then one dispatch; the token stays on its top-1 expert's device."""
+
+    homes = staticmethod(AttnDP.homes)  # layer 0 on the request's rank; the pipeline chains
 
     def run_layers(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor | None:
         B, S = ids.shape
