@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from sempar.errors import InputError
+from sempar.placement.capacity import BATCH
 from sempar.placement.placement import Placement
 from sempar.serving.workload import LENGTHS
 from sempar.trace.schema import RoutingTrace
@@ -55,7 +56,7 @@ def tiled_requests(token_id: np.ndarray, offsets: np.ndarray, n: np.ndarray
 
 
 def policy_ranks(placement: Placement, fit: RoutingTrace, eval_: RoutingTrace, policy: str,
-                 served: np.ndarray, batch: int = 2048) -> np.ndarray:
+                 served: np.ndarray, batch: int = BATCH) -> np.ndarray:
     """int32[R]: the DP rank `policy` gives each request of `eval_` (first-appearance order)
     when request r holds served[r] tokens (int64[R])."""
     from sempar.schedule.online import OnlineScheduler, model_embedding
