@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from sempar.errors import InputError
-from sempar.placement.capacity import proposal_rounds
+from sempar.placement.capacity import equal_shares, proposal_rounds
 from sempar.registry import Registry
 
 
@@ -73,13 +73,10 @@ REBATCHERS: Registry[RebatchStrategy] = Registry("rebatch strategy")
 
 
 def equal_chunks(num_tokens: int, num_devices: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """int64[G]: T // G rows per device, the first T % G devices one more (reduce-scatter's split)."""
+    """int64[G] on `device`: `capacity.equal_shares` of the T rows (reduce-scatter's split)."""
     if num_devices < 1:
         raise InputError(f"num_devices must be >= 1, got {num_devices}")
-    base, extra = divmod(num_tokens, num_devices)
-    sizes = torch.full((num_devices,), base, dtype=torch.int64, device=device)
-    sizes[:extra] += 1
-    return sizes
+    return torch.from_numpy(equal_shares(num_tokens, num_devices)).to(device)
 
 
 def choose_devices(t_dev: torch.Tensor, t_conf: torch.Tensor,
