@@ -18,9 +18,20 @@ Inputs the forecast needs from the machine, measured once (bench_serve_vs_bench.
   model on a CPU is bound by neither the peak nor the bandwidth but by per-operator overhead,
   which scales with the work about as both do).
 
+Communication is priced as the runtime sends it (`RUNTIME_SIM`): de-duplicated one-shot
+dispatch with its int64 size exchange, fp32 rows, and the collective model of the topology
+(comm/collective_models.py): a topology profiled with `sempar profile --method
+all_to_all_single` names `gloo` and its measured all-to-all serialisation, so every collective
+is priced as the all_to_all_single the runtime issues (AR as direct RS + AG); `collectives`
+overrides it (`nccl`: eq. 9 and rings, the papers' engines).
+
 Each bench method maps to the serving variant with its placement, pipeline and scheduler
 (`bench_variant`); the measured per-layer time is bench's `layer_seconds` when its JSON has it,
-else `moe_layer_seconds` (a whole decoder layer, max over ranks, median over batches).
+else `moe_layer_seconds` (a whole decoder layer, max over ranks, median over batches). Term by
+term, as bench's clocks split a layer (`runtime.modes.CLOCKS`): `moe_block` = the forecast
+all-to-alls (metadata, dispatch, combine) + routed experts; `attn_comm` = the other collectives
+(TP AR / RS / AG, exflow's context all-gather, tp-exact's logit all-reduce); the rest of the
+layer is the dense roofline (attention, norms, router).
 """
 
 from __future__ import annotations
@@ -37,6 +48,8 @@ from sempar.serving.steptable import MAX_S
 from sempar.serving.systems import Variant
 
 BENCH_DTYPE_BYTES = 4       # the runtime runs fp32
+# what the runtime sends beyond the pipelines' defaults (comm.simulate.runtime_options)
+RUNTIME_SIM = {"dedup": True, "one_shot": True, "size_bytes": 8, "index_bytes": 4}
 
 
 def bench_variant(method: dict) -> Variant:
@@ -102,8 +115,10 @@ def forecast_iteration(p, batch_size: int, seq: int) -> dict:
     i = np.arange(MAX_S)
     rep = [np.repeat(a, MAX_S, axis=0) for a in inp]
     total = p.step_seconds(*rep, i)
-    comm, expert = p.table.lookup(np.full(MAX_S, float(batch_size * seq)), i)
+    n = float(batch_size * seq)
+    comm, expert = p.table.lookup(np.full(MAX_S, n), i)
     return {"seconds": float(np.mean(total)), "comm_seconds": float(np.mean(comm)),
+            "a2a_seconds": float(np.mean(p.table.lookup_a2a(n, i))),
             "expert_seconds": float(np.mean(expert)),
             "dense_seconds": float(np.mean(total - comm - expert))}
 
@@ -124,9 +139,16 @@ def compare_bench(bench: dict, fc) -> dict:
         f = forecast_iteration(p, B, S)
         meas = measured_layer_seconds(m)
         fl = f["seconds"] / layers
+        moe = (f["a2a_seconds"] + f["expert_seconds"]) / layers
+        attn = (f["comm_seconds"] - f["a2a_seconds"]) / layers
         out[name] = {"pipeline": m["pipeline"], "placement": m["placement"],
                      "forecast_layer_seconds": fl, "measured_layer_seconds": meas,
                      "ratio": fl / meas if meas > 0 else None,
+                     "forecast_moe_block_seconds": moe,
+                     "measured_moe_block_seconds": m.get("moe_block_seconds"),
+                     "forecast_attn_comm_seconds": attn,
+                     "measured_attn_comm_seconds": m.get("attn_comm_seconds"),
+                     "forecast_a2a_layer_seconds": f["a2a_seconds"] / layers,
                      "forecast_comm_layer_seconds": f["comm_seconds"] / layers,
                      "forecast_compute_layer_seconds": (f["dense_seconds"] + f["expert_seconds"]) / layers,
                      "forecast_forward_seconds": f["seconds"],
