@@ -6,7 +6,8 @@ the tiny model, G ranks, fp32, every position's logits computed; Attention-DP me
 requests round-robin (or by Alg. 2) to the ranks, TP methods run the whole batch on one group.
 The forecast of that iteration is the serving predictor (`forecast.Prepared.step_seconds`:
 roofline compute + tabulated routed experts + `sempar.comm` communication on the held-out
-split's real routing) for exactly that iteration shape, divided by the model's layers.
+split's real routing) for exactly that iteration shape, less the LM head (bench's layer clock
+stops before it), divided by the model's layers.
 
 Inputs the forecast needs from the machine, measured once (bench_serve_vs_bench.py):
 
@@ -110,14 +111,17 @@ def calibrated_cpu(dims: ModelDims, batch_size: int, seq: int, forward_seconds: 
 
 def forecast_iteration(p, batch_size: int, seq: int) -> dict:
     """Seconds of one bench prefill iteration by the serving predictor of `p` (a Prepared),
-    mean over the step table's samples: total, and its compute and communication parts."""
+    mean over the step table's samples: total, and its parts (communication, its all-to-alls,
+    routed experts, the LM head, the rest of the dense roofline)."""
     inp = iteration_inputs(p.cfg.instances, batch_size, seq)
     i = np.arange(MAX_S)
     rep = [np.repeat(a, MAX_S, axis=0) for a in inp]
     total = p.step_seconds(*rep, i)
     n = float(batch_size * seq)
     comm, expert = p.table.lookup(np.full(MAX_S, n), i)
+    head = p.roofline.dense_seconds(*inp) - p.roofline.dense_seconds(*inp[:4], 0 * inp[4])
     return {"seconds": float(np.mean(total)), "comm_seconds": float(np.mean(comm)),
+            "head_seconds": float(head[0]),
             "a2a_seconds": float(np.mean(p.table.lookup_a2a(n, i))),
             "expert_seconds": float(np.mean(expert)),
             "dense_seconds": float(np.mean(total - comm - expert))}
@@ -138,7 +142,7 @@ def compare_bench(bench: dict, fc) -> dict:
         p = fc.prepare(bench_variant(m))
         f = forecast_iteration(p, B, S)
         meas = measured_layer_seconds(m)
-        fl = f["seconds"] / layers
+        fl = (f["seconds"] - f["head_seconds"]) / layers      # bench's layer clock: no LM head
         moe = (f["a2a_seconds"] + f["expert_seconds"]) / layers
         attn = (f["comm_seconds"] - f["a2a_seconds"]) / layers
         out[name] = {"pipeline": m["pipeline"], "placement": m["placement"],
@@ -150,8 +154,10 @@ def compare_bench(bench: dict, fc) -> dict:
                      "measured_attn_comm_seconds": m.get("attn_comm_seconds"),
                      "forecast_a2a_layer_seconds": f["a2a_seconds"] / layers,
                      "forecast_comm_layer_seconds": f["comm_seconds"] / layers,
-                     "forecast_compute_layer_seconds": (f["dense_seconds"] + f["expert_seconds"]) / layers,
+                     "forecast_compute_layer_seconds": (f["dense_seconds"] - f["head_seconds"]
+                                                        + f["expert_seconds"]) / layers,
                      "forecast_forward_seconds": f["seconds"],
+                     "forecast_head_seconds": f["head_seconds"],
                      "measured_forward_seconds": m.get("forward_seconds"),
                      "lar_forecast": p.table.lar, "lar_measured": m.get("lar_mean")}
     return out
