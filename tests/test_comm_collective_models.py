@@ -118,3 +118,17 @@ def test_simulate_prices_by_the_chosen_model():
     np.fill_diagonal(one, 0)
     coll = out["gloo"]["layers"][0]["seconds_by_phase"]["collectives"]
     assert coll == pytest.approx(3 * serialised_a2a(t, "dispatch", one, 0.5))
+
+
+def test_profile_records_the_fitted_gloo_model():
+    from sempar.testbed.fidelity import fidelity_cases, gloo_collectives
+
+    t = _topo()
+    cases = fidelity_cases(4)
+    measured = [serialised_a2a(t, "dispatch", np.asarray(c["bytes"], float), 0.45) for c in cases]
+    col = gloo_collectives(t, cases, measured)
+    assert col["model"] == "gloo" and col["cases"] == len(cases)
+    assert col["a2a_serialisation"] == pytest.approx(0.45, abs=0.006)
+    assert col["median_abs_error"] < 0.01 < col["median_abs_error_eq9"]
+    t.collectives = col
+    assert collective_model(Topology.from_json(t.to_json())).name == "gloo"
