@@ -41,6 +41,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from sempar.comm.simulate import runtime_options
 from sempar.errors import InputError
 from sempar.serving.dims import ModelDims
 from sempar.serving.hardware import ACCELERATORS, Accelerator
@@ -49,8 +50,9 @@ from sempar.serving.steptable import MAX_S
 from sempar.serving.systems import Variant
 
 BENCH_DTYPE_BYTES = 4       # the runtime runs fp32
-# what the runtime sends beyond the pipelines' defaults (comm.simulate.runtime_options)
-RUNTIME_SIM = {"dedup": True, "one_shot": True, "size_bytes": 8, "index_bytes": 4}
+# what the runtime sends beyond the pipelines' defaults: comm.simulate.runtime_options's fields
+RUNTIME_SIM = {f: getattr(runtime_options(1, 1), f)
+               for f in ("dedup", "one_shot", "size_bytes", "index_bytes")}
 
 
 def bench_variant(method: dict) -> Variant:
