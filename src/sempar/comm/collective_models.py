@@ -8,13 +8,13 @@ a pipeline take on a topology, for the engine that issues them.
 - `gloo` (our runtime as `sempar bench` runs it: torch.distributed's gloo on CPU). Every
   collective is one `all_to_all_single` (`runtime.dispatch.Comm`): RS and AG are direct
   all-to-alls of X / G bytes per pair, AR is RS then AG (two phases), none is a ring. gloo's
-  all-to-all does not run its pairs fully at once on the namespace testbed (uniform traffic
-  takes 1.55-1.93x eq. 9), so a phase is priced per sending rank: its slowest transfer plus
-  sigma x the sum of its other transfers, the phase lasting as long as its slowest sender.
-  Only the send side: on the testbed a rank receiving from all others at once (the `hot`
-  fidelity cases) is priced well by eq. 9 (5-13 % off), while a rank sending to all others is
-  not (uniform cases 1.55-1.93x); a receive-side term overshot the hot cases 2x. sigma in [0, 1] (0: eq. 9; 1: a rank's
-  transfers one after another) is a measured fact of the fabric and the library: `sempar
+  all-to-all does not run its pairs fully at once on the namespace testbed, so a phase is
+  priced per sending rank: its slowest transfer plus sigma x the sum of its other transfers,
+  the phase lasting as long as its slowest sender. Only the send side: on the testbed the
+  `hot` fidelity cases (every rank sends 3x to one destination) are priced well by eq. 9
+  (5-13 % off), the uniform ones not (1.55-1.93x eq. 9); a receive-side term overshot the hot
+  cases 2x. sigma in [0, 1] (0: eq. 9; 1: a rank's transfers one after another) is a
+  measured fact of the fabric and the library: `sempar
   profile --method all_to_all_single` fits it to the all-to-all cases it times (CAMoE Alg. 1's
   way: measure, store in the topology JSON, use) and writes
   ``"collectives": {"model": "gloo", "a2a_serialisation": sigma}`` into the topology.
