@@ -12,7 +12,13 @@ stays the preset's, which the testbed cannot shape).
 
     sempar bench --hosts 4 --json > bench.json            # root, netns; minutes
     sempar profile --hosts 4 --testbed pcie-upi8 --out topo.json
+    sempar profile --ep 4 --testbed pcie-upi8 --method all_to_all_single --out topo.json
     python benchmarks/bench_serve_vs_bench.py bench.json --topology topo.json [--json]
+        [--collectives nccl|gloo]
+
+The topology profiled with gloo's all_to_all_single carries the `gloo` collective model and its
+measured serialisation (comm/collective_models.py), which then prices every collective;
+`--collectives nccl` prices the same bytes by eq. 9 and rings (the papers' engines).
 """
 
 from __future__ import annotations
@@ -89,11 +95,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--concurrent", action="store_true", help="calibrate compute with G processes "
                     "at once, each forwarding 1/G of the batch (bench's layout), not one process")
+    ap.add_argument("--collectives", default=None, help="collective model (nccl, gloo); "
+                    "default: the topology's (gloo when profiled with all_to_all_single)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
     from sempar.paths import assets_dir
-    from sempar.serving.benchcheck import bench_dims, calibrated_cpu, compare_bench
+    from sempar.comm.collective_models import collective_model
+    from sempar.serving.benchcheck import RUNTIME_SIM, bench_dims, calibrated_cpu, compare_bench
     from sempar.serving.dims import model_dims
     from sempar.serving.forecast import Forecaster, clean
     from sempar.trace import read_trace
@@ -109,10 +118,13 @@ def main() -> None:
     dims = bench_dims(model_dims(model))
     acc = calibrated_cpu(dims, B // ranks, S, fwd)
     topo = bench_topology(bench, a.topology)
-    fc = Forecaster(read_trace(assets_dir() / "traces" / f"{model}.parquet"), dims, topo, acc)
+    cm = collective_model(topo, a.collectives).name
+    fc = Forecaster(read_trace(assets_dir() / "traces" / f"{model}.parquet"), dims, topo, acc,
+                    sim={**RUNTIME_SIM, "collectives": cm})
     res = compare_bench(bench, fc)
     ratios = np.array([r["ratio"] for r in res.values()])
     out = {"bench": a.bench, "model": model, "hosts": fc.G, "topology": topo.name,
+           "collectives": cm, "a2a_serialisation": (topo.collectives or {}).get("a2a_serialisation"),
            "batch": [B, S], "calibration": {"processes": ranks, "requests_each": B // ranks,
                                              "forward_seconds": fwd},
            "calibrated_flops": acc.flops, "calibrated_bw": acc.mem_bw, "methods": res,
@@ -121,16 +133,19 @@ def main() -> None:
     if a.json:
         print(json.dumps(clean(out), indent=1))
         return
-    print(f"{model}, G = {fc.G}, topology {topo.name}, batch {B} x {S}; forward of {B // ranks} "
+    print(f"{model}, G = {fc.G}, topology {topo.name}, collectives {cm} (a2a serialisation "
+          f"{out['a2a_serialisation']}), batch {B} x {S}; forward of {B // ranks} "
           f"requests in {ranks} process(es) at once, {fwd * 1e3:.1f} ms (1 thread each), "
           "calibrates the cpu roofline")
-    print(f"{'method':<16} {'pipeline':<11} {'forecast ms':>11} {'(comm':>7} {'compute)':>9} "
-          f"{'measured ms':>11} {'ratio':>6}  LAR fc/meas")
+    ms = lambda x: "-" if x is None else f"{x * 1e3:.1f}"  # noqa: E731
+    print(f"{'method':<16} {'pipeline':<15} {'layer ms fc/meas':>17} {'ratio':>6} "
+          f"{'MoE block fc/meas':>18} {'attn comm fc/meas':>18}  LAR fc/meas")
     for n, r in res.items():
-        print(f"{n:<16} {r['pipeline']:<11} {r['forecast_layer_seconds'] * 1e3:>11.1f} "
-              f"{r['forecast_comm_layer_seconds'] * 1e3:>7.1f} "
-              f"{r['forecast_compute_layer_seconds'] * 1e3:>9.1f} "
-              f"{r['measured_layer_seconds'] * 1e3:>11.1f} {r['ratio']:>6.2f}  "
+        print(f"{n:<16} {r['pipeline']:<15} "
+              f"{ms(r['forecast_layer_seconds']):>8}/{ms(r['measured_layer_seconds']):<8} "
+              f"{r['ratio']:>6.2f} {ms(r['forecast_moe_block_seconds']):>9}/"
+              f"{ms(r['measured_moe_block_seconds']):<8} "
+              f"{ms(r['forecast_attn_comm_seconds']):>9}/{ms(r['measured_attn_comm_seconds']):<8}  "
               f"{r['lar_forecast']:.3f}/{r['lar_measured']:.3f}")
     print(f"within 20 %: {out['within_20pct']} of {out['of']} methods")
 

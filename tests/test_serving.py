@@ -281,7 +281,14 @@ def test_bench_forecast_is_calibrated_compute_plus_communication(small_trace):
         assert free["forecast_layer_seconds"] == pytest.approx(free["forecast_compute_layer_seconds"])
         assert real["forecast_layer_seconds"] > free["forecast_layer_seconds"]
         assert real["ratio"] == pytest.approx(real["forecast_layer_seconds"] / 0.1)
-        assert real["forecast_forward_seconds"] == pytest.approx(real["forecast_layer_seconds"] * layers)
+        # bench's layer clock stops before the LM head: the forecast leaves it out too
+        assert real["forecast_head_seconds"] > 0
+        assert real["forecast_forward_seconds"] - real["forecast_head_seconds"] == \
+            pytest.approx(real["forecast_layer_seconds"] * layers)
+        # term by term: MoE block (all-to-alls + experts) and attention collectives within comm
+        assert real["forecast_attn_comm_seconds"] + real["forecast_a2a_layer_seconds"] == \
+            pytest.approx(real["forecast_comm_layer_seconds"])
+        assert real["forecast_moe_block_seconds"] > real["forecast_a2a_layer_seconds"] > 0
     # DP: every rank computes 1/G of the batch, so less than the single device did
     assert res["free"]["dp"]["forecast_layer_seconds"] * layers < 0.5
     with pytest.raises(InputError, match="hosts"):

@@ -126,3 +126,23 @@ def test_profile_on_testbed_matches_shaping(tmp_path):
     assert d["fidelity"]["median_abs_error"] <= 0.15, d["fidelity"]
     assert out.exists()
     assert set(netns.existing_namespaces()) <= before      # the run's testbed is gone
+
+
+def test_profile_of_gloo_all_to_all_records_its_serialisation(tmp_path):
+    """`--method all_to_all_single`: the topology JSON names the gloo collective model with the
+    fitted serialisation, and the fitted model is no farther from gloo's times than eq. 9."""
+    from sempar.comm.collective_models import collective_model
+    from sempar.comm.topology import load_topology
+
+    out = tmp_path / "topo.json"
+    before = set(netns.existing_namespaces())
+    r = _cli("profile", "--ep", "3", "--testbed", "pcie-upi8", "--repeats", "2", "--method",
+             "all_to_all_single", "--out", str(out), "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    col = json.loads(r.stdout)["collectives"]
+    assert col["model"] == "gloo" and 0.0 <= col["a2a_serialisation"] <= 1.0
+    # the fit minimises squared log error, not the median |error|: 2 points of slack
+    assert col["median_abs_error"] <= col["median_abs_error_eq9"] + 0.02, col
+    topo = load_topology(out)
+    assert topo.collectives == col and collective_model(topo).name == "gloo"
+    assert set(netns.existing_namespaces()) <= before

@@ -6,6 +6,11 @@ layer, the pipeline's collectives (pipelines.py) become byte matrices float64[G,
 - all-to-all phases (metadata, dispatch, combine): CAMoE eq. 9, max over directed pairs of
   alpha + beta * bytes for that phase;
 - rings (AR / RS / AG): steps x the slowest ring edge (collectives.ring_seconds);
+
+that is the `nccl` collective model (collective_models.py), the papers' engines; the `gloo`
+model (our runtime, chosen by `SimOptions.collectives` or a topology profiled with gloo's
+all-to-all) prices every phase below by its serialised all-to-all and the AR / RS / AG as the
+direct all-to-alls the runtime sends;
 - `smoe-exact`'s all-reduce of the [T, N] router logits: a direct two-shot all-reduce (RS then
   AG, each one all-to-all phase timed by eq. 9 with the dispatch parameters), the algorithm
   our runtime runs and the one small buffers want (a ring pays 2 (G - 1) latencies for them);
@@ -30,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sempar.comm.collectives import (all_to_all_volume, gather_held, ring_pairs, ring_seconds,
-                                     route_counts, size_exchange)
+from sempar.comm.collective_models import collective_model
+from sempar.comm.collectives import all_to_all_volume, gather_held, route_counts, size_exchange
 from sempar.comm.pipelines import Pipeline
 from sempar.comm.topology import PHASES, Topology
 from sempar.errors import InputError
@@ -51,7 +56,8 @@ class SimOptions:
     size_bytes: per directed pair, the size exchange before an all-to-all-v with unknown receive
     sizes (one-shot dispatch, `exflow-prefill`'s context all-gather; 0: not charged, as in the
     papers' models; 8: an int64, as our runtime). index_bytes: `exflow-prefill`'s global token
-    index per dispatched copy and per gathered token (4: int32, as the runtime)."""
+    index per dispatched copy and per gathered token (4: int32, as the runtime).
+    collectives: the collective model's name (collective_models.py); None: the topology's."""
 
     hidden: int
     dtype_bytes: int = 2
@@ -65,6 +71,7 @@ class SimOptions:
     logit_bytes: int = 4
     size_bytes: int = 0
     index_bytes: int = 4
+    collectives: str | None = None
 
     @property
     def token_bytes(self) -> int:
@@ -162,6 +169,7 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
     lar = np.full(L, np.nan)
     copies = np.full(L, np.nan)
     ep = pipeline.expert_parallel
+    cm = collective_model(topo, opts.collectives)
     pre_bytes, logit_ar = 0.0, None      # smoe-exact's logit all-reduce (inside "collectives")
     if ep:
         if home is None:
@@ -195,7 +203,7 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
                 ccnt = cnt.transpose(0, 2, 1)
             comb = all_to_all_volume(ccnt, H)
             for i, b in enumerate((mbytes, disp, comb)):
-                secs[:, l, i] = topo.a2a_seconds(i, b)
+                secs[:, l, i] = cm.a2a(topo, i, b)
                 pair_bytes[l, i] = b.sum(axis=0)
         X = ntok * H
         for step in pipeline.steps:
@@ -204,20 +212,20 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
                 # s-MoE's shuffled AG, the one count_sag=False leaves out (pipelines.py)
                 if step == "AG" and "RS" in pipeline.steps and not opts.count_sag:
                     continue
-                secs[:, l, 3] += ring_seconds(topo, step, X)
-                pair_bytes[l, 3] += ring_pairs(step, G, X.sum())
+                secs[:, l, 3] += cm.collective(topo, step, X)
+                pair_bytes[l, 3] += cm.pairs(step, G, X.sum())
             elif step == "AR-logits":
                 if logit_ar is None:
                     logit_ar = logit_all_reduce(ntok, G, placement.num_experts * opts.logit_bytes)
                 for phase in logit_ar:                                  # RS, then AG
-                    secs[:, l, 3] += topo.a2a_seconds("dispatch", phase)
+                    secs[:, l, 3] += cm.a2a(topo, "dispatch", phase)
                     pair_bytes[l, 3] += phase.sum(axis=0)
                     pre_bytes += float(phase.sum())
             elif step == "AG-iteration" and l == L - 1 or step == "AG-context":
                 held, row = (h, H + opts.index_bytes) if step == "AG-context" else (cur, H)
                 for ag in ((gather_held(held, batch_of, nb, G, row),)
                            + ((size_exchange(nb, G, opts.size_bytes),) if context else ())):
-                    secs[:, l, 3] += topo.a2a_seconds("dispatch", ag)
+                    secs[:, l, 3] += cm.a2a(topo, "dispatch", ag)
                     pair_bytes[l, 3] += ag.sum(axis=0)
     res = _report(pipeline, topo, secs, pair_bytes, lar, copies, T, nb, dedup, one_shot, opts)
     res["total"]["bytes_prerouting"] = pre_bytes

@@ -13,6 +13,9 @@ an explicit path takes the cheapest path (per phase, cost alpha + beta * 1 MiB);
 are aggregated **store-and-forward** (sum of alphas, sum of betas) or **cut-through** (sum of
 alphas, max of betas), as CAMoE §3 ("Multi-hop & asymmetry") says.
 
+`collectives` (optional): what a profile measured about the library issuing the collectives,
+e.g. {"model": "gloo", "a2a_serialisation": 0.4} (comm/collective_models.py); absent for presets.
+
 Presets (registered in `TOPOLOGIES`, built by `topology_preset(name, nodes=N)`); figures from
 design.md and the papers, the rest marked as our assumption:
 
@@ -68,12 +71,14 @@ def phase_index(phase: str | int) -> int:
 
 @dataclass
 class Topology:
-    """node_of: int32[G]; alpha, beta: float64[3, G, G] (s per message, s per byte; diagonal 0)."""
+    """node_of: int32[G]; alpha, beta: float64[3, G, G] (s per message, s per byte; diagonal 0);
+    collectives: {"model": name, "a2a_serialisation": float in [0, 1], ...} or None."""
 
     name: str
     node_of: np.ndarray
     alpha: np.ndarray
     beta: np.ndarray
+    collectives: dict | None = None
 
     def __post_init__(self) -> None:
         self.node_of = np.asarray(self.node_of, dtype=np.int32)
@@ -112,6 +117,13 @@ class Topology:
         if used[0] < 0 or used.size != used.max() + 1:
             raise InputError(f"topology {self.name}: node ids must be 0..n-1 with none skipped, "
                              f"got {used.tolist()}")
+        c = self.collectives
+        if c is not None:
+            s = c.get("a2a_serialisation") if isinstance(c, dict) else None
+            if (not isinstance(c, dict) or not isinstance(c.get("model"), str)
+                    or (s is not None and not (isinstance(s, (int, float)) and 0 <= s <= 1))):
+                raise InputError(f"topology {self.name}: collectives must be {{\"model\": name, "
+                                 "\"a2a_serialisation\": a number in [0, 1]}")
         eye = np.eye(G, dtype=bool)
         self.alpha[:, eye] = 0.0
         self.beta[:, eye] = 0.0
@@ -141,10 +153,13 @@ class Topology:
 
     # ---- I/O ------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return {"format_version": FORMAT_VERSION, "kind": "topology", "name": self.name,
-                "phases": list(PHASES), "node_of": self.node_of.tolist(),
-                "alpha": {p: self.alpha[i].tolist() for i, p in enumerate(PHASES)},
-                "beta": {p: self.beta[i].tolist() for i, p in enumerate(PHASES)}}
+        d = {"format_version": FORMAT_VERSION, "kind": "topology", "name": self.name,
+             "phases": list(PHASES), "node_of": self.node_of.tolist(),
+             "alpha": {p: self.alpha[i].tolist() for i, p in enumerate(PHASES)},
+             "beta": {p: self.beta[i].tolist() for i, p in enumerate(PHASES)}}
+        if self.collectives is not None:
+            d["collectives"] = self.collectives
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Topology":
@@ -178,9 +193,11 @@ class Topology:
                 paths = {(p["src"], p["dst"]): p["via"] for p in d.get("paths", [])}
             except (KeyError, TypeError) as e:
                 raise InputError(f"topology JSON: a path lacks {e} (needs src, dst, via)") from None
-            return cls.from_links(d["name"], d["node_of"], links, paths=paths,
-                                  aggregation=d.get("aggregation", "store-and-forward"),
-                                  symmetric=bool(d.get("symmetric", False)))
+            t = cls.from_links(d["name"], d["node_of"], links, paths=paths,
+                               aggregation=d.get("aggregation", "store-and-forward"),
+                               symmetric=bool(d.get("symmetric", False)))
+            t.collectives = d.get("collectives")
+            return t.validate()
         for key in ("alpha", "beta"):
             if key not in d:
                 raise InputError(f"topology JSON: missing field {key!r} (or give 'links')")
@@ -197,7 +214,7 @@ class Topology:
                 raise InputError(f"topology JSON: {key} is not a numeric matrix") from None
 
         return cls(str(d["name"]), np.asarray(d["node_of"]), stack(d["alpha"], "alpha"),
-                   stack(d["beta"], "beta"))
+                   stack(d["beta"], "beta"), d.get("collectives"))
 
     def save(self, path: str | os.PathLike) -> None:
         write_text_atomic(path, json.dumps(self.to_json()) + "\n")

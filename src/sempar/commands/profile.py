@@ -1,6 +1,8 @@
 """`sempar profile`: the two-phase alpha-beta profiler (CAMoE Alg. 1) over torch.distributed,
 on a namespace testbed (`--testbed PRESET`, root) or on local processes over loopback; writes a
-Topology JSON and checks its fidelity against measured all-to-all times (CAMoE eq. 9, Fig. 6)."""
+Topology JSON and checks its fidelity against measured all-to-all times (CAMoE eq. 9, Fig. 6).
+With `--method all_to_all_single` it also fits gloo's all-to-all serialisation to those times
+and records it in the JSON (`collectives`: the `gloo` collective model, comm/collective_models.py)."""
 
 from __future__ import annotations
 
@@ -77,6 +79,9 @@ def run_profile(hosts: int, testbed: str | None = None, scale: float = 1 / 8000,
         rep = F.fidelity_report(topo, cases, out["a2a"])
         rep["method"] = method
         result["fidelity"] = rep
+        if method == "all_to_all_single":
+            topo.collectives = F.gloo_collectives(topo, cases, out["a2a"])
+            result["collectives"] = topo.collectives
     return topo, result
 
 

@@ -6,7 +6,8 @@ the tiny model, G ranks, fp32, every position's logits computed; Attention-DP me
 requests round-robin (or by Alg. 2) to the ranks, TP methods run the whole batch on one group.
 The forecast of that iteration is the serving predictor (`forecast.Prepared.step_seconds`:
 roofline compute + tabulated routed experts + `sempar.comm` communication on the held-out
-split's real routing) for exactly that iteration shape, divided by the model's layers.
+split's real routing) for exactly that iteration shape, less the LM head (bench's layer clock
+stops before it), divided by the model's layers.
 
 Inputs the forecast needs from the machine, measured once (bench_serve_vs_bench.py):
 
@@ -18,9 +19,20 @@ Inputs the forecast needs from the machine, measured once (bench_serve_vs_bench.
   model on a CPU is bound by neither the peak nor the bandwidth but by per-operator overhead,
   which scales with the work about as both do).
 
+Communication is priced as the runtime sends it (`RUNTIME_SIM`): de-duplicated one-shot
+dispatch with its int64 size exchange, fp32 rows, and the collective model of the topology
+(comm/collective_models.py): a topology profiled with `sempar profile --method
+all_to_all_single` names `gloo` and its measured all-to-all serialisation, so every collective
+is priced as the all_to_all_single the runtime issues (AR as direct RS + AG); `collectives`
+overrides it (`nccl`: eq. 9 and rings, the papers' engines).
+
 Each bench method maps to the serving variant with its placement, pipeline and scheduler
 (`bench_variant`); the measured per-layer time is bench's `layer_seconds` when its JSON has it,
-else `moe_layer_seconds` (a whole decoder layer, max over ranks, median over batches).
+else `moe_layer_seconds` (a whole decoder layer, max over ranks, median over batches). Term by
+term, as bench's clocks split a layer (`runtime.modes.CLOCKS`): `moe_block` = the forecast
+all-to-alls (metadata, dispatch, combine) + routed experts; `attn_comm` = the other collectives
+(TP AR / RS / AG, exflow's context all-gather, tp-exact's logit all-reduce); the rest of the
+layer is the dense roofline (attention, norms, router).
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from sempar.comm.simulate import runtime_options
 from sempar.errors import InputError
 from sempar.serving.dims import ModelDims
 from sempar.serving.hardware import ACCELERATORS, Accelerator
@@ -37,6 +50,9 @@ from sempar.serving.steptable import MAX_S
 from sempar.serving.systems import Variant
 
 BENCH_DTYPE_BYTES = 4       # the runtime runs fp32
+# what the runtime sends beyond the pipelines' defaults: comm.simulate.runtime_options's fields
+RUNTIME_SIM = {f: getattr(runtime_options(1, 1), f)
+               for f in ("dedup", "one_shot", "size_bytes", "index_bytes")}
 
 
 def bench_variant(method: dict) -> Variant:
@@ -97,13 +113,18 @@ def calibrated_cpu(dims: ModelDims, batch_size: int, seq: int, forward_seconds: 
 
 def forecast_iteration(p, batch_size: int, seq: int) -> dict:
     """Seconds of one bench prefill iteration by the serving predictor of `p` (a Prepared),
-    mean over the step table's samples: total, and its compute and communication parts."""
+    mean over the step table's samples: total, and its parts (communication, its all-to-alls,
+    routed experts, the LM head, the rest of the dense roofline)."""
     inp = iteration_inputs(p.cfg.instances, batch_size, seq)
     i = np.arange(MAX_S)
     rep = [np.repeat(a, MAX_S, axis=0) for a in inp]
     total = p.step_seconds(*rep, i)
-    comm, expert = p.table.lookup(np.full(MAX_S, float(batch_size * seq)), i)
+    n = float(batch_size * seq)
+    comm, expert = p.table.lookup(np.full(MAX_S, n), i)
+    head = p.roofline.dense_seconds(*inp) - p.roofline.dense_seconds(*inp[:4], 0 * inp[4])
     return {"seconds": float(np.mean(total)), "comm_seconds": float(np.mean(comm)),
+            "head_seconds": float(head[0]),
+            "a2a_seconds": float(np.mean(p.table.lookup_a2a(n, i))),
             "expert_seconds": float(np.mean(expert)),
             "dense_seconds": float(np.mean(total - comm - expert))}
 
@@ -123,13 +144,22 @@ def compare_bench(bench: dict, fc) -> dict:
         p = fc.prepare(bench_variant(m))
         f = forecast_iteration(p, B, S)
         meas = measured_layer_seconds(m)
-        fl = f["seconds"] / layers
+        fl = (f["seconds"] - f["head_seconds"]) / layers      # bench's layer clock: no LM head
+        moe = (f["a2a_seconds"] + f["expert_seconds"]) / layers
+        attn = (f["comm_seconds"] - f["a2a_seconds"]) / layers
         out[name] = {"pipeline": m["pipeline"], "placement": m["placement"],
                      "forecast_layer_seconds": fl, "measured_layer_seconds": meas,
                      "ratio": fl / meas if meas > 0 else None,
+                     "forecast_moe_block_seconds": moe,
+                     "measured_moe_block_seconds": m.get("moe_block_seconds"),
+                     "forecast_attn_comm_seconds": attn,
+                     "measured_attn_comm_seconds": m.get("attn_comm_seconds"),
+                     "forecast_a2a_layer_seconds": f["a2a_seconds"] / layers,
                      "forecast_comm_layer_seconds": f["comm_seconds"] / layers,
-                     "forecast_compute_layer_seconds": (f["dense_seconds"] + f["expert_seconds"]) / layers,
+                     "forecast_compute_layer_seconds": (f["dense_seconds"] - f["head_seconds"]
+                                                        + f["expert_seconds"]) / layers,
                      "forecast_forward_seconds": f["seconds"],
+                     "forecast_head_seconds": f["head_seconds"],
                      "measured_forward_seconds": m.get("forward_seconds"),
                      "lar_forecast": p.table.lar, "lar_measured": m.get("lar_mean")}
     return out

@@ -93,7 +93,10 @@ class Forecaster:
     """Caches the split, placements and homes for one trace, topology and accelerator."""
 
     def __init__(self, trace: RoutingTrace, dims: ModelDims, topo: Topology, acc: Accelerator,
-                 budget: int = 2048, max_running: int = 128, seed: int = 0):
+                 budget: int = 2048, max_running: int = 128, seed: int = 0,
+                 sim: dict | None = None):
+        """sim: SimOptions fields over the pipeline defaults for every deployment (e.g. the
+        runtime's dedup / one-shot / size exchanges and `collectives`, benchcheck.py)."""
         from sempar.trace.ops import split_by_request
 
         m = trace.meta
@@ -105,6 +108,7 @@ class Forecaster:
             raise InputError("--token-budget and --max-running must be positive, budget >= running")
         self.dims, self.topo, self.acc, self.seed = dims, topo, acc, seed
         self.budget, self.max_running = budget, max_running
+        self.sim = dict(sim or {})
         self.fit, self.eval = split_by_request(trace, 0.2, seed=seed)
         self._placements: dict = {}
         self._homes: dict = {}
@@ -152,7 +156,8 @@ class Forecaster:
         if cap < 1:
             raise InputError(f"{v.label()}: the weights do not fit in {self.acc.name} memory at EP {G}")
         cfg = EngineConfig(inst, self.budget * scale, self.max_running * scale, cap)
-        opts = SimOptions(hidden=self.dims.hidden, dtype_bytes=self.dims.dtype_bytes)
+        opts = SimOptions(**{"hidden": self.dims.hidden, "dtype_bytes": self.dims.dtype_bytes,
+                             **self.sim})
         table = build_step_table(self.eval.experts, home, pl, self.topo, pipe, opts, roof,
                                  cfg.budget * inst, seed=self.seed, sample_tokens=sample_tokens)
         rank = (home[self._req_first, 0] if (home is not None and not tp)

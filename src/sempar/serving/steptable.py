@@ -8,6 +8,8 @@ split of the trace (each with its routing and the home the system gives it), and
 
 - `comm`: `comm_seconds` of one pass through all MoE layers (CAMoE eq. 9 for the all-to-alls plus
   the pipeline's rings, comm/simulate.py);
+- `a2a`: its all-to-all part (metadata, dispatch, combine; `comm` minus the attention-side
+  collectives), so a forecast can be split as `sempar bench` times a layer;
 - `expert`: the routed experts' roofline time (roofline.Roofline.expert_seconds) from the copies
   each device serves and the distinct experts it activates, per layer, slowest device.
 
@@ -36,13 +38,19 @@ MIN_S, MAX_S = 4, 16
 
 @dataclass
 class StepTable:
-    """sizes int64[B] (1, 2, 4, ...); comm, expert float64[B, MAX_S]; count int64[B] samples."""
+    """sizes int64[B] (1, 2, 4, ...); comm, expert, a2a float64[B, MAX_S]; count int64[B]
+    samples."""
 
     sizes: np.ndarray
     comm: np.ndarray
     expert: np.ndarray
     count: np.ndarray
     lar: float | None = None
+    a2a: np.ndarray | None = None
+
+    def lookup_a2a(self, n: float, i: np.ndarray) -> np.ndarray:
+        """float64[K]: the all-to-all part of `lookup`'s comm for iterations of n tokens."""
+        return StepTable(self.sizes, self.a2a, self.expert, self.count).lookup(n, i)[0]
 
     def lookup(self, n: np.ndarray | float, i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(comm seconds, expert seconds) float64[K] of iterations of n tokens (int[K], or one
@@ -114,6 +122,7 @@ def build_step_table(experts: np.ndarray, home: np.ndarray | None, placement: Pl
     nb = int(np.ceil(np.log2(max(2, max_tokens)))) + 1
     sizes = 2 ** np.arange(nb, dtype=np.int64)
     comm = np.zeros((nb, MAX_S))
+    a2a = np.zeros((nb, MAX_S))
     expert = np.zeros((nb, MAX_S))
     count = np.zeros(nb, np.int64)
     lar_num = lar_den = 0.0
@@ -124,6 +133,7 @@ def build_step_table(experts: np.ndarray, home: np.ndarray | None, placement: Pl
         h = None if home is None else np.ascontiguousarray(home[idx])
         res = simulate(ex, h, placement, topo, pipeline, replace(opts, batch=n))
         comm[b, :S] = res["per_batch"]["comm_seconds"]
+        a2a[b, :S] = res["per_batch"]["a2a_seconds"]
         c, a = expert_loads(ex, h, placement, topo, opts.token_bytes, S, n,
                             pipeline.expert_parallel)
         expert[b, :S] = roofline.expert_seconds(c, a)
@@ -131,4 +141,4 @@ def build_step_table(experts: np.ndarray, home: np.ndarray | None, placement: Pl
         if res["total"]["lar_mean"] is not None:
             lar_num += res["total"]["lar_mean"] * S * n
             lar_den += S * n
-    return StepTable(sizes, comm, expert, count, lar_num / lar_den if lar_den else None)
+    return StepTable(sizes, comm, expert, count, lar_num / lar_den if lar_den else None, a2a)

@@ -108,6 +108,22 @@ def fidelity_report(topo: Topology, cases: list[dict[str, Any]],
             "num_cases": len(rows), "cases": rows, "by_kind": by_kind, "phase": phase}
 
 
+def gloo_collectives(topo: Topology, cases: list[dict[str, Any]],
+                     measured: Sequence[float]) -> dict[str, Any]:
+    """The topology's `collectives` entry from gloo all-to-all cases: the fitted
+    a2a_serialisation (comm.collective_models.fit_sigma) and the median |error| of eq. 9 and of
+    the fitted model over the same cases."""
+    from sempar.comm.collective_models import fit_sigma, serialised_a2a
+
+    mats = [np.asarray(c["bytes"], dtype=np.float64) for c in cases]
+    m = np.asarray(measured, np.float64)
+    sigma = fit_sigma(topo, mats, list(m))
+    err = lambda s: float(np.median([abs(serialised_a2a(topo, "dispatch", b, s) - t) / t  # noqa: E731
+                                     for b, t in zip(mats, m)]))
+    return {"model": "gloo", "a2a_serialisation": sigma, "cases": len(mats),
+            "median_abs_error_eq9": err(0.0), "median_abs_error": err(sigma)}
+
+
 def plot_fidelity(report: dict[str, Any], path: str | Path, title: str = "") -> Path:
     """Predicted against measured all-to-all time, one marker per case, y = x and +-15 %."""
     from sempar.report.figures import plt, save_figure
