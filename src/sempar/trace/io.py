@@ -7,7 +7,7 @@ Columns (format 2, written by default):
     domain     dictionary<int16, string>, null = unknown (absent when no row has a domain)
     experts    fixed_size_binary[L * k * b]   L * k little-endian ids of b bytes (b = 2: int16,
                                               4: int32 when num_experts > 32767, as
-                                              TraceMeta.expert_dtype), layer-major: layer 0's
+                                              TraceMeta.stored_dtype), layer-major: layer 0's
                                               k slots first
     weights    fixed_size_binary[L * k * 4]   optional: L * k little-endian float32, same order
 
@@ -52,7 +52,7 @@ def arrow_schema(meta: TraceMeta, has_domain: bool, has_weights: bool,
                  format_version: int = FORMAT_VERSION) -> pa.Schema:
     width = meta.num_layers * meta.top_k
     if format_version == 1:
-        expert_type = pa.list_(pa.int16() if meta.expert_dtype == np.int16 else pa.int32(), width)
+        expert_type = pa.list_(pa.int16() if meta.stored_dtype == np.int16 else pa.int32(), width)
         weight_type = pa.list_(pa.float32(), width)
     else:
         expert_type = pa.binary(width * stored_dtype(meta).itemsize)
