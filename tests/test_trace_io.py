@@ -55,7 +55,7 @@ def test_round_trip_arrays_dtypes_meta(tmp_path, with_weights):
     assert r.token_id.dtype == np.int32
     assert r.request_id.dtype == np.int32
     assert r.position.dtype == np.int32
-    assert r.experts.dtype == np.int16 and r.experts.shape == (200, 3, 2)
+    assert r.experts.dtype == np.uint8 and r.experts.shape == (200, 3, 2)
     assert r.domain.dtype == np.int16
     assert r.domains == ["code", "math"]
     if with_weights:

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
@@ -35,8 +36,8 @@ def _figures(x):
 
 @pytest.fixture(scope="module")
 def wide_trace(tmp_path_factory) -> Path:
-    """256 experts in 8 groups (at most 4 per token), top-8, 4 layers: ids span 0..255."""
-    t = build_trace(T=1600, R=40, L=4, N=256, k=8, vocab=300, groups=(8, 4), seed=3)
+    """256 experts in 8 groups (at most 4 per token), top-8, 3 layers: ids span 0..255."""
+    t = build_trace(T=1200, R=40, L=3, N=256, k=8, vocab=300, groups=(8, 4), seed=3)
     assert t.experts.dtype == np.uint8 and int(t.experts.max()) == 255
     path = tmp_path_factory.mktemp("wide") / "wide.parquet"
     write_trace(t, path)
@@ -92,7 +93,8 @@ def test_place_redundant_dp(wide_trace, monkeypatch, tmp_path):
 
 
 def test_evaluate_online(wide_trace, monkeypatch, tmp_path):
-    out = _same(["evaluate", "--fit", str(wide_trace), "--split", "--ep", "8", "--methods", "all",
+    out = _same(["evaluate", "--fit", str(wide_trace), "--split", "--ep", "8", "--methods",
+                 "vanilla,round-robin,eplb,metis,kmeans2d,semmoe,sempar,smoe-cem,oracle",
                  "--online", "--json"], monkeypatch, tmp_path)
     assert out["stdout"]
 
@@ -102,11 +104,27 @@ def test_evaluate_dp(wide_trace, monkeypatch, tmp_path):
            "--methods", "vanilla,sempar,semmoe", "--online", "--json"], monkeypatch, tmp_path)
 
 
+@pytest.fixture(scope="module")
+def wide_placement(wide_trace, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pl") / "placement.json"
+    r = CliRunner().invoke(app, ["place", "--trace", str(wide_trace), "--method", "semmoe",
+                                 "--ep", "8", "--redundant", "8", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    return out
+
+
 @pytest.mark.parametrize("pipeline", ["ds-moe", "smoe", "smoe-exact", "attn-dp", "exflow",
                                       "sglang-ep"])
-def test_simulate(pipeline, wide_trace, monkeypatch, tmp_path):
-    _same(["simulate", "--trace", str(wide_trace), "--placement", "sempar", "--pipeline",
-           pipeline, "--topology", "pcie-upi8", "--hidden", "64", "--batch", "256", "--json"],
+def test_simulate(pipeline, wide_trace, wide_placement, monkeypatch, tmp_path):
+    _same(["simulate", "--trace", str(wide_trace), "--placement", str(wide_placement),
+           "--pipeline", pipeline, "--topology", "pcie-upi8", "--hidden", "64", "--batch", "256",
+           "--json"], monkeypatch, tmp_path)
+
+
+def test_simulate_compare(wide_trace, monkeypatch, tmp_path):
+    _same(["simulate", "--trace", str(wide_trace), "--compare", "--placement",
+           "vanilla,eplb,semmoe", "--pipeline", "ds-moe,smoe", "--topology", "pcie-upi8",
+           "--hidden", "64", "--batch", "256", "--png", "{out}/c.png", "--json"],
           monkeypatch, tmp_path)
 
 
@@ -118,14 +136,70 @@ def test_analyze(wide_trace, monkeypatch, tmp_path):
 def test_export(wide_trace, monkeypatch, tmp_path):
     for d in ("u8", "i16"):
         (tmp_path / d).mkdir()
+    _same(["place", "--trace", str(wide_trace), "--method", "eplb", "--ep", "8",
+           "--out", "{out}/placement.json"], monkeypatch, tmp_path)
     for to in ("sglang", "vllm"):
-        _same(["place", "--trace", str(wide_trace), "--method", "sempar", "--ep", "8",
-               "--out", "{out}/placement.json"], monkeypatch, tmp_path)
         _same(["export", "--placement", "{out}/placement.json", "--to", to,
                "--out", "{out}/" + to + ".json", "--json"], monkeypatch, tmp_path)
 
 
 def test_serve_sim(wide_trace, monkeypatch, tmp_path):
     _same(["serve-sim", "--trace", str(wide_trace), "--preset", "deepseek-v3", "--ep", "8",
-           "--systems", "all", "--rates", "1,4", "--duration", "5", "--json"],
+           "--systems", "sglang,semmoe-dp,semmoe-tp", "--rates", "1,4", "--duration", "5", "--json"],
           monkeypatch, tmp_path)
+
+
+def test_dtypes_by_expert_count():
+    def meta(n):
+        return TraceMeta(model="m", num_layers=1, num_experts=n, top_k=1, vocab_size=10)
+    assert (meta(256).expert_dtype, meta(256).stored_dtype) == (np.uint8, np.int16)
+    assert (meta(257).expert_dtype, meta(257).stored_dtype) == (np.int16, np.int16)
+    assert (meta(40000).expert_dtype, meta(40000).stored_dtype) == (np.int32, np.int32)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_files_store_int16_and_read_back_equal(version, tmp_path, monkeypatch):
+    """The on-disk ids stay int16 whatever the in-memory dtype: the same trace written from
+    uint8 and from int16 ids gives identical files."""
+    import pyarrow.parquet as pq
+
+    t = build_trace(T=100, R=10, N=256, k=4, seed=1)
+    write_trace(t, tmp_path / "u8.parquet", format_version=version)
+    t.experts = t.experts.astype(np.int16)
+    write_trace(t, tmp_path / "i16.parquet", format_version=version)
+    a, b = (pq.read_table(tmp_path / f).column("experts") for f in ("u8.parquet", "i16.parquet"))
+    assert a.equals(b)
+    if version == 1:
+        assert a.type.value_type == pa.int16()
+    else:   # L 3 x k 4 ids of 2 bytes
+        assert a.type.byte_width == 3 * 4 * 2
+    r = read_trace(tmp_path / "u8.parquet")
+    assert r.experts.dtype == np.uint8 and np.array_equal(r.experts, t.experts)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_id_256_is_refused_not_wrapped(version, tmp_path):
+    """An id of 256 in an int16 file of a 256-expert model would read as 0 in uint8: the range
+    check runs on the stored ids before they are narrowed."""
+    from conftest import write_unchecked
+    from sempar.errors import InputError
+
+    t = build_trace(T=100, R=10, N=256, k=4, seed=2, weights=False)
+    t.experts = t.experts.astype(np.int16)
+    t.experts[57, 2, 1] = 256
+    write_unchecked(t, tmp_path / "bad.parquet", format_version=version)
+    with pytest.raises(InputError, match=r"^experts: row 57 layer 2 slot 1: expert id 256 out of "
+                                         r"range \[0, 256\)"):
+        read_trace(tmp_path / "bad.parquet")
+
+
+def test_dev_traces_same_as_int16(monkeypatch):
+    from sempar.paths import dev_trace_paths
+
+    for p in dev_trace_paths():
+        t = read_trace(p)
+        with monkeypatch.context() as m:
+            m.setattr(TraceMeta, "expert_dtype", property(lambda self: self.stored_dtype))
+            t16 = read_trace(p)
+        assert t.experts.dtype == np.uint8 and t16.experts.dtype == np.int16
+        assert np.array_equal(t.experts, t16.experts)
