@@ -101,7 +101,7 @@ def test_evaluate_online(wide_trace, monkeypatch, tmp_path):
 
 def test_evaluate_dp(wide_trace, monkeypatch, tmp_path):
     _same(["evaluate", "--fit", str(wide_trace), "--split", "--ep", "8", "--mode", "dp",
-           "--methods", "vanilla,sempar,semmoe", "--online", "--json"], monkeypatch, tmp_path)
+           "--methods", "vanilla,eplb,semmoe", "--online", "--json"], monkeypatch, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +141,12 @@ def test_export(wide_trace, monkeypatch, tmp_path):
     for to in ("sglang", "vllm"):
         _same(["export", "--placement", "{out}/placement.json", "--to", to,
                "--out", "{out}/" + to + ".json", "--json"], monkeypatch, tmp_path)
+
+
+def test_stream(wide_trace, monkeypatch, tmp_path):
+    _same(["stream", "--trace", str(wide_trace), "--model", "deepseek-moe-16b",
+           "--tokens-per-iter", "16", "--iterations", "5", "--strategy", "all", "--json"],
+          monkeypatch, tmp_path)
 
 
 def test_serve_sim(wide_trace, monkeypatch, tmp_path):

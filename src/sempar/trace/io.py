@@ -281,7 +281,9 @@ def read_trace(path: str | os.PathLike, validate: bool = True,
     `optional`: which of `domain`, `weights` to read (None: both, when present); a verb that
     does not use the router weights skips them (for a recorded trace they are twice the size
     of the expert ids). Row groups are copied one at a time into arrays sized from the file's
-    row count, so the peak is the trace plus one row group, not twice the trace."""
+    row count, so the peak is the trace plus one row group, not twice the trace. Expert ids come
+    back as `meta.expert_dtype` (uint8 up to 256 experts); an id out of range raises even with
+    `validate=False`, since narrowing it would wrap it onto a valid id."""
     pf, block, meta = read_header(path)
     n = pf.metadata.num_rows
     out: dict[str, np.ndarray] = {}
