@@ -3,7 +3,8 @@ every verb must give the same figures as with the ids held as int16 (what the fi
 
 A trace with 256 experts uses ids up to 255, where uint8 arithmetic wraps (`e * N`, `e + 1`,
 -1 sentinels, torch index tensors). Each verb (place with several solvers, evaluate with the
-online schedulers, simulate over the pipelines, analyze, export, stream) runs in-process twice
+online schedulers, simulate over the pipelines, analyze, export, stream; the predictors by
+API) runs in-process twice
 on the same file, once as is and once with TraceMeta.expert_dtype forced to the stored int16,
 and their JSON outputs and written files are compared whole (timings removed).
 """
@@ -147,3 +148,30 @@ def test_stream(wide_trace, monkeypatch, tmp_path):
     _same(["stream", "--trace", str(wide_trace), "--model", "deepseek-moe-16b",
            "--tokens-per-iter", "16", "--iterations", "5", "--strategy", "all", "--json"],
           monkeypatch, tmp_path)
+
+
+def _predictions(path: Path) -> list:
+    from sempar.placement import solve
+    from sempar.predict import DeviceNgram, ExpertConfidence, TokenDevice, prediction_accuracy
+    from sempar.predict.expected_hits import ExpectedHits
+    from sempar.trace import split_by_request
+
+    fit, ev = split_by_request(read_trace(path), 0.5, seed=0)
+    p = solve("eplb", fit, 8, 1)
+    ec = ExpertConfidence().fit(fit)
+    vocab = np.arange(fit.meta.vocab_size)          # unseen tokens too: padded with -1
+    td, ng = TokenDevice().fit(fit, p), DeviceNgram().fit(fit, p)
+    acc = prediction_accuracy(ev, p, td, ng)
+    return [[ec.predict(vocab, l) for l in range(fit.meta.num_layers)],
+            [ec.predict_proba(vocab, l) for l in range(fit.meta.num_layers)],
+            td.predict(vocab), ng.predict_trace(ev), acc,
+            vars(ExpectedHits().fit(fit, p))]
+
+
+def test_predictors(wide_trace, monkeypatch):
+    a = _predictions(wide_trace)
+    with monkeypatch.context() as m:
+        m.setattr(TraceMeta, "expert_dtype", property(lambda self: self.stored_dtype))
+        b = _predictions(wide_trace)
+    assert (a[0][0] == -1).any()                    # the padding is exercised
+    np.testing.assert_equal(a, b)
