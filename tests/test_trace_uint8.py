@@ -4,9 +4,9 @@ every verb must give the same figures as with the ids held as int16 (what the fi
 A trace with 256 experts uses ids up to 255, where uint8 arithmetic wraps (`e * N`, `e + 1`,
 -1 sentinels, torch index tensors). Each verb (place with several solvers, evaluate with the
 online schedulers, simulate over the pipelines, analyze, export, stream; the predictors by
-API) runs in-process twice
-on the same file, once as is and once with TraceMeta.expert_dtype forced to the stored int16,
-and their JSON outputs and written files are compared whole (timings removed).
+API) runs in-process twice on the same file, once as is and once with TraceMeta.expert_dtype
+forced to the stored int16, and their JSON outputs and written files are compared whole (only
+the solvers' wall-clock seconds removed).
 """
 
 from __future__ import annotations
