@@ -24,7 +24,7 @@ from sempar.cli import app
 from sempar.trace import TraceMeta, read_trace, write_trace
 
 # keys whose values are wall-clock measurements of this run, not figures
-_WALL_CLOCK = {"solve_seconds", "seconds"}
+_WALL_CLOCK = {"solve_seconds", "seconds", "wall_seconds"}
 
 
 def _figures(x):
@@ -62,8 +62,18 @@ def _run(args: list[str], int16: bool, monkeypatch, out_dir: Path) -> dict:
 def _same(args: list[str], monkeypatch, tmp_path: Path) -> dict:
     a = _run(args, False, monkeypatch, (tmp_path / "u8").resolve())
     b = _run(args, True, monkeypatch, (tmp_path / "i16").resolve())
-    assert a == b
+    assert a == b, _differences(a, b)
     return a
+
+
+def _differences(a, b, path: str = "") -> list[str]:
+    """The paths at which two JSON-like values differ (the assertion's message)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str)
+                for d in _differences(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"[:300]]
 
 
 def test_read_is_uint8_and_int16_when_forced(wide_trace, monkeypatch):
@@ -175,3 +185,14 @@ def test_predictors(wide_trace, monkeypatch):
         b = _predictions(wide_trace)
     assert (a[0][0] == -1).any()                    # the padding is exercised
     np.testing.assert_equal(a, b)
+
+
+def test_serve_sim_dev_trace(monkeypatch, tmp_path):
+    """serve-sim on the tiny-moe64 dev trace (64 experts: uint8 ids), which has its model's
+    dimensions (the 256-expert trace has no preset of its shape)."""
+    from sempar.paths import dev_trace_paths
+
+    path = {p.stem: p for p in dev_trace_paths()}["tiny-moe64"]
+    _same(["serve-sim", "--trace", str(path), "--topology", "pcie-upi8", "--ep", "8",
+           "--systems", "sglang,semmoe-dp,semmoe-tp", "--rates", "1,4", "--duration", "5",
+           "--json"], monkeypatch, tmp_path)
