@@ -307,7 +307,7 @@ def _check_topk(meta: TraceMeta, experts: np.ndarray, row0: int, grouped: bool) 
     # Group ids are a monotone function of expert ids, so they come out sorted too; a shift
     # when the group size is a power of two (DeepSeek-V3: 32) is several times cheaper than a
     # division on the whole column.
-    per_group = meta.num_experts // meta.num_expert_groups
+    per_group = int(meta.num_experts // meta.num_expert_groups)   # meta may hold np.integer
     shift = per_group.bit_length() - 1
     group = (lambda c: c >> shift) if per_group == 1 << shift else (lambda c: c // per_group)
     n_groups = np.ones(cols[0].shape, np.int16)   # k <= SHAPE_LIMITS["top_k"] fits int16
