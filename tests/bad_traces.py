@@ -35,6 +35,7 @@ def re_exact(message: str) -> str:
 
 
 def _neg_expert(t):
+    t.experts = t.experts.astype(np.int16)      # -1 has no uint8 (in-memory) form; files hold int16
     t.experts[BAD_ROW, 1, 0] = -1
     return "experts: row 37 layer 1 slot 0: expert id -1 out of range [0, 8)"
 

@@ -63,11 +63,11 @@ class ExpertConfidence:
             indptr[l, 1:] = offset + np.cumsum(np.bincount(row, minlength=U))
             indptr[l, 0] = offset
             offset += row.size
-            experts.append(expert.astype(meta.expert_dtype))
+            experts.append(expert.astype(meta.stored_dtype))
             probas.append((count / (k * occurrences[row])).astype(np.float32))
         self.tokens_ = tokens
         self.indptr_ = indptr
-        self.expert_ = np.concatenate(experts) if experts else np.zeros(0, meta.expert_dtype)
+        self.expert_ = np.concatenate(experts) if experts else np.zeros(0, meta.stored_dtype)
         self.proba_ = np.concatenate(probas) if probas else np.zeros(0, np.float32)
         self.num_experts_, self.top_k_, self.num_layers_ = N, k, L
         self.oov_ = fitted_mapper(self.oov, tokens)

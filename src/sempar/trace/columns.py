@@ -20,7 +20,7 @@ WEIGHT_DTYPE = np.dtype("<f4")
 
 def stored_dtype(meta: TraceMeta) -> np.dtype:
     """The little-endian dtype of the ids in a format 2 `experts` row."""
-    return meta.expert_dtype.newbyteorder("<")
+    return meta.stored_dtype.newbyteorder("<")
 
 
 def check_row_type(col: str, typ: pa.DataType, meta: TraceMeta, dtype: np.dtype,
@@ -131,12 +131,13 @@ def block_arrays(tab: pa.Table, meta: TraceMeta, domains: list[str], row0: int) 
                _list_values(tab.column("experts"), L * k, "experts", row0, None)).reshape(-1, L, k)
         if not np.issubdtype(raw.dtype, np.integer):
             raise InputError(f"experts: values of type {raw.dtype} are not integers")
-        if raw.dtype.itemsize > meta.expert_dtype.itemsize:  # check before narrowing wraps ids
+        # Range check before narrowing to the in-memory dtype (which would wrap ids): min / max
+        # are one pass each over the raw ids; the mask is built only to name a bad id.
+        if raw.size and (raw.min() < 0 or raw.max() >= meta.num_experts):
             bad = (raw < 0) | (raw >= meta.num_experts)
-            if bad.any():
-                r, l, s = (int(i) for i in np.argwhere(bad)[0])
-                raise InputError(f"experts: row {row0 + r} layer {l} slot {s}: expert id "
-                                 f"{int(raw[r, l, s])} out of range [0, {meta.num_experts})")
+            r, l, s = (int(i) for i in np.argwhere(bad)[0])
+            raise InputError(f"experts: row {row0 + r} layer {l} slot {s}: expert id "
+                             f"{int(raw[r, l, s])} out of range [0, {meta.num_experts})")
         out["experts"] = raw.astype(meta.expert_dtype, copy=False)
     if "weights" in tab.column_names:
         read = _binary_values if pa.types.is_fixed_size_binary(

@@ -7,7 +7,7 @@ Columns (format 2, written by default):
     domain     dictionary<int16, string>, null = unknown (absent when no row has a domain)
     experts    fixed_size_binary[L * k * b]   L * k little-endian ids of b bytes (b = 2: int16,
                                               4: int32 when num_experts > 32767, as
-                                              TraceMeta.expert_dtype), layer-major: layer 0's
+                                              TraceMeta.stored_dtype), layer-major: layer 0's
                                               k slots first
     weights    fixed_size_binary[L * k * 4]   optional: L * k little-endian float32, same order
 
@@ -52,7 +52,7 @@ def arrow_schema(meta: TraceMeta, has_domain: bool, has_weights: bool,
                  format_version: int = FORMAT_VERSION) -> pa.Schema:
     width = meta.num_layers * meta.top_k
     if format_version == 1:
-        expert_type = pa.list_(pa.int16() if meta.expert_dtype == np.int16 else pa.int32(), width)
+        expert_type = pa.list_(pa.int16() if meta.stored_dtype == np.int16 else pa.int32(), width)
         weight_type = pa.list_(pa.float32(), width)
     else:
         expert_type = pa.binary(width * stored_dtype(meta).itemsize)
@@ -281,7 +281,9 @@ def read_trace(path: str | os.PathLike, validate: bool = True,
     `optional`: which of `domain`, `weights` to read (None: both, when present); a verb that
     does not use the router weights skips them (for a recorded trace they are twice the size
     of the expert ids). Row groups are copied one at a time into arrays sized from the file's
-    row count, so the peak is the trace plus one row group, not twice the trace."""
+    row count, so the peak is the trace plus one row group, not twice the trace. Expert ids come
+    back as `meta.expert_dtype` (uint8 up to 256 experts); an id out of range raises even with
+    `validate=False`, since narrowing it would wrap it onto a valid id."""
     pf, block, meta = read_header(path)
     n = pf.metadata.num_rows
     out: dict[str, np.ndarray] = {}
