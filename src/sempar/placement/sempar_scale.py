@@ -151,15 +151,16 @@ class RequestSample:
             .astype(np.float64)
 
 
-def greedy_start(X: np.ndarray, load: np.ndarray, slot_group: np.ndarray,
+def greedy_start(gram: np.ndarray, load: np.ndarray, slot_group: np.ndarray,
                  expert_group: np.ndarray) -> np.ndarray:
     """int64[N]: a start placement from co-activation (module docstring).
 
-    X float[R_s, N]: the sampled requests' activations per expert; load float[N]: activations
-    per expert; slot_group int[G, S]: expert group of each slot; expert_group int[N]."""
+    gram float64[N, N]: X^T X of the sampled requests' activations per expert X [R_s, N] (not
+    changed); load float[N]: activations per expert; slot_group int[G, S]: expert group of each
+    slot; expert_group int[N]."""
     G, S = slot_group.shape
     N = load.size
-    A = X.T @ X
+    A = gram.copy()
     np.fill_diagonal(A, 0.0)
     norm = np.sqrt(np.maximum(load, 1e-12))
     A /= norm[:, None] * norm[None, :]
@@ -170,11 +171,12 @@ def greedy_start(X: np.ndarray, load: np.ndarray, slot_group: np.ndarray,
         for j in range(S):
             pool = free & (expert_group == slot_group[d, j])
             if members:
-                score = np.where(pool, A[members].sum(axis=0), -np.inf)
+                score = np.where(pool, pull, -np.inf)
             else:
                 score = np.where(pool, load, -np.inf)
             e = int(np.argmax(score))
             members.append(e)
+            pull = A[e] if j == 0 else pull + A[e]       # co-activation with the device so far
             free[e] = False
             dev[e] = d
     return dev

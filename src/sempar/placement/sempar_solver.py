@@ -226,9 +226,10 @@ def sempar(p: PlacementProblem) -> Placement:
         if large:
             X = sample.counts(stats.trace.experts[:, l], N)
             load = np.asarray(C.sum(axis=0), np.float64).ravel()
-            lm = sempar_scale.ScaledLoadModel(load, sample.scale * load_spread(X, X.sum(axis=0)),
-                                              imb * load.sum() / G, G)
-            edev = sempar_scale.greedy_start(X, load, slot_group, expert_group)
+            gram = X.T @ X
+            lm = sempar_scale.ScaledLoadModel(
+                load, sample.scale * load_spread(X, X.sum(axis=0), gram), imb * load.sum() / G, G)
+            edev = sempar_scale.greedy_start(gram, load, slot_group, expert_group)
             etok = (sempar_scale.SparseLocal(C, edev, G).first() if sparse    # uncapacitated
                     else np.argmax(np.asarray(C @ _onehot(edev, G)), axis=1))
         else:
