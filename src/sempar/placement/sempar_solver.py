@@ -243,7 +243,8 @@ def sempar(p: PlacementProblem) -> Placement:
         if p.redundant:
             h = _hosts(dev, G)
             Wt = np.asarray(C.T @ _onehot(items, G)).T
-            h = add_replicas(h, Wt, p.redundant // G, replica_cap(lm, dev), node_of, allowed)
+            h = add_replicas(h, Wt, p.redundant // G, replica_cap(lm, dev), node_of, allowed,
+                             lm if lm.sigma is not None else None)
             local = np.asarray(C @ h.T.astype(np.float32))
             toks[-1] = assign(local)
             hosts_all.append(h)
@@ -294,7 +295,8 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
         return coclustered_placement(p, "sempar", np.stack(devs), stats, tdev, info=info)
     oz = _onehot(z, G)
     hosts = [add_replicas(_hosts(devs[l], G), (Q[l].T @ oz).T.astype(np.float64),
-                          p.redundant // G, replica_cap(lms[l], devs[l]), node_of, allowed)
+                          p.redundant // G, replica_cap(lms[l], devs[l]), node_of, allowed,
+                          lms[l])
              for l in range(L)]
     return replicated_placement(p, "sempar", np.stack(devs), hosts, stats, None, info)
 
