@@ -41,7 +41,14 @@ on a less loaded machine); on the first 6 layers the fit LAR moved 0.1918 -> 0.1
 target holds in CPU time, not yet shown in wall time. Qwen3-30B-A3B shape, 1M tokens, EP 8:
 570.6 s wall / 44.8 s CPU in the same run with the sparse step (before: 33.4 s wall / 32.8 s
 CPU), so up to `SCALE_SPARSE_DEVICES` devices the path is the previous one again (same fit
-objective on 12 layers; the whole trace not rerun); the 30 s target is missed.
+objective on 12 layers; the whole trace not rerun); the 30 s target is missed. Since, one
+X^T X per layer serves both the start and Sigma (`load_spread`'s gram): Qwen3 35.8 s wall /
+32.2 s CPU at load 3.3 (before: 38.4 / 36.1 at load 2.5-3), the same fit objective. Where the
+rest goes (cProfile, CPU per layer): the layer's counts about 0.19 s (a gather of the
+token-sorted selections, then chunked bincounts; one bincount over all U x N bins, or a sparse
+token x occurrence product, measured no faster), three alternations of token step (0.05 s)
+and expert step (0.05 s); the third alternation still gains 0.75 % of the fit objective, so
+the rounds stay.
 """
 
 from __future__ import annotations
