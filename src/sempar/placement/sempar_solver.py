@@ -225,8 +225,7 @@ def sempar(p: PlacementProblem) -> Placement:
         step = dense_step(assign, G)
         bounds = {}
     devs, toks, hosts_all, objs = [], [], [], []
-    for l in range(L):
-        C = stats.counts(l)
+    for l, C in enumerate(sempar_scale.counts_ahead(stats)):
         if large:
             X = sample.counts(stats.trace.experts[:, l], N)
             load = np.asarray(C.sum(axis=0), np.float64).ravel()
