@@ -73,23 +73,6 @@ SCALE_TOKEN_ROUNDS = 8
 SCALE_STOP_GAIN = 2e-3    # alternations stop when the fit objective gains less than this share
 
 
-def counts_ahead(stats):
-    """Yields each layer's counts `stats.counts(l)` (CSR[U, N]) in layer order, the next
-    layer's counted on a worker thread while the caller solves this one (ours: numpy's
-    gathers and bincounts release the GIL, so with a second core free the counting, 0.19 s a
-    layer at Qwen3's shape, leaves the wall time; CPU time is unchanged). Only the worker calls
-    `stats.counts` until the generator is exhausted or closed."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:
-        ahead = pool.submit(stats.counts, 0) if stats.L else None
-        for l in range(stats.L):
-            C = ahead.result()
-            if l + 1 < stats.L:
-                ahead = pool.submit(stats.counts, l + 1)
-            yield C
-
-
 def is_large(num_occurrences: int, num_layers: int) -> bool:
     """Whether a fit trace takes the large-trace path (module docstring)."""
     return num_occurrences * num_layers > SCALE_TOKEN_LAYERS

@@ -225,7 +225,8 @@ def sempar(p: PlacementProblem) -> Placement:
         step = dense_step(assign, G)
         bounds = {}
     devs, toks, hosts_all, objs = [], [], [], []
-    for l, C in enumerate(sempar_scale.counts_ahead(stats)):
+    for l in range(L):
+        C = stats.counts(l)
         if large:
             X = sample.counts(stats.trace.experts[:, l], N)
             load = np.asarray(C.sum(axis=0), np.float64).ravel()
