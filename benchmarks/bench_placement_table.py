@@ -5,6 +5,7 @@ is `LAR (imbalance) share`, share = the LAR as a share of the method's own capac
 oracle (the ceiling of that placement); a `ceiling` row gives the highest capacity-bound oracle
 of any placement in the case (`ref:` of evaluate.ceiling_refs) and which placement reached it.
 Cells of methods outside the imbalance budget (`bench_placement.BALANCE`) are marked `*`.
+Lines of the files that are not the JSON report (a solver's own prints) are skipped.
 
     python benchmarks/bench_placement_table.py bp1.json [bp2.json ...]
 """
@@ -52,8 +53,8 @@ def tables(report: list[dict]) -> str:
 def main() -> None:
     report = []
     for path in sys.argv[1:]:
-        with open(path) as f:
-            report += json.load(f)
+        with open(path) as f:      # HiGHS may print a line of its own to stdout: skipped
+            report += next(json.loads(line) for line in f if line.startswith("["))
     print(tables(report))
 
 

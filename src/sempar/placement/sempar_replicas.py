@@ -56,8 +56,8 @@ def _served_one(col: np.ndarray, w: np.ndarray, rank: np.ndarray) -> np.ndarray:
 
 
 def add_replicas(hosts: np.ndarray, Wt: np.ndarray, per_device: int, cap: float,
-                 node_of: np.ndarray, allowed: np.ndarray, lm: LoadModel | None = None
-                 ) -> np.ndarray:
+                 node_of: np.ndarray, allowed: np.ndarray, lm: LoadModel | None = None,
+                 balance_first: bool = True) -> np.ndarray:
     """bool[G, N]: `hosts` plus `per_device` replicas on every device, one (device, expert)
     pair at a time, its served loads computed exactly (`_served_one` for the expert it
     changes): while the most loaded device is above `cap`, the pair that lowers the peak most
@@ -68,7 +68,8 @@ def add_replicas(hosts: np.ndarray, Wt: np.ndarray, per_device: int, cap: float,
     the peak. allowed bool[G, N]. With `lm` the loads are robust like `LoadModel.of`: device d
     adds sqrt(a_d^T Sigma a_d) - offset, a_d[e] the share of expert e's fit activations d serves
     (ours: the primary's resampling spread, carried to served loads; held out, tiny-moe64 EP 4
-    R = G, 1.055 -> 1.047 imbalance)."""
+    R = G, 1.055 -> 1.047 imbalance). `balance_first` False (dp mode): the pair with the most
+    fit activations made local among those that do not raise the peak above max(cap, peak)."""
     hosts = hosts.copy()
     G, N = hosts.shape
     rank = _serve_rank(np.asarray(node_of))
@@ -95,7 +96,10 @@ def add_replicas(hosts: np.ndarray, Wt: np.ndarray, per_device: int, cap: float,
                     v = V + 2 * dl * M[e] + dl * dl * lm.sigma[e, e]
                     peak = float((L - np.sqrt(np.maximum(V, 0.0)) + np.sqrt(np.maximum(v, 0.0))
                                   + new - served[e]).max())
-                over = max(peak, cap) if L.max() > cap else (0.0 if peak <= cap else peak)
+                if balance_first:
+                    over = max(peak, cap) if L.max() > cap else (0.0 if peak <= cap else peak)
+                else:                       # locality first: any pair not raising the peak
+                    over = 0.0 if peak <= max(cap, L.max()) else peak
                 key = (over, -float(Wt[d, e]))
                 if best is None or key < best[0]:
                     best = (key, d, e, new)

@@ -300,7 +300,7 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
     oz = _onehot(z, G)
     hosts = [add_replicas(_hosts(devs[l], G), (Q[l].T @ oz).T.astype(np.float64),
                           p.redundant // G, replica_cap(lms[l], devs[l]), node_of, allowed,
-                          lms[l])
+                          balance_first=False)
              for l in range(L)]
     return replicated_placement(p, "sempar", np.stack(devs), hosts, stats, None, info)
 
