@@ -30,9 +30,11 @@ the placement was used in tp mode. Here
   slots): after the primary placement every device gets R/G extra slots, one (expert, device)
   pair at a time, device loads computed with the evaluator's serving rule (home replica, else
   same-node replica, else lowest device id) plus the primary's resampling spread carried to
-  the served shares: balance first (while the peak is above the replica cap, the pair that
-  lowers it most, ties by fit activations made local W[d, e]), then locality under the cap;
-  then tokens are re-assigned against the replicated hosts. A tighter primary cap
+  the served shares: in tp mode balance first (while the peak is above the replica cap, the
+  pair that lowers it most, ties by fit activations made local W[d, e]), then locality under
+  the cap, and tokens are re-assigned against the replicated hosts; in dp mode locality first
+  (any pair that does not raise the peak; balance first there measured below eplb's LAR:
+  tiny-moe64 R = G EP 4 0.304 at 1.028, EP 8 0.162 at 1.085). A tighter primary cap
   (`sempar_replicas.REPLICA_SLACK`, the share of the headroom above the mean the primary keeps;
   1.0, the full cap, here) trades LAR for held-out balance (below).
 - **--preserve-groups**: expert e may only fill a slot of its own expert group's slot range
@@ -50,7 +52,8 @@ there; the drift is the experts' own held-out load: a placement that balances fi
 LPT, reaches 1.027 / 1.036 held out at EP 4 / 8). Before the balance-first step: EP 4 0.441 at
 1.063, EP 8 0.294 at 1.127. REPLICA_SLACK 0.5 (primary cap 1.025 x mean): EP 4 0.4185 at
 1.041, EP 8 0.2607 at 1.075; 0.1 (1.005) lost LAR on the planted instance (replicas 0.527 vs
-0.829 without), so neither is the default.
+0.829 without), so neither is the default. dp mode, R = G: EP 4 0.3096 at 1.059, EP 8 0.1809
+at 1.131 (eplb 0.305 / 0.175: 1.01x / 1.03x; the 1.15x target is missed).
 Planted instances (tests/test_sempar_solver.py) are recovered to >= 99%.
 
 Limits: the fit cap holds on fit loads (tested); held out, imbalance drifts 0.005-0.05 above it
