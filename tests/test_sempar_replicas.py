@@ -49,3 +49,13 @@ def test_replicas_cut_the_peak_first():
     # 292 -> 162 (device 1: its decoy traffic and its own tokens of expert 0); locality first
     # (device 3 takes expert 1) would leave device 0 at 172
     assert after.max() < 170.0 and np.isclose(after.sum(), before.sum())
+
+
+def test_large_shapes_score_the_peak_devices_replicas(monkeypatch):
+    # above FULL_SCAN open pairs only the top pairs by locality and the peak device's experts
+    # are scored: the hot expert's replicas are still among them
+    from sempar.placement import sempar_replicas
+
+    monkeypatch.setattr(sempar_replicas, "FULL_SCAN", 0)
+    monkeypatch.setattr(sempar_replicas, "TOP_PAIRS", 1)
+    test_replicas_cut_the_peak_first()

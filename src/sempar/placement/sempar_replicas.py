@@ -24,6 +24,8 @@ REPLICA_SLACK = 1.0
 # 8) 0 and 0.2 gave the same placements: with the margin below, the cap stays under the fit
 # peak, so the step balances throughout and locality breaks its ties.
 REPLICA_TARGET = 0.2
+FULL_SCAN = 4096        # open (device, expert) pairs the replica step scores in full (`_candidates`)
+TOP_PAIRS = 256
 
 
 def replica_cap(lm: LoadModel, dev: np.ndarray) -> float:
@@ -84,30 +86,46 @@ def add_replicas(hosts: np.ndarray, Wt: np.ndarray, per_device: int, cap: float,
             V = (A * M).sum(axis=0)
             L = L + np.sqrt(np.maximum(V, 0.0)) - lm.offset
         best = None
-        for d in np.flatnonzero(need > 0):
-            for e in np.flatnonzero(~hosts[d] & allowed[d]):
-                col = hosts[:, e].copy()
-                col[d] = True
-                new = _served_one(col, Wt[:, e], rank)
-                if lm is None:
-                    peak = float((L - served[e] + new).max())
-                else:
-                    dl = (new - served[e]) / load[e]
-                    v = V + 2 * dl * M[e] + dl * dl * lm.sigma[e, e]
-                    peak = float((L - np.sqrt(np.maximum(V, 0.0)) + np.sqrt(np.maximum(v, 0.0))
-                                  + new - served[e]).max())
-                if balance_first:
-                    over = max(peak, cap) if L.max() > cap else (0.0 if peak <= cap else peak)
-                else:                       # locality first: any pair not raising the peak
-                    over = 0.0 if peak <= max(cap, L.max()) else peak
-                key = (over, -float(Wt[d, e]))
-                if best is None or key < best[0]:
-                    best = (key, d, e, new)
+        for d, e in _candidates(hosts, Wt, need, allowed, int(L.argmax())):
+            col = hosts[:, e].copy()
+            col[d] = True
+            new = _served_one(col, Wt[:, e], rank)
+            if lm is None:
+                peak = float((L - served[e] + new).max())
+            else:
+                dl = (new - served[e]) / load[e]
+                v = V + 2 * dl * M[e] + dl * dl * lm.sigma[e, e]
+                peak = float((L - np.sqrt(np.maximum(V, 0.0)) + np.sqrt(np.maximum(v, 0.0))
+                              + new - served[e]).max())
+            if balance_first:
+                over = max(peak, cap) if L.max() > cap else (0.0 if peak <= cap else peak)
+            else:                       # locality first: any pair not raising the peak
+                over = 0.0 if peak <= max(cap, L.max()) else peak
+            key = (over, -float(Wt[d, e]))
+            if best is None or key < best[0]:
+                best = (key, d, e, new)
         _, d, e, new = best
         hosts[d, e] = True
         served[e] = new
         need[d] -= 1
     return hosts
+
+
+def _candidates(hosts: np.ndarray, Wt: np.ndarray, need: np.ndarray, allowed: np.ndarray,
+                peak: int) -> list[tuple[int, int]]:
+    """The (device, expert) pairs `add_replicas` scores: every open pair up to `FULL_SCAN` of
+    them; above (large G x N, e.g. EP 64 x 256 experts), the `TOP_PAIRS` with the most fit
+    activations made local plus every replica of an expert of the `peak` device (the pairs that
+    can move load off it)."""
+    open_ = ~hosts & allowed & (need[:, None] > 0)
+    if open_.sum() <= FULL_SCAN:
+        return [(int(d), int(e)) for d, e in zip(*np.nonzero(open_))]
+    gain = np.where(open_, Wt, -np.inf)
+    top = np.argsort(-gain, axis=None, kind="stable")[:TOP_PAIRS]
+    pick = np.zeros_like(open_)
+    pick.reshape(-1)[top] = True
+    pick |= open_ & hosts[peak][None, :]
+    return [(int(d), int(e)) for d, e in zip(*np.nonzero(pick & open_))]
 
 
 def replicated_placement(p: PlacementProblem, name: str, expert_device: np.ndarray,
