@@ -11,17 +11,24 @@ import numpy as np
 ROBUST = 2.0            # load margin: z^2 x (1 + fit/eval size), see `LoadModel`
 
 
-def load_spread(X: np.ndarray, load: np.ndarray) -> np.ndarray:
+def load_spread(X: np.ndarray, load: np.ndarray, gram: np.ndarray | None = None) -> np.ndarray:
     """float64[N, N]: Sigma with 1_S^T Sigma 1_S = the variance of a device's load share (in
     activations) when the fit requests are resampled, for any expert set S (delta method).
 
     X float[R, N]: activations of each expert by each fit request; load float[N] = X.sum(0).
     Residual of request r on expert e: z[r, e] = X[r, e] - load[e] / T * t[r] (t: the request's
     activations, T their sum), so Sigma = Z^T Z (ours: it is what moves a device's held-out load
-    away from its fit load; grouping experts that the same requests use makes it larger)."""
+    away from its fit load; grouping experts that the same requests use makes it larger).
+    gram float64[N, N]: X^T X when the caller has it (the large-trace path's start uses it
+    too); then Sigma = X^T X - v w^T - w v^T + (t.t) w w^T with v = X^T t, w = load / T, an
+    O(R N) update instead of a second R x N x N product."""
     t = X.sum(axis=1, dtype=np.float64)
-    Z = X - np.outer(t, load / max(float(load.sum()), 1e-12))
-    return Z.T @ Z
+    w = load / max(float(load.sum()), 1e-12)
+    if gram is None:
+        Z = X - np.outer(t, w)
+        return Z.T @ Z
+    v = X.T @ t
+    return gram - np.outer(v, w) - np.outer(w, v) + float(t @ t) * np.outer(w, w)
 
 
 class LoadModel:

@@ -18,66 +18,114 @@ REPLICA_MARGIN = 3.0    # x the primary's robust margin, taken off the replica s
 # above the mean load (ours: served loads with replicas drift further from their fit values
 # on unseen routing than the primary's loads do, so the primary leaves them room).
 REPLICA_SLACK = 1.0
-
-
-def serving_load(hosts: np.ndarray, Wt: np.ndarray, node_of: np.ndarray) -> np.ndarray:
-    """float64[G]: activations each device serves, evaluator's rule (`metrics.serving_device`):
-    the home's replica, else the lowest-id replica on the home's node, else the lowest-id one.
-
-    hosts bool[G, N]; Wt float[G, N]: activations of e by the tokens homed on d."""
-    G, N = hosts.shape
-    L = (Wt * hosts).sum(axis=1)
-    for h in range(G):
-        miss = ~hosts[h] & (Wt[h] > 0)
-        if not miss.any():
-            continue
-        e = np.flatnonzero(miss)
-        rank = np.where(node_of[:, None] == node_of[h], 0, 1) * G + np.arange(G)[:, None]
-        score = np.where(hosts[:, e], rank, np.iinfo(np.int64).max)
-        np.add.at(L, score.argmin(axis=0), Wt[h, e])
-    return L
+# The replica step's served-load cap keeps this share of the primary cap's headroom above the
+# mean (ours: replicas can split a hot expert's load, so the step can aim below the primary's
+# cap and leave held-out routing the room that fit loads at the cap lack). On tiny-moe64 (EP 4,
+# 8) 0 and 0.2 gave the same placements: with the margin below, the cap stays under the fit
+# peak, so the step balances throughout and locality breaks its ties.
+REPLICA_TARGET = 0.2
+FULL_SCAN = 4096        # open (device, expert) pairs the replica step scores in full (`_candidates`)
+TOP_PAIRS = 256
 
 
 def replica_cap(lm: LoadModel, dev: np.ndarray) -> float:
-    """The served-load cap of the replica step: the cap less the primary placement's largest
-    robust margin sqrt(ROBUST x V_d) (ours: served loads depend on homes, so their resampling
-    variance is not tracked; the primary's margin stands in for it)."""
+    """The served-load cap of the replica step: the mean load plus `REPLICA_TARGET` of the
+    primary cap's headroom, less `REPLICA_MARGIN` x the primary placement's largest robust margin
+    sqrt(ROBUST x V_d) (ours: served loads depend on homes, so their resampling variance is not
+    tracked; the primary's margin stands in for it)."""
     G = lm.cap_devices
     plain = np.bincount(dev, weights=lm.load, minlength=G)
-    return lm.cap - REPLICA_MARGIN * max(float((lm.of(dev, G) - plain).max()), 0.0)
+    mean = float(lm.load.sum()) / G
+    return (mean + REPLICA_TARGET * (lm.cap - mean)
+            - REPLICA_MARGIN * max(float((lm.of(dev, G) - plain).max()), 0.0))
+
+
+def _serve_rank(node_of: np.ndarray) -> np.ndarray:
+    """int64[G, G]: rank[h, d], the serving rule's order of device d for a token homed on h
+    (`metrics.serving_device`: h itself first, then h's node, then the rest, each by id)."""
+    G = node_of.size
+    rank = np.where(node_of[None, :] == node_of[:, None], 0, 1) * G + np.arange(G)[None, :]
+    rank[np.arange(G), np.arange(G)] = -1
+    return rank
+
+
+def _served_one(col: np.ndarray, w: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """float64[G]: where one expert's activations w float[G] (by the tokens homed on each device)
+    are served when the devices col bool[G] host it (the serving rule of `_serve_rank`)."""
+    G = col.size
+    target = np.where(col[None, :], rank, np.iinfo(np.int64).max).argmin(axis=1)
+    return np.bincount(target, weights=w, minlength=G)
 
 
 def add_replicas(hosts: np.ndarray, Wt: np.ndarray, per_device: int, cap: float,
-                 node_of: np.ndarray, allowed: np.ndarray) -> np.ndarray:
-    """bool[G, N]: `hosts` plus `per_device` replicas on every device, greedily the (device,
-    expert) pair with the most fit activations made local (Wt[d, e]) whose served loads stay
-    under `cap` (else the pair that leaves the smallest maximum). allowed bool[G, N]."""
+                 node_of: np.ndarray, allowed: np.ndarray, lm: LoadModel | None = None,
+                 balance_first: bool = True) -> np.ndarray:
+    """bool[G, N]: `hosts` plus `per_device` replicas on every device, one (device, expert)
+    pair at a time, its served loads computed exactly (`_served_one` for the expert it
+    changes): while the most loaded device is above `cap`, the pair that lowers the peak most
+    (ties: the most fit activations made local, Wt[d, e]); then the pair with the most fit
+    activations made local whose peak stays under `cap` (else the lowest peak). Balance first
+    (ours): a replica on a lower device id than the expert's hosts also takes the activations
+    of every token homed elsewhere (the serving rule), the strongest lever the step has on
+    the peak. allowed bool[G, N]. With `lm` the loads are robust like `LoadModel.of`: device d
+    adds sqrt(a_d^T Sigma a_d) - offset, a_d[e] the share of expert e's fit activations d serves
+    (ours: the primary's resampling spread, carried to served loads; held out, tiny-moe64 EP 4
+    R = G, 1.055 -> 1.047 imbalance). `balance_first` False (dp mode): the pair with the most
+    fit activations made local among those that do not raise the peak above max(cap, peak)."""
     hosts = hosts.copy()
     G, N = hosts.shape
+    rank = _serve_rank(np.asarray(node_of))
     need = np.full(G, per_device)
+    served = np.stack([_served_one(hosts[:, e], Wt[:, e], rank) for e in range(N)])  # [N, G]
+    load = np.maximum(served.sum(axis=1), 1e-12)
     while need.any():
-        L = serving_load(hosts, Wt, node_of)
-        gain = np.where(~hosts & allowed & (need[:, None] > 0), Wt, -np.inf)
+        L = served.sum(axis=0)
+        if lm is not None:                  # robust loads: served shares' resampling variance
+            A = served / load[:, None]                                            # [N, G]
+            M = lm.sigma @ A
+            V = (A * M).sum(axis=0)
+            L = L + np.sqrt(np.maximum(V, 0.0)) - lm.offset
         best = None
-        # candidates by decreasing gain; the first under the cap wins
-        flat = np.argsort(-gain, axis=None, kind="stable")[: max(4 * G, 64)]
-        for f in flat:
-            d, e = divmod(int(f), N)
-            if not np.isfinite(gain[d, e]):
-                break
-            hosts[d, e] = True
-            peak = serving_load(hosts, Wt, node_of).max()
-            hosts[d, e] = False
-            if peak <= max(cap, L.max()):
-                best = (d, e)
-                break
-            if best is None or peak < best[2]:
-                best = (d, e, peak)
-        d, e = best[0], best[1]
+        for d, e in _candidates(hosts, Wt, need, allowed, int(L.argmax())):
+            col = hosts[:, e].copy()
+            col[d] = True
+            new = _served_one(col, Wt[:, e], rank)
+            if lm is None:
+                peak = float((L - served[e] + new).max())
+            else:
+                dl = (new - served[e]) / load[e]
+                v = V + 2 * dl * M[e] + dl * dl * lm.sigma[e, e]
+                peak = float((L - np.sqrt(np.maximum(V, 0.0)) + np.sqrt(np.maximum(v, 0.0))
+                              + new - served[e]).max())
+            if balance_first:
+                over = max(peak, cap) if L.max() > cap else (0.0 if peak <= cap else peak)
+            else:                       # locality first: any pair not raising the peak
+                over = 0.0 if peak <= max(cap, L.max()) else peak
+            key = (over, -float(Wt[d, e]))
+            if best is None or key < best[0]:
+                best = (key, d, e, new)
+        _, d, e, new = best
         hosts[d, e] = True
+        served[e] = new
         need[d] -= 1
     return hosts
 
+
+def _candidates(hosts: np.ndarray, Wt: np.ndarray, need: np.ndarray, allowed: np.ndarray,
+                peak: int) -> list[tuple[int, int]]:
+    """The (device, expert) pairs `add_replicas` scores: every open pair up to `FULL_SCAN` of
+    them; above (large G x N, e.g. EP 64 x 256 experts), the `TOP_PAIRS` with the most fit
+    activations made local plus every replica of an expert of the `peak` device (the pairs that
+    can move load off it)."""
+    open_ = ~hosts & allowed & (need[:, None] > 0)
+    if open_.sum() <= FULL_SCAN:
+        return [(int(d), int(e)) for d, e in zip(*np.nonzero(open_))]
+    gain = np.where(open_, Wt, -np.inf)
+    top = np.argsort(-gain, axis=None, kind="stable")[:TOP_PAIRS]
+    pick = np.zeros_like(open_)
+    pick.reshape(-1)[top] = True
+    pick |= open_ & hosts[peak][None, :]
+    return [(int(d), int(e)) for d, e in zip(*np.nonzero(pick & open_))]
 
 
 def replicated_placement(p: PlacementProblem, name: str, expert_device: np.ndarray,

@@ -27,13 +27,16 @@ the placement was used in tp mode. Here
      that keep every device under the cap (and swaps that cut the overload first, if any);
   until the fit objective stops improving (at most `ROUNDS`). Deterministic given the seed.
 - **replicas** (`sempar_replicas`; `--redundant R`, R a multiple of G so that devices keep equal
-  slots): after the primary placement every device gets R/G extra slots, filled greedily by the
-  (expert, device) pair that makes the most fit activations local (W[d, e]) while every device's load, computed
-  with the evaluator's serving rule (home replica, else same-node replica, else lowest device
-  id), stays under the cap; then tokens are re-assigned against the replicated hosts. Served
-  loads with replicas drift 0.04-0.08 above their fit values on held-out routing; a tighter
-  primary cap (`sempar_replicas.REPLICA_SLACK`, the share of the headroom above the mean the
-  primary keeps; 1.0, the full cap, here) trades LAR for it (below).
+  slots): after the primary placement every device gets R/G extra slots, one (expert, device)
+  pair at a time, device loads computed with the evaluator's serving rule (home replica, else
+  same-node replica, else lowest device id) plus the primary's resampling spread carried to
+  the served shares: in tp mode balance first (while the peak is above the replica cap, the
+  pair that lowers it most, ties by fit activations made local W[d, e]), then locality under
+  the cap, and tokens are re-assigned against the replicated hosts; in dp mode locality first
+  (any pair that does not raise the peak; balance first there measured below eplb's LAR:
+  tiny-moe64 R = G EP 4 0.304 at 1.028, EP 8 0.162 at 1.085). A tighter primary cap
+  (`sempar_replicas.REPLICA_SLACK`, the share of the headroom above the mean the primary keeps;
+  1.0, the full cap, here) trades LAR for held-out balance (below).
 - **--preserve-groups**: expert e may only fill a slot of its own expert group's slot range
   (group g = experts [g N / ng, (g + 1) N / ng), slots likewise), so a checkpoint can be
   permuted within groups; the Hungarian costs forbid other slots and swaps stay in a group.
@@ -43,10 +46,14 @@ the placement was used in tp mode. Here
 Measured (benchmarks/bench_placement.py, tiny-moe64, fit 20% / eval 80% by request, machine
 heavily loaded): tp EP 4 LAR 0.412 at imbalance 1.055 (90% of its capacity-bound oracle 0.458;
 metis 0.367 at 1.14, semmoe 0.355 at 1.04); dp EP 4 0.286 at 1.055 (semmoe 0.264). R = G
-replicas, tp: EP 4 0.441 at held-out imbalance 1.063 (eplb 0.306 at 1.13: 1.44x), EP 8 0.294
-at 1.127; the 1.05 target is missed. REPLICA_SLACK 0.1 (primary cap 1.005 x mean) gave EP 4
-0.411 at 1.047 and EP 8 0.267 at 1.081, but on the planted instance replicas then lost LAR
-against no replicas (0.527 vs 0.829), so it is not the default.
+replicas, tp, held out: EP 4 0.430 at imbalance 1.047 (eplb 0.306 at 1.13: 1.40x), EP 8 0.2725
+at 1.080 (eplb 0.175 at 1.34: 1.56x): the 1.05 target holds at EP 4, not at EP 8 (fit 1.040
+there; the drift is the experts' own held-out load: a placement that balances fit loads only,
+LPT, reaches 1.027 / 1.036 held out at EP 4 / 8). Before the balance-first step: EP 4 0.441 at
+1.063, EP 8 0.294 at 1.127. REPLICA_SLACK 0.5 (primary cap 1.025 x mean): EP 4 0.4185 at
+1.041, EP 8 0.2607 at 1.075; 0.1 (1.005) lost LAR on the planted instance (replicas 0.527 vs
+0.829 without), so neither is the default. dp mode, R = G: EP 4 0.3096 at 1.059, EP 8 0.1809
+at 1.131 (eplb 0.305 / 0.175: 1.01x / 1.03x; the 1.15x target is missed).
 Planted instances (tests/test_sempar_solver.py) are recovered to >= 99%.
 
 Limits: the fit cap holds on fit loads (tested); held out, imbalance drifts 0.005-0.05 above it
@@ -226,9 +233,10 @@ def sempar(p: PlacementProblem) -> Placement:
         if large:
             X = sample.counts(stats.trace.experts[:, l], N)
             load = np.asarray(C.sum(axis=0), np.float64).ravel()
-            lm = sempar_scale.ScaledLoadModel(load, sample.scale * load_spread(X, X.sum(axis=0)),
-                                              imb * load.sum() / G, G)
-            edev = sempar_scale.greedy_start(X, load, slot_group, expert_group)
+            gram = X.T @ X
+            lm = sempar_scale.ScaledLoadModel(
+                load, sample.scale * load_spread(X, X.sum(axis=0), gram), imb * load.sum() / G, G)
+            edev = sempar_scale.greedy_start(gram, load, slot_group, expert_group)
             etok = (sempar_scale.SparseLocal(C, edev, G).first() if sparse    # uncapacitated
                     else np.argmax(np.asarray(C @ _onehot(edev, G)), axis=1))
         else:
@@ -242,7 +250,8 @@ def sempar(p: PlacementProblem) -> Placement:
         if p.redundant:
             h = _hosts(dev, G)
             Wt = np.asarray(C.T @ _onehot(items, G)).T
-            h = add_replicas(h, Wt, p.redundant // G, replica_cap(lm, dev), node_of, allowed)
+            h = add_replicas(h, Wt, p.redundant // G, replica_cap(lm, dev), node_of, allowed,
+                             lm if lm.sigma is not None else None)
             local = np.asarray(C @ h.T.astype(np.float32))
             toks[-1] = assign(local)
             hosts_all.append(h)
@@ -293,7 +302,8 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
         return coclustered_placement(p, "sempar", np.stack(devs), stats, tdev, info=info)
     oz = _onehot(z, G)
     hosts = [add_replicas(_hosts(devs[l], G), (Q[l].T @ oz).T.astype(np.float64),
-                          p.redundant // G, replica_cap(lms[l], devs[l]), node_of, allowed)
+                          p.redundant // G, replica_cap(lms[l], devs[l]), node_of, allowed,
+                          balance_first=False)
              for l in range(L)]
     return replicated_placement(p, "sempar", np.stack(devs), hosts, stats, None, info)
 

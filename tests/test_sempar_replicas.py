@@ -1,0 +1,61 @@
+"""`sempar`'s replica step (placement/sempar_replicas.py): its served-load model is the
+evaluator's serving rule, and it spends replicas on the peak first."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sempar.placement import solve
+from sempar.placement.metrics import placement_figures
+from sempar.placement.sempar_replicas import _serve_rank, _served_one, add_replicas
+from sempar.schedule.homes import home_tp_contiguous
+from sempar.trace import split_by_request
+from test_sempar_solver import G, L, N, planted
+
+
+def _served(hosts: np.ndarray, Wt: np.ndarray, node_of: np.ndarray) -> np.ndarray:
+    rank = _serve_rank(node_of)
+    return sum(_served_one(hosts[:, e], Wt[:, e], rank) for e in range(hosts.shape[1]))
+
+
+def test_served_loads_are_the_evaluators():
+    trace, _, _ = planted(T=20_000)
+    fit, _ = split_by_request(trace, seed=0)
+    for nodes in (1, 2):
+        p = solve("sempar", fit, G, nodes, redundant=G)
+        home = home_tp_contiguous(fit.num_tokens, G, L)
+        want = placement_figures(p, fit.experts, home)["load"]
+        hosts = p.hosts()
+        for l in range(L):
+            e = fit.experts[:, l].astype(np.int64)
+            Wt = np.zeros((G, N))
+            np.add.at(Wt, (np.repeat(home[:, l], e.shape[1]), e.ravel()), 1.0)
+            assert np.allclose(_served(hosts[l], Wt, p.node_of), want[l])
+
+
+def test_replicas_cut_the_peak_first():
+    # expert 0 (on device 0) is hot, used by the tokens of every device; a decoy, expert 1's
+    # tokens homed on device 3, would draw device 3's replica if locality came first
+    Wt = np.ones((G, N))
+    Wt[:, 0] = [100.0, 60.0, 60.0, 60.0]
+    Wt[3, 1] = 90.0
+    hosts = (np.arange(N) % G)[None, :] == np.arange(G)[:, None]
+    node_of = np.zeros(G, np.int64)
+    before = _served(hosts, Wt, node_of)
+    out = add_replicas(hosts, Wt, 1, before.mean(), node_of, np.ones((G, N), bool))
+    assert (out.sum(axis=1) == hosts.sum(axis=1) + 1).all() and (out >= hosts).all()
+    after = _served(out, Wt, node_of)
+    assert out[1:, 0].all()                         # every other device took a replica of 0
+    # 292 -> 162 (device 1: its decoy traffic and its own tokens of expert 0); locality first
+    # (device 3 takes expert 1) would leave device 0 at 172
+    assert after.max() < 170.0 and np.isclose(after.sum(), before.sum())
+
+
+def test_large_shapes_score_the_peak_devices_replicas(monkeypatch):
+    # above FULL_SCAN open pairs only the top pairs by locality and the peak device's experts
+    # are scored: the hot expert's replicas are still among them
+    from sempar.placement import sempar_replicas
+
+    monkeypatch.setattr(sempar_replicas, "FULL_SCAN", 0)
+    monkeypatch.setattr(sempar_replicas, "TOP_PAIRS", 1)
+    test_replicas_cut_the_peak_first()
