@@ -27,6 +27,7 @@ validates every row group and reports the first bad row in file coordinates.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from pathlib import Path
 from typing import Any, Iterator
@@ -274,6 +275,23 @@ def iter_blocks(path: str | os.PathLike, optional: tuple[str, ...] | None = None
         row0 += tab.num_rows
 
 
+def _small_pages(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array of `shape` and `dtype` in its own anonymous mapping, without the
+    MADV_HUGEPAGE advice numpy gives large allocations.
+
+    Why: with transparent huge pages on `madvise` (a common default) a first touch of an advised
+    region may compact memory to build 2 MB pages, and filling a trace once gains nothing from
+    them. Reading the 2M-token DeepSeek-V3-shaped trace (0.93 GB of ids) here took 18.7-21.5 s
+    with numpy's allocation (9.3-12.6 s of it in the kernel) and 5.9-6.8 s with this one, the
+    same 4.4 s of user time (`benchmarks/bench_placement_scale.py`, rows `read`)."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    if count * dtype.itemsize == 0:
+        return np.empty(shape, dtype)
+    buf = mmap.mmap(-1, count * dtype.itemsize)   # the array's base keeps the mapping alive
+    return np.frombuffer(buf, dtype, count).reshape(shape)
+
+
 def read_trace(path: str | os.PathLike, validate: bool = True,
                optional: tuple[str, ...] | None = None) -> RoutingTrace:
     """Read and validate a whole trace file into memory.
@@ -295,7 +313,7 @@ def read_trace(path: str | os.PathLike, validate: bool = True,
             raise InputError(f"{path}: row groups hold more rows than the footer's {n}")
         for key, a in arrays.items():
             if key not in out:
-                out[key] = np.empty((n,) + a.shape[1:], a.dtype)
+                out[key] = _small_pages((n,) + a.shape[1:], a.dtype)
             out[key][row0:row0 + rows] = a
         filled = row0 + rows
     if filled != n:
