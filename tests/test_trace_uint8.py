@@ -105,7 +105,7 @@ def test_place_redundant_dp(wide_trace, monkeypatch, tmp_path):
 
 def test_evaluate_online(wide_trace, monkeypatch, tmp_path):
     out = _same(["evaluate", "--fit", str(wide_trace), "--split", "--ep", "8", "--methods",
-                 "vanilla,eplb,kmeans2d,semmoe,sempar",
+                 "vanilla,semmoe",
                  "--online", "--json"], monkeypatch, tmp_path)
     assert out["stdout"]
 
