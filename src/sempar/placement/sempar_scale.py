@@ -33,22 +33,16 @@ planted tests; bench_placement's olmoe preset, 0.3M) `sempar` runs unchanged. Qw
 
 The balance cap is the same constraint; only the search is shorter.
 
-Measured (benchmarks/bench_placement_scale.py --methods sempar, one run, a shared 2-core machine
-at load average 23 falling to 10: wall times stretched 2-13x, so CPU time is the figure to read):
-DeepSeek-V3 shape, 2M tokens, EP 64 as 8 x 8: solve 257.6 s wall / 112.2 s CPU, peak 3.44 GB
-(before the sparse token step and the shorter expert search: 238.8 s wall / 225.9 s CPU, 5.62 GB
-on a less loaded machine); on the first 6 layers the fit LAR moved 0.1918 -> 0.1915. The 120 s
-target holds in CPU time, not yet shown in wall time. Qwen3-30B-A3B shape, 1M tokens, EP 8:
-570.6 s wall / 44.8 s CPU in the same run with the sparse step (before: 33.4 s wall / 32.8 s
-CPU), so up to `SCALE_SPARSE_DEVICES` devices the path is the previous one again (same fit
-objective on 12 layers; the whole trace not rerun); the 30 s target is missed. Since, one
-X^T X per layer serves both the start and Sigma (`load_spread`'s gram): Qwen3 35.8 s wall /
-32.2 s CPU at load 3.3 (before: 38.4 / 36.1 at load 2.5-3), the same fit objective. Where the
-rest goes (cProfile, CPU per layer): the layer's counts about 0.19 s (a gather of the
-token-sorted selections, then chunked bincounts; one bincount over all U x N bins, or a sparse
-token x occurrence product, measured no faster), three alternations of token step (0.05 s)
-and expert step (0.05 s); the third alternation still gains 0.75 % of the fit objective, so
-the rounds stay.
+Measured (benchmarks/bench_placement_scale.py --methods sempar, 2026-11-24, the 2-core dev
+machine; README "Expert placement" has the table): DeepSeek-V3 shape, 2M tokens, EP 64 as 8 x 8
+(this path): 122.2 s wall / 104.7 s CPU, 2.35 GB peak with the test suite on the other core.
+Qwen3-30B-A3B shape, 1M tokens, EP 8 (`SCALE_SPARSE_DEVICES` keeps the dense token step there:
+the sparse one was slower at 8 devices and lost fit LAR): 37.0 s wall / 39.9 s CPU at load 1,
+so its 30 s target is missed. Where it goes (cProfile, 48 layers): the layer's counts 13.6 s
+(a gather of the token-sorted selections, then chunked bincounts; about a third of it page
+faults of fresh temporaries), the token step's proposal rounds 3.6 s, the expert step's
+Hungarian solves and swap search 6 s; the third alternation still gains 0.75 % of the fit
+objective, so the rounds stay.
 """
 
 from __future__ import annotations

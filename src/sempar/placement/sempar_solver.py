@@ -1,8 +1,7 @@
 """`sempar`: our placement solver: local AND balanced, balance a hard cap, the rest to locality.
 
-Not a paper's algorithm (the faithful Sem-MoE baseline is `semmoe`); it answers the review in
-issue 15: a load term in the score swamped the affinity terms, and the objective was dp's while
-the placement was used in tp mode. Here
+Not a paper's algorithm (the faithful Sem-MoE baseline is `semmoe`, whose load term in the
+score swamps its affinity terms and whose objective is dp's whatever the mode). Here
 
 - **balance is a constraint**: at every MoE layer each device's expert load (fit activations
   it serves) is at most `max_imbalance` x the mean (default 1.05, `--max-imbalance`);
@@ -49,8 +48,7 @@ metis 0.367 at 1.14, semmoe 0.355 at 1.04); dp EP 4 0.286 at 1.055 (semmoe 0.264
 replicas, tp, held out: EP 4 0.430 at imbalance 1.047 (eplb 0.306 at 1.13: 1.40x), EP 8 0.2725
 at 1.080 (eplb 0.175 at 1.34: 1.56x): the 1.05 target holds at EP 4, not at EP 8 (fit 1.040
 there; the drift is the experts' own held-out load: a placement that balances fit loads only,
-LPT, reaches 1.027 / 1.036 held out at EP 4 / 8). Before the balance-first step: EP 4 0.441 at
-1.063, EP 8 0.294 at 1.127. REPLICA_SLACK 0.5 (primary cap 1.025 x mean): EP 4 0.4185 at
+LPT, reaches 1.027 / 1.036 held out at EP 4 / 8). REPLICA_SLACK 0.5 (primary cap 1.025 x mean): EP 4 0.4185 at
 1.041, EP 8 0.2607 at 1.075; 0.1 (1.005) lost LAR on the planted instance (replicas 0.527 vs
 0.829 without), so neither is the default. dp mode, R = G: EP 4 0.3096 at 1.059, EP 8 0.1809
 at 1.131 (eplb 0.305 / 0.175: 1.01x / 1.03x; the 1.15x target is missed).
