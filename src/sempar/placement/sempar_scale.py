@@ -169,6 +169,7 @@ def greedy_start(gram: np.ndarray, load: np.ndarray, slot_group: np.ndarray,
     dev = np.full(N, -1, np.int64)
     for d in range(G):
         members: list[int] = []
+        pull = np.zeros(N)                               # co-activation with the device so far
         for j in range(S):
             pool = free & (expert_group == slot_group[d, j])
             if members:
@@ -177,7 +178,7 @@ def greedy_start(gram: np.ndarray, load: np.ndarray, slot_group: np.ndarray,
                 score = np.where(pool, load, -np.inf)
             e = int(np.argmax(score))
             members.append(e)
-            pull = A[e] if j == 0 else pull + A[e]       # co-activation with the device so far
+            pull = pull + A[e]
             free[e] = False
             dev[e] = d
     return dev
