@@ -35,7 +35,7 @@ The balance cap is the same constraint; only the search is shorter.
 
 Measured (benchmarks/bench_placement_scale.py --methods sempar, 2026-11-24, the 2-core dev
 machine; README "Expert placement" has the table): DeepSeek-V3 shape, 2M tokens, EP 64 as 8 x 8
-(this path): 122.2 s wall / 104.7 s CPU, 2.35 GB peak with the test suite on the other core.
+(this path): 97.5 s wall / 103.6 s CPU, 2.34 GB peak at load 1.
 Qwen3-30B-A3B shape, 1M tokens, EP 8 (`SCALE_SPARSE_DEVICES` keeps the dense token step there:
 the sparse one was slower at 8 devices and lost fit LAR): 37.0 s wall / 39.9 s CPU at load 1,
 so its 30 s target is missed. Where it goes (cProfile, 48 layers): the layer's counts 13.6 s
