@@ -132,3 +132,46 @@ def test_profile_records_the_fitted_gloo_model():
     assert col["median_abs_error"] < 0.01 < col["median_abs_error_eq9"]
     t.collectives = col
     assert collective_model(Topology.from_json(t.to_json())).name == "gloo"
+
+
+def test_cli_collectives_flag(tmp_path):
+    """`--collectives` on simulate (and serve-sim / plan, the same option): the flag beats the
+    topology's model, an unknown name or gloo without a profiled serialisation is refused."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from sempar.cli import app
+    from sempar.paths import dev_trace_paths
+
+    trace = str(dev_trace_paths()[1])                               # tiny-mixtral
+    topo = topology_preset("pcie-upi8")
+    topo.collectives = {"model": "gloo", "a2a_serialisation": 0.5}
+    path = tmp_path / "gloo.json"
+    topo.save(path)
+
+    def run(*extra):
+        r = CliRunner().invoke(app, ["simulate", "--trace", trace, "--pipeline", "ds-moe",
+                                     "--json", *extra])
+        return r.exit_code, (json.loads(r.stdout) if r.exit_code == 0 else r.output)
+
+    rc, by_topo = run("--topology", str(path))
+    rc2, by_flag = run("--topology", str(path), "--collectives", "nccl")
+    rc3, plain = run("--topology", "pcie-upi8")
+    assert rc == rc2 == rc3 == 0
+    assert by_flag["total"] == plain["total"]                       # nccl, as the preset
+    assert by_topo["total"]["bytes"] == plain["total"]["bytes"]
+    assert by_topo["total"]["a2a_seconds_mean"] > plain["total"]["a2a_seconds_mean"]
+    # refusals: exit 2 and one line, through the installed entry point's error mapping
+    from conftest import run_cli
+
+    for args, msg in ((["simulate", "--trace", trace, "--collectives", "bogus"],
+                       "unknown collective model 'bogus'"),
+                      (["simulate", "--trace", trace, "--topology", "pcie-upi8",
+                        "--collectives", "gloo"], "a2a_serialisation"),
+                      (["serve-sim", "--trace", trace, "--collectives", "bogus"],
+                       "unknown collective model"),
+                      (["plan", "--trace", trace, "--collectives", "bogus"],
+                       "unknown collective model")):
+        r = run_cli(*args)
+        assert r.returncode == 2 and msg in r.stderr and r.stderr.count("\n") == 1, r.stderr

@@ -1,4 +1,5 @@
-"""Options shared by several verbs: the old spelling of a renamed option, still read."""
+"""Options shared by several verbs: the old spelling of a renamed option, still read; the
+collective model a forecast prices with."""
 
 from __future__ import annotations
 
@@ -22,3 +23,18 @@ def renamed(value: Optional[T], old_value: Optional[T], name: str, old: str,
             raise InputError(f"missing option '{name}'")
         return default
     return chosen
+
+
+COLLECTIVES_HELP = ("collective model (comm/collective_models.py): nccl (the papers' engines: eq. 9 "
+                    "all-to-alls, rings) or gloo (sempar bench's runtime; needs a topology JSON "
+                    "from `sempar profile --method all_to_all_single`); default: the topology's, "
+                    "else nccl")
+
+
+def collectives(name: Optional[str]) -> Optional[str]:
+    """`--collectives`: a registered collective model's name, or None (the topology's)."""
+    if name is not None:
+        from sempar.comm.collective_models import COLLECTIVE_MODELS
+
+        COLLECTIVE_MODELS.get(name)
+    return name

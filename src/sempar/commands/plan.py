@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from sempar.commands._options import COLLECTIVES_HELP
+from sempar.commands._options import collectives as check_collectives
 from sempar.errors import InputError
 
 
@@ -41,6 +43,8 @@ def register(app: typer.Typer) -> None:
         budget: int = typer.Option(2048, "--token-budget", help="tokens per iteration per device"),
         max_running: int = typer.Option(128, "--max-running", help="running requests per device"),
         seed: int = typer.Option(0, "--seed"),
+        collectives: Optional[str] = typer.Option(None, "--collectives", help=COLLECTIVES_HELP,
+                                                  callback=check_collectives),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Rank deployments (pipeline x placement x policy x redundancy x EP) by throughput under an SLO."""
@@ -61,7 +65,8 @@ def register(app: typer.Typer) -> None:
         fcs = {}
 
         def make_fc(G):
-            fcs[G] = forecaster(trace, preset, topology, accelerator, G, None, budget, max_running, seed)
+            fcs[G] = forecaster(trace, preset, topology, accelerator, G, None, budget, max_running, seed,
+                           collectives)
             return fcs[G]
 
         eps = [make_fc(G).G for G in eps]

@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from sempar.commands._options import COLLECTIVES_HELP
+from sempar.commands._options import collectives as check_collectives
 from sempar.errors import InputError
 
 
@@ -40,6 +42,8 @@ def register(app: typer.Typer) -> None:
         budget: int = typer.Option(2048, "--token-budget", help="tokens per iteration per device"),
         max_running: int = typer.Option(128, "--max-running", help="running requests per device"),
         seed: int = typer.Option(0, "--seed"),
+        collectives: Optional[str] = typer.Option(None, "--collectives", help=COLLECTIVES_HELP,
+                                                  callback=check_collectives),
         plot: Optional[Path] = typer.Option(None, "--plot", help="folder for serve-sim-curves.png"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
@@ -58,7 +62,8 @@ def register(app: typer.Typer) -> None:
         rate_list = parse_floats(rates, "--rates")
         given = parse_slo(slo)
         arr = read_arrivals(arrivals) if arrivals is not None else None
-        fc = forecaster(trace, preset, topology, accelerator, ep, nodes, budget, max_running, seed)
+        fc = forecaster(trace, preset, topology, accelerator, ep, nodes, budget, max_running, seed,
+                           collectives)
         n_steps = len(names) * (1 + (len(rate_list) if rate_list else 10))
         with steps("serve-sim", n_steps) as step:
             res = compare(fc, names, rate_list, duration, lengths, input_len, output_len,

@@ -11,6 +11,8 @@ import typer
 
 from sempar.bounds import SEED, bound
 from sempar.console import emit_json, out
+from sempar.commands._options import COLLECTIVES_HELP
+from sempar.commands._options import collectives as check_collectives
 from sempar.errors import InputError
 
 
@@ -55,6 +57,8 @@ def register(app: typer.Typer) -> None:
                                         "all-reduced router logit (fp32 = 4, bf16 = 2)",
                                         callback=bound(1, 16)),
         seed: int = typer.Option(0, "--seed", help="split and solver seed", callback=SEED),
+        collectives: Optional[str] = typer.Option(None, "--collectives", help=COLLECTIVES_HELP,
+                                                  callback=check_collectives),
         compare: bool = typer.Option(False, "--compare", help="every placement x pipeline x "
                                      "topology in one table and one PNG"),
         png: Path = typer.Option(Path("simulate-compare.png"), "--png", help="--compare: plot path"),
@@ -75,7 +79,7 @@ def register(app: typer.Typer) -> None:
         tr = read_trace(trace)
         opts = SimOptions(hidden=resolve_hidden(tr.meta.model, tr.meta.extra, hidden),
                           dtype_bytes=dtype_bytes, batch=batch, dedup=dedup, one_shot=one_shot,
-                          count_sag=count_sag, logit_bytes=logit_bytes)
+                          count_sag=count_sag, logit_bytes=logit_bytes, collectives=collectives)
         if dtype_bytes < 1:
             raise InputError(f"--dtype-bytes: {dtype_bytes} is not a positive integer")
         if logit_bytes < 1:

@@ -61,7 +61,10 @@ def parse_slo(s: str | None) -> dict:
 
 
 def forecaster(trace: Path, preset: str | None, topology: str, accelerator: str, ep: int | None,
-               nodes: int | None = None, budget: int = 2048, max_running: int = 128, seed: int = 0):
+               nodes: int | None = None, budget: int = 2048, max_running: int = 128, seed: int = 0,
+               collectives: str | None = None):
+    """The Forecaster of a verb's options; `collectives` names the collective model (None: the
+    topology's, comm/collective_models.py)."""
     from sempar.serving.dims import model_dims
     from sempar.serving.forecast import Forecaster
     from sempar.serving.hardware import ACCELERATORS
@@ -71,4 +74,5 @@ def forecaster(trace: Path, preset: str | None, topology: str, accelerator: str,
     topo = topology_for(topology, ep, nodes)
     tr = read_trace(trace)
     dims = model_dims(preset or tr.meta.model)
-    return Forecaster(tr, dims, topo, acc, budget=budget, max_running=max_running, seed=seed)
+    return Forecaster(tr, dims, topo, acc, budget=budget, max_running=max_running, seed=seed,
+                      sim={"collectives": collectives} if collectives else None)
