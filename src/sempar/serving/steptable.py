@@ -48,33 +48,42 @@ class StepTable:
     lar: float | None = None
     a2a: np.ndarray | None = None
 
-    def lookup_a2a(self, n: float, i: np.ndarray) -> np.ndarray:
-        """float64[K]: the all-to-all part of `lookup`'s comm for iterations of n tokens."""
-        return StepTable(self.sizes, self.a2a, self.expert, self.count).lookup(n, i)[0]
+    def _at(self, n: np.ndarray | float, i: np.ndarray):
+        """Where iterations of n tokens (int[K], or one number for all) with sample indices i
+        int[K] fall in the table: rows lo / hi and samples s0 / s1 int, the weight f of hi, and
+        `zero` (n <= 0: no time) bool or bool[K]."""
+        i = np.asarray(i, np.int64)
+        top = len(self.sizes) - 1.0
+        if np.ndim(n) == 0:
+            x = min(np.log2(n), top) if n > 0 else 0.0
+            lo = int(x)
+            hi = min(lo + 1, len(self.sizes) - 1)
+            zero = bool(n <= 0)
+        else:
+            n = np.asarray(n, np.float64)
+            x = np.minimum(np.log2(np.maximum(n, 1.0)), top)
+            lo = x.astype(np.int64)
+            hi = np.minimum(lo + 1, len(self.sizes) - 1)
+            zero = n <= 0
+        return lo, i % self.count[lo], hi, i % self.count[hi], x - lo, zero
+
+    @staticmethod
+    def _blend(mat: np.ndarray, at) -> np.ndarray:
+        lo, s0, hi, s1, f, zero = at
+        if zero is True:                            # one n for all (the event loop's hot path)
+            return np.zeros(s0.shape)
+        v = mat[lo, s0] * (1 - f) + mat[hi, s1] * f
+        return v if zero is False else np.where(zero, 0.0, v)
 
     def lookup(self, n: np.ndarray | float, i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(comm seconds, expert seconds) float64[K] of iterations of n tokens (int[K], or one
-        number for all), sample indices i int[K]."""
-        i = np.asarray(i, np.int64)
-        if np.ndim(n) == 0:
-            if n <= 0:
-                return np.zeros(i.shape), np.zeros(i.shape)
-            x = min(np.log2(n), len(self.sizes) - 1.0)
-            lo = int(x)
-            hi, f = min(lo + 1, len(self.sizes) - 1), x - lo
-            s0, s1 = i % self.count[lo], i % self.count[hi]
-            return ((1 - f) * self.comm[lo, s0] + f * self.comm[hi, s1],
-                    (1 - f) * self.expert[lo, s0] + f * self.expert[hi, s1])
-        n = np.asarray(n, np.float64)
-        x = np.minimum(np.log2(np.maximum(n, 1.0)), len(self.sizes) - 1.0)
-        lo = x.astype(np.int64)
-        hi = np.minimum(lo + 1, len(self.sizes) - 1)
-        f = x - lo
-        s0, s1 = i % self.count[lo], i % self.count[hi]
-        c = self.comm[lo, s0] * (1 - f) + self.comm[hi, s1] * f
-        e = self.expert[lo, s0] * (1 - f) + self.expert[hi, s1] * f
-        zero = n <= 0
-        return np.where(zero, 0.0, c), np.where(zero, 0.0, e)
+        number for all), sample indices i int[K]; linear in log2(n) between table rows."""
+        at = self._at(n, i)
+        return self._blend(self.comm, at), self._blend(self.expert, at)
+
+    def lookup_a2a(self, n: float, i: np.ndarray) -> np.ndarray:
+        """float64[K]: the all-to-all part of `lookup`'s comm for iterations of n tokens."""
+        return self._blend(self.a2a, self._at(n, i))
 
     def mean(self, n: int) -> tuple[float, float]:
         """Mean over samples (for capacity estimates)."""
