@@ -77,7 +77,8 @@ def forward_seconds(model: str, batch_size: int, seq: int, repeats: int, ranks: 
 
 
 def bench_topology(bench: dict, path: str | None):
-    from sempar.comm.topology import Topology, load_topology
+    from sempar.comm.topology import Topology
+    from sempar.comm.topology_presets import load_topology
     from sempar.testbed.shaping import resolve_preset
 
     if path:

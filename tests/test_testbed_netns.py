@@ -132,7 +132,7 @@ def test_profile_of_gloo_all_to_all_records_its_serialisation(tmp_path):
     """`--method all_to_all_single`: the topology JSON names the gloo collective model with the
     fitted serialisation, and the fitted model is no farther from gloo's times than eq. 9."""
     from sempar.comm.collective_models import collective_model
-    from sempar.comm.topology import load_topology
+    from sempar.comm.topology_presets import load_topology
 
     out = tmp_path / "topo.json"
     before = set(netns.existing_namespaces())

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from sempar.comm.topology import Topology, load_topology, phase_index
+from sempar.comm.topology import Topology, phase_index
+
+from sempar.comm.topology_presets import load_topology
 from sempar.errors import InputError
 
 SUBNET = "10.77.0"
