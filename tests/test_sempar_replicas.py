@@ -82,3 +82,15 @@ def test_balance_pass_lowers_the_robust_peak_and_keeps_the_slots():
     assert after.max() < before.max() - 1.0 and np.isclose(after.sum(), before.sum())
     # a target at the current peak: nothing to do
     assert (balance_pass(hosts, Wt, lm, node_of, before.max(), 1.0, 50) == hosts).all()
+
+
+def test_dp_replicas_put_the_hottest_expert_on_every_device():
+    trace, _, _ = planted(T=20_000, by_request=True)
+    fit, _ = split_by_request(trace, seed=0)
+    p = solve("sempar", fit, G, mode="dp", redundant=G)
+    hosts = p.hosts()                                                   # [L, G, N]
+    assert p.slots_per_device == N // G + 1
+    for l in range(L):
+        hottest = np.bincount(fit.experts[:, l].ravel(), minlength=N).argmax()
+        assert hosts[l][:, hottest].all()
+        assert (hosts[l].sum(axis=1) == N // G + 1).all()

@@ -39,6 +39,7 @@ PASS_Z = 1.5
 PASS_PEAK = 0.0
 PASS_MOVES = 12
 PASS_ROUNDS = 2
+DP_HOT = 1           # dp mode: experts replicated on every device (`dp_hot`)
 FULL_SCAN = 4096        # open (device, expert) pairs the replica step scores in full (`_candidates`)
 TOP_PAIRS = 256
 
@@ -71,6 +72,45 @@ def tp_replicas(C, dev: np.ndarray, items: np.ndarray, assign, lm: LoadModel, pe
             break
         h, items, Wt, peak = done = new
     return (done or follow(h))[:2]
+
+
+def dp_hot(Q: np.ndarray, G: int, redundant: int) -> np.ndarray:
+    """int64[<= DP_HOT]: the experts dp mode replicates on every device (the hottest by fit
+    activations, Q float[R, N]); none without replicas or with fewer than G - 1 of them."""
+    if redundant < G - 1 or G < 2:
+        return np.zeros(0, np.int64)
+    k = min(DP_HOT, redundant // (G - 1))
+    return np.argsort(-Q.sum(axis=0), kind="stable")[:k].astype(np.int64)
+
+
+def without(Q: np.ndarray, hot: np.ndarray) -> np.ndarray:
+    """Q float[R, N] with the `hot` experts' activations dropped: on every device they are local
+    to every request and split its load evenly, so the primary's requests and experts ignore them."""
+    if hot.size == 0:
+        return Q
+    Q = Q.copy()
+    Q[:, hot] = 0
+    return Q
+
+
+def dp_replicas(Q: np.ndarray, dev: np.ndarray, z: np.ndarray, lm: LoadModel, per_device: int,
+                node_of: np.ndarray, allowed: np.ndarray, hot: np.ndarray) -> np.ndarray:
+    """bool[G, N]: dp mode's replicas for one layer: the `hot` experts (`dp_hot`) on every device,
+    then the slots left by `add_replicas`, locality first. Q float[R, N] every fit request's
+    activations, dev int[N] the primary, z int[R] the requests' ranks."""
+    G = lm.cap_devices
+    h = _onehot(dev, G).T.astype(bool)
+    Wt = (Q.T @ _onehot(z, G)).T.astype(np.float64)
+    need = np.full(G, per_device)
+    for e in hot:
+        for d in range(G):
+            if need[d] and not h[d, e] and allowed[d, e]:
+                h[d, e] = True
+                need[d] -= 1
+    if need.any():
+        h = add_replicas(h, Wt, need, replica_cap(lm, dev), node_of, allowed,
+                         balance_first=False)
+    return h
 
 
 def replica_cap(lm: LoadModel, dev: np.ndarray) -> float:
@@ -120,7 +160,7 @@ def add_replicas(hosts: np.ndarray, Wt: np.ndarray, per_device: int, cap: float,
     hosts = hosts.copy()
     G, N = hosts.shape
     rank = _serve_rank(np.asarray(node_of))
-    need = np.full(G, per_device)
+    need = np.zeros(G, np.int64) + per_device      # int, or int[G] per device
     served = np.stack([_served_one(hosts[:, e], Wt[:, e], rank) for e in range(N)])  # [N, G]
     load = np.maximum(served.sum(axis=1), 1e-12)
     while need.any():

@@ -34,9 +34,12 @@ score swamps its affinity terms and whose objective is dp's whatever the mode). 
   the cap, tokens re-assigned against the replicated hosts, then up to two rounds of a
   balancing pass (`sempar_replicas.balance_pass`: slot swaps that lower the peak robust served
   load, the least locality lost per unit of peak lowered; a round is kept only if the peak
-  stays lower once the tokens follow the swaps); in dp mode locality first
-  (any pair that does not raise the peak; balance first there measured below eplb's LAR:
-  tiny-moe64 R = G EP 4 0.304 at 1.028, EP 8 0.162 at 1.085). A tighter primary cap
+  stays lower once the tokens follow the swaps); in dp mode the hottest expert of each layer
+  (fit activations) is put on every device first (`sempar_replicas.dp_hot`: local to every
+  request, its load split by the requests' ranks), so the alternation of requests and experts
+  runs without it, then the slots left go locality first (any pair that does not raise the
+  peak; balance first there measured below eplb's LAR: tiny-moe64 R = G EP 4 0.304 at 1.028,
+  EP 8 0.162 at 1.085). A tighter primary cap
   (`sempar_replicas.REPLICA_SLACK`, the share of the headroom above the mean the primary keeps;
   1.0, the full cap, here) trades LAR for held-out balance (below).
 - **--preserve-groups**: expert e may only fill a slot of its own expert group's slot range
@@ -54,8 +57,8 @@ replicas, tp, held out (machine loaded): EP 4 0.409 at imbalance 1.031 (eplb 0.3
 largest on devices grouping experts that the same requests use, which the pass's robust loads
 charge; a placement balancing fit loads only, LPT, reaches 1.027 / 1.036 held out at EP 4 / 8).
 REPLICA_SLACK 0.5 (primary cap 1.025 x mean, no pass): EP 4 0.4185 at 1.041, EP 8 0.2607 at
-1.075. dp mode, R = G: EP 4 0.3096 at 1.059, EP 8 0.1809 at 1.131 (eplb 0.305 / 0.175:
-1.01x / 1.03x; the 1.15x target is missed).
+1.075. dp mode, R = G: EP 4 0.344 at 1.064, EP 8 0.212 at 1.132 (eplb 0.305 / 0.175: 1.13x /
+1.21x; locality-first replicas without the hot expert: 0.310 at 1.059 / 0.181 at 1.131).
 Planted instances (tests/test_sempar_solver.py) are recovered to >= 99%.
 
 Limits: the fit cap holds on fit loads (tested); held out, imbalance drifts 0.005-0.05 above it
@@ -267,9 +270,11 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
     from sempar.placement.semmoe import _initial_requests, request_features
 
     L, G, R = stats.L, p.num_devices, stats.R
-    Q = [request_counts(stats, l) for l in range(L)]                                 # [R, N] each
+    full = [request_counts(stats, l) for l in range(L)]                              # [R, N] each
+    hot = [sempar_replicas.dp_hot(q, G, p.redundant) for q in full]
+    Q = [sempar_replicas.without(q, h) for q, h in zip(full, hot)]   # hot experts: local anywhere
     lms = [model(q) for q in Q]
-    feats, _ = request_features(np.stack(Q), p.seed)
+    feats, _ = request_features(np.stack(full), p.seed)
     z = _initial_requests(feats, G, p.seed)
     ones = np.ones(R)
     rcap = np.full(G, float(-(-R // G)))
@@ -298,11 +303,8 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
             votes = np.asarray(stats.request_tokens().T @ _onehot(z, G))                # [U, G]
             tdev = np.tile(votes.argmax(axis=1), (L, 1))
         return coclustered_placement(p, "sempar", np.stack(devs), stats, tdev, info=info)
-    oz = _onehot(z, G)
-    hosts = [add_replicas(_hosts(devs[l], G), (Q[l].T @ oz).T.astype(np.float64),
-                          p.redundant // G, replica_cap(lms[l], devs[l]), node_of, allowed,
-                          balance_first=False)
-             for l in range(L)]
+    hosts = [sempar_replicas.dp_replicas(full[l], devs[l], z, lms[l], p.redundant // G, node_of,
+                                         allowed, hot[l]) for l in range(L)]
     return replicated_placement(p, "sempar", np.stack(devs), hosts, stats, None, info)
 
 sempar.preserves_groups = True     # slots and swaps stay inside each expert group
