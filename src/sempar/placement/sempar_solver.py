@@ -92,7 +92,7 @@ from sempar.placement.placement import Placement
 from sempar.placement import sempar_replicas, sempar_scale
 from sempar.placement.sempar_load import LoadModel, _onehot, load_spread
 from sempar.placement.sempar_experts import expert_step
-from sempar.placement.sempar_replicas import add_replicas, replica_cap, replicated_placement
+from sempar.placement.sempar_replicas import replicated_placement
 from sempar.placement.sempar_tokens import SHUFFLES, batch_priced_assign, pseudo_batches
 
 ROUNDS = 12             # alternations at most (ours: the tiny-moe64 objective settles in 4-8)
@@ -134,11 +134,6 @@ def request_counts(stats: AffinityStats, l: int) -> np.ndarray:
     R, N = stats.R, stats.N
     key = stats.request_index[:, None] * N + stats.trace.experts[:, l]
     return np.bincount(key.ravel(), minlength=R * N).reshape(R, N).astype(np.float32)
-
-
-def _hosts(dev: np.ndarray, G: int) -> np.ndarray:
-    """bool[G, N] of a one-replica placement dev int[N]."""
-    return _onehot(dev, G).T.astype(bool)
 
 
 def alternate(M, step, lm: LoadModel, slot_group: np.ndarray, expert_group: np.ndarray,
