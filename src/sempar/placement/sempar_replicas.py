@@ -39,7 +39,12 @@ PASS_Z = 1.5
 PASS_PEAK = 0.0
 PASS_MOVES = 12
 PASS_ROUNDS = 2
-DP_HOT = 1           # dp mode: experts replicated on every device (`dp_hot`)
+# dp mode: experts replicated on every device before the primary is solved (`dp_hot`). Held out,
+# R = G, tiny-moe64 EP 4 / 8: 0.344 / 0.212 LAR at 1.064 / 1.132 (locality-first replicas only:
+# 0.310 / 0.181 at 1.059 / 1.131). Not used in tp mode: seeding tp's replica step with the
+# hottest expert everywhere measured tiny-moe64 EP 4 0.447 at 1.030, EP 8 0.298 at 1.056 (above
+# the 1.05 target) and tiny-mixtral EP 4 0.722 at 1.173 (0.529 at 1.346 without).
+DP_HOT = 1
 FULL_SCAN = 4096        # open (device, expert) pairs the replica step scores in full (`_candidates`)
 TOP_PAIRS = 256
 
