@@ -215,6 +215,12 @@ class AffinityStats:
             self._cache_left -= size
         return C
 
+    def forget(self, l: int) -> None:
+        """Drop layer l's cached counts (a caller done with the layer frees the room)."""
+        C = self._cache.pop(l, None)
+        if C is not None:
+            self._cache_left += C.data.nbytes + C.indices.nbytes + C.indptr.nbytes
+
     def cp(self, l: int) -> sparse.csr_matrix:
         """float32 CSR[U, N]: Cp[l] = c / (k a), rows sum to 1."""
         C = self.counts(l)
