@@ -241,11 +241,12 @@ def sempar(p: PlacementProblem) -> Placement:
                     sample=sample, imb=imb, model=model, step=step,
                     assign=assign, bounds=bounds, slot_group=slot_group,
                     expert_group=expert_group, node_of=node_of, allowed=allowed)
-    jobs = usable_cpus() if p.jobs is None else p.jobs
-    out = map_layers(layer, L, jobs if large else 1, BLOCK_LAYERS)
+    jobs = min(L, usable_cpus() if p.jobs is None else p.jobs) if large else 1
+    out = map_layers(layer, L, jobs, BLOCK_LAYERS)
     devs, toks, objs, hosts_all, rows = (list(x) for x in zip(*out))
     info = {"mode": "tp", "max_imbalance": p.max_imbalance, "fit_local_activations": objs,
-            "preserve_groups": p.preserve_groups, "large_trace_path": large}
+            "preserve_groups": p.preserve_groups, "large_trace_path": large,
+            "layer_workers": jobs}
     if p.redundant:
         return replicated_placement(p, "sempar", np.stack(devs), hosts_all, stats,
                                     np.stack(toks), info)
