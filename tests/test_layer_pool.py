@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 
 from sempar.placement.layer_pool import map_layers, usable_cpus
 
@@ -39,3 +40,28 @@ def _nested(l: int) -> list:
 def test_no_nested_pools():
     for pids in map_layers(_nested, 2, 2):
         assert len(set(pids)) == 1 and pids[0] != os.getpid()       # inner map ran serially
+
+
+def _blas_threads(l: int) -> list[int]:
+    from threadpoolctl import threadpool_info
+
+    return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+
+def test_one_blas_thread_in_workers_and_serially():
+    for jobs in (1, 2):
+        for threads in map_layers(_blas_threads, 2, jobs):
+            assert all(t == 1 for t in threads)
+
+
+def _dies(l: int) -> int:
+    if l == 1:
+        os._exit(9)
+    return l
+
+
+def test_a_dying_worker_raises_instead_of_hanging():
+    from concurrent.futures.process import BrokenProcessPool
+
+    with pytest.raises(BrokenProcessPool):
+        map_layers(_dies, 4, 2)
