@@ -729,3 +729,19 @@ def test_affinity_counts_match_dense_counts(monkeypatch, chunk_bins):
         st.forget(l)
         assert l not in st._cache
         np.testing.assert_array_equal(st.counts(l).toarray(), ref)
+
+
+def test_device_share_cached_equals_from_occurrences():
+    """device_share from the cached counts (a sparse product) and from the occurrences (no
+    cache) agree exactly, so the token tables do not depend on the cache."""
+    from conftest import build_trace
+
+    trace = build_trace(T=2000, R=40, L=3, N=8, k=2, vocab=60)
+    cached, bare = routing_stats.AffinityStats(trace), routing_stats.AffinityStats(trace, 0)
+    dev = np.array([0, 1, 2, 0, 1, 2, 0, 1])
+    for l in range(3):
+        cached.counts(l)
+        assert l in cached._cache and not bare._cache
+        a, b = cached.device_share(l, dev, 3), bare.device_share(l, dev, 3)
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a.sum(axis=1), 1.0)

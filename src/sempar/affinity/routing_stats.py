@@ -299,11 +299,10 @@ class AffinityStats:
         """
         dev_of = np.asarray(expert_device, np.int64)
         C = self._cache.get(l)
-        if C is not None:                          # from the cached table: nnz entries
-            rows = np.repeat(np.arange(self.U, dtype=np.int64), np.diff(C.indptr))
-            share = np.bincount(rows * G + dev_of[C.indices], weights=C.data,
-                                minlength=self.U * G)
-            share = share.reshape(self.U, G)
+        if C is not None:              # from the cached table: C @ one-hot, exact integer sums
+            onehot = np.zeros((self.N, G))
+            onehot[np.arange(self.N), dev_of] = 1.0
+            share = np.asarray(C @ onehot)
         else:                                      # from the occurrences: T k entries
             dev = dev_of[self._sorted_experts(l)]
             share = np.empty((self.U, G))
