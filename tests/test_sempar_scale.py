@@ -126,3 +126,18 @@ def test_worker_layers_identical_to_serial(large_path, monkeypatch, redundant, s
     ta, tb = a.token_table, b.token_table
     assert np.array_equal(ta.device, tb.device) and ta.device.dtype == tb.device.dtype
     assert np.array_equal(ta.confidence, tb.confidence)
+
+
+def test_place_jobs_option(tmp_path):
+    """`place --jobs`: a bad count exits 2 with one line and writes nothing; a good one places."""
+    from conftest import run_cli
+    from sempar.paths import assets_dir
+
+    trace = assets_dir() / "traces" / "tiny-mixtral.parquet"
+    out = tmp_path / "p.json"
+    r = run_cli("place", "--trace", trace, "--method", "vanilla", "--ep", "4", "--jobs", "0",
+                "--out", out)
+    assert r.returncode == 2 and "--jobs" in r.stderr and not out.exists()
+    r = run_cli("place", "--trace", trace, "--method", "vanilla", "--ep", "4", "--jobs", "2",
+                "--out", out)
+    assert r.returncode == 0 and out.exists(), r.stderr
