@@ -100,6 +100,7 @@ class RssSampler:
         self.cap, self.period, self.pss_every = cap, period, pss_every
         self.peak = self.tree_peak = self.tree_pss_peak = 0
         self._kids: list[str] = []
+        self.most_children = 0
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
@@ -108,6 +109,7 @@ class RssSampler:
         self.peak = max(self.peak, rss)
         if i % 5 == 0:                            # the workers live as long as the solve
             self._kids = _children()
+            self.most_children = max(self.most_children, len(self._kids))
         tree, pss = rss, 0
         for pid in self._kids:
             try:
@@ -198,6 +200,7 @@ def worker(path: str, method: str, ep: int, nodes: int, cap_gb: float) -> None:
            # sum of the process's and its workers' RSS (shared pages counted in each), if higher
            "peak_rss_gb": max(own, rs.tree_peak / 1e9), "main_peak_rss_gb": own,
            "workers_peak_rss_gb": kids.ru_maxrss * 1024 / 1e9,
+           "layer_workers": rs.most_children,          # child processes seen while solving
            "tree_peak_rss_gb": rs.tree_peak / 1e9, "tree_peak_pss_gb": rs.tree_pss_peak / 1e9,
            "rss_after_read_gb": after_read / 1e9, "solve_peak_rss_gb": rs.tree_peak / 1e9,
            "tokens": trace.num_tokens, "layers": L, "experts": N,
@@ -212,8 +215,6 @@ def worker(path: str, method: str, ep: int, nodes: int, cap_gb: float) -> None:
         out["cem"] = {k: cem[k] for k in ("hierarchy", "clustered_tokens", "token_coverage")}
     if "large_trace_path" in pl.info:
         out["large_trace_path"] = pl.info["large_trace_path"]
-    if "layer_workers" in pl.info:
-        out["layer_workers"] = pl.info["layer_workers"]
     if "request_features" in pl.info:
         out["request_features"] = pl.info["request_features"]
     print(json.dumps(out), flush=True)

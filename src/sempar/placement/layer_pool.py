@@ -6,8 +6,10 @@ workers see the caller's arrays (the trace, its statistics) without copying or p
 only the layer index goes out and fn's result (plain numpy arrays and numbers) comes back.
 Each worker takes `block` consecutive layers at a time (the affinity statistics gather the
 trace's selections `routing_stats.BLOCK_LAYERS` layers at once), fewer when there are too few
-layers to give every worker a block. With `jobs` <= 1, one
-layer, or no fork (not Linux/macOS), fn runs here, in order: the serial run.
+layers to give every worker a block. With `jobs` <= 1, one layer, no fork (not Linux/macOS)
+or inside another map, fn runs here, in order: the serial run. A worker that dies (killed, out
+of memory) raises `concurrent.futures.process.BrokenProcessPool` here rather than leaving the
+map waiting.
 
 Every call of fn runs with one BLAS thread (threadpoolctl), in the workers and in the serial
 run alike: the layers are the parallelism, and OpenBLAS's own threads spin against them on a

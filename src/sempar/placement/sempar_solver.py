@@ -245,8 +245,7 @@ def sempar(p: PlacementProblem) -> Placement:
     out = map_layers(layer, L, jobs, BLOCK_LAYERS)
     devs, toks, objs, hosts_all, rows = (list(x) for x in zip(*out))
     info = {"mode": "tp", "max_imbalance": p.max_imbalance, "fit_local_activations": objs,
-            "preserve_groups": p.preserve_groups, "large_trace_path": large,
-            "layer_workers": jobs}
+            "preserve_groups": p.preserve_groups, "large_trace_path": large}
     if p.redundant:
         return replicated_placement(p, "sempar", np.stack(devs), hosts_all, stats,
                                     np.stack(toks), info)
