@@ -39,13 +39,12 @@ workers): DeepSeek-V3 shape, 2M tokens, EP 64 as 8 x 8 (this path): 97.5 s wall 
 2.34 GB peak at load 1; Qwen3-30B-A3B shape, 1M tokens, EP 8 (`SCALE_SPARSE_DEVICES` keeps the
 dense token step there: the sparse one was slower at 8 devices and lost fit LAR): 37.0 s wall /
 39.9 s CPU at load 1. The layers now run in two forked workers (`sempar_solver`'s "Workers",
-`layer_pool`), the counting reuses its buffers and BLAS keeps one thread: Qwen3 31.6-34.3 s
-CPU (workers and main process; the main process 2.6-3.0 s of it), 38.2 s wall at load 5.3-5.8
-and 52.1 s at 2.6-4.0 (other CPU-bound processes on the 2 cores, so the workers ran at about
-half speed); peak 3.12 GB summing the three processes' RSS (1.36 GB PSS). `solve()` timed
-alone, back to back at load 5-7: 26.5 and 38.8 s wall with two workers, 28.0 and 40.0 s in one
-process (26.5 s CPU, against 37.1 s before the buffers and the BLAS limit). The 30 s target is
-unconfirmed until a run at load 1. DeepSeek-V3 at load 5.7-6.1: 218.5 s wall / 137.4 s CPU, 4.49 GB
+`layer_pool`), the counting reuses its buffers and BLAS keeps one thread: Qwen3 **29.0 s wall**
+/ 28.3 s CPU (workers and main process; the main process 2.4 s of it) at load 2.7-3.4, a nice-5
+benchmark holding one core and the test suite at nice 19; peak 2.94 GB summing the three
+processes' RSS (1.30 GB PSS). Under heavier load: 38.2 s wall / 34.3 s CPU at 5.3-5.8, 52.1 s at
+2.6-4.0 with two nice-0 processes on the cores. `solve()` timed alone in one process at load
+5-7: 28.0 and 40.0 s wall, 26.5 s CPU (37.1 s before the buffers and the BLAS limit). DeepSeek-V3 at load 5.7-6.1: 218.5 s wall / 137.4 s CPU, 4.49 GB
 RSS sum (2.08 GB PSS; the 8 GB target holds); a cProfile run at load 2.7-5: 143.4 s wall,
 80.2 s CPU in the workers and 23.2 s in the main process, 27 s of whose wall time is
 `nodes.device_affinity` (the node grouping after the solve, serial). Where Qwen3's layer work
