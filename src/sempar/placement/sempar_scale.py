@@ -44,10 +44,11 @@ dense token step there: the sparse one was slower at 8 devices and lost fit LAR)
 benchmark holding one core and the test suite at nice 19; peak 2.94 GB summing the three
 processes' RSS (1.30 GB PSS). Under heavier load: 38.2 s wall / 34.3 s CPU at 5.3-5.8, 52.1 s at
 2.6-4.0 with two nice-0 processes on the cores. `solve()` timed alone in one process at load
-5-7: 28.0 and 40.0 s wall, 26.5 s CPU (37.1 s before the buffers and the BLAS limit). DeepSeek-V3 at load 5.7-6.1: 218.5 s wall / 137.4 s CPU, 4.49 GB
-RSS sum (2.08 GB PSS; the 8 GB target holds); a cProfile run at load 2.7-5: 143.4 s wall,
-80.2 s CPU in the workers and 23.2 s in the main process, 27 s of whose wall time is
-`nodes.device_affinity` (the node grouping after the solve, serial). Where Qwen3's layer work
+5-7: 28.0 and 40.0 s wall, 26.5 s CPU (37.1 s before the buffers and the BLAS limit).
+DeepSeek-V3 with two workers: 90.3 s wall / 94.0 s CPU, 4.47 GB RSS sum (2.09 GB PSS) at load
+3.1-3.4 (218.5 s wall at 5.7-6.1); of a cProfile run's 103 s CPU, 80 s in the workers and 23 s
+in the main process, 27 s of whose wall time is `nodes.device_affinity` (the node grouping after
+the solve, serial). Where Qwen3's layer work
 goes (cProfile, one process, load 5, 47 s in all): the layer's counts 11.8 s (a gather of the
 token-sorted selections 3.0 s, then chunked bincounts), the token step 10.5 s (proposal rounds
 4.9 s), the expert step's Hungarian solves and swap search 10.3 s; the third alternation still
