@@ -26,7 +26,8 @@ import numpy as np
 from sempar.commands.profile import run_profile
 from sempar.testbed.fidelity import fidelity_cases, fidelity_report, plot_fidelity
 from sempar.testbed.launch import launch
-from sempar.testbed.netns import netns_available, resolve_preset, testbed
+from sempar.testbed.netns import netns_available, testbed
+from sempar.testbed.shaping import resolve_preset
 
 
 def main() -> int:

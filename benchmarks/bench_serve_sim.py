@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from sempar.comm.topology import load_topology
+from sempar.comm.topology_presets import load_topology
 from sempar.serving.dims import model_dims
 from sempar.serving.forecast import Forecaster, compare
 from sempar.serving.hardware import ACCELERATORS

@@ -77,8 +77,9 @@ def forward_seconds(model: str, batch_size: int, seq: int, repeats: int, ranks: 
 
 
 def bench_topology(bench: dict, path: str | None):
-    from sempar.comm.topology import Topology, load_topology
-    from sempar.testbed.netns import resolve_preset
+    from sempar.comm.topology import Topology
+    from sempar.comm.topology_presets import load_topology
+    from sempar.testbed.shaping import resolve_preset
 
     if path:
         return load_topology(path)

@@ -30,7 +30,7 @@ import numpy as np
 from sempar.comm.compare import Study, run_grid, with_options
 from sempar.comm.pipelines import PIPELINES, pipeline_names
 from sempar.comm.simulate import SimOptions, simulate
-from sempar.comm.topology import topology_preset
+from sempar.comm.topology_presets import topology_preset
 from sempar.paths import assets_dir
 from sempar.schedule.homes import home_dp_round_robin, home_tp_contiguous
 from sempar.placement.placement import Placement

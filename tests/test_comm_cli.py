@@ -51,7 +51,7 @@ def test_json_contract(small_trace):
 
 
 def test_placement_json_topology_json_and_errors(small_trace, tmp_path):
-    from sempar.comm.topology import topology_preset
+    from sempar.comm.topology_presets import topology_preset
     from sempar.placement import solve
     from sempar.trace import read_trace
 

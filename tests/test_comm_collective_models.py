@@ -9,7 +9,8 @@ from sempar.comm.collective_models import (COLLECTIVE_MODELS, collective_model, 
 from sempar.comm.collectives import ring_pairs, ring_seconds
 from sempar.comm.pipelines import PIPELINES
 from sempar.comm.simulate import SimOptions, simulate
-from sempar.comm.topology import Topology, topology_preset
+from sempar.comm.topology import Topology
+from sempar.comm.topology_presets import topology_preset
 from sempar.errors import InputError
 from sempar.placement.placement import Placement
 

@@ -5,8 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from sempar.comm.topology import (PHASES, TOPOLOGIES, Topology, load_topology,
-                                  topology_preset)
+from sempar.comm.topology import PHASES, Topology
+
+from sempar.comm.topology_presets import TOPOLOGIES, load_topology, topology_preset
 from sempar.errors import InputError
 
 

@@ -6,7 +6,8 @@ import pytest
 from sempar.comm.collectives import dedup_targets, pair_counts, ring_pairs, ring_seconds
 from sempar.comm.pipelines import PIPELINES, pipeline_names
 from sempar.comm.simulate import SimOptions, simulate
-from sempar.comm.topology import Topology, topology_preset
+from sempar.comm.topology import Topology
+from sempar.comm.topology_presets import topology_preset
 from sempar.schedule.homes import home_tp_contiguous
 from sempar.placement.placement import Placement
 

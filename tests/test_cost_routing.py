@@ -9,7 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from sempar.comm.topology import Topology, load_topology
+from sempar.comm.topology import Topology
+
+from sempar.comm.topology_presets import load_topology
 from sempar.errors import InputError
 from sempar.routing.controller import LambdaController, bottleneck_pairs, refresh_links
 from sempar.routing.cost_bias import (TokenBytes, a2a_layer_seconds, build_tables,

@@ -8,7 +8,7 @@ import pytest
 from sempar.comm.homes import Homes
 from sempar.comm.pipelines import PIPELINES
 from sempar.comm.simulate import SimOptions, simulate
-from sempar.comm.topology import topology_preset
+from sempar.comm.topology_presets import topology_preset
 from sempar.placement import solve
 from sempar.placement.metrics import placement_figures
 from sempar.schedule.homes import oracle_home

@@ -1,5 +1,6 @@
 """`sempar`'s replica step (placement/sempar_replicas.py): its served-load model is the
-evaluator's serving rule, and it spends replicas on the peak first."""
+evaluator's serving rule, it spends replicas on the peak first, and tp mode's balancing pass
+lowers the peak while every device keeps its slots."""
 
 from __future__ import annotations
 
@@ -59,3 +60,37 @@ def test_large_shapes_score_the_peak_devices_replicas(monkeypatch):
     monkeypatch.setattr(sempar_replicas, "FULL_SCAN", 0)
     monkeypatch.setattr(sempar_replicas, "TOP_PAIRS", 1)
     test_replicas_cut_the_peak_first()
+
+
+def test_balance_pass_lowers_the_robust_peak_and_keeps_the_slots():
+    from sempar.placement.sempar_load import LoadModel
+    from sempar.placement.sempar_replicas import balance_pass
+
+    rng = np.random.default_rng(3)
+    Wt = rng.gamma(0.6, 10.0, (G, N))
+    Wt[0, : N // G] *= 4.0                          # device 0's own tokens favour its experts
+    hosts = (np.arange(N) // (N // G))[None, :] == np.arange(G)[:, None]
+    hosts[1, 0] = hosts[2, 1] = hosts[3, 2] = hosts[0, N - 1] = True     # one replica each
+    X = rng.poisson(2.0, (50, N)).astype(float)
+    lm = LoadModel(X.sum(axis=0), None, 0.0, G)
+    node_of = np.zeros(G, np.int64)
+    before = _served(hosts, Wt, node_of)
+    out = balance_pass(hosts, Wt, lm, node_of, before.mean(), 1.0, 50)
+    after = _served(out, Wt, node_of)
+    assert (out.sum(axis=1) == hosts.sum(axis=1)).all()          # every device keeps its slots
+    assert (out.sum(axis=0) == hosts.sum(axis=0)).all()          # every expert its copies
+    assert after.max() < before.max() - 1.0 and np.isclose(after.sum(), before.sum())
+    # a target at the current peak: nothing to do
+    assert (balance_pass(hosts, Wt, lm, node_of, before.max(), 1.0, 50) == hosts).all()
+
+
+def test_dp_replicas_put_the_hottest_expert_on_every_device():
+    trace, _, _ = planted(T=20_000, by_request=True)
+    fit, _ = split_by_request(trace, seed=0)
+    p = solve("sempar", fit, G, mode="dp", redundant=G)
+    hosts = p.hosts()                                                   # [L, G, N]
+    assert p.slots_per_device == N // G + 1
+    for l in range(L):
+        hottest = np.bincount(fit.experts[:, l].ravel(), minlength=N).argmax()
+        assert hosts[l][:, hottest].all()
+        assert (hosts[l].sum(axis=1) == N // G + 1).all()

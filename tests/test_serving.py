@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sempar.comm.topology import Topology, load_topology
+from sempar.comm.topology import Topology
+
+from sempar.comm.topology_presets import load_topology
 from sempar.paths import assets_dir
 from sempar.serving.dims import model_dims
 from sempar.serving.engine import EngineConfig, Workload, run

@@ -8,6 +8,7 @@ import pytest
 from sempar.errors import InputError
 from sempar.placement import (
     cem,  # registers "smoe-cem"
+    cem_sampling,
     solve,
 )
 from sempar.placement.metrics import placement_figures
@@ -97,16 +98,16 @@ def test_sample_labels_respects_masks():
     rng = np.random.default_rng(1)
     n, E = 64, 4
     p = rng.dirichlet(np.full(E, 0.2), size=n)
-    lab = cem.sample_labels(p, np.ones(n), n // E, 50, rng)
+    lab = cem_sampling.sample_labels(p, np.ones(n), n // E, 50, rng)
     assert all(np.bincount(r, minlength=E).tolist() == [16] * 4 for r in lab)
     w = rng.integers(1, 30, 500).astype(float)
     pt = np.tile([0.7, 0.1, 0.1, 0.1], (500, 1))
     cap = w.sum() / E * 1.1
-    lab = cem.sample_labels(pt, w, cap, 50, rng)
+    lab = cem_sampling.sample_labels(pt, w, cap, 50, rng)
     loads = np.stack([np.bincount(r, weights=w, minlength=E) for r in lab])
     assert (loads <= cap + w.max()).all() and (loads[:, 0] >= cap).all()
     # unmasked rows follow p: cluster 0 takes ~70% of the rows until it fills
-    free = cem.sample_labels(pt, np.ones(500), 10_000, 40, rng)
+    free = cem_sampling.sample_labels(pt, np.ones(500), 10_000, 40, rng)
     assert abs((free == 0).mean() - 0.7) < 0.03
 
 

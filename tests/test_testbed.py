@@ -11,10 +11,12 @@ import time
 import numpy as np
 import pytest
 
-from sempar.comm.topology import PHASES, Topology, topology_preset
+from sempar.comm.topology import PHASES, Topology
+
+from sempar.comm.topology_presets import topology_preset
 from sempar.errors import InputError
 from sempar.testbed import fidelity as F
-from sempar.testbed import netns, profiler
+from sempar.testbed import profiler, shaping
 from sempar.testbed.launch import LaunchError, launch
 
 
@@ -25,23 +27,23 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 # ---- pure --------------------------------------------------------------------------------
 def test_resolve_preset_spreads_hosts_over_nodes():
-    t = netns.resolve_preset("pcie-upi8", 4)
+    t = shaping.resolve_preset("pcie-upi8", 4)
     assert t.name == "pcie-upi8[0,1,4,5]"
     assert t.node_of.tolist() == [0, 0, 1, 1]
-    rates = netns.shaped_rates(t, 1 / 8000)
+    rates = shaping.shaped_rates(t, 1 / 8000)
     # 64 GB/s inside a socket -> 8 MB/s; 20 GB/s over UPI -> 2.5 MB/s
     assert rates[0, 1] == pytest.approx(8e6) and rates[2, 3] == pytest.approx(8e6)
     assert rates[0, 2] == pytest.approx(2.5e6) and rates[3, 1] == pytest.approx(2.5e6)
     assert np.all(np.diag(rates) == 0)
-    ib = netns.resolve_preset("a100x4-ib", 12)          # grows to 3 nodes
+    ib = shaping.resolve_preset("a100x4-ib", 12)          # grows to 3 nodes
     assert ib.num_devices == 12 and ib.num_nodes == 3
-    ib4 = netns.resolve_preset("a100x4-ib", 4)
+    ib4 = shaping.resolve_preset("a100x4-ib", 4)
     assert ib4.node_of.tolist() == [0, 0, 1, 1]
 
 
 def test_resolve_preset_from_file(tmp_path):
     topology_preset("pcie-upi8").save(tmp_path / "t.json")
-    assert netns.resolve_preset(str(tmp_path / "t.json"), 8).num_devices == 8
+    assert shaping.resolve_preset(str(tmp_path / "t.json"), 8).num_devices == 8
 
 
 @pytest.mark.parametrize("preset,hosts,scale", [("pcie-upi8", 1, 1e-3), ("pcie-upi8", 9, 1e-3),
@@ -49,12 +51,12 @@ def test_resolve_preset_from_file(tmp_path):
                                                 ("pcie-upi8", 4, 1e-12)])
 def test_bad_testbed_input(preset, hosts, scale):
     with pytest.raises(InputError):
-        netns.shaped_rates(netns.resolve_preset(preset, hosts), scale)
+        shaping.shaped_rates(shaping.resolve_preset(preset, hosts), scale)
 
 
 def test_tc_script_one_class_and_filter_per_destination():
     rates = np.array([0.0, 8e6, 2.5e6])
-    s = netns.tc_script(rates, 0)
+    s = shaping.tc_script(rates, 0)
     assert "htb default 1" in s
     assert "classid 1:b htb rate 64000000bit ceil 64000000bit" in s
     assert "classid 1:c htb rate 20000000bit ceil 20000000bit" in s

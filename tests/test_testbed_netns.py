@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from sempar.testbed import netns
+from sempar.testbed import netns, shaping
 
 OK, WHY = netns.netns_available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"namespace testbed unavailable: {WHY}")
@@ -34,7 +34,7 @@ def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 
 def test_create_shapes_and_destroys():
     tag = f"ut{os.getpid()}"
-    topo = netns.resolve_preset("pcie-upi8", 3)
+    topo = shaping.resolve_preset("pcie-upi8", 3)
     with netns.testbed(3, topo, name=tag) as tb:
         assert sorted(_ours(tag)) == sorted(tb.namespaces)
         assert json.loads(tb.state_file.read_text())["addresses"] == [
@@ -55,7 +55,7 @@ def test_create_shapes_and_destroys():
 def test_shaped_tcp_throughput_matches_rate():
     """A raw TCP stream between two hosts runs at the shaped rate (within 15 %)."""
     tag = f"tp{os.getpid()}"
-    topo = netns.resolve_preset("pcie-upi8", 3)       # 0->1 8 MB/s, 0->2 2.5 MB/s
+    topo = shaping.resolve_preset("pcie-upi8", 3)       # 0->1 8 MB/s, 0->2 2.5 MB/s
     srv = ("import socket\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)"
            "\ns.bind(('0.0.0.0',5000));s.listen(1);c,_=s.accept()\nwhile c.recv(1<<20):pass\n"
            "c.sendall(b'k')")
@@ -132,7 +132,7 @@ def test_profile_of_gloo_all_to_all_records_its_serialisation(tmp_path):
     """`--method all_to_all_single`: the topology JSON names the gloo collective model with the
     fitted serialisation, and the fitted model is no farther from gloo's times than eq. 9."""
     from sempar.comm.collective_models import collective_model
-    from sempar.comm.topology import load_topology
+    from sempar.comm.topology_presets import load_topology
 
     out = tmp_path / "topo.json"
     before = set(netns.existing_namespaces())

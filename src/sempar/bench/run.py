@@ -21,7 +21,7 @@ def execute(specs: list, G: int, preset: str | None, scale: float, timeout_s: fl
             op_timeout_s: float = 60.0) -> list:
     """Run the specs on G testbed hosts (preset) or loopback ranks; RunResults in order."""
     from sempar.runtime.run import RunResult
-    from sempar.testbed import netns
+    from sempar.testbed import netns, shaping
     from sempar.testbed.launch import launch
 
     with scratch_folder("sempar-bench-") as work:
@@ -29,7 +29,7 @@ def execute(specs: list, G: int, preset: str | None, scale: float, timeout_s: fl
         args = {"specs_path": str(work / "specs.pkl"), "out_path": str(work / "out.pkl")}
         kw = dict(timeout_s=timeout_s, op_timeout_s=op_timeout_s, grace_s=10.0)
         if preset:
-            topo = netns.resolve_preset(preset, G)
+            topo = shaping.resolve_preset(preset, G)
             with netns.testbed(G, topo, scale, preset=preset, ttl_s=timeout_s + 120) as tb:
                 launch(ENTRY, G, args, tb=tb, **kw)
         else:
@@ -44,7 +44,7 @@ def run_bench(G: int = 4, preset: str | None = "pcie-upi8", scale: float = 1 / 8
               save: bool = True, progress=None) -> dict:
     """Benchmark `methods` (default all) at G; the `bench --json` object. `preset` None or
     "none": loopback; a preset without root / netns falls back to loopback (result["note"])."""
-    from sempar.testbed import netns
+    from sempar.testbed import netns, shaping
 
     methods = list(methods or METHODS)
     bad = [m for m in methods if m not in METHODS]
@@ -60,7 +60,7 @@ def run_bench(G: int = 4, preset: str | None = "pcie-upi8", scale: float = 1 / 8
     if preset in (None, "", "none"):
         preset = None
     else:
-        netns.shaped_rates(netns.resolve_preset(preset, G), scale)   # checks preset and scale
+        shaping.shaped_rates(shaping.resolve_preset(preset, G), scale)   # checks preset and scale
         ok, why = netns.netns_available()
         if not ok:
             note, preset = f"testbed unavailable ({why}): ran over loopback", None

@@ -1,5 +1,5 @@
 """Communication model (design.md, comm/): topologies with alpha-beta links, the collectives of
 each pipeline, and the all-to-all time simulator behind `sempar simulate`."""
 
-from sempar.comm.topology import (PHASES, TOPOLOGIES, Topology, load_topology,  # noqa: F401
-                                  topology_preset)
+from sempar.comm.topology import PHASES, Topology  # noqa: F401
+from sempar.comm.topology_presets import TOPOLOGIES, load_topology, topology_preset  # noqa: F401

@@ -16,7 +16,8 @@ import numpy as np
 from sempar.comm.homes import Homes
 from sempar.comm.pipelines import PIPELINES
 from sempar.comm.simulate import SimOptions, simulate, summary
-from sempar.comm.topology import Topology, load_topology
+from sempar.comm.topology import Topology
+from sempar.comm.topology_presets import load_topology
 from sempar.errors import InputError
 from sempar.placement.placement import Placement
 from sempar.trace.schema import RoutingTrace

@@ -128,7 +128,7 @@ def tables(model: str = _MODEL, topology: str = _TOPO, ep: int = _EP,
     """One-shot traffic accounting (lambda = 0) -> the unit gate-bias tables (eqs. 10-13) as JSON:
     G(l) for a lambda is lambda x unit[l]."""
     from sempar.atomic import write_text_atomic
-    from sempar.comm.topology import load_topology
+    from sempar.comm.topology_presets import load_topology
     from sempar.models import load_model, resolve_model
     from sempar.routing.cost_bias import TokenBytes, build_tables, destination_table
     from sempar.routing.hook import CostRoutingHook

@@ -36,11 +36,11 @@ def run_profile(hosts: int, testbed: str | None = None, scale: float = 1 / 8000,
     """(profiled Topology, result dict) — brings a testbed up and down around the run when
     `testbed` names a preset; loopback processes otherwise. Raises TestbedError/LaunchError."""
     from sempar.testbed import fidelity as F
-    from sempar.testbed import netns, profiler
+    from sempar.testbed import netns, profiler, shaping
     from sempar.testbed.launch import launch
 
-    if not 2 <= hosts <= netns.MAX_HOSTS:
-        raise InputError(f"--hosts must be 2..{netns.MAX_HOSTS}, got {hosts}")
+    if not 2 <= hosts <= shaping.MAX_HOSTS:
+        raise InputError(f"--hosts must be 2..{shaping.MAX_HOSTS}, got {hosts}")
     if reps < 1:
         raise InputError(f"--repeats must be at least 1, got {reps}")
     if method not in F.METHODS:
@@ -52,9 +52,9 @@ def run_profile(hosts: int, testbed: str | None = None, scale: float = 1 / 8000,
         raise InputError("--sizes: give at least 2 message sizes (alpha and beta are fitted)")
     if max(sizes) > 1 << 28:
         raise InputError(f"--sizes: {max(sizes)} bytes is more than 256 MiB")
-    shaped = netns.resolve_preset(testbed, hosts) if testbed else None
+    shaped = shaping.resolve_preset(testbed, hosts) if testbed else None
     if shaped is not None:
-        netns.shaped_rates(shaped, scale)            # checks --scale before anything is created
+        shaping.shaped_rates(shaped, scale)            # checks --scale before anything is created
     cases = F.fidelity_cases(hosts, case_sizes or F.DEFAULT_CASE_SIZES) if fidelity else []
     args = {"profile": {"sizes": sizes, "reps": reps}, "cases": [c["bytes"] for c in cases],
             "reps": reps, "method": method}
@@ -72,7 +72,7 @@ def run_profile(hosts: int, testbed: str | None = None, scale: float = 1 / 8000,
     result: dict[str, Any] = {"profile": summary, "latency_shaped": False}
     if shaped is not None:
         result["testbed"] = {"preset": testbed, "shaped_topology": shaped.name, "scale": scale,
-                             "shaped_bw_Bps": netns.shaped_rates(shaped, scale).tolist()}
+                             "shaped_bw_Bps": shaping.shaped_rates(shaped, scale).tolist()}
     result["profiled_bw_Bps"] = profiler.bandwidth_matrix(topo).tolist()
     result["profiled_alpha_s"] = topo.alpha[1].tolist()
     if fidelity:

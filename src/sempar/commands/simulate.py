@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
         """Bytes per directed pair and all-to-all time (CAMoE eq. 9) per layer and in total."""
         from sempar.comm.compare import Study, plot_grid, run_grid, single
         from sempar.comm.simulate import SimOptions, resolve_hidden
-        from sempar.comm.topology import load_topology
+        from sempar.comm.topology_presets import load_topology
         from sempar.progress import steps
         from sempar.trace import read_trace
 

@@ -38,11 +38,11 @@ def register(app: typer.Typer) -> None:
            as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
         """Create the namespaces, bridge, addresses and shaping; `down` removes them."""
         from sempar.console import emit_json
-        from sempar.testbed import netns
+        from sempar.testbed import netns, shaping
 
         if ttl <= 0:
             raise InputError(f"--ttl must be positive, got {ttl}")
-        topo = netns.resolve_preset(preset, hosts)
+        topo = shaping.resolve_preset(preset, hosts)
         try:
             tb = netns.create(hosts, topo, scale, name=name, preset=preset, ttl_s=ttl)
         except netns.TestbedError as e:

@@ -31,9 +31,15 @@ score swamps its affinity terms and whose objective is dp's whatever the mode). 
   same-node replica, else lowest device id) plus the primary's resampling spread carried to
   the served shares: in tp mode balance first (while the peak is above the replica cap, the
   pair that lowers it most, ties by fit activations made local W[d, e]), then locality under
-  the cap, and tokens are re-assigned against the replicated hosts; in dp mode locality first
-  (any pair that does not raise the peak; balance first there measured below eplb's LAR:
-  tiny-moe64 R = G EP 4 0.304 at 1.028, EP 8 0.162 at 1.085). A tighter primary cap
+  the cap, tokens re-assigned against the replicated hosts, then up to two rounds of a
+  balancing pass (`sempar_replicas.balance_pass`: slot swaps that lower the peak robust served
+  load, the least locality lost per unit of peak lowered; a round is kept only if the peak
+  stays lower once the tokens follow the swaps); in dp mode the hottest expert of each layer
+  (fit activations) is put on every device first (`sempar_replicas.dp_hot`: local to every
+  request, its load split by the requests' ranks), so the alternation of requests and experts
+  runs without it, then the slots left go locality first (any pair that does not raise the
+  peak; balance first there measured below eplb's LAR: tiny-moe64 R = G EP 4 0.304 at 1.028,
+  EP 8 0.162 at 1.085). A tighter primary cap
   (`sempar_replicas.REPLICA_SLACK`, the share of the headroom above the mean the primary keeps;
   1.0, the full cap, here) trades LAR for held-out balance (below).
 - **--preserve-groups**: expert e may only fill a slot of its own expert group's slot range
@@ -45,13 +51,14 @@ score swamps its affinity terms and whose objective is dp's whatever the mode). 
 Measured (benchmarks/bench_placement.py, tiny-moe64, fit 20% / eval 80% by request, machine
 heavily loaded): tp EP 4 LAR 0.412 at imbalance 1.055 (90% of its capacity-bound oracle 0.458;
 metis 0.367 at 1.14, semmoe 0.355 at 1.04); dp EP 4 0.286 at 1.055 (semmoe 0.264). R = G
-replicas, tp, held out: EP 4 0.430 at imbalance 1.047 (eplb 0.306 at 1.13: 1.40x), EP 8 0.2725
-at 1.080 (eplb 0.175 at 1.34: 1.56x): the 1.05 target holds at EP 4, not at EP 8 (fit 1.040
-there; the drift is the experts' own held-out load: a placement that balances fit loads only,
-LPT, reaches 1.027 / 1.036 held out at EP 4 / 8). REPLICA_SLACK 0.5 (primary cap 1.025 x mean): EP 4 0.4185 at
-1.041, EP 8 0.2607 at 1.075; 0.1 (1.005) lost LAR on the planted instance (replicas 0.527 vs
-0.829 without), so neither is the default. dp mode, R = G: EP 4 0.3096 at 1.059, EP 8 0.1809
-at 1.131 (eplb 0.305 / 0.175: 1.01x / 1.03x; the 1.15x target is missed).
+replicas, tp, held out (machine loaded): EP 4 0.409 at imbalance 1.031 (eplb 0.306 at 1.13:
+1.34x), EP 8 0.253 at 1.039 (eplb 0.175 at 1.34: 1.45x); without the balancing pass 0.430 at
+1.047 / 0.2725 at 1.080 (fit 1.040 at EP 8: the drift is the experts' own held-out load,
+largest on devices grouping experts that the same requests use, which the pass's robust loads
+charge; a placement balancing fit loads only, LPT, reaches 1.027 / 1.036 held out at EP 4 / 8).
+REPLICA_SLACK 0.5 (primary cap 1.025 x mean, no pass): EP 4 0.4185 at 1.041, EP 8 0.2607 at
+1.075. dp mode, R = G: EP 4 0.344 at 1.064, EP 8 0.212 at 1.132 (eplb 0.305 / 0.175: 1.13x /
+1.21x; locality-first replicas without the hot expert: 0.310 at 1.059 / 0.181 at 1.131).
 Planted instances (tests/test_sempar_solver.py) are recovered to >= 99%.
 
 Limits: the fit cap holds on fit loads (tested); held out, imbalance drifts 0.005-0.05 above it
@@ -96,7 +103,7 @@ from sempar.placement.placement import Placement
 from sempar.placement import sempar_replicas, sempar_scale
 from sempar.placement.sempar_load import LoadModel, _onehot, load_spread
 from sempar.placement.sempar_experts import expert_step
-from sempar.placement.sempar_replicas import add_replicas, replica_cap, replicated_placement
+from sempar.placement.sempar_replicas import replicated_placement
 from sempar.placement.sempar_tokens import SHUFFLES, batch_priced_assign, pseudo_batches
 
 ROUNDS = 12             # alternations at most (ours: the tiny-moe64 objective settles in 4-8)
@@ -138,11 +145,6 @@ def request_counts(stats: AffinityStats, l: int) -> np.ndarray:
     R, N = stats.R, stats.N
     key = stats.request_index[:, None] * N + stats.trace.experts[:, l]
     return np.bincount(key.ravel(), minlength=R * N).reshape(R, N).astype(np.float32)
-
-
-def _hosts(dev: np.ndarray, G: int) -> np.ndarray:
-    """bool[G, N] of a one-replica placement dev int[N]."""
-    return _onehot(dev, G).T.astype(bool)
 
 
 def alternate(M, step, lm: LoadModel, slot_group: np.ndarray, expert_group: np.ndarray,
@@ -275,18 +277,13 @@ def _solve_tp_layer(l: int, *, stats: AffinityStats, p: PlacementProblem, large:
         edev, etok, _, _ = metis_layer(C.toarray().astype(np.int64), stats.a, G, p.seed)
     dev, items, obj = alternate(C, step, lm, slot_group, expert_group, etok, edev,
                                 **bounds)
-    h = None
     if p.redundant:
-        h = _hosts(dev, G)
-        Wt = np.asarray(C.T @ _onehot(items, G)).T
-        h = add_replicas(h, Wt, p.redundant // G, replica_cap(lm, dev), node_of, allowed,
-                         lm if lm.sigma is not None else None)
-        local = np.asarray(C @ h.T.astype(np.float32))
-        items = assign(local)
+        h, items = sempar_replicas.tp_replicas(C, dev, items, assign, lm, p.redundant // G,
+                                               node_of, allowed)
         return dev, items, obj, h, None        # replicated_placement counts layer l again
     row = token_table_row(stats, l, dev, G, items)
     stats.forget(l)                            # nothing reads layer l's counts after this
-    return dev, items, obj, h, row
+    return dev, items, obj, None, row
 
 
 def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_group, model,
@@ -295,9 +292,11 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
     from sempar.placement.semmoe import _initial_requests, request_features
 
     L, G, R = stats.L, p.num_devices, stats.R
-    Q = [request_counts(stats, l) for l in range(L)]                                 # [R, N] each
+    full = [request_counts(stats, l) for l in range(L)]                              # [R, N] each
+    hot = [sempar_replicas.dp_hot(q, G, p.redundant) for q in full]
+    Q = [sempar_replicas.without(q, h) for q, h in zip(full, hot)]   # hot experts: local anywhere
     lms = [model(q) for q in Q]
-    feats, _ = request_features(np.stack(Q), p.seed)
+    feats, _ = request_features(np.stack(full), p.seed)
     z = _initial_requests(feats, G, p.seed)
     ones = np.ones(R)
     rcap = np.full(G, float(-(-R // G)))
@@ -326,11 +325,8 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
             votes = np.asarray(stats.request_tokens().T @ _onehot(z, G))                # [U, G]
             tdev = np.tile(votes.argmax(axis=1), (L, 1))
         return coclustered_placement(p, "sempar", np.stack(devs), stats, tdev, info=info)
-    oz = _onehot(z, G)
-    hosts = [add_replicas(_hosts(devs[l], G), (Q[l].T @ oz).T.astype(np.float64),
-                          p.redundant // G, replica_cap(lms[l], devs[l]), node_of, allowed,
-                          balance_first=False)
-             for l in range(L)]
+    hosts = [sempar_replicas.dp_replicas(full[l], devs[l], z, lms[l], p.redundant // G, node_of,
+                                         allowed, hot[l]) for l in range(L)]
     return replicated_placement(p, "sempar", np.stack(devs), hosts, stats, None, info)
 
 sempar.preserves_groups = True     # slots and swaps stay inside each expert group

@@ -90,7 +90,7 @@ def make_hosts(placement: str, num_layers: int, num_experts: int, topology: Any)
 
 def validate_config(cfg: SweepConfig) -> tuple[list[float], list[Any]]:
     """Check the options before any slow work: (sorted lambdas with 0, topologies)."""
-    from sempar.comm.topology import load_topology
+    from sempar.comm.topology_presets import load_topology
     from sempar.models import resolve_model
 
     lams = cfg.checked_lambdas()

@@ -6,7 +6,7 @@ moved to the top of the report."""
 from __future__ import annotations
 
 from sempar.comm.pipelines import PIPELINES
-from sempar.comm.topology import load_topology
+from sempar.comm.topology_presets import load_topology
 from sempar.serving.dims import model_dims
 from sempar.serving.forecast import Forecaster, compare
 from sempar.serving.hardware import ACCELERATORS
