@@ -709,3 +709,39 @@ def test_analyze_trace_nothing_scored_summary_is_null():
     assert all(l["f1_mean"] is None for l in j["layers"])
     assert j["summary"]["f1_mean"] is None
     json.dumps(j, allow_nan=False)
+
+
+@pytest.mark.parametrize("chunk_bins", [1, 3 * 8, 1 << 18])
+def test_affinity_counts_match_dense_counts(monkeypatch, chunk_bins):
+    """AffinityStats.counts (chunked bincounts into reused buffers) equals the dense table,
+    whatever the chunking; a forgotten layer counts again to the same table."""
+    from conftest import build_trace
+
+    monkeypatch.setattr(routing_stats, "CHUNK_BINS", chunk_bins)
+    trace = build_trace(T=2000, R=40, L=3, N=8, k=2, vocab=60)
+    st = routing_stats.AffinityStats(trace)
+    tok = np.searchsorted(st.tokens, trace.token_id)
+    for l in range(3):
+        ref = routing_stats.activation_counts(tok, trace.experts[:, l].astype(np.int64), st.U, 8)
+        C = st.counts(l)
+        assert C.has_sorted_indices and C.dtype == np.float32
+        np.testing.assert_array_equal(C.toarray(), ref)
+        st.forget(l)
+        assert l not in st._cache
+        np.testing.assert_array_equal(st.counts(l).toarray(), ref)
+
+
+def test_device_share_cached_equals_from_occurrences():
+    """device_share from the cached counts (a sparse product) and from the occurrences (no
+    cache) agree exactly, so the token tables do not depend on the cache."""
+    from conftest import build_trace
+
+    trace = build_trace(T=2000, R=40, L=3, N=8, k=2, vocab=60)
+    cached, bare = routing_stats.AffinityStats(trace), routing_stats.AffinityStats(trace, 0)
+    dev = np.array([0, 1, 2, 0, 1, 2, 0, 1])
+    for l in range(3):
+        cached.counts(l)
+        assert l in cached._cache and not bare._cache
+        a, b = cached.device_share(l, dev, 3), bare.device_share(l, dev, 3)
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a.sum(axis=1), 1.0)

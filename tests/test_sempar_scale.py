@@ -104,3 +104,40 @@ def test_planted_recovered_sparse_step(large_path, monkeypatch):
     got = figures_for(solve("sempar", fit, G, seed=2), ev, "tp")["lar_mean"]
     print(f"\nsparse step, planted optimum LAR {ref:.3f}: got {got:.3f} ({got / ref:.1%})")
     assert got >= 0.9 * ref
+
+
+@pytest.mark.parametrize("redundant, sparse_step", [(0, False), (0, True), (G, False)])
+def test_worker_layers_identical_to_serial(large_path, monkeypatch, redundant, sparse_step):
+    """Layers solved in forked workers (jobs 2) give the serial run's placement, replicas,
+    token table and fit objectives, bit for bit."""
+    from sempar.placement import layer_pool, sempar_solver
+
+    if sparse_step:
+        monkeypatch.setattr(sempar_scale, "SCALE_SPARSE_DEVICES", 0)
+    monkeypatch.setattr(sempar_solver, "BLOCK_LAYERS", 1)           # one layer per worker task
+    jobs = []
+    monkeypatch.setattr(sempar_solver, "map_layers", lambda fn, L, j, block: (
+        jobs.append(j), layer_pool.map_layers(fn, L, j, block))[1])
+    trace, _, _ = planted(T=20_000)
+    a, b = (solve("sempar", trace, G, redundant=redundant, seed=1, jobs=j) for j in (1, 2))
+    assert jobs == [1, 2]
+    assert np.array_equal(a.phy2log, b.phy2log)
+    assert a.info["fit_local_activations"] == b.info["fit_local_activations"]
+    ta, tb = a.token_table, b.token_table
+    assert np.array_equal(ta.device, tb.device) and ta.device.dtype == tb.device.dtype
+    assert np.array_equal(ta.confidence, tb.confidence)
+
+
+def test_place_jobs_option(tmp_path):
+    """`place --jobs`: a bad count exits 2 with one line and writes nothing; a good one places."""
+    from conftest import run_cli
+    from sempar.paths import assets_dir
+
+    trace = assets_dir() / "traces" / "tiny-mixtral.parquet"
+    out = tmp_path / "p.json"
+    r = run_cli("place", "--trace", trace, "--method", "vanilla", "--ep", "4", "--jobs", "0",
+                "--out", out)
+    assert r.returncode == 2 and "--jobs" in r.stderr and not out.exists()
+    r = run_cli("place", "--trace", trace, "--method", "vanilla", "--ep", "4", "--jobs", "2",
+                "--out", out)
+    assert r.returncode == 0 and out.exists(), r.stderr

@@ -134,7 +134,7 @@ class AffinityStats:
         self._perm = np.argsort(tok, kind="stable")                  # occurrences by token
         self._tok_sorted = tok[self._perm]                           # int64[T], increasing
         self._occ_off = np.concatenate([[0], np.cumsum(cnt)])       # token u: [off[u], off[u+1])
-        self._key0 = self._tok_sorted * self.N
+        self._count_bufs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._block: tuple[int, np.ndarray] | None = None
         self._rows_key: bytes | None = None
         self._rows_occ: tuple[np.ndarray, np.ndarray] | None = None
@@ -189,21 +189,41 @@ class AffinityStats:
             u1 = min(self.U, u0 + step)
             yield u0, u1, int(self._occ_off[u0]), int(self._occ_off[u1])
 
+    def _counting_buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(key int64[T]: each sorted occurrence's first table cell in its `_token_chunks(N)`
+        chunk, (token - u0) N; a reusable int64 buffer for a chunk's (token, expert) cells; a
+        reusable bool buffer for its non-zero marks). Made once: a fresh key and mark array a
+        chunk cost about a third of the counting in page faults on the 2-core dev machine."""
+        if self._count_bufs is None:
+            N = self.N
+            key = np.empty(self._tok_sorted.size, np.int64)
+            most = 0
+            for u0, _, o0, o1 in self._token_chunks(N):
+                np.multiply(self._tok_sorted[o0:o1] - u0, N, out=key[o0:o1])
+                most = max(most, o1 - o0)
+            self._count_bufs = (key, np.empty(most * self.k, np.int64),
+                                np.empty(max(1, CHUNK_BINS // N) * N, bool))
+        return self._count_bufs
+
     def counts(self, l: int) -> sparse.csr_matrix:
         """float32 CSR[U, N]: co-activation counts c[u, e] at layer l (exact integers), sorted
         indices."""
         C = self._cache.get(l)
         if C is not None:
             return C
-        U, N = self.U, self.N
+        U, N, k = self.U, self.N, self.k
         ex = self._sorted_experts(l)
+        key0, keybuf, mark = self._counting_buffers()
         nzs, cs = [], []
         for u0, u1, o0, o1 in self._token_chunks(N):
-            key = (self._key0[o0:o1, None] - u0 * N + ex[o0:o1]).ravel()
+            key = keybuf[:(o1 - o0) * k]
+            np.add(key0[o0:o1, None], ex[o0:o1], out=key.reshape(o1 - o0, k))
             c = np.bincount(key, minlength=(u1 - u0) * N)
-            nz = np.flatnonzero(c)
-            nzs.append(nz + u0 * N)
+            m = np.not_equal(c, 0, out=mark[:c.size])    # flatnonzero of bools: 2.5x faster
+            nz = np.flatnonzero(m)
             cs.append(c[nz])
+            nz += u0 * N
+            nzs.append(nz)
         nz = np.concatenate(nzs)
         data = np.concatenate(cs).astype(np.float32)
         indptr = np.searchsorted(nz, np.arange(U + 1, dtype=np.int64) * N)
@@ -214,6 +234,12 @@ class AffinityStats:
             self._cache[l] = C
             self._cache_left -= size
         return C
+
+    def forget(self, l: int) -> None:
+        """Drop layer l's cached counts (a caller done with the layer frees the room)."""
+        C = self._cache.pop(l, None)
+        if C is not None:
+            self._cache_left += C.data.nbytes + C.indices.nbytes + C.indptr.nbytes
 
     def cp(self, l: int) -> sparse.csr_matrix:
         """float32 CSR[U, N]: Cp[l] = c / (k a), rows sum to 1."""
@@ -273,11 +299,10 @@ class AffinityStats:
         """
         dev_of = np.asarray(expert_device, np.int64)
         C = self._cache.get(l)
-        if C is not None:                          # from the cached table: nnz entries
-            rows = np.repeat(np.arange(self.U, dtype=np.int64), np.diff(C.indptr))
-            share = np.bincount(rows * G + dev_of[C.indices], weights=C.data,
-                                minlength=self.U * G)
-            share = share.reshape(self.U, G)
+        if C is not None:              # from the cached table: C @ one-hot, exact integer sums
+            onehot = np.zeros((self.N, G))
+            onehot[np.arange(self.N), dev_of] = 1.0
+            share = np.asarray(C @ onehot)
         else:                                      # from the occurrences: T k entries
             dev = dev_of[self._sorted_experts(l)]
             share = np.empty((self.U, G))

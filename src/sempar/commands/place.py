@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -24,6 +25,8 @@ def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)")
           preserve_groups: bool = typer.Option(False, "--preserve-groups",
                                                help="experts stay in their expert group's slots"),
           seed: int = typer.Option(0, "--seed", callback=SEED),
+          jobs: Optional[int] = typer.Option(None, "--jobs", callback=bound(1, 4096),
+                                             help="worker processes (default: usable CPUs)"),
           out_file: Path = typer.Option(..., "--out", help="placement.json to write")) -> None:
     """Solve an expert placement on a fit trace and write it as JSON."""
     from sempar.atomic import check_output
@@ -32,7 +35,7 @@ def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)")
 
     check_output(out_file, trace)
     p = solve(method, read_trace(trace, optional=("domain",)), ep, nodes, redundant, seed, mode,
-              max_imbalance, preserve_groups)
+              max_imbalance, preserve_groups, jobs)
     p.save(out_file)
     sys.stderr.write(f"wrote {out_file}: {method}, {p.num_layers} layers, {ep} devices x "
                      f"{p.slots_per_device} slots, {p.num_nodes} node(s)\n")

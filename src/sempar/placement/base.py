@@ -42,12 +42,15 @@ class PlacementProblem:
     mode: str = "tp"            # the mode the placement will serve: "tp" or "dp"
     max_imbalance: float = 1.05  # per-layer device load cap, x the mean (solvers that take it)
     preserve_groups: bool = False
+    jobs: int | None = None     # worker processes for per-layer work (None: the usable CPUs)
 
     def __post_init__(self) -> None:
         N, G = self.trace.meta.num_experts, self.num_devices
         check_choice("--mode", self.mode, ("dp", "tp"))
         if not 1.0 <= self.max_imbalance < 100:
             raise InputError(f"--max-imbalance: {self.max_imbalance} is not in [1, 100)")
+        if self.jobs is not None and self.jobs < 1:
+            raise InputError(f"--jobs: {self.jobs} is not a positive number of processes")
         if G < 1 or G > N:
             raise InputError(f"--ep: {G} devices for {N} experts (need 1..{N})")
         if (N + self.redundant) % G:
@@ -96,9 +99,20 @@ def crosses_groups(placement: Placement, num_groups: int) -> str | None:
             f"{s // size}")
 
 
+def token_table_row(stats, l: int, expert_device: np.ndarray, G: int,
+                    token_device: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(device int16[U], confidence float32[U]): layer l's token table row of a co-clustering
+    solver (`coclustered_placement`'s rule). expert_device int[N]; token_device int[U] or None."""
+    share = stats.device_share(l, expert_device, G)                          # [U, G]
+    best = share.argmax(axis=1)
+    if token_device is not None:
+        best = np.where(token_device >= 0, token_device, best)
+    return best.astype(np.int16), share[np.arange(stats.U), best].astype(np.float32)
+
+
 def coclustered_placement(p: PlacementProblem, name: str, expert_device: np.ndarray,
                           stats, token_device: np.ndarray | None = None,
-                          info: dict | None = None) -> Placement:
+                          info: dict | None = None, rows: list | None = None) -> Placement:
     """The placement and token table of a co-clustering solver.
 
     expert_device int[L, N]: device of each expert (N/G each); stats: the fit trace's
@@ -106,20 +120,17 @@ def coclustered_placement(p: PlacementProblem, name: str, expert_device: np.ndar
     solver's token clusters, where -1 (or token_device None for all) sends the token where most
     of its expected activations land (lowest device on ties). The table's confidence is the
     share of the token's expected activations on its device. Built one layer at a time from the
-    counts (ours: the dense [L, U, N] einsum did not fit in memory at DeepSeek-V3's shape).
+    counts (ours: the dense [L, U, N] einsum did not fit in memory at DeepSeek-V3's shape), or
+    given: rows, each layer's `token_table_row` (a solver that computed them with the layer).
     """
     L, N = expert_device.shape
     G = p.num_devices
-    U = stats.U
-    device = np.empty((L, U), np.int16)
-    conf = np.empty((L, U), np.float32)
-    for l in range(L):
-        share = stats.device_share(l, expert_device[l], G)                  # [U, G]
-        best = share.argmax(axis=1)
-        if token_device is not None:
-            best = np.where(token_device[l] >= 0, token_device[l], best)
-        device[l] = best
-        conf[l] = share[np.arange(U), best]
+    if rows is None:
+        rows = [token_table_row(stats, l, expert_device[l], G,
+                                None if token_device is None else token_device[l])
+                for l in range(L)]
+    device = np.stack([r[0] for r in rows])                                   # int16[L, U]
+    conf = np.stack([r[1] for r in rows])                                     # float32[L, U]
     phy2log = np.stack([np.argsort(expert_device[l], kind="stable") for l in range(L)])
     info = dict(info or {})
     info["token_table"] = TokenTable(stats.tokens, device, conf)
@@ -135,11 +146,12 @@ SOLVERS: Registry[Solver] = Registry("placement method")
 
 def solve(method: str, trace: RoutingTrace, num_devices: int, num_nodes: int = 1,
           redundant: int = 0, seed: int = 0, mode: str = "tp", max_imbalance: float = 1.05,
-          preserve_groups: bool = False) -> Placement:
-    """Run the registered `method` and return its validated placement."""
+          preserve_groups: bool = False, jobs: int | None = None) -> Placement:
+    """Run the registered `method` and return its validated placement (`jobs`: worker
+    processes for solvers that split their work by layer; None: the usable CPUs)."""
     solver = SOLVERS.get(method)
     problem = PlacementProblem(trace, num_devices, num_nodes, redundant, seed, mode,
-                               max_imbalance, preserve_groups)
+                               max_imbalance, preserve_groups, jobs)
     ng = trace.meta.num_expert_groups
     if preserve_groups and ng > 1 and not getattr(solver, "preserves_groups", False):
         raise InputError(f"{method}: --preserve-groups is not supported (it moves experts "
