@@ -109,6 +109,13 @@ from sempar.placement.sempar_tokens import SHUFFLES, batch_priced_assign, pseudo
 ROUNDS = 12             # alternations at most (ours: the tiny-moe64 objective settles in 4-8)
 DP_TOKEN_TABLE = "share"   # dp token table: "share" (most activations) or "requests" (docstring)
 TOKEN_SLACK = 0.0       # tokens of a device may exceed 1/G of the fit occurrences by this share
+# Above this many experts the expert step is bounded like the large-trace path's
+# (`sempar_scale.step_bounds`) whatever the trace size: each swap scans N^2 pairs, so the full
+# search grows as N^3 per candidate. Qwen3-30B-A3B shape (128 experts), 3,000 tokens, EP 8, tp,
+# held out: bounded 0.1863 LAR at 1.283 in 9.9 s, full 0.1860 at 1.277 in 356.6 s; a
+# 1,200-token DeepSeek-V3-shaped trace (256 experts) did not finish a layer's full search in
+# minutes. tiny-moe64 and OLMoE (64 experts) keep the full search.
+FULL_SEARCH_EXPERTS = 64
 
 
 # ----------------------------------------------------------------------------- item assignment
@@ -238,7 +245,7 @@ def sempar(p: PlacementProblem) -> Placement:
         occ, size = pseudo_batches(stats, p.seed)
         assign = lambda local: batch_priced_assign(local, occ, size, SHUFFLES)     # noqa: E731
         step = dense_step(assign, G)
-        bounds = {}
+        bounds = sempar_scale.step_bounds(G) if N > FULL_SEARCH_EXPERTS else {}
     layer = partial(_solve_tp_layer, stats=stats, p=p, large=large, sparse=sparse,
                     sample=sample, imb=imb, model=model, step=step,
                     assign=assign, bounds=bounds, slot_group=slot_group,
@@ -302,13 +309,17 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
     rcap = np.full(G, float(-(-R // G)))
     devs = [None] * L
     best = None
+    bounds = {}
+    if stats.N > FULL_SEARCH_EXPERTS:                # the expert step's bounds only, not rounds
+        bounds = {k: v for k, v in sempar_scale.step_bounds(G).items()
+                  if k in ("price_steps", "polish", "max_swaps")}
     for _ in range(ROUNDS):
         oz = _onehot(z, G)
         for l in range(L):
             W = (Q[l].T @ oz).T.astype(np.float64)
             start = devs[l] if devs[l] is not None and _in_groups(devs[l], slot_group,
                                                                    expert_group) else None
-            devs[l] = expert_step(W, lms[l], slot_group, expert_group, start)
+            devs[l] = expert_step(W, lms[l], slot_group, expert_group, start, **bounds)
         score = sum(Q[l] @ _onehot(devs[l], G) for l in range(L)).astype(np.float64)
         z = capacitated_assign(score, ones, rcap)
         obj = float(score[np.arange(R), z].sum())
