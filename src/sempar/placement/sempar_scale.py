@@ -39,8 +39,9 @@ workers): DeepSeek-V3 shape, 2M tokens, EP 64 as 8 x 8 (this path): 97.5 s wall 
 2.34 GB peak at load 1; Qwen3-30B-A3B shape, 1M tokens, EP 8 (`SCALE_SPARSE_DEVICES` keeps the
 dense token step there: the sparse one was slower at 8 devices and lost fit LAR): 37.0 s wall /
 39.9 s CPU at load 1. The layers now run in two forked workers (`sempar_solver`'s "Workers",
-`layer_pool`), the counting reuses its buffers and BLAS keeps one thread: Qwen3 **29.0 s wall**
-/ 28.3 s CPU (workers and main process; the main process 2.4 s of it) at load 2.7-3.4, a nice-5
+`layer_pool`), the counting reuses its buffers and BLAS keeps one thread: Qwen3 **15.5 s wall**
+/ 29.0 s CPU at load 1.3-1.5 (2.93 GB RSS sum, 1.35 GB PSS); DeepSeek-V3 **45.9 s wall** / 84.5 s
+CPU, 4.50 GB RSS sum (2.12 GB PSS) at load 1.4-1.9. Loaded: Qwen3 29.0 s wall / 28.3 s CPU (workers and main process; the main process 2.4 s of it) at load 2.7-3.4, a nice-5
 benchmark holding one core and the test suite at nice 19; peak 2.94 GB summing the three
 processes' RSS (1.30 GB PSS). Under heavier load: 38.2 s wall / 34.3 s CPU at 5.3-5.8, 52.1 s at
 2.6-4.0 with two nice-0 processes on the cores. `solve()` timed alone in one process at load
