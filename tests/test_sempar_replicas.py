@@ -94,3 +94,29 @@ def test_dp_replicas_put_the_hottest_expert_on_every_device():
         hottest = np.bincount(fit.experts[:, l].ravel(), minlength=N).argmax()
         assert hosts[l][:, hottest].all()
         assert (hosts[l].sum(axis=1) == N // G + 1).all()
+
+
+def test_tp_hot_fallback_where_balance_is_out_of_reach(monkeypatch):
+    # tiny-mixtral: single experts carry up to 48 % of a layer's activations, so at EP 4 with
+    # R = G the replica step leaves the peak above the cap; the fallback puts the hottest expert
+    # on every device where that is more balanced on the fit routing
+    from sempar.paths import dev_trace_paths
+    from sempar.placement import sempar_replicas
+    from sempar.schedule.homes import method_home
+    from sempar.trace import read_trace
+
+    path = next(p for p in dev_trace_paths() if p.stem == "tiny-mixtral")
+    fit, _ = split_by_request(read_trace(path), seed=0)
+    ep = 4
+
+    def fit_imbalance(p):
+        return placement_figures(p, fit.experts, method_home(p, fit, "tp"))["imbalance_max_mean"]
+    with_ = solve("sempar", fit, ep, redundant=ep)
+    monkeypatch.setattr(sempar_replicas, "TP_HOT_FALLBACK", False)
+    without = solve("sempar", fit, ep, redundant=ep)
+    assert fit_imbalance(with_) < fit_imbalance(without) - 0.05
+    hosts = with_.hosts()
+    load = np.stack([np.bincount(fit.experts[:, l].astype(np.int64).ravel(), minlength=8)
+                     for l in range(fit.meta.num_layers)])
+    everywhere = [bool(hosts[l][:, int(load[l].argmax())].all()) for l in range(len(load))]
+    assert sum(everywhere) >= len(load) // 2

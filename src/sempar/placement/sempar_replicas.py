@@ -41,10 +41,16 @@ PASS_MOVES = 12
 PASS_ROUNDS = 2
 # dp mode: experts replicated on every device before the primary is solved (`dp_hot`). Held out,
 # R = G, tiny-moe64 EP 4 / 8: 0.344 / 0.212 LAR at 1.064 / 1.132 (locality-first replicas only:
-# 0.310 / 0.181 at 1.059 / 1.131). Not used in tp mode: seeding tp's replica step with the
-# hottest expert everywhere measured tiny-moe64 EP 4 0.447 at 1.030, EP 8 0.298 at 1.056 (above
+# 0.310 / 0.181 at 1.059 / 1.131). In tp mode only as a fallback: seeding tp's replica step with
+# the hottest expert everywhere measured tiny-moe64 EP 4 0.447 at 1.030, EP 8 0.298 at 1.056 (above
 # the 1.05 target) and tiny-mixtral EP 4 0.722 at 1.173 (0.529 at 1.346 without).
 DP_HOT = 1
+# tp mode: the hottest expert on every device as a second try where the replica step leaves
+# the robust fit peak above the primary's cap (`tp_replicas`; ours). Always seeding it (above)
+# cost tiny-moe64 EP 8 its 1.05; as a fallback it leaves tiny-moe64 as it was (EP 4 0.409 at
+# 1.031, EP 8 0.253 at 1.039) and takes tiny-mixtral EP 4 from 0.529 at 1.346 to 0.623 at 1.140
+# (eplb 0.539 at 1.404: 1.16x), EP 8 0.584 at 1.56 -> 0.582 at 1.65 (held out, R = G).
+TP_HOT_FALLBACK = True
 FULL_SCAN = 4096        # open (device, expert) pairs the replica step scores in full (`_candidates`)
 TOP_PAIRS = 256
 
@@ -57,11 +63,37 @@ def tp_replicas(C, dev: np.ndarray, items: np.ndarray, assign, lm: LoadModel, pe
     placement, items int[U] its token devices; assign: local float[U, G] -> int[U] (the token
     step's capacity rule). `add_replicas` (balance first), then `PASS_ROUNDS` rounds of
     `balance_pass` and the tokens re-assigned against the replicated hosts; shapes with more
-    than `FULL_SCAN` (device, expert) pairs skip the pass (its swaps are scored in full)."""
+    than `FULL_SCAN` (device, expert) pairs skip the pass (its swaps are scored in full).
+    Where that leaves the robust fit peak above the primary's cap (balance out of reach, e.g. a
+    layer whose hottest expert carries more than a device's share), the same again with the
+    hottest expert first put on every device (`TP_HOT_FALLBACK`, ours), and the variant with
+    the lower robust fit peak is kept."""
     G = lm.cap_devices
     h = _onehot(dev, G).T.astype(bool)
+    hosts, toks, peak = _tp_variant(C, dev, h, items, assign, lm, per_device, node_of,
+                                    allowed)
+    if TP_HOT_FALLBACK and peak > lm.cap and per_device * G >= G - 1:
+        hot = int(np.argmax(lm.load))
+        need = np.full(G, per_device)
+        for d in range(G):
+            if not h[d, hot] and allowed[d, hot]:
+                h[d, hot] = True
+                need[d] -= 1
+        seeded = _tp_variant(C, dev, h, items, assign, lm, need, node_of, allowed)
+        if seeded[2] < peak:
+            hosts, toks = seeded[:2]
+    return hosts, toks
+
+
+def _tp_variant(C, dev: np.ndarray, h: np.ndarray, items: np.ndarray, assign, lm: LoadModel,
+                need, node_of: np.ndarray, allowed: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, float]:
+    """(hosts, token device, robust fit peak): `tp_replicas`' steps from hosts h bool[G, N]
+    (the primary dev int[N] and any replicas already set) with `need` (int or int[G]) replica
+    slots left per device."""
+    G = lm.cap_devices
     Wt = np.asarray(C.T @ _onehot(items, G)).T
-    h = add_replicas(h, Wt, per_device, replica_cap(lm, dev), node_of, allowed,
+    h = add_replicas(h, Wt, need, replica_cap(lm, dev), node_of, allowed,
                      lm if lm.sigma is not None else None)
     target = (1 + PASS_PEAK) * float(Wt.sum()) / G
 
@@ -76,7 +108,8 @@ def tp_replicas(C, dev: np.ndarray, items: np.ndarray, assign, lm: LoadModel, pe
         if new[3] >= peak:      # the tokens, following the swaps, undid them: keep the last round
             break
         h, items, Wt, peak = done = new
-    return (done or follow(h))[:2]
+    hosts, toks, _, peak = done or follow(h)
+    return hosts, toks, peak
 
 
 def dp_hot(Q: np.ndarray, G: int, redundant: int) -> np.ndarray:

@@ -34,7 +34,9 @@ score swamps its affinity terms and whose objective is dp's whatever the mode). 
   the cap, tokens re-assigned against the replicated hosts, then up to two rounds of a
   balancing pass (`sempar_replicas.balance_pass`: slot swaps that lower the peak robust served
   load, the least locality lost per unit of peak lowered; a round is kept only if the peak
-  stays lower once the tokens follow the swaps); in dp mode the hottest expert of each layer
+  stays lower once the tokens follow the swaps), and where the robust fit peak stays above the
+  cap, the same again with the layer's hottest expert first on every device, the more balanced
+  of the two kept (`sempar_replicas.TP_HOT_FALLBACK`); in dp mode the hottest expert of each layer
   (fit activations) is put on every device first (`sempar_replicas.dp_hot`: local to every
   request, its load split by the requests' ranks), so the alternation of requests and experts
   runs without it, then the slots left go locality first (any pair that does not raise the
