@@ -20,13 +20,13 @@ Each (trace, method) runs in its own subprocess so that its peak RSS is its own.
 `solve_cpu_s` (CPU of the solve, the solver's forked layer workers included; the process's own
 in `solve_cpu_main_s`), `rss_after_read_gb`, and the memory peaks: `main_peak_rss_gb` (the
 process's ru_maxrss: the trace read's peak counts too), `workers_peak_rss_gb` (the largest
-layer worker's ru_maxrss, RUSAGE_CHILDREN), `tree_peak_rss_gb` = `solve_peak_rss_gb` (the
+layer worker's ru_maxrss, RUSAGE_CHILDREN), `solve_peak_rss_gb` (the
 highest sum of the process's and its workers' RSS, sampled every 20 ms while solving; the
 pages they share, the trace above all, counted once per process: an upper bound) and
 `tree_peak_pss_gb` (the same sum of PSS, shared pages split between the sharers, sampled every
 1 s). The time target is judged on `solve_s` (the read is the same for every method and is
 reported beside it); the memory target on `peak_rss_gb`, the higher of `main_peak_rss_gb` and
-`tree_peak_rss_gb`. A worker whose RSS passes --rss-cap-gb is stopped (the
+`solve_peak_rss_gb`. A worker whose RSS passes --rss-cap-gb is stopped (the
 machine is shared) and reported as such.
 
     python benchmarks/bench_placement_scale.py [--trace dsv3=PATH] [--trace qwen3=PATH]
@@ -201,7 +201,7 @@ def worker(path: str, method: str, ep: int, nodes: int, cap_gb: float) -> None:
            "peak_rss_gb": max(own, rs.tree_peak / 1e9), "main_peak_rss_gb": own,
            "workers_peak_rss_gb": kids.ru_maxrss * 1024 / 1e9,
            "layer_workers": rs.most_children,          # child processes seen while solving
-           "tree_peak_rss_gb": rs.tree_peak / 1e9, "tree_peak_pss_gb": rs.tree_pss_peak / 1e9,
+           "tree_peak_pss_gb": rs.tree_pss_peak / 1e9,
            "rss_after_read_gb": after_read / 1e9, "solve_peak_rss_gb": rs.tree_peak / 1e9,
            "tokens": trace.num_tokens, "layers": L, "experts": N,
            "experts_per_device_ok": bool(balanced)}

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from sempar.comm.topology import Topology
-
 from sempar.comm.topology_presets import load_topology
 from sempar.errors import InputError
 from sempar.routing.controller import LambdaController, bottleneck_pairs, refresh_links

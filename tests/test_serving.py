@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from sempar.comm.topology import Topology
-
 from sempar.comm.topology_presets import load_topology
 from sempar.paths import assets_dir
 from sempar.serving.dims import model_dims

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from sempar.comm.topology import PHASES, Topology
-
 from sempar.comm.topology_presets import topology_preset
 from sempar.errors import InputError
 from sempar.testbed import fidelity as F

@@ -65,8 +65,8 @@ def register(app: typer.Typer) -> None:
         fcs = {}
 
         def make_fc(G):
-            fcs[G] = forecaster(trace, preset, topology, accelerator, G, None, budget, max_running, seed,
-                           collectives)
+            fcs[G] = forecaster(trace, preset, topology, accelerator, G, None, budget, max_running,
+                                seed, collectives)
             return fcs[G]
 
         eps = [make_fc(G).G for G in eps]

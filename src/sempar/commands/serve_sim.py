@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
         given = parse_slo(slo)
         arr = read_arrivals(arrivals) if arrivals is not None else None
         fc = forecaster(trace, preset, topology, accelerator, ep, nodes, budget, max_running, seed,
-                           collectives)
+                        collectives)
         n_steps = len(names) * (1 + (len(rate_list) if rate_list else 10))
         with steps("serve-sim", n_steps) as step:
             res = compare(fc, names, rate_list, duration, lengths, input_len, output_len,

@@ -33,27 +33,20 @@ planted tests; bench_placement's olmoe preset, 0.3M) `sempar` runs unchanged. Qw
 
 The balance cap is the same constraint; only the search is shorter.
 
-Measured (benchmarks/bench_placement_scale.py --methods sempar, 2026-11-24, the 2-core dev
-machine; README "Expert placement" has the table). Serially (one process, before the layer
-workers): DeepSeek-V3 shape, 2M tokens, EP 64 as 8 x 8 (this path): 97.5 s wall / 103.6 s CPU,
-2.34 GB peak at load 1; Qwen3-30B-A3B shape, 1M tokens, EP 8 (`SCALE_SPARSE_DEVICES` keeps the
-dense token step there: the sparse one was slower at 8 devices and lost fit LAR): 37.0 s wall /
-39.9 s CPU at load 1. The layers now run in two forked workers (`sempar_solver`'s "Workers",
-`layer_pool`), the counting reuses its buffers and BLAS keeps one thread: Qwen3 **15.5 s wall**
-/ 29.0 s CPU at load 1.3-1.5 (2.93 GB RSS sum, 1.35 GB PSS); DeepSeek-V3 **45.9 s wall** / 84.5 s
-CPU, 4.50 GB RSS sum (2.12 GB PSS) at load 1.4-1.9. Loaded: Qwen3 29.0 s wall / 28.3 s CPU (workers and main process; the main process 2.4 s of it) at load 2.7-3.4, a nice-5
-benchmark holding one core and the test suite at nice 19; peak 2.94 GB summing the three
-processes' RSS (1.30 GB PSS). Under heavier load: 38.2 s wall / 34.3 s CPU at 5.3-5.8, 52.1 s at
-2.6-4.0 with two nice-0 processes on the cores. `solve()` timed alone in one process at load
-5-7: 28.0 and 40.0 s wall, 26.5 s CPU (37.1 s before the buffers and the BLAS limit).
-DeepSeek-V3 with two workers: 90.3 s wall / 94.0 s CPU, 4.47 GB RSS sum (2.09 GB PSS) at load
-3.1-3.4 (218.5 s wall at 5.7-6.1); of a cProfile run's 103 s CPU, 80 s in the workers and 23 s
-in the main process, 27 s of whose wall time is `nodes.device_affinity` (the node grouping after
-the solve, serial). Where Qwen3's layer work
-goes (cProfile, one process, load 5, 47 s in all): the layer's counts 11.8 s (a gather of the
-token-sorted selections 3.0 s, then chunked bincounts), the token step 10.5 s (proposal rounds
-4.9 s), the expert step's Hungarian solves and swap search 10.3 s; the third alternation still
-gains 0.75 % of the fit objective, so the rounds stay.
+Measured (benchmarks/bench_placement_scale.py --methods sempar, the 2-core dev machine; README
+"Expert placement" has the table with the loaded runs). The layers run in forked workers
+(`sempar_solver`'s "Workers", `layer_pool`), the counting reuses its buffers, BLAS keeps one
+thread. Qwen3-30B-A3B shape, 1M tokens, EP 8 (`SCALE_SPARSE_DEVICES` keeps the dense token step
+there: the sparse one was slower at 8 devices and lost fit LAR): 15.5 s wall / 29.0 s CPU at
+load 1.3-1.5, 2.93 GB RSS summed over the process and its workers (1.35 GB PSS); one process:
+26.5 s CPU. DeepSeek-V3 shape, 2M tokens, EP 64 as 8 x 8 (this path): 45.9 s wall / 84.5 s CPU,
+4.50 GB RSS sum (2.12 GB PSS) at load 1.4-1.9; of a cProfile run's 103 s CPU, 80 s in the
+workers and 23 s in the main process, 27 s of whose wall time is `nodes.device_affinity` (the
+node grouping after the solve, serial). Where Qwen3's layer work goes (cProfile, one process,
+load 5, 47 s in all): the layer's counts 11.8 s (a gather of the token-sorted selections 3.0 s,
+then chunked bincounts), the token step 10.5 s (proposal rounds 4.9 s), the expert step's
+Hungarian solves and swap search 10.3 s; the third alternation still gains 0.75 % of the fit
+objective, so the rounds stay.
 """
 
 from __future__ import annotations
@@ -83,12 +76,21 @@ def is_large(num_occurrences: int, num_layers: int) -> bool:
     return num_occurrences * num_layers > SCALE_TOKEN_LAYERS
 
 
-def step_bounds(G: int) -> dict:
-    """Keyword bounds for `sempar_solver.alternate` on the large-trace path."""
+def expert_bounds(G: int) -> dict:
+    """Keyword bounds for `sempar_experts.expert_step` on the large-trace path (and, in
+    `sempar_solver`, wherever there are more than FULL_SEARCH_EXPERTS experts)."""
     if G <= SCALE_SPARSE_DEVICES:
-        return {"rounds": SCALE_ROUNDS, "price_steps": 8, "polish": 2, "max_swaps": 32}
-    return {"rounds": SCALE_ROUNDS, "stop_gain": SCALE_STOP_GAIN, "price_steps": SCALE_PRICE_STEPS,
-            "polish": SCALE_POLISH, "max_swaps": SCALE_SWAPS}
+        return {"price_steps": 8, "polish": 2, "max_swaps": 32}
+    return {"price_steps": SCALE_PRICE_STEPS, "polish": SCALE_POLISH, "max_swaps": SCALE_SWAPS}
+
+
+def step_bounds(G: int) -> dict:
+    """Keyword bounds for `sempar_solver.alternate` on the large-trace path: the alternations
+    and `expert_bounds`."""
+    rounds = {"rounds": SCALE_ROUNDS}
+    if G > SCALE_SPARSE_DEVICES:
+        rounds["stop_gain"] = SCALE_STOP_GAIN
+    return {**rounds, **expert_bounds(G)}
 
 
 class SparseLocal:

@@ -311,10 +311,7 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
     rcap = np.full(G, float(-(-R // G)))
     devs = [None] * L
     best = None
-    bounds = {}
-    if stats.N > FULL_SEARCH_EXPERTS:                # the expert step's bounds only, not rounds
-        bounds = {k: v for k, v in sempar_scale.step_bounds(G).items()
-                  if k in ("price_steps", "polish", "max_swaps")}
+    bounds = sempar_scale.expert_bounds(G) if stats.N > FULL_SEARCH_EXPERTS else {}
     for _ in range(ROUNDS):
         oz = _onehot(z, G)
         for l in range(L):

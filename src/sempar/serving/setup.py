@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from sempar.comm.topology import Topology
-
 from sempar.comm.topology_presets import load_topology
 from sempar.errors import InputError
 from sempar.serving.metrics import SLO_KEYS
