@@ -3,7 +3,7 @@
 Targets (issues 4 and 15): on a synthetic DeepSeek-V3-shaped trace (58 layers, 256 experts,
 top-8, vocabulary 129,280, 2M fit tokens) at EP 64 as 8 nodes x 8 devices, `semmoe`,
 `smoe-cem` and `sempar` (tp mode, its default; these traces take its large-trace path,
-placement/sempar_scale.py) finish in <= 120 s and <= 8 GB; on a Qwen3-30B-A3B-shaped trace
+placement/sempar/scale.py) finish in <= 120 s and <= 8 GB; on a Qwen3-30B-A3B-shaped trace
 (48 layers, 128 experts, 1M tokens) at EP 8, in <= 30 s. `vanilla` and `eplb` are timed for
 reference (no target).
 

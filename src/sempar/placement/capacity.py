@@ -7,7 +7,7 @@ proposal rounds.
 - `proposal_rounds`: the capacity-bound assignment used by the tp oracle
   (`schedule.homes.oracle_home`), the exact pre-router's homes (`schedule.prerouter`), the
   next-best re-batching (`schedule.rebatch.propose`) and the sempar solver's token step
-  (`placement.sempar_solver.capacitated_assign`). In round r every unplaced item asks its r-th
+  (`placement.sempar.solver.capacitated_assign`). In round r every unplaced item asks its r-th
   preferred device; a device takes its askers by decreasing priority (ties: the earlier item)
   while they fit. A full device thus spills an item to *that item's* next-best device, never to
   the next device in id order. The papers leave the overflow rule open; this one is ours.

@@ -58,7 +58,7 @@ table T[l, token] with its confidence Tp (the share of the token's expected
 activations at layer l that land on that device).
 
 Deviations from the paper, all of them (this stays the faithful baseline; our own solver with
-the fixes is `sempar`, placement/sempar_solver.py):
+the fixes is `sempar`, placement/sempar/solver.py):
 - T / Tp: Alg. 1 labels a token by the clusters of the requests it occurs in; here T[l, token] is
   the per-layer argmax of the token's expected expert share over devices and Tp that share
   (`base.coclustered_placement`), i.e. derived from the expert clusters, not the request ones.

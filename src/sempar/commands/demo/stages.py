@@ -138,7 +138,7 @@ def stage_placement(ctx: DemoContext) -> dict:
 
 
 ONLINE_METHODS = ("vanilla", "metis", "semmoe", "sempar")
-DEFAULT_METHOD = "sempar"       # ours (placement/sempar_solver.py); semmoe is the paper baseline
+DEFAULT_METHOD = "sempar"       # ours (placement/sempar/solver.py); semmoe is the paper baseline
 
 
 @STAGES.register("online")

@@ -68,7 +68,7 @@ Limits: the fit cap holds on fit loads (tested); held out, imbalance drifts 0.00
 
 Size rule: a fit trace with more than `sempar_scale.SCALE_TOKEN_LAYERS` token occurrences x
 MoE layers (8M; tiny models 1.7M, Qwen3-30B-A3B at 1M tokens 48M) takes the large-trace path
-in tp mode (placement/sempar_scale.py: request-sampled load model, greedy co-activation start
+in tp mode (placement/sempar/scale.py: request-sampled load model, greedy co-activation start
 instead of per-layer METIS, one-capacity token step, bounded expert search); below it
 everything above runs unchanged. dp mode has no large-trace path.
 
@@ -100,13 +100,13 @@ from sempar.placement.capacity import place_leftovers, proposal_rounds
 from sempar.placement.base import (SOLVERS, PlacementProblem, coclustered_placement,
                                    slot_groups, token_table_row)
 from sempar.placement.graph_baselines import metis_layer
-from sempar.placement.layer_pool import map_layers, usable_cpus
+from sempar.placement.sempar._pool import map_layers, usable_cpus
 from sempar.placement.placement import Placement
-from sempar.placement import sempar_replicas, sempar_scale
-from sempar.placement.sempar_load import LoadModel, _onehot, load_spread
-from sempar.placement.sempar_experts import expert_step
-from sempar.placement.sempar_replicas import replicated_placement
-from sempar.placement.sempar_tokens import SHUFFLES, batch_priced_assign, pseudo_batches
+from sempar.placement.sempar import replicas as sempar_replicas, scale as sempar_scale
+from sempar.placement.sempar.load import LoadModel, onehot, load_spread
+from sempar.placement.sempar.experts import expert_step
+from sempar.placement.sempar.replicas import replicated_placement
+from sempar.placement.sempar.tokens import SHUFFLES, batch_priced_assign, pseudo_batches
 
 ROUNDS = 12             # alternations at most (ours: the tiny-moe64 objective settles in 4-8)
 DP_TOKEN_TABLE = "share"   # dp token table: "share" (most activations) or "requests" (docstring)
@@ -170,7 +170,7 @@ def alternate(M, step, lm: LoadModel, slot_group: np.ndarray, expert_group: np.n
     G = lm.cap_devices
     best = None
     for _ in range(rounds):
-        W = np.asarray((M.T @ _onehot(items, G))).T                       # [G, N]
+        W = np.asarray((M.T @ onehot(items, G))).T                       # [G, N]
         dev = expert_step(W, lm, slot_group, expert_group,
                           dev if dev is not None and _in_groups(dev, slot_group, expert_group)
                           else None, **step_bounds)
@@ -187,7 +187,7 @@ def dense_step(assign, G: int):
     """An `alternate` step from a rule assign: local float[n, G] -> int[n] on the dense table
     local = M @ onehot(dev)."""
     def step(M, dev: np.ndarray) -> tuple[np.ndarray, float]:
-        local = np.asarray(M @ _onehot(dev, G))                           # [n, G]
+        local = np.asarray(M @ onehot(dev, G))                           # [n, G]
         items = assign(local)
         return items, float(local[np.arange(items.size), items].sum())
     return step
@@ -280,7 +280,7 @@ def _solve_tp_layer(l: int, *, stats: AffinityStats, p: PlacementProblem, large:
             load, sample.scale * load_spread(X, X.sum(axis=0), gram), imb * load.sum() / G, G)
         edev = sempar_scale.greedy_start(gram, load, slot_group, expert_group)
         etok = (sempar_scale.SparseLocal(C, edev, G).first() if sparse    # uncapacitated
-                else np.argmax(np.asarray(C @ _onehot(edev, G)), axis=1))
+                else np.argmax(np.asarray(C @ onehot(edev, G)), axis=1))
     else:
         lm = model(request_counts(stats, l))
         edev, etok, _, _ = metis_layer(C.toarray().astype(np.int64), stats.a, G, p.seed)
@@ -313,13 +313,13 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
     best = None
     bounds = sempar_scale.expert_bounds(G) if stats.N > FULL_SEARCH_EXPERTS else {}
     for _ in range(ROUNDS):
-        oz = _onehot(z, G)
+        oz = onehot(z, G)
         for l in range(L):
             W = (Q[l].T @ oz).T.astype(np.float64)
             start = devs[l] if devs[l] is not None and _in_groups(devs[l], slot_group,
                                                                    expert_group) else None
             devs[l] = expert_step(W, lms[l], slot_group, expert_group, start, **bounds)
-        score = sum(Q[l] @ _onehot(devs[l], G) for l in range(L)).astype(np.float64)
+        score = sum(Q[l] @ onehot(devs[l], G) for l in range(L)).astype(np.float64)
         z = capacitated_assign(score, ones, rcap)
         obj = float(score[np.arange(R), z].sum())
         if best is not None and obj <= best[2] * (1 + 1e-6):
@@ -332,7 +332,7 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
     if not p.redundant:
         tdev = None
         if DP_TOKEN_TABLE == "requests":
-            votes = np.asarray(stats.request_tokens().T @ _onehot(z, G))                # [U, G]
+            votes = np.asarray(stats.request_tokens().T @ onehot(z, G))                # [U, G]
             tdev = np.tile(votes.argmax(axis=1), (L, 1))
         return coclustered_placement(p, "sempar", np.stack(devs), stats, tdev, info=info)
     hosts = [sempar_replicas.dp_replicas(full[l], devs[l], z, lms[l], p.redundant // G, node_of,

@@ -1,4 +1,4 @@
-"""`sempar`'s large-trace path (placement/sempar_scale.py): the size rule, and that the path
+"""`sempar`'s large-trace path (placement/sempar/scale.py): the size rule, and that the path
 completes and places well on a mid-size synthetic trace and on a planted instance (functional;
 the speed targets are benchmarks/bench_placement_scale.py's)."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sempar.placement import sempar_scale, solve
+from sempar.placement import solve
+from sempar.placement.sempar import scale as sempar_scale
 from sempar.placement.base import crosses_groups
 from sempar.schedule.evaluate import figures_for
 from sempar.trace import split_by_request
@@ -69,8 +70,8 @@ def test_sparse_token_step_matches_dense():
     less local activation than the dense rule with the same number of rounds."""
     from scipy import sparse
 
-    from sempar.placement.sempar_load import _onehot
-    from sempar.placement.sempar_solver import capacitated_assign
+    from sempar.placement.sempar.load import onehot
+    from sempar.placement.sempar.solver import capacitated_assign
 
     rng = np.random.default_rng(3)
     U, N, G8, k = 3000, 32, 8, 4
@@ -81,7 +82,7 @@ def test_sparse_token_step_matches_dense():
     C.sum_duplicates()
     dev = rng.permutation(np.arange(N) % G8)
     cap = np.full(G8, a.sum() / G8)
-    local = np.asarray(C @ _onehot(dev, G8))
+    local = np.asarray(C @ onehot(dev, G8))
     sl = sempar_scale.SparseLocal(C, dev, G8)
     assert np.array_equal(sl.first(), np.argmax(local, axis=1))
     got = sl.assign(a, cap)
@@ -110,7 +111,7 @@ def test_planted_recovered_sparse_step(large_path, monkeypatch):
 def test_worker_layers_identical_to_serial(large_path, monkeypatch, redundant, sparse_step):
     """Layers solved in forked workers (jobs 2) give the serial run's placement, replicas,
     token table and fit objectives, bit for bit."""
-    from sempar.placement import layer_pool, sempar_solver
+    from sempar.placement.sempar import _pool as layer_pool, solver as sempar_solver
 
     if sparse_step:
         monkeypatch.setattr(sempar_scale, "SCALE_SPARSE_DEVICES", 0)

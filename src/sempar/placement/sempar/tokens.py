@@ -1,4 +1,4 @@
-"""The tp token step of the `sempar` solver (placement/sempar_solver.py): each fit token to a
+"""The tp token step of the `sempar` solver (placement/sempar/solver.py): each fit token to a
 device, local activations maximised under tp mode's equal per-batch capacity.
 
 tp mode cuts the request stream into batches of `BATCH` tokens and gives every device 1/G of each
@@ -13,7 +13,7 @@ import numpy as np
 
 from sempar.affinity.routing_stats import AffinityStats
 from sempar.placement.capacity import BATCH
-from sempar.placement.sempar_load import _onehot
+from sempar.placement.sempar.load import onehot
 
 SHUFFLES = 4            # random request orders cut into pseudo-batches (tp token step)
 TOKEN_PRICE_STEPS = 80
@@ -67,7 +67,7 @@ def batch_priced_assign(local: np.ndarray, occ, size: np.ndarray, shuffles: int)
     occT = occ.T.tocsr()
     for _ in range(TOKEN_PRICE_STEPS):
         x = np.argmax(local - np.asarray(occ @ lam) / shuffles, axis=1)
-        oh = _onehot(x, G).astype(np.float64)
+        oh = onehot(x, G).astype(np.float64)
         m = np.asarray(occT @ oh)                                          # [nb, G]
         over = np.maximum(m - cap, 0.0)
         gain = local[np.arange(U), x]

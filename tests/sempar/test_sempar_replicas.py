@@ -1,4 +1,4 @@
-"""`sempar`'s replica step (placement/sempar_replicas.py): its served-load model is the
+"""`sempar`'s replica step (placement/sempar/replicas.py): its served-load model is the
 evaluator's serving rule, it spends replicas on the peak first, and tp mode's balancing pass
 lowers the peak while every device keeps its slots."""
 
@@ -8,7 +8,7 @@ import numpy as np
 
 from sempar.placement import solve
 from sempar.placement.metrics import placement_figures
-from sempar.placement.sempar_replicas import _serve_rank, _served_one, add_replicas
+from sempar.placement.sempar.replicas import _serve_rank, _served_one, add_replicas
 from sempar.schedule.homes import home_tp_contiguous
 from sempar.trace import split_by_request
 from test_sempar_solver import G, L, N, planted
@@ -55,7 +55,7 @@ def test_replicas_cut_the_peak_first():
 def test_large_shapes_score_the_peak_devices_replicas(monkeypatch):
     # above FULL_SCAN open pairs only the top pairs by locality and the peak device's experts
     # are scored: the hot expert's replicas are still among them
-    from sempar.placement import sempar_replicas
+    from sempar.placement.sempar import replicas as sempar_replicas
 
     monkeypatch.setattr(sempar_replicas, "FULL_SCAN", 0)
     monkeypatch.setattr(sempar_replicas, "TOP_PAIRS", 1)
@@ -63,8 +63,8 @@ def test_large_shapes_score_the_peak_devices_replicas(monkeypatch):
 
 
 def test_balance_pass_lowers_the_robust_peak_and_keeps_the_slots():
-    from sempar.placement.sempar_load import LoadModel
-    from sempar.placement.sempar_replicas import balance_pass
+    from sempar.placement.sempar.load import LoadModel
+    from sempar.placement.sempar.replicas import balance_pass
 
     rng = np.random.default_rng(3)
     Wt = rng.gamma(0.6, 10.0, (G, N))
@@ -101,7 +101,7 @@ def test_tp_hot_fallback_where_balance_is_out_of_reach(monkeypatch):
     # R = G the replica step leaves the peak above the cap; the fallback puts the hottest expert
     # on every device where that is more balanced on the fit routing
     from sempar.paths import dev_trace_paths
-    from sempar.placement import sempar_replicas
+    from sempar.placement.sempar import replicas as sempar_replicas
     from sempar.schedule.homes import method_home
     from sempar.trace import read_trace
 

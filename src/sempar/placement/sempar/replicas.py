@@ -1,4 +1,4 @@
-"""Locality-aware replicas of the `sempar` solver (placement/sempar_solver.py, `--redundant R`):
+"""Locality-aware replicas of the `sempar` solver (placement/sempar/solver.py, `--redundant R`):
 which experts get the R / G extra slots of each device (`add_replicas`), tp mode's balancing pass
 after them (`balance_pass`, `tp_replicas`), and the replicated placement built from them. Served
 loads follow the evaluator's serving rule (`metrics.serving_device`).
@@ -12,7 +12,7 @@ import numpy as np
 from sempar.affinity.routing_stats import AffinityStats
 from sempar.placement.base import PlacementProblem
 from sempar.placement.placement import Placement
-from sempar.placement.sempar_load import LoadModel, _onehot
+from sempar.placement.sempar.load import LoadModel, onehot
 
 REPLICA_MARGIN = 3.0    # x the primary's robust margin, taken off the replica step's cap
 # With replicas to follow, the primary placement's cap keeps only this share of the headroom
@@ -69,7 +69,7 @@ def tp_replicas(C, dev: np.ndarray, items: np.ndarray, assign, lm: LoadModel, pe
     hottest expert first put on every device (`TP_HOT_FALLBACK`, ours), and the variant with
     the lower robust fit peak is kept."""
     G = lm.cap_devices
-    h = _onehot(dev, G).T.astype(bool)
+    h = onehot(dev, G).T.astype(bool)
     hosts, toks, peak = _tp_variant(C, dev, h, items, assign, lm, per_device, node_of,
                                     allowed)
     if TP_HOT_FALLBACK and peak > lm.cap and per_device * G >= G - 1:
@@ -92,14 +92,14 @@ def _tp_variant(C, dev: np.ndarray, h: np.ndarray, items: np.ndarray, assign, lm
     (the primary dev int[N] and any replicas already set) with `need` (int or int[G]) replica
     slots left per device."""
     G = lm.cap_devices
-    Wt = np.asarray(C.T @ _onehot(items, G)).T
+    Wt = np.asarray(C.T @ onehot(items, G)).T
     h = add_replicas(h, Wt, need, replica_cap(lm, dev), node_of, allowed,
                      lm if lm.sigma is not None else None)
     target = (1 + PASS_PEAK) * float(Wt.sum()) / G
 
     def follow(hosts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
         toks = assign(np.asarray(C @ hosts.T.astype(np.float32)))       # tokens follow the hosts
-        W = np.asarray(C.T @ _onehot(toks, G)).T
+        W = np.asarray(C.T @ onehot(toks, G)).T
         return hosts, toks, W, float(_robust_served(hosts, W, lm, PASS_Z, node_of)[0].max())
     peak = float(_robust_served(h, Wt, lm, PASS_Z, node_of)[0].max())
     done = None
@@ -137,8 +137,8 @@ def dp_replicas(Q: np.ndarray, dev: np.ndarray, z: np.ndarray, lm: LoadModel, pe
     then the slots left by `add_replicas`, locality first. Q float[R, N] every fit request's
     activations, dev int[N] the primary, z int[R] the requests' ranks."""
     G = lm.cap_devices
-    h = _onehot(dev, G).T.astype(bool)
-    Wt = (Q.T @ _onehot(z, G)).T.astype(np.float64)
+    h = onehot(dev, G).T.astype(bool)
+    Wt = (Q.T @ onehot(z, G)).T.astype(np.float64)
     need = np.full(G, per_device)
     for e in hot:
         for d in range(G):

@@ -1,4 +1,4 @@
-"""placement/layer_pool.py: per-layer work in forked workers, results in layer order."""
+"""placement/sempar/_pool.py: per-layer work in forked workers, results in layer order."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from sempar.placement.layer_pool import map_layers, usable_cpus
+from sempar.placement.sempar._pool import map_layers, usable_cpus
 
 BIG = np.arange(1_000_000, dtype=np.int64)      # read by the workers without being sent
 

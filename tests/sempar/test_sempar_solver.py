@@ -1,4 +1,4 @@
-"""`sempar` (placement/sempar_solver.py) on planted instances with a known optimum, and its
+"""`sempar` (placement/sempar/solver.py) on planted instances with a known optimum, and its
 contract: balance cap, determinism, dp mode, replicas, --preserve-groups."""
 
 from __future__ import annotations

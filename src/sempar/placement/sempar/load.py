@@ -52,13 +52,13 @@ class LoadModel:
         L = np.bincount(dev, weights=self.load, minlength=G)
         if self.sigma is None:
             return L
-        oh = _onehot(dev, G).astype(np.float64)
+        oh = onehot(dev, G).astype(np.float64)
         V = np.einsum("ng,nm,mg->g", oh, self.sigma, oh)
         return L + np.sqrt(np.maximum(V, 0.0)) - self.offset
 
     def by_device(self, dev: np.ndarray, G: int) -> np.ndarray:
         """float64[N, G]: sum of sigma[e, m] over the experts m on each device."""
-        return self.sigma @ _onehot(dev, G).astype(np.float64)
+        return self.sigma @ onehot(dev, G).astype(np.float64)
 
     def swapped(self, dev: np.ndarray, G: int) -> tuple[np.ndarray, np.ndarray]:
         """(R1, R2) float[N, N]: robust loads of dev[e1] and dev[e2] after swapping e1, e2."""
@@ -83,7 +83,7 @@ class LoadModel:
                 L2 + np.sqrt(np.maximum(V2, 0.0)) - self.offset)
 
 
-def _onehot(dev: np.ndarray, G: int) -> np.ndarray:
+def onehot(dev: np.ndarray, G: int) -> np.ndarray:
     out = np.zeros((dev.size, G), np.float32)
     out[np.arange(dev.size), dev] = 1.0
     return out

@@ -1,4 +1,4 @@
-"""The expert step of the `sempar` solver (placement/sempar_solver.py): each expert to a
+"""The expert step of the `sempar` solver (placement/sempar/solver.py): each expert to a
 device, given where the tokens (requests) are, maximising local activations under the load cap.
 
 A min-cost assignment of experts to slots (Hungarian, `scipy.optimize.linear_sum_assignment`)
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from sempar.placement.sempar_load import LoadModel
+from sempar.placement.sempar.load import LoadModel
 
 PRICE_STEPS = 25        # Lagrangian price updates of the expert step
 SWAP_LIMIT = 4          # best-improvement swaps per expert, at most, per expert step

@@ -54,7 +54,7 @@ from __future__ import annotations
 import numpy as np
 
 from sempar.placement.capacity import place_leftovers, proposal_rounds
-from sempar.placement.sempar_load import LoadModel
+from sempar.placement.sempar.load import LoadModel
 
 SCALE_TOKEN_LAYERS = 8_000_000
 SCALE_ROUNDS = 3
