@@ -43,6 +43,7 @@ class PlacementProblem:
     max_imbalance: float = 1.05  # per-layer device load cap, x the mean (solvers that take it)
     preserve_groups: bool = False
     jobs: int | None = None     # worker processes for per-layer work (None: the usable CPUs)
+    objective: str = "auto"     # sempar's items: "tokens" (token ids), "rows" (fit rows), "auto"
 
     def __post_init__(self) -> None:
         N, G = self.trace.meta.num_experts, self.num_devices
@@ -146,12 +147,13 @@ SOLVERS: Registry[Solver] = Registry("placement method")
 
 def solve(method: str, trace: RoutingTrace, num_devices: int, num_nodes: int = 1,
           redundant: int = 0, seed: int = 0, mode: str = "tp", max_imbalance: float = 1.05,
-          preserve_groups: bool = False, jobs: int | None = None) -> Placement:
+          preserve_groups: bool = False, jobs: int | None = None,
+          objective: str = "auto") -> Placement:
     """Run the registered `method` and return its validated placement (`jobs`: worker
     processes for solvers that split their work by layer; None: the usable CPUs)."""
     solver = SOLVERS.get(method)
     problem = PlacementProblem(trace, num_devices, num_nodes, redundant, seed, mode,
-                               max_imbalance, preserve_groups, jobs)
+                               max_imbalance, preserve_groups, jobs, objective)
     ng = trace.meta.num_expert_groups
     if preserve_groups and ng > 1 and not getattr(solver, "preserves_groups", False):
         raise InputError(f"{method}: --preserve-groups is not supported (it moves experts "

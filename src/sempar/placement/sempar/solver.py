@@ -106,6 +106,7 @@ from sempar.placement.sempar import replicas as sempar_replicas, scale as sempar
 from sempar.placement.sempar.load import LoadModel, onehot, load_spread
 from sempar.placement.sempar.experts import expert_step
 from sempar.placement.sempar.replicas import replicated_placement
+from sempar.placement.sempar.rows import resolve_objective, solve_rows
 from sempar.placement.sempar.tokens import SHUFFLES, batch_priced_assign, pseudo_batches
 
 ROUNDS = 12             # alternations at most (ours: the tiny-moe64 objective settles in 4-8)
@@ -118,6 +119,7 @@ TOKEN_SLACK = 0.0       # tokens of a device may exceed 1/G of the fit occurrenc
 # 1,200-token DeepSeek-V3-shaped trace (256 experts) did not finish a layer's full search in
 # minutes. tiny-moe64 and OLMoE (64 experts) keep the full search.
 FULL_SEARCH_EXPERTS = 64
+ROW_SAMPLE = 200_000    # fit rows the "rows" objective keeps (whole requests, seeded; rows.py)
 
 
 # ----------------------------------------------------------------------------- item assignment
@@ -214,6 +216,11 @@ def sempar(p: PlacementProblem) -> Placement:
                          f"(every device takes the same number of replicas)")
     if p.redundant and p.preserve_groups:
         raise InputError("sempar: --preserve-groups with --redundant: replicas have no group slots")
+    objective = resolve_objective(p.objective, p.trace)
+    if objective == "rows":
+        out = solve_rows(p, sempar, ROW_SAMPLE)
+        out.info["objective"] = "rows"
+        return out
     stats = AffinityStats(p.trace)
     slot_group, expert_group = slot_groups(p)
     imb = p.max_imbalance if not p.redundant else 1 + sempar_replicas.REPLICA_SLACK * (
@@ -255,7 +262,7 @@ def sempar(p: PlacementProblem) -> Placement:
     jobs = min(L, usable_cpus() if p.jobs is None else p.jobs) if large else 1
     out = map_layers(layer, L, jobs, BLOCK_LAYERS)
     devs, toks, objs, hosts_all, rows = (list(x) for x in zip(*out))
-    info = {"mode": "tp", "max_imbalance": p.max_imbalance, "fit_local_activations": objs,
+    info = {"mode": "tp", "objective": "tokens", "max_imbalance": p.max_imbalance, "fit_local_activations": objs,
             "preserve_groups": p.preserve_groups, "large_trace_path": large}
     if p.redundant:
         return replicated_placement(p, "sempar", np.stack(devs), hosts_all, stats,
@@ -326,7 +333,7 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
             break
         best = ([d.copy() for d in devs], z.copy(), obj)
     devs, z, obj = best
-    info = {"mode": "dp", "max_imbalance": p.max_imbalance, "fit_local_activations": obj,
+    info = {"mode": "dp", "objective": "tokens", "max_imbalance": p.max_imbalance, "fit_local_activations": obj,
             "preserve_groups": p.preserve_groups,
             "request_cluster": {"request_id": stats.reqs.tolist(), "device": z.tolist()}}
     if not p.redundant:

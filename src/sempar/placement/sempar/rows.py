@@ -1,0 +1,102 @@
+"""The row-level objective of `sempar`: each fit token row is its own item.
+
+With exact pre-routing (Sem-MoE Alg. 3, s-MoE's pre-routing; tp mode) a token row is homed
+knowing its real top-k, on the device hosting most of them, every device taking an equal share
+of each batch (the align step, `schedule.homes.oracle_home`). What decides the LAR then is not
+which experts a token *id* activates on average (`AffinityStats.counts` c[l, u, e], the
+`tokens` objective, right for homes predicted from a token table) but which experts one row
+selects together. So the `rows` objective runs the same tp / dp alternation (solver.py) on a
+copy of the fit trace in which row t carries token id t: the count table becomes each row's
+one-hot expert set, the token step becomes the capacitated exact-pre-routing home of every fit
+row (per pseudo-batch, as the align step), and the expert step maximises the co-activation of
+the experts those rows select. A trace without token ids (`TraceMeta.has_token_ids` False) can
+only be solved this way.
+
+Objectives (`PlacementProblem.objective`):
+- `tokens`: the token-id table (homes predicted from a token table, the default with ids);
+- `rows`: the row-level items above (homes from exact pre-routing);
+- `auto`: `rows` when the trace has no token ids, else `tokens`.
+
+Choices (the issue leaves them open): above `max_rows` fit rows, whole fit requests are
+sampled (seeded) until the cap, so the solve stays bounded on large traces; the placement's
+token table, when the fit trace has token ids, is rebuilt for the real ids with the
+co-clustering rule (`base.token_table_row`: each token on the device holding most of its
+expected activations; a replicated expert counts on its first copy's device), so predicted
+homes still work; without ids the placement has no token table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from sempar.affinity.routing_stats import AffinityStats
+from sempar.errors import check_choice
+from sempar.placement.base import PlacementProblem, token_table_row
+from sempar.placement.placement import Placement
+from sempar.predict.token_table import TokenTable
+from sempar.trace.schema import RoutingTrace
+
+OBJECTIVES = ("auto", "tokens", "rows")
+
+
+def has_token_ids(trace: RoutingTrace) -> bool:
+    return bool(getattr(trace.meta, "has_token_ids", True))
+
+
+def resolve_objective(objective: str, trace: RoutingTrace) -> str:
+    """"tokens" or "rows" for `objective` in OBJECTIVES on `trace`."""
+    check_choice("--objective", objective, OBJECTIVES)
+    if objective == "auto":
+        return "tokens" if has_token_ids(trace) else "rows"
+    return objective
+
+
+def sample_requests(request_id: np.ndarray, max_rows: int, seed: int) -> np.ndarray:
+    """int64[T'] rows (in trace order) of seeded random whole requests, at most `max_rows` rows
+    unless a single request is longer (then that request alone). request_id: int[T]."""
+    T = request_id.shape[0]
+    if T <= max_rows:
+        return np.arange(T)
+    reqs, inv, size = np.unique(request_id, return_inverse=True, return_counts=True)
+    order = np.random.default_rng(seed).permutation(reqs.size)
+    keep_n = max(1, int(np.searchsorted(np.cumsum(size[order]), max_rows, side="right")))
+    keep = np.zeros(reqs.size, bool)
+    keep[order[:keep_n]] = True
+    return np.flatnonzero(keep[inv])
+
+
+def row_trace(trace: RoutingTrace, max_rows: int, seed: int) -> RoutingTrace:
+    """The fit trace (sampled to `max_rows` rows by whole requests) with token id t on row t."""
+    part = trace.take(sample_requests(trace.request_id, max_rows, seed))
+    T = part.num_tokens
+    changes = {"vocab_size": max(T, 1)}
+    if hasattr(part.meta, "has_token_ids"):
+        changes["has_token_ids"] = True
+    meta = dataclasses.replace(part.meta, **changes)
+    return dataclasses.replace(part, meta=meta, token_id=np.arange(T, dtype=np.int64))
+
+
+def first_copy_device(placement: Placement) -> np.ndarray:
+    """int64[L, N]: the device of each expert's first physical slot."""
+    log2phy = placement.log2phy()[:, :, 0]
+    return (log2phy // placement.slots_per_device).astype(np.int64)
+
+
+def solve_rows(p: PlacementProblem, solver: Callable[[PlacementProblem], Placement],
+               max_rows: int) -> Placement:
+    """`solver` (the `sempar` entry point) on the row items of `p.trace` (module docstring)."""
+    rows = row_trace(p.trace, max_rows, p.seed)
+    placement = solver(dataclasses.replace(p, trace=rows, objective="tokens"))
+    placement.info.pop("token_table", None)            # one entry per fit row: no use online
+    if has_token_ids(p.trace):
+        stats = AffinityStats(p.trace)
+        dev = first_copy_device(placement)
+        G = p.num_devices
+        table = [token_table_row(stats, l, dev[l], G) for l in range(stats.L)]
+        placement.info["token_table"] = TokenTable(stats.tokens, np.stack([t[0] for t in table]),
+                                                   np.stack([t[1] for t in table]))
+    placement.info["fit_rows"] = rows.num_tokens
+    return placement
