@@ -1,4 +1,5 @@
-"""The README's placement tables from `bench_placement.py --json` output (one or more files).
+"""The placement tables from `bench_placement.py --json` output (one or more files); also used by
+`scripts/make_results.py`, which writes them into docs/results/placement.md with a stamp.
 
 One table per (mode, R): a row per method, a column per case (trace, cluster shape); each cell
 is `LAR (imbalance) share`, share = the LAR as a share of the method's own capacity-bound
@@ -50,11 +51,17 @@ def tables(report: list[dict]) -> str:
     return "\n".join(out)
 
 
+def read_report(path) -> list[dict]:
+    """The case list of one `bench_placement.py --json` output file (its first line that starts
+    with `[`). Raises StopIteration when there is none, json.JSONDecodeError when it is not JSON."""
+    with open(path) as f:          # HiGHS may print a line of its own to stdout: skipped
+        return next(json.loads(line) for line in f if line.startswith("["))
+
+
 def main() -> None:
     report = []
     for path in sys.argv[1:]:
-        with open(path) as f:      # HiGHS may print a line of its own to stdout: skipped
-            report += next(json.loads(line) for line in f if line.startswith("["))
+        report += read_report(path)
     print(tables(report))
 
 

@@ -28,7 +28,7 @@ def test_tokenizer_committed():
 
 @needs_models
 def test_model_sizes_within_budget():
-    """Every committed model counts: 64 MiB for the three (README, "three tiny MoE models")."""
+    """Every committed model counts: 64 MiB for the three (docs/corpus-models.md, "three tiny MoE models")."""
     weights = sorted(MODELS.glob("*/model.safetensors"))
     assert {w.parent.name for w in weights} >= set(DEV_TRACES)
     total = sum(w.stat().st_size for w in weights)

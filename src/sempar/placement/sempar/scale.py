@@ -33,8 +33,8 @@ planted tests; bench_placement's olmoe preset, 0.3M) `sempar` runs unchanged. Qw
 
 The balance cap is the same constraint; only the search is shorter.
 
-Measured (benchmarks/bench_placement_scale.py --methods sempar, the 2-core dev machine; README
-"Expert placement" has the table with the loaded runs). The layers run in forked workers
+Measured (benchmarks/bench_placement_scale.py --methods sempar, the 2-core dev machine;
+docs/placement.md, "Scale", has the table with the loaded runs). The layers run in forked workers
 (`sempar_solver`'s "Workers", `layer_pool`), the counting reuses its buffers, BLAS keeps one
 thread. Qwen3-30B-A3B shape, 1M tokens, EP 8 (`SCALE_SPARSE_DEVICES` keeps the dense token step
 there: the sparse one was slower at 8 devices and lost fit LAR): 15.5 s wall / 29.0 s CPU at

@@ -1,0 +1,185 @@
+"""Write docs/results/*.md from benchmarks' `--json` output, stamped; never edit those pages by hand.
+
+    python scripts/make_results.py BENCH.json [BENCH2.json ...] --out docs/results/ \
+        [--command "python benchmarks/bench_placement.py --json ..."] [--note "short run: ..."]
+
+Each input file is recognised by its content (KINDS: today `placement`, the case list of
+`benchmarks/bench_placement.py --json`); files of one kind are concatenated into one page,
+`OUT/<kind>.md`, whose tables come from the benchmark's own formatter
+(`benchmarks/bench_placement_table.tables`). The stamp names the commit (HEAD; `-dirty` when
+src/ or benchmarks/ differ from it, i.e. the code that measured is not the commit's), when the
+benchmark output was written (the newest input's mtime, UTC), when the page was generated, the
+machine (usable CPUs as `nproc` counts them, CPU model name) and the load average at generation
+(1 / 5 / 15 min: run the generator right after the benchmark so the 15-min figure covers it).
+
+Bad input (a missing or unreadable file, a file that is not one of KINDS' JSON): one line on
+stderr naming the file, exit code 2, no page written. Pages are written to a temporary beside
+the target and renamed over it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_placement_table  # noqa: E402  (benchmarks/ is not a package)
+
+
+class BadInput(Exception):
+    """One line naming the input that is wrong (exit code 2)."""
+
+
+def _is_placement(data) -> bool:
+    return (isinstance(data, list) and bool(data) and all(
+        isinstance(c, dict) and {"trace", "shape", "mode", "redundant", "methods"} <= c.keys()
+        for c in data))
+
+
+def _placement_body(report: list[dict]) -> str:
+    lines = [bench_placement_table.tables(report), "Verdicts (`bench_placement.py`, per case):", ""]
+    for c in report:
+        lines.append(f"- {c['trace']} {c['shape']}, {c['mode']} mode, R {c['redundant']}: "
+                     + "; ".join(c.get("verdict", [])))
+    return "\n".join(lines) + "\n"
+
+
+# kind -> (recogniser, page title, benchmark that writes it, body formatter)
+KINDS = {
+    "placement": (_is_placement, "Placement quality on held-out routing",
+                  "benchmarks/bench_placement.py --json", _placement_body),
+}
+
+
+def read_input(path: str):
+    """(kind, data) of one benchmark JSON file; BadInput when it is not one of KINDS'."""
+    try:
+        with open(path) as f:
+            # a solver may print a line of its own to stdout before the JSON: skipped
+            line = next((ln for ln in f if ln.lstrip().startswith(("[", "{"))), None)
+    except OSError as e:
+        raise BadInput(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise BadInput(f"{path}: not a text file") from None
+    if line is None:
+        raise BadInput(f"{path}: no JSON line (expected a benchmark's --json output)")
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{path}: not JSON ({e.msg} at column {e.colno})") from None
+    for kind, (recognise, *_rest) in KINDS.items():
+        if recognise(data):
+            return kind, data
+    raise BadInput(f"{path}: not the --json output of a benchmark this script knows "
+                   f"({', '.join(v[2] for v in KINDS.values())})")
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def commit() -> str:
+    """HEAD's short hash, `-dirty` when src/ or benchmarks/ differ from it; `unknown` outside git."""
+    head = _git("rev-parse", "--short", "HEAD")
+    if not head:
+        return "unknown"
+    dirty = _git("status", "--porcelain", "--", "src", "benchmarks")
+    return head + ("-dirty" if dirty else "")
+
+
+def machine() -> str:
+    """`N CPUs (nproc), MODEL NAME`."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f
+                         if ln.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{cpus} CPUs (nproc), {name}"
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+
+
+def stamp(inputs: list[str], command: str | None, note: str | None) -> str:
+    """The page's stamp table (markdown)."""
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    rows = [("commit", f"`{commit()}`"),
+            ("benchmark output written", _utc(max(os.path.getmtime(p) for p in inputs))),
+            ("page generated", _utc(time.time())),
+            ("machine", machine()),
+            ("load average at generation (1 / 5 / 15 min)", load)]
+    if command:
+        rows.append(("command", f"`{command}`"))
+    if note:
+        rows.append(("scope", note))
+    return "| stamp | |\n| --- | --- |\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
+
+
+def page(kind: str, data: list, inputs: list[str], command: str | None, note: str | None) -> str:
+    _, title, bench, body = KINDS[kind]
+    return (f"# {title}\n\n"
+            f"<!-- generated by scripts/make_results.py from `{bench}`; do not edit by hand -->\n"
+            f"Generated by `scripts/make_results.py` from `{bench}` output "
+            f"({', '.join(f'`{Path(p).name}`' for p in inputs)}); do not edit by hand.\n\n"
+            + stamp(inputs, command, note) + "\n" + body(data))
+
+
+def _write(target: Path, text: str) -> None:
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("inputs", nargs="+", help="benchmark --json output files")
+    ap.add_argument("--out", required=True, help="folder for the pages (docs/results/)")
+    ap.add_argument("--command", help="the benchmark command line, printed on the page")
+    ap.add_argument("--note", help="what the run covers (e.g. 'short run: one trace, one shape')")
+    args = ap.parse_args(argv)
+    try:
+        by_kind: dict[str, tuple[list, list[str]]] = {}
+        for path in args.inputs:
+            kind, data = read_input(path)
+            report, paths = by_kind.setdefault(kind, ([], []))
+            report += data
+            paths.append(path)
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise BadInput(f"--out {out}: not a folder")
+        pages = {out / f"{kind}.md": page(kind, report, paths, args.command, args.note)
+                 for kind, (report, paths) in by_kind.items()}
+        out.mkdir(parents=True, exist_ok=True)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: --out {args.out}: {e.strerror}", file=sys.stderr)
+        return 2
+    for target, text in pages.items():
+        _write(target, text)
+        print(f"wrote {target}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""scripts/make_results.py: a small bench_placement --json report becomes docs/results/placement.md
+with the benchmark formatter's table and a stamp; bad input is one line, exit 2, no page."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+_SPEC = importlib.util.spec_from_file_location(
+    "make_results", Path(__file__).parents[1] / "scripts" / "make_results.py")
+make_results = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(make_results)
+
+
+def _method(lar: float, imb: float, share: float) -> dict:
+    return {"lar_mean": lar, "lar_p50": lar, "oracle_lar_mean": lar / share,
+            "oracle_lar_unconstrained_mean": 0.6, "node_local_rate": 1.0,
+            "remote_copies_per_token": 1.0, "imbalance_max_mean": imb,
+            "imbalance_max_median": imb, "share_of_oracle": share, "solve_seconds": 0.1}
+
+
+REPORT = [
+    {"trace": "tiny-moe64", "shape": "4", "ep": 4, "nodes": 1, "mode": "tp", "redundant": 0,
+     "methods": {"vanilla": _method(0.25, 1.41, 0.65), "sempar": _method(0.412, 1.06, 0.90)},
+     "refs": {"ref: capacity-bound oracle": {"lar_mean": 0.458, "placement": "sempar"}},
+     "verdict": ["target 'x': MET (lead +0.040)"]},
+    {"trace": "synthetic olmoe-1b-7b", "shape": "2x4", "ep": 8, "nodes": 2, "mode": "tp",
+     "redundant": 0,
+     "methods": {"vanilla": _method(0.125, 1.54, 0.44), "sempar": _method(0.228, 1.08, 0.69)},
+     "refs": {}, "verdict": []},
+]
+
+EXPECTED_TABLE = """\
+tp mode: LAR (imbalance max/mean) share of its capacity-bound oracle
+
+| method | tiny-moe64 4 | olmoe-1b-7b 2x4 |
+| --- | --- | --- |
+| sempar | 0.412 (1.06) 90% | 0.228 (1.08) 69% |
+| vanilla | 0.250 (1.41*) 65% | 0.125 (1.54*) 44% |
+| ceiling | 0.458 (sempar) |  |
+"""
+
+
+def _run(capsys, *args: str):
+    """(exit code, stderr) of the script's main on `args`."""
+    capsys.readouterr()
+    code = make_results.main(list(args))
+    return code, capsys.readouterr().err
+
+
+def test_placement_page_has_the_table_and_stamp(tmp_path, capsys):
+    bench = tmp_path / "bp.json"
+    # a solver's own print before the JSON line is skipped, as bench_placement_table does
+    bench.write_text("Running HiGHS\n" + json.dumps(REPORT) + "\n")
+    out = tmp_path / "results"
+    code, err = _run(capsys, str(bench), "--out", str(out), "--command",
+                     "bench_placement.py --json", "--note", "short run")
+    assert code == 0, err
+    text = (out / "placement.md").read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["placement.md"]
+    assert EXPECTED_TABLE in text
+    assert "- tiny-moe64 4, tp mode, R 0: target 'x': MET (lead +0.040)" in text
+    for row in ("| commit | `", "| benchmark output written | ", "| page generated | ",
+                "| machine | ", "| load average at generation (1 / 5 / 15 min) | ",
+                "| command | `bench_placement.py --json` |", "| scope | short run |"):
+        assert row in text
+    assert "do not edit by hand" in text
+
+
+@pytest.mark.parametrize("content, says", [
+    ("not json at all\n", "no JSON line"),
+    ("[1, 2\n", "not JSON"),
+    ('{"a": 1}\n', "not the --json output of a benchmark"),
+])
+def test_bad_input_is_one_line_exit_2_and_no_page(tmp_path, capsys, content, says):
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(REPORT))
+    bad.write_text(content)
+    out = tmp_path / "results"
+    code, err = _run(capsys, str(good), str(bad), "--out", str(out))
+    assert code == 2
+    assert err.count("\n") == 1 and says in err and str(bad) in err
+    assert not out.exists()
+
+
+def test_missing_input_is_refused(tmp_path, capsys):
+    code, err = _run(capsys, str(tmp_path / "absent.json"), "--out", str(tmp_path / "results"))
+    assert code == 2 and err.count("\n") == 1 and "cannot read" in err
+    assert not (tmp_path / "results").exists()
