@@ -26,6 +26,10 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
              preserve_groups: bool = typer.Option(False, "--preserve-groups",
                                                   help="experts stay in their expert group's slots"),
              split: bool = typer.Option(False, "--split", help="split --fit 20/80 by request"),
+             objective: str = typer.Option(
+                 "auto", "--objective",
+                 help="sempar's items: tokens (token ids: homes from a token table), rows (fit "
+                      "rows: homes from exact pre-routing), auto (rows without token ids)"),
              cross: bool = typer.Option(False, "--cross-dataset",
                                         help="also fit on each domain of --fit, evaluate on the others"),
              online: bool = typer.Option(False, "--online",
@@ -69,7 +73,7 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
     with steps("evaluate", len(names)) as step:
         result = run(fit_trace, eval_trace, ep, nodes, chosen, mode, redundant, seed,
                      progress=step, extra=extra, max_imbalance=max_imbalance,
-                     preserve_groups=preserve_groups)
+                     preserve_groups=preserve_groups, objective=objective)
     if cross:
         with steps("cross-dataset", len(cross_names) * len(whole.domains)) as step:
             result["cross_dataset"] = cross_dataset_matrix(whole, ep, nodes, cross_names, mode,

@@ -25,6 +25,10 @@ def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)")
           preserve_groups: bool = typer.Option(False, "--preserve-groups",
                                                help="experts stay in their expert group's slots"),
           seed: int = typer.Option(0, "--seed", callback=SEED),
+          objective: str = typer.Option(
+              "auto", "--objective",
+              help="sempar's items: tokens (token ids: homes from a token table), rows (fit "
+                   "rows: homes from exact pre-routing), auto (rows without token ids)"),
           jobs: Optional[int] = typer.Option(None, "--jobs", callback=bound(1, 4096),
                                              help="worker processes (default: usable CPUs)"),
           out_file: Path = typer.Option(..., "--out", help="placement.json to write")) -> None:
@@ -35,7 +39,7 @@ def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)")
 
     check_output(out_file, trace)
     p = solve(method, read_trace(trace, optional=("domain",)), ep, nodes, redundant, seed, mode,
-              max_imbalance, preserve_groups, jobs)
+              max_imbalance, preserve_groups, jobs, objective)
     p.save(out_file)
     sys.stderr.write(f"wrote {out_file}: {method}, {p.num_layers} layers, {ep} devices x "
                      f"{p.slots_per_device} slots, {p.num_nodes} node(s)\n")

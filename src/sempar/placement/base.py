@@ -30,6 +30,9 @@ from sempar.registry import Registry
 from sempar.trace.schema import RoutingTrace
 
 
+OBJECTIVES = ("auto", "tokens", "rows")  # sempar's items (placement/sempar/rows.py)
+
+
 @dataclass(frozen=True)
 class PlacementProblem:
     """What every solver is given: the fit trace and the cluster's shape."""
@@ -48,6 +51,7 @@ class PlacementProblem:
     def __post_init__(self) -> None:
         N, G = self.trace.meta.num_experts, self.num_devices
         check_choice("--mode", self.mode, ("dp", "tp"))
+        check_choice("--objective", self.objective, OBJECTIVES)
         if not 1.0 <= self.max_imbalance < 100:
             raise InputError(f"--max-imbalance: {self.max_imbalance} is not in [1, 100)")
         if self.jobs is not None and self.jobs < 1:

@@ -40,15 +40,17 @@ def figures_for(placement: Placement, eval_: RoutingTrace, mode: str,
     f = placement_figures(placement, eval_.experts, home)
     if free_lar is None:
         free_lar = unconstrained_oracle_lar(placement, eval_)
-    oracle_lar = (f["lar_mean"] if home is oracle
-                  else placement_figures(placement, eval_.experts, oracle)["lar_mean"])
+    fo = f if home is oracle else placement_figures(placement, eval_.experts, oracle)
+    oracle_lar = fo["lar_mean"]
     out = {"lar_mean": f["lar_mean"], "lar_p50": f["lar_p50"],
            "oracle_lar_mean": oracle_lar,
             "oracle_lar_unconstrained_mean": free_lar,
            "node_local_rate": f["node_local_rate"],
            "remote_copies_per_token": f["remote_copies_per_token"],
            "imbalance_max_mean": f["imbalance_max_mean"],
-           "imbalance_max_median": f["imbalance_max_median"]}
+           "imbalance_max_median": f["imbalance_max_median"],
+           # with the oracle's homes (differs from the method's only with replicas)
+           "oracle_imbalance_max_mean": fo["imbalance_max_mean"]}
     if mode == "dp":        # the request-level ceiling without balance (whole requests, best rank)
         out["oracle_lar_request_free_mean"] = placement_figures(
             placement, eval_.experts, oracle_home_dp(placement, eval_, balanced=False))["lar_mean"]
@@ -66,10 +68,12 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
                    redundant: int = 0, seed: int = 0,
                    progress: Callable[[str], None] | None = None,
                    extra: Callable[[Placement, str], dict] | None = None,
-                   max_imbalance: float = 1.05, preserve_groups: bool = False) -> dict[str, dict]:
+                   max_imbalance: float = 1.05, preserve_groups: bool = False,
+                   objective: str = "auto") -> dict[str, dict]:
     """{mode: the `evaluate --json` contract}, every placement solved once for all modes.
 
-    `max_imbalance` / `preserve_groups` go to every solver (`base.solve`).
+    `max_imbalance` / `preserve_groups` / `objective` go to every solver (`base.solve`; only
+    `sempar` reads `objective`).
     `extra(placement, mode)` adds keys to each deployable method's entry (`evaluate --online`
     passes the online schedulers' figures; the data flow keeps schedulers downstream of here).
     """
@@ -95,7 +99,7 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
                 # The ceiling is solved on the data it is judged on (oracle.py); the rest on fit.
                 placement = solve(name, eval_ if name == ORACLE else fit, ep, nodes, redundant,
                                   seed, mode=group[0], max_imbalance=max_imbalance,
-                                  preserve_groups=preserve_groups)
+                                  preserve_groups=preserve_groups, objective=objective)
             except InputError as err:
                 if not (redundant or preserve_groups) or methods:
                     raise
@@ -136,7 +140,8 @@ def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int = 1,
              methods: list[str] | None = None, mode: str = "tp", redundant: int = 0,
              seed: int = 0, progress: Callable[[str], None] | None = None,
              extra: Callable[[Placement, str], dict] | None = None,
-             max_imbalance: float = 1.05, preserve_groups: bool = False) -> dict:
+             max_imbalance: float = 1.05, preserve_groups: bool = False,
+             objective: str = "auto") -> dict:
     """The `evaluate --json` contract for `methods` (default: every registered one)."""
     return evaluate_modes(fit, eval_, ep, nodes, methods, (mode,), redundant, seed,
-                          progress, extra, max_imbalance, preserve_groups)[mode]
+                          progress, extra, max_imbalance, preserve_groups, objective)[mode]
