@@ -96,6 +96,15 @@ def concat(traces: Sequence[RoutingTrace]) -> RoutingTrace:
     )
 
 
+def without_token_ids(trace: RoutingTrace) -> RoutingTrace:
+    """The trace marked as having no token ids (its token_id column zeros); itself when it
+    has none already."""
+    if not trace.meta.has_token_ids:
+        return trace
+    return dataclasses.replace(trace, meta=dataclasses.replace(trace.meta, has_token_ids=False),
+                               token_id=np.zeros_like(trace.token_id))
+
+
 def select_domains(trace: RoutingTrace, names: Sequence[str]) -> RoutingTrace:
     """The tokens whose domain is one of `names` (unknown names raise `InputError`)."""
     unknown = [n for n in names if n not in trace.domains]

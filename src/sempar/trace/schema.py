@@ -257,12 +257,12 @@ class RoutingTrace:
         }
 
 
-def require_token_ids(meta: TraceMeta, what: str) -> None:
+def require_token_ids(meta: TraceMeta, what: str, hint: str = "") -> None:
     """Bad input when the trace of `meta` has no token ids and `what` (a method, a figure)
     needs them: every token -> expert table would hold one meaningless token."""
     if not meta.has_token_ids:
-        raise InputError(f"{what} needs token ids, and the trace of {meta.model} has none "
-                         "(imported without them)")
+        raise InputError(f"{what} needs token ids (a token -> expert table), and the trace of "
+                         f"{meta.model} has none (imported without them){hint}")
 
 
 def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
