@@ -171,6 +171,10 @@ def test_unreadable_and_pickled_files(tmp_path, capsys):
     assert "not a readable" in _fail(["import", "arrays", str(tmp_path / "experts.npy"),
                                       "--out", str(tmp_path / "t.parquet")], capsys)
     assert not (tmp_path / "t.parquet").exists()
+    src = _npz(tmp_path / "a.npz", **_arrays())
+    before = src.read_bytes()
+    _fail(["import", "arrays", str(src), "--out", str(src)], capsys)
+    assert src.read_bytes() == before
 
 
 def _no_ids_trace(tmp_path: Path) -> Path:
