@@ -311,3 +311,17 @@ def test_has_token_ids_metadata(tmp_path, trace):
         read_header(tmp_path / "c.parquet")
     with pytest.raises(InputError, match="has_token_ids"):
         TraceMeta("m", 1, 2, 1, 10, has_token_ids=1)
+
+
+def test_config_shape_of_packaged_models():
+    from sempar.paths import assets_dir
+    from sempar.trace.hf_config import config_shape
+
+    models = assets_dir() / "models"
+    if not (models / "tiny-mixtral" / "config.json").is_file():
+        pytest.skip("packaged tiny models absent")
+    s = config_shape(models / "tiny-mixtral")
+    assert (s["num_experts"], s["top_k"], s["shared_experts"], s["layer_ids"], s["model_type"]) == \
+        (8, 2, 0, tuple(range(6)), "mixtral")
+    s = config_shape(models / "tiny-moe64")
+    assert (s["num_experts"], s["top_k"], s["layer_ids"]) == (64, 8, tuple(range(6)))

@@ -21,6 +21,9 @@ overrides one role; an empty name skips it):
 Scalars in the files (`num_experts`, `top_k`, `shared_experts`, `num_layers`, `model`) describe
 the model too. Rules:
 
+- **Model name**: `model`, else the files' `model` scalar, else the `model_dir` folder's name,
+  else the first file's stem.
+
 - **Model shape**: each field from the first of: the caller's value (flags), the files' scalar,
   the preset named by `model` or the `model_dir` config.json (trace/hf_config.py); every source
   that gives it must agree (else one line naming both). Without any, num_experts is the largest
