@@ -45,6 +45,7 @@ NUMBERS = [
     ("cost-route sweep --max-acc-loss nan", "--max-acc-loss: nan is not a finite number"),
     ("cost-route tables --ep 0 --out o.json", "--ep: 0"),
     ("import sglang {placement} --out o.parquet --top-k 0", "--top-k: 0"),
+    ("import arrays {placement} --out o.parquet --num-experts 0", "--num-experts: 0"),
     ("record --model tiny-moe64 --text {good} --out o.parquet --max-tokens 0", "--max-tokens: 0"),
 ]
 SLOW_IF_BROKEN = [
@@ -86,6 +87,8 @@ FILES = [
     ("record --model tiny-moe64 --text {fifo} --out o.parquet", "not a regular file"),
     # no progress line before the error line
     ("import sglang {bad_dump} --out o.parquet", "not a readable SGLang dump"),
+    ("import arrays {bad_dump} --out o.parquet", "not a readable .npz / .npy file"),
+    ("import arrays {fifo} --out o.parquet", "not a regular file"),
     # a model folder that cannot be loaded
     ("record --model {bad_model} --text {text} --out o.parquet", "cannot be loaded"),
     # outputs the environment refuses: OSError is one line too

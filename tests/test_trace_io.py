@@ -248,7 +248,8 @@ def test_trace_info_counts(tmp_path, trace):
     info = trace_info(p)
     assert info == {"tokens": 200, "requests": 20, "layers": 3, "experts": 8, "top_k": 2,
                     "domains": {"code": 100, "math": 90}, "model": "toy-moe",
-                    "shared_experts": 0, "vocab_size": 1000, "has_weights": True}
+                    "shared_experts": 0, "vocab_size": 1000, "has_weights": True,
+                    "has_token_ids": True}
     assert info == trace.info()
 
 

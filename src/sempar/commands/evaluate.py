@@ -41,6 +41,7 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
              as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""
     from sempar.placement import SOLVERS
+    from sempar.placement.base import needs_token_ids
     from sempar.schedule.evaluate import evaluate as run
     from sempar.schedule.transfer import DEFAULT_METHODS, cross_dataset_matrix
     from sempar.progress import steps
@@ -59,6 +60,10 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
         fit_trace, eval_trace = whole, read_trace(eval_file, optional=("domain",))
     extra = home = None
     if online:
+        from sempar.trace.schema import require_token_ids
+
+        for t in (fit_trace, eval_trace):
+            require_token_ids(t.meta, "--online")
         from sempar.schedule.online import OnlineHomes, model_embedding, online_figures
         from sempar.schedule.requests import REQUEST_POLICIES
 
@@ -69,6 +74,8 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
         extra = lambda p, m: online_figures(p, fit_trace, eval_trace, m, oov, lookback, policy)  # noqa: E731
         home = OnlineHomes(oov, lookback, policy)
     cross_names = [n for n in (DEFAULT_METHODS if methods == "all" else names) if n != "oracle"]
+    if cross and methods == "all" and not whole.meta.has_token_ids:   # noted under `skipped`
+        cross_names = [n for n in cross_names if not needs_token_ids(n, mode)]
     chosen = names if methods != "all" else None
     with steps("evaluate", len(names)) as step:
         result = run(fit_trace, eval_trace, ep, nodes, chosen, mode, redundant, seed,

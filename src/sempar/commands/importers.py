@@ -1,4 +1,5 @@
-"""`sempar import sglang`: routing recorded by a serving engine, converted into a trace."""
+"""`sempar import sglang` / `sempar import arrays`: routing recorded by a serving engine or dumped
+by the user's own hooks as numpy arrays, converted into a trace."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import typer
 
 from sempar.bounds import TOKENS_MAX, bound
 from sempar.console import emit_json
+from sempar.errors import InputError
 
 import_app = typer.Typer(add_completion=False, no_args_is_help=True,
                          help="Convert routing recorded by serving engines into traces.")
@@ -54,6 +56,84 @@ def import_sglang_cmd(dumps: list[Path] = typer.Argument(..., help="SGLang per_t
                      f"from {summary['records']} passes of ranks {summary['ranks']}, "
                      f"{summary['layers']} MoE layers x {summary['experts']} experts, "
                      f"top-{summary['top_k']}\n")
+
+
+def _key(role: str) -> Optional[str]:
+    from sempar.trace.arrays import DEFAULT_KEYS
+
+    return typer.Option(None, f"--{role.replace('_', '-')}-key",
+                        help=f"array name (default: first of {', '.join(DEFAULT_KEYS[role])}; "
+                             "'' = none)")
+
+
+def _layer_ids(value: Optional[str]) -> Optional[tuple[int, ...]]:
+    if value is None:
+        return None
+    try:
+        return tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise InputError(f"--layer-ids: {value!r} is not a comma-separated list of layer "
+                         "numbers") from None
+
+
+@import_app.command("arrays")
+def import_arrays_cmd(files: list[Path] = typer.Argument(..., help=".npz / .npy files (one "
+                                                                   "namespace of arrays)"),
+                      out_file: Path = typer.Option(..., "--out", help="Parquet trace to write"),
+                      model: Optional[str] = typer.Option(None, "--model",
+                                                          help="model name stored in the trace; a "
+                                                               "preset name also gives its shape"),
+                      model_dir: Optional[Path] = typer.Option(None, "--model-dir",
+                                                               help="HF model folder whose "
+                                                                    "config.json gives the shape"),
+                      num_experts: Optional[int] = typer.Option(None, "--num-experts",
+                                                                callback=bound(1, 1_000_000)),
+                      top_k: Optional[int] = typer.Option(None, "--top-k", callback=bound(1, 4096)),
+                      shared_experts: Optional[int] = typer.Option(None, "--shared-experts",
+                                                                   callback=bound(0, 1024)),
+                      vocab_size: Optional[int] = typer.Option(None, "--vocab-size",
+                                                               callback=bound(1, TOKENS_MAX)),
+                      layer_ids: Optional[str] = typer.Option(None, "--layer-ids",
+                                                              help="model layer of each column, "
+                                                                   "e.g. 1,2,3"),
+                      num_hidden_layers: Optional[int] = typer.Option(None, "--num-hidden-layers",
+                                                                      callback=bound(1, 1 << 16)),
+                      experts_key: Optional[str] = _key("experts"),
+                      weights_key: Optional[str] = _key("weights"),
+                      token_id_key: Optional[str] = _key("token_id"),
+                      request_offsets_key: Optional[str] = _key("request_offsets"),
+                      request_id_key: Optional[str] = _key("request_id"),
+                      position_key: Optional[str] = _key("position"),
+                      domain_key: Optional[str] = _key("domain"),
+                      request_domain_key: Optional[str] = _key("request_domain"),
+                      domain_names_key: Optional[str] = _key("domain_names"),
+                      layer_ids_key: Optional[str] = _key("layer_ids"),
+                      as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Convert per-token routing dumped as numpy arrays (experts [T, L, k] and optional weights,
+    token ids, requests, positions, domains) into a routing trace."""
+    from sempar.atomic import check_output
+    from sempar.progress import progress_bar
+    from sempar.trace.arrays import import_arrays
+
+    check_output(out_file, *files)
+    keys = {role: v for role, v in (
+        ("experts", experts_key), ("weights", weights_key), ("token_id", token_id_key),
+        ("request_offsets", request_offsets_key), ("request_id", request_id_key),
+        ("position", position_key), ("domain", domain_key),
+        ("request_domain", request_domain_key), ("domain_names", domain_names_key),
+        ("layer_ids", layer_ids_key)) if v is not None}
+    shape = {"num_experts": num_experts, "top_k": top_k, "shared_experts": shared_experts,
+             "vocab_size": vocab_size, "layer_ids": _layer_ids(layer_ids),
+             "num_hidden_layers": num_hidden_layers}
+    with progress_bar("import arrays", None) as advance:
+        summary = import_arrays(files, out_file, keys=keys, model=model, model_dir=model_dir,
+                                shape=shape, progress=advance)
+    if as_json:
+        emit_json(summary)
+    sys.stderr.write(f"wrote {out_file}: {summary['tokens']} tokens, {summary['requests']} "
+                     f"requests, {summary['layers']} MoE layers x {summary['experts']} experts, "
+                     f"top-{summary['top_k']}"
+                     f"{'' if summary['has_token_ids'] else ', no token ids'}\n")
 
 
 def register(app: typer.Typer) -> None:

@@ -35,7 +35,7 @@ def trace_info_cmd(file: Path = typer.Argument(..., help="Parquet trace"),
         return
     table = Table(title=str(file), show_header=False)
     for key in ("model", "tokens", "requests", "layers", "experts", "top_k", "shared_experts",
-                "vocab_size", "has_weights"):
+                "vocab_size", "has_weights", "has_token_ids"):
         table.add_row(key, str(info[key]))
     for name, n in info["domains"].items():
         table.add_row(f"domain {name}", f"{n} tokens")

@@ -12,6 +12,12 @@ expert e may only sit in a physical slot of its own group's range, group g = exp
 honours it by setting the attribute `preserves_groups = True`; `solve` refuses the others
 with one line when the model has more than one group, and checks the result.
 
+Token ids: a solver whose placement is built from a token -> expert table (it co-clusters
+tokens and experts, and its token table places eval tokens) sets `needs_token_ids` (True, or
+the modes that do: `sempar` in tp); `solve` refuses it on a trace without token ids
+(`TraceMeta.has_token_ids`), and drops the token table any other solver built from such a
+trace (one meaningless token), so its homes are the vanilla ones (`info["token_table_dropped"]`).
+
 Each method lives in its own module and registers itself in `SOLVERS`; the CLI, the reports
 and the benchmarks list the same set from it.
 """
@@ -27,7 +33,7 @@ from sempar.errors import InputError, check_choice
 from sempar.placement.placement import Placement, cross_group_slots, contiguous_nodes
 from sempar.predict.token_table import TokenTable
 from sempar.registry import Registry
-from sempar.trace.schema import RoutingTrace
+from sempar.trace.schema import RoutingTrace, require_token_ids
 
 
 OBJECTIVES = ("auto", "tokens", "rows")  # sempar's items (placement/sempar/rows.py)
@@ -149,6 +155,22 @@ class Solver(Protocol):
 SOLVERS: Registry[Solver] = Registry("placement method")
 
 
+def needs_token_ids(method: str, mode: str) -> bool:
+    """Whether `method` in `mode` needs token ids (its `needs_token_ids`: bool or modes)."""
+    need = getattr(SOLVERS.get(method), "needs_token_ids", False)
+    return mode in need if isinstance(need, tuple) else bool(need)
+
+
+def check_token_ids(method: str, mode: str, trace: RoutingTrace, hint: bool = True) -> None:
+    """Bad input when `method` in `mode` needs token ids and `trace` has none (`hint`: the
+    message lists the methods that do not)."""
+    if needs_token_ids(method, mode):
+        modes = getattr(SOLVERS.get(method), "needs_token_ids")
+        free = [m for m in SOLVERS.names() if m != "oracle" and not needs_token_ids(m, mode)]
+        require_token_ids(trace.meta, f"{method}{f' in {mode} mode' if isinstance(modes, tuple) else ''}",
+                          f"; methods without: {', '.join(free)}" if hint else "")
+
+
 def solve(method: str, trace: RoutingTrace, num_devices: int, num_nodes: int = 1,
           redundant: int = 0, seed: int = 0, mode: str = "tp", max_imbalance: float = 1.05,
           preserve_groups: bool = False, jobs: int | None = None,
@@ -162,7 +184,10 @@ def solve(method: str, trace: RoutingTrace, num_devices: int, num_nodes: int = 1
     if preserve_groups and ng > 1 and not getattr(solver, "preserves_groups", False):
         raise InputError(f"{method}: --preserve-groups is not supported (it moves experts "
                          f"across the model's {ng} expert groups); use sempar or vanilla")
+    check_token_ids(method, mode, trace)
     placement = solver(problem)
+    if not trace.meta.has_token_ids and placement.info.pop("token_table", None) is not None:
+        placement.info["token_table_dropped"] = "the fit trace has no token ids"
     if num_nodes > 1 and placement.token_table is not None and not placement.info.get("node_aware") \
             and not preserve_groups:       # relabelling devices would move experts across groups
         # A co-clustering solver's device labels are arbitrary: pick them so that devices whose

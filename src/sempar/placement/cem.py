@@ -340,3 +340,5 @@ def smoe_cem(p: PlacementProblem, n_iter: int = N_ITER, n_samples: int = N_SAMPL
                 "clustered_tokens": int(rows.size),
                 "token_coverage": float(stats.a[rows].sum() / stats.a.sum()),
                 "best_score": [h["best"][-1] for h in hists], "layers": hists}})
+
+smoe_cem.needs_token_ids = True     # co-clusters tokens (by id) and experts (base.py)

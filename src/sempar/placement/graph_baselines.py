@@ -239,3 +239,6 @@ def _kmeans2d_layer(Cp: np.ndarray, counts: np.ndarray, a: np.ndarray, G: int, s
     match = np.empty(G, np.int64)
     match[rows] = cols
     return egrp, match[tcl]
+
+metis.needs_token_ids = True        # the token (by id) - expert graph (base.py)
+kmeans2d.needs_token_ids = True

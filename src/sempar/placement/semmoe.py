@@ -284,3 +284,5 @@ def semmoe(p: PlacementProblem) -> Placement:
     return coclustered_placement(p, "semmoe", ecls, stats, info={
         "objective": float(score), "best_step": int(step), "request_features": how,
         "request_cluster": {"request_id": stats.reqs.tolist(), "device": rcls.tolist()}})
+
+semmoe.needs_token_ids = True       # token (by id) - expert clusters and table (base.py)

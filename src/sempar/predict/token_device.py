@@ -32,7 +32,7 @@ from sempar.affinity.routing_stats import device_states, layer_counts
 from sempar.predict.device_state import fit_inputs
 from sempar.predict.oov import EmbeddingOOV, fitted_mapper
 from sempar.predict.token_table import TokenTable
-from sempar.trace.schema import RoutingTrace
+from sempar.trace.schema import RoutingTrace, require_token_ids
 
 CONFIDENCES = ("share", "state")
 
@@ -55,6 +55,7 @@ class TokenDevice:
         """placement: a `Placement` (anything with `hosts() -> bool[L, G, N]`)."""
         if self.confidence not in CONFIDENCES:
             raise InputError(f"confidence: {self.confidence!r} is not one of {', '.join(CONFIDENCES)}")
+        require_token_ids(trace.meta, "the token table T")
         hosts, tokens, tok = fit_inputs(trace, placement)
         L, G, N = hosts.shape
         k = trace.meta.top_k

@@ -12,6 +12,9 @@ the real routing, under the mode's capacity rule (tp: equal tokens per device pe
 whole requests, each round of G requests matched to the G ranks by maximum local activations)
 and unconstrained (every token on its best device). The `oracle` row is the ceiling itself:
 solved on the eval trace and placed with the oracle homes (oracle.py), so it is in-sample.
+When the fit or the eval trace has no token ids, both are read as having none: the methods
+that need them (`base.needs_token_ids`) are listed under `skipped` (refused when named), and
+the others run without a token table (vanilla homes).
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ import time
 from typing import Callable
 
 from sempar.errors import InputError
-from sempar.placement.base import SOLVERS, solve
+from sempar.placement.base import SOLVERS, check_token_ids, solve
 from sempar.placement.oracle import ORACLE
 from sempar.placement.metrics import placement_figures
 from sempar.placement.placement import Placement
 from sempar.schedule.homes import method_home, oracle_home, oracle_home_dp
+from sempar.trace.ops import without_token_ids
 from sempar.trace.schema import RoutingTrace
 
 ATTENTION_MODES = ("dp", "tp")
@@ -82,6 +86,9 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
             raise InputError(f"--mode: {mode!r} is not one of {', '.join(ATTENTION_MODES)}")
     if fit.meta.first_difference(eval_.meta) is not None:
         raise InputError("--eval: the eval trace's model shape differs from the fit trace's")
+    if not (fit.meta.has_token_ids and eval_.meta.has_token_ids):
+        # one side without ids: a token table fitted on the other would look up zeros
+        fit, eval_ = without_token_ids(fit), without_token_ids(eval_)
     names = methods or SOLVERS.names()
     out = {mode: {"ep": ep, "nodes": nodes, "mode": mode, "redundant": redundant,
                   "fit": {"tokens": fit.num_tokens, "requests": fit.num_requests},
@@ -94,6 +101,14 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
         groups = ([(m,) for m in modes] if getattr(SOLVERS.get(name), "mode_aware", False)
                   else [modes])
         for group in groups:
+            try:
+                check_token_ids(name, group[0], fit, hint=False)
+            except InputError as err:
+                if methods:
+                    raise
+                for mode in group:                  # `all` without token ids: say who cannot
+                    out[mode].setdefault("skipped", {})[name] = str(err)
+                continue
             t0 = time.perf_counter()
             try:
                 # The ceiling is solved on the data it is judged on (oracle.py); the rest on fit.

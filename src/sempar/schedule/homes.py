@@ -39,7 +39,7 @@ from sempar.placement.placement import Placement
 from sempar.predict.token_table import TokenTable
 from sempar.schedule.rebatch import REBATCHERS
 from sempar.schedule.requests import Alg2, request_arrays
-from sempar.trace.schema import RoutingTrace
+from sempar.trace.schema import RoutingTrace, require_token_ids
 
 
 def _layers(per_token: np.ndarray, num_layers: int) -> np.ndarray:
@@ -175,6 +175,8 @@ def method_home(placement: Placement, eval_: RoutingTrace, mode: str) -> np.ndar
     of every batch (tp)."""
     ep, L = placement.num_devices, eval_.meta.num_layers
     table = placement.token_table
+    if table is not None:
+        require_token_ids(eval_.meta, f"{placement.method}'s token table")
     if mode == "dp":
         return (home_dp_table(eval_.request_id, eval_.token_id, table, ep, L) if table is not None
                 else home_dp_round_robin(eval_.request_id, ep, L))

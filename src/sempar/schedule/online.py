@@ -36,7 +36,7 @@ from sempar.placement.placement import Placement
 from sempar.predict import DeviceNgram, EmbeddingOOV, TokenDevice, combine, prediction_accuracy
 from sempar.schedule.homes import home_from_ranks, oracle_home, rebatched_home
 from sempar.schedule.requests import REQUEST_POLICIES, request_arrays
-from sempar.trace.schema import RoutingTrace
+from sempar.trace.schema import RoutingTrace, require_token_ids
 
 LOOKBACK = 2          # Sem-MoE B.1's default look-back
 
@@ -63,6 +63,7 @@ class OnlineScheduler:
         self.lookback, self.oov, self.rebatch, self.batch = lookback, oov, rebatch, batch
 
     def fit(self, trace: RoutingTrace, placement: Placement) -> "OnlineScheduler":
+        require_token_ids(trace.meta, "the online schedulers")
         self.placement_, self.fit_trace_, self.hits_ = placement, trace, None
         self.token_device_ = TokenDevice(self.oov, confidence="state").fit(trace, placement)
         self.ngram_ = DeviceNgram(self.lookback).fit(trace, placement)
@@ -71,6 +72,7 @@ class OnlineScheduler:
     def predict(self, trace: RoutingTrace) -> tuple[np.ndarray, np.ndarray]:
         """(device int16[T, L], confidence float32[T, L]): the device Alg. 3 prefers for each
         (token, layer), -1 = none, and the confidence of the table it came from."""
+        require_token_ids(trace.meta, "the online schedulers")
         t_dev, t_conf = self.token_device_.predict(trace.token_id)
         a_dev, a_conf = self.ngram_.predict_trace(trace)
         return combine(t_dev, t_conf, a_dev, a_conf)
@@ -100,6 +102,7 @@ class OnlineScheduler:
 
     def home_dp(self, trace: RoutingTrace, policy: str = "alg2") -> np.ndarray:
         """int32[T, L]: every token on its request's DP rank, requests in arrival order."""
+        require_token_ids(trace.meta, "the online request policies")
         tokens, offsets, _ = request_arrays(trace.request_id, trace.token_id)
         sched = REQUEST_POLICIES.get(policy)(self.placement_.num_devices, self.token_device_.table_)
         ranks = sched.assign(self._mapped(tokens), offsets)          # one per request, arrival order

@@ -350,5 +350,6 @@ def trace_info(path: str | os.PathLike) -> dict[str, Any]:
     return {"tokens": tokens, "requests": len(requests), "layers": meta.num_layers,
             "experts": meta.num_experts, "top_k": meta.top_k, "domains": counts,
             "model": meta.model, "shared_experts": meta.shared_experts,
-            "vocab_size": meta.vocab_size, "has_weights": has_weights}
+            "vocab_size": meta.vocab_size, "has_weights": has_weights,
+            "has_token_ids": meta.has_token_ids}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
@@ -80,8 +81,11 @@ def concat(traces: Sequence[RoutingTrace]) -> RoutingTrace:
     request_id = np.concatenate(request_parts)
     if request_id.size and request_id.max() > np.iinfo(np.int32).max:
         raise InputError("request_id: concatenated request ids overflow int32")
+    meta = first.meta
+    if not all(t.meta.has_token_ids for t in traces):   # zeros of one part are no ids
+        meta = dataclasses.replace(meta, has_token_ids=False)
     return RoutingTrace(
-        meta=first.meta,
+        meta=meta,
         token_id=np.concatenate([t.token_id for t in traces]),
         request_id=request_id.astype(np.int32),
         position=np.concatenate([t.position for t in traces]),
@@ -90,6 +94,15 @@ def concat(traces: Sequence[RoutingTrace]) -> RoutingTrace:
         domains=domains if has_domain else [],
         weights=None if traces[0].weights is None else np.concatenate([t.weights for t in traces]),
     )
+
+
+def without_token_ids(trace: RoutingTrace) -> RoutingTrace:
+    """The trace marked as having no token ids (its token_id column zeros); itself when it
+    has none already."""
+    if not trace.meta.has_token_ids:
+        return trace
+    return dataclasses.replace(trace, meta=dataclasses.replace(trace.meta, has_token_ids=False),
+                               token_id=np.zeros_like(trace.token_id))
 
 
 def select_domains(trace: RoutingTrace, names: Sequence[str]) -> RoutingTrace:

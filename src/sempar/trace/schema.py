@@ -51,8 +51,11 @@ class TraceMeta:
     layers the trace's L columns stand for (default 0..L-1). `num_hidden_layers` is the model's
     decoder-layer count, dense layers included (None: unknown), and `model_type` its HF
     `config.model_type` (None: unknown): together with `layer_ids` they say which of the model's
-    layers are dense, which an engine file indexed by layer number needs. `extra` keeps
-    free-form provenance (generator parameters, recorder settings).
+    layers are dense, which an engine file indexed by layer number needs. `has_token_ids` False
+    says the source kept no token ids (`sempar import arrays` without them): the `token_id`
+    column is then all zeros and means nothing, and every method that needs a token -> expert
+    table refuses the trace (`require_token_ids`); files without the field read as True.
+    `extra` keeps free-form provenance (generator parameters, recorder settings).
     """
 
     model: str
@@ -66,6 +69,7 @@ class TraceMeta:
     layer_ids: tuple[int, ...] | None = None
     num_hidden_layers: int | None = None
     model_type: str | None = None
+    has_token_ids: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -96,6 +100,9 @@ class TraceMeta:
         if not 1 <= self.topk_groups <= self.num_expert_groups:
             raise InputError(f"metadata.topk_groups: {self.topk_groups!r} is not in "
                              f"[1, {self.num_expert_groups}]")
+        if not isinstance(self.has_token_ids, (bool, np.bool_)):
+            raise InputError(f"metadata.has_token_ids: {self.has_token_ids!r} is not true or false")
+        object.__setattr__(self, "has_token_ids", bool(self.has_token_ids))
         if self.layer_ids is not None:
             ids = self.layer_ids
             if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
@@ -155,6 +162,8 @@ class TraceMeta:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["layer_ids"] = list(self.layer_ids) if self.layer_ids is not None else None
+        if self.has_token_ids:      # written only when False: traces with ids keep their bytes
+            del d["has_token_ids"]
         return d
 
     @classmethod
@@ -244,7 +253,16 @@ class RoutingTrace:
             "shared_experts": self.meta.shared_experts,
             "vocab_size": self.meta.vocab_size,
             "has_weights": self.weights is not None,
+            "has_token_ids": self.meta.has_token_ids,
         }
+
+
+def require_token_ids(meta: TraceMeta, what: str, hint: str = "") -> None:
+    """Bad input when the trace of `meta` has no token ids and `what` (a method, a figure)
+    needs them: every token -> expert table would hold one meaningless token."""
+    if not meta.has_token_ids:
+        raise InputError(f"{what} needs token ids (a token -> expert table), and the trace of "
+                         f"{meta.model} has none (imported without them){hint}")
 
 
 def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
