@@ -195,19 +195,30 @@ def _no_ids_trace(tmp_path: Path) -> Path:
 def test_token_table_methods_refuse_a_trace_without_ids(tmp_path, capsys):
     trace = _no_ids_trace(tmp_path)
     for method, mode in (("semmoe", "tp"), ("metis", "dp"), ("smoe-cem", "tp"),
-                         ("kmeans2d", "tp"), ("sempar", "tp")):
+                         ("kmeans2d", "tp")):
         line = _fail(["place", "--trace", str(trace), "--method", method, "--mode", mode, "--ep",
                       "2", "--out", str(tmp_path / "p.json")], capsys)
         assert "needs token ids" in line and "methods without: eplb" in line, line
+    line = _fail(["place", "--trace", str(trace), "--objective", "tokens", "--ep", "2",
+                  "--out", str(tmp_path / "p.json")], capsys)
+    assert "sempar --objective tokens needs token ids" in line, line
     assert not (tmp_path / "p.json").exists()
-    # sempar in dp places requests: allowed, without a token table
+    # sempar in tp solves on the fit rows (rows objective), without a token table
+    with pytest.raises(SystemExit) as ex:
+        main(["place", "--trace", str(trace), "--ep", "2", "--out", str(tmp_path / "p.json")])
+    assert ex.value.code == 0
+    capsys.readouterr()
+    info = json.loads((tmp_path / "p.json").read_text())["info"]
+    assert info["objective"] == "rows" and "token_table" not in info
+    (tmp_path / "p.json").unlink()
+    # sempar in dp places requests (on the rows objective too): allowed, without a token table
     with pytest.raises(SystemExit) as ex:
         main(["place", "--trace", str(trace), "--mode", "dp", "--ep", "2",
               "--out", str(tmp_path / "p.json")])
     assert ex.value.code == 0
     capsys.readouterr()
     info = json.loads((tmp_path / "p.json").read_text())["info"]
-    assert "token_table" not in info and info["token_table_dropped"]
+    assert "token_table" not in info and info["objective"] == "rows"
     line = _fail(["evaluate", "--fit", str(trace), "--split", "--ep", "2", "--methods", "vanilla",
                   "--online"], capsys)
     assert line.startswith("error: --online needs token ids")
@@ -220,9 +231,9 @@ def test_evaluate_skips_token_table_methods(tmp_path, capsys):
               "--methods", "all"])
     assert ex.value.code == 0
     res = json.loads(capsys.readouterr().out)
-    table_methods = {"semmoe", "smoe-cem", "metis", "kmeans2d", "sempar"}
+    table_methods = {"semmoe", "smoe-cem", "metis", "kmeans2d"}
     assert table_methods == set(res["skipped"]) and not table_methods & set(res["methods"])
-    assert {"vanilla", "eplb"} <= set(res["methods"])
+    assert {"vanilla", "eplb", "sempar"} <= set(res["methods"])
     assert all("needs token ids" in why for why in res["skipped"].values())
     line = _fail(["evaluate", "--fit", str(trace), "--split", "--ep", "2", "--methods", "semmoe"],
                  capsys)
@@ -266,7 +277,8 @@ def test_real_files_import(tmp_path, capsys):
 
 @needs_full
 def test_real_deepseek_slice_evaluate(tmp_path, capsys):
-    """Evaluate on 12 requests of the real DeepSeek file (no token ids): no token-table figure."""
+    """Evaluate on 12 requests of the real DeepSeek file (no token ids): no token-table figure;
+    sempar solves on the fit rows and beats vanilla's exact pre-routed LAR."""
     z = np.load(FULL / "deepseek-v2-lite-esft.npz", allow_pickle=False)
     o = z["request_offsets"]
     pick = np.r_[0:4, 60:64, 120:124]
@@ -279,12 +291,14 @@ def test_real_deepseek_slice_evaluate(tmp_path, capsys):
     import_arrays([src], out)
     with pytest.raises(SystemExit) as ex:
         main(["evaluate", "--fit", str(out), "--split", "--ep", "4", "--methods",
-              "vanilla,eplb", "--json"])
+              "vanilla,eplb,sempar", "--json"])
     assert ex.value.code == 0
     res = json.loads(capsys.readouterr().out)
-    assert set(res["methods"]) == {"vanilla", "eplb"}
+    assert set(res["methods"]) == {"vanilla", "eplb", "sempar"}
+    m = res["methods"]
+    assert m["sempar"]["oracle_lar_mean"] > m["vanilla"]["oracle_lar_mean"] + 0.05
     assert "needs token ids" in _fail(["evaluate", "--fit", str(out), "--split", "--ep", "4",
-                                       "--methods", "sempar"], capsys)
+                                       "--methods", "semmoe"], capsys)
 
 
 def test_has_token_ids_metadata(tmp_path, trace):

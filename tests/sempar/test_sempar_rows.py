@@ -21,7 +21,7 @@ G, N, K, L = 4, 16, 2, 2
 
 def row_planted(T: int = 16_000, R: int = 200, p_in: float = 0.9, seed: int = 0):
     """(trace, expert cluster int[L, N]): each row draws a cluster uniformly (not from its token
-    id, which is random) and picks its K experts inside it with probability p_in."""
+    id, one of 4 at random) and picks its K experts inside it with probability p_in."""
     rng = np.random.default_rng(seed)
     ecl = np.stack([rng.permutation(np.arange(N) // (N // G)) for _ in range(L)])
     request_id = np.sort(rng.integers(0, R, T)).astype(np.int32)
@@ -34,8 +34,8 @@ def row_planted(T: int = 16_000, R: int = 200, p_in: float = 0.9, seed: int = 0)
         anyw = np.argsort(rng.random((T, N)), axis=1)[:, :K]
         experts[:, l] = np.where((rng.random(T) < p_in)[:, None], own, anyw)
     position = (np.arange(T) - np.searchsorted(request_id, request_id)).astype(np.int32)
-    meta = TraceMeta(model="planted-rows", num_layers=L, num_experts=N, top_k=K, vocab_size=500)
-    trace = RoutingTrace(meta=meta, token_id=rng.integers(0, 500, T).astype(np.int32),
+    meta = TraceMeta(model="planted-rows", num_layers=L, num_experts=N, top_k=K, vocab_size=4)
+    trace = RoutingTrace(meta=meta, token_id=rng.integers(0, 4, T).astype(np.int32),
                          request_id=request_id, position=position, experts=experts)
     return trace, ecl
 
@@ -55,17 +55,18 @@ def case():
 def test_rows_objective_recovers_row_clusters(case):
     fit, ev, planted = case
     best = exact(planted, ev)["lar_mean"]
-    rows = solve("sempar", fit, G, objective="rows")
-    tokens = solve("sempar", fit, G, objective="tokens")
+    # a loose cap: the robust load model charges the planted groups' request-level spread
+    rows = solve("sempar", fit, G, objective="rows", max_imbalance=1.2)
+    tokens = solve("sempar", fit, G, objective="tokens", max_imbalance=1.2)
     f_rows, f_tok = exact(rows, ev), exact(tokens, ev)
     assert rows.info["objective"] == "rows" and tokens.info["objective"] == "tokens"
     assert f_rows["lar_mean"] >= 0.97 * best
     assert f_rows["lar_mean"] >= f_tok["lar_mean"] + 0.1       # token ids carry nothing here
-    assert f_rows["imbalance_max_mean"] <= 1.10
-    again = solve("sempar", fit, G, objective="rows")
+    assert f_rows["imbalance_max_mean"] <= 1.2
+    again = solve("sempar", fit, G, objective="rows", max_imbalance=1.2)
     assert np.array_equal(again.phy2log, rows.phy2log)
     # the token table is rebuilt for the real ids, not left per fit row
-    assert rows.token_table is not None and rows.token_table.tokens.size <= 500
+    assert rows.token_table is not None and rows.token_table.token_id.size <= 4
 
 
 def test_rows_replicas_add_local_activations_under_the_cap(case):
@@ -112,3 +113,15 @@ def test_unknown_objective_is_refused(case):
     fit, _, _ = case
     with pytest.raises(InputError, match="--objective"):
         solve("sempar", fit, G, objective="words")
+
+
+def test_without_token_ids_auto_solves_rows_and_tokens_is_refused(case):
+    from sempar.trace.ops import without_token_ids
+
+    fit, ev, _ = case
+    bare = without_token_ids(fit)
+    p = solve("sempar", bare, G, max_imbalance=1.2)
+    assert p.info["objective"] == "rows" and p.token_table is None
+    assert exact(p, ev)["lar_mean"] >= exact(solve("vanilla", bare, G), ev)["lar_mean"] + 0.2
+    with pytest.raises(InputError, match="token ids"):
+        solve("sempar", bare, G, objective="tokens")

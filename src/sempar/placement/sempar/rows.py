@@ -38,17 +38,20 @@ from sempar.placement.base import OBJECTIVES, PlacementProblem, token_table_row
 from sempar.placement.placement import Placement
 from sempar.placement.sempar.row_replicas import replicate
 from sempar.predict.token_table import TokenTable
-from sempar.trace.schema import RoutingTrace
+from sempar.trace.schema import RoutingTrace, require_token_ids
 
 def has_token_ids(trace: RoutingTrace) -> bool:
-    return bool(getattr(trace.meta, "has_token_ids", True))
+    return trace.meta.has_token_ids
 
 
 def resolve_objective(objective: str, trace: RoutingTrace) -> str:
-    """"tokens" or "rows" for `objective` in OBJECTIVES on `trace`."""
+    """"tokens" or "rows" for `objective` in OBJECTIVES on `trace`; "tokens" on a trace without
+    token ids is bad input."""
     check_choice("--objective", objective, OBJECTIVES)
     if objective == "auto":
         return "tokens" if has_token_ids(trace) else "rows"
+    if objective == "tokens":
+        require_token_ids(trace.meta, "sempar --objective tokens", "; use --objective rows")
     return objective
 
 
@@ -70,10 +73,7 @@ def row_trace(trace: RoutingTrace, max_rows: int, seed: int) -> RoutingTrace:
     """The fit trace (sampled to `max_rows` rows by whole requests) with token id t on row t."""
     part = trace.take(sample_requests(trace.request_id, max_rows, seed))
     T = part.num_tokens
-    changes = {"vocab_size": max(T, 1)}
-    if hasattr(part.meta, "has_token_ids"):
-        changes["has_token_ids"] = True
-    meta = dataclasses.replace(part.meta, **changes)
+    meta = dataclasses.replace(part.meta, vocab_size=max(T, 1), has_token_ids=True)
     return dataclasses.replace(part, meta=meta, token_id=np.arange(T, dtype=np.int64))
 
 

@@ -348,5 +348,5 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
 
 sempar.preserves_groups = True     # slots and swaps stay inside each expert group
 sempar.mode_aware = True           # solved once per mode by `evaluate` (tp and dp objectives differ)
-# tp co-places token ids with experts; dp places requests (its token table is dropped without ids)
-sempar.needs_token_ids = ("tp",)
+# without token ids `--objective auto` solves on fit rows (rows.py); `tokens` is refused there
+sempar.needs_token_ids = False
