@@ -30,6 +30,10 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
                  "auto", "--objective",
                  help="sempar's items: tokens (token ids: homes from a token table), rows (fit "
                       "rows: homes from exact pre-routing), auto (rows without token ids)"),
+             held_out_imbalance: float = typer.Option(
+                 1.10, "--held-out-imbalance", callback=bound(1.0, 100.0),
+                 help="rows objective: the imbalance on new requests to stay within (the fit cap "
+                      "is lowered by the drift 2-fold cross-validation predicts)"),
              cross: bool = typer.Option(False, "--cross-dataset",
                                         help="also fit on each domain of --fit, evaluate on the others"),
              online: bool = typer.Option(False, "--online",
@@ -80,7 +84,8 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
     with steps("evaluate", len(names)) as step:
         result = run(fit_trace, eval_trace, ep, nodes, chosen, mode, redundant, seed,
                      progress=step, extra=extra, max_imbalance=max_imbalance,
-                     preserve_groups=preserve_groups, objective=objective)
+                     preserve_groups=preserve_groups, objective=objective,
+                     held_out_imbalance=held_out_imbalance)
     if cross:
         with steps("cross-dataset", len(cross_names) * len(whole.domains)) as step:
             result["cross_dataset"] = cross_dataset_matrix(whole, ep, nodes, cross_names, mode,

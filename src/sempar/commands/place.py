@@ -29,6 +29,10 @@ def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)")
               "auto", "--objective",
               help="sempar's items: tokens (token ids: homes from a token table), rows (fit "
                    "rows: homes from exact pre-routing), auto (rows without token ids)"),
+          held_out_imbalance: float = typer.Option(
+              1.10, "--held-out-imbalance", callback=bound(1.0, 100.0),
+              help="rows objective: the imbalance on new requests to stay within (the fit cap "
+                   "is lowered by the drift 2-fold cross-validation predicts)"),
           jobs: Optional[int] = typer.Option(None, "--jobs", callback=bound(1, 4096),
                                              help="worker processes (default: usable CPUs)"),
           out_file: Path = typer.Option(..., "--out", help="placement.json to write")) -> None:
@@ -39,7 +43,8 @@ def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)")
 
     check_output(out_file, trace)
     p = solve(method, read_trace(trace, optional=("domain",)), ep, nodes, redundant, seed, mode,
-              max_imbalance, preserve_groups, jobs, objective)
+              max_imbalance, preserve_groups, jobs, objective,
+              held_out_imbalance)
     p.save(out_file)
     sys.stderr.write(f"wrote {out_file}: {method}, {p.num_layers} layers, {ep} devices x "
                      f"{p.slots_per_device} slots, {p.num_nodes} node(s)\n")

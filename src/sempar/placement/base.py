@@ -53,11 +53,14 @@ class PlacementProblem:
     preserve_groups: bool = False
     jobs: int | None = None     # worker processes for per-layer work (None: the usable CPUs)
     objective: str = "auto"     # sempar's items: "tokens" (token ids), "rows" (fit rows), "auto"
+    held_out_imbalance: float = 1.10  # the held-out imbalance sempar's rows objective aims at
 
     def __post_init__(self) -> None:
         N, G = self.trace.meta.num_experts, self.num_devices
         check_choice("--mode", self.mode, ("dp", "tp"))
         check_choice("--objective", self.objective, OBJECTIVES)
+        if not 1.0 <= self.held_out_imbalance < 100:
+            raise InputError(f"--held-out-imbalance: {self.held_out_imbalance} is not in [1, 100)")
         if not 1.0 <= self.max_imbalance < 100:
             raise InputError(f"--max-imbalance: {self.max_imbalance} is not in [1, 100)")
         if self.jobs is not None and self.jobs < 1:
@@ -174,12 +177,13 @@ def check_token_ids(method: str, mode: str, trace: RoutingTrace, hint: bool = Tr
 def solve(method: str, trace: RoutingTrace, num_devices: int, num_nodes: int = 1,
           redundant: int = 0, seed: int = 0, mode: str = "tp", max_imbalance: float = 1.05,
           preserve_groups: bool = False, jobs: int | None = None,
-          objective: str = "auto") -> Placement:
+          objective: str = "auto", held_out_imbalance: float = 1.10) -> Placement:
     """Run the registered `method` and return its validated placement (`jobs`: worker
     processes for solvers that split their work by layer; None: the usable CPUs)."""
     solver = SOLVERS.get(method)
     problem = PlacementProblem(trace, num_devices, num_nodes, redundant, seed, mode,
-                               max_imbalance, preserve_groups, jobs, objective)
+                               max_imbalance, preserve_groups, jobs, objective,
+                               held_out_imbalance)
     ng = trace.meta.num_expert_groups
     if preserve_groups and ng > 1 and not getattr(solver, "preserves_groups", False):
         raise InputError(f"{method}: --preserve-groups is not supported (it moves experts "

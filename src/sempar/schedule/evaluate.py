@@ -73,11 +73,12 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
                    progress: Callable[[str], None] | None = None,
                    extra: Callable[[Placement, str], dict] | None = None,
                    max_imbalance: float = 1.05, preserve_groups: bool = False,
-                   objective: str = "auto") -> dict[str, dict]:
+                   objective: str = "auto", held_out_imbalance: float = 1.10
+                   ) -> dict[str, dict]:
     """{mode: the `evaluate --json` contract}, every placement solved once for all modes.
 
-    `max_imbalance` / `preserve_groups` / `objective` go to every solver (`base.solve`; only
-    `sempar` reads `objective`).
+    `max_imbalance` / `preserve_groups` / `objective` / `held_out_imbalance` go to every solver
+    (`base.solve`; only `sempar` reads the last two).
     `extra(placement, mode)` adds keys to each deployable method's entry (`evaluate --online`
     passes the online schedulers' figures; the data flow keeps schedulers downstream of here).
     """
@@ -114,7 +115,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
                 # The ceiling is solved on the data it is judged on (oracle.py); the rest on fit.
                 placement = solve(name, eval_ if name == ORACLE else fit, ep, nodes, redundant,
                                   seed, mode=group[0], max_imbalance=max_imbalance,
-                                  preserve_groups=preserve_groups, objective=objective)
+                                  preserve_groups=preserve_groups, objective=objective,
+                                  held_out_imbalance=held_out_imbalance)
             except InputError as err:
                 if not (redundant or preserve_groups) or methods:
                     raise
@@ -156,7 +158,8 @@ def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int = 1,
              seed: int = 0, progress: Callable[[str], None] | None = None,
              extra: Callable[[Placement, str], dict] | None = None,
              max_imbalance: float = 1.05, preserve_groups: bool = False,
-             objective: str = "auto") -> dict:
+             objective: str = "auto", held_out_imbalance: float = 1.10) -> dict:
     """The `evaluate --json` contract for `methods` (default: every registered one)."""
     return evaluate_modes(fit, eval_, ep, nodes, methods, (mode,), redundant, seed,
-                          progress, extra, max_imbalance, preserve_groups, objective)[mode]
+                          progress, extra, max_imbalance, preserve_groups, objective,
+                          held_out_imbalance)[mode]

@@ -14,9 +14,9 @@ per layer, `R / G` replicas on every device:
    device loads after the move (the serving rule applied to the fit rows' activations, homes
    held fixed) keep the peak at or under the cap; when none does, the pair that lowers the
    peak most (balance first);
-3. the replicated placement is kept only where the fit rows, re-homed under it, keep at least
-   the primary's local activations and a peak at or under max(cap, the primary's peak);
-   otherwise that layer's replica slots go to its hottest experts, balance first.
+3. the replicated placement is kept where the fit rows, re-homed under it, keep at least the
+   primary's local activations and a peak at or under max(cap, the primary's peak); otherwise
+   the same greedy with every pick lowering the peak most is tried, and the lower peak kept.
 
 Ours (the papers do not place replicas for locality; EPLB places them for balance only): a
 greedy on the exact fit objective, O(R x G x N) candidate moves per layer, each O(G).
@@ -70,11 +70,12 @@ def _activations(home: np.ndarray, experts: np.ndarray, G: int, N: int) -> np.nd
 
 
 def layer_replicas(hosts: np.ndarray, experts: np.ndarray, per_device: int, cap: float,
-                   node_of: np.ndarray, batch: int = BATCH) -> np.ndarray:
+                   node_of: np.ndarray, batch: int = BATCH, balance: bool = False) -> np.ndarray:
     """int64[G, per_device]: the replica experts of each device at one layer (module docstring).
 
     hosts bool[G, N]: the primary placement; experts int[T, k]: the fit rows' experts; cap: the
-    device load cap, x the mean load."""
+    device load cap, x the mean load; balance: every pick lowers the peak most (ties: most
+    activations made local), the cap aside."""
     G, N = hosts.shape
     home = capacity_home(_layer_hits(hosts, experts), batch)
     W = _activations(home, experts, G, N)
@@ -92,7 +93,8 @@ def layer_replicas(hosts: np.ndarray, experts: np.ndarray, per_device: int, cap:
                 new = expert_served(W[:, e], h[:, e], node_of)
                 h[d, e] = False
                 peak = float((load - contrib[:, e] + new).max())
-                key = (peak <= limit, W[d, e] if peak <= limit else -peak, -d, -e)
+                key = ((-peak, W[d, e], -d, -e) if balance else
+                       (peak <= limit, W[d, e] if peak <= limit else -peak, -d, -e))
                 if best is None or key > best[0]:
                     best = (key, d, e, new)
         _, d, e, new = best
@@ -104,7 +106,7 @@ def layer_replicas(hosts: np.ndarray, experts: np.ndarray, per_device: int, cap:
     return np.array(picks, np.int64).reshape(G, per_device)
 
 
-def _fit_score(hosts: np.ndarray, experts: np.ndarray, node_of: np.ndarray,
+def fit_score(hosts: np.ndarray, experts: np.ndarray, node_of: np.ndarray,
                batch: int) -> tuple[float, float]:
     """(local activations, peak / mean load) of the fit rows re-homed under hosts bool[G, N]."""
     G, N = hosts.shape
@@ -129,17 +131,14 @@ def replicate(placement: Placement, experts: np.ndarray, redundant: int, cap: fl
         reps = layer_replicas(hosts[l], ex, r, cap, node_of, batch)
         h = hosts[l].copy()
         h[np.repeat(np.arange(G), r), reps.ravel()] = True
-        base_local, base_peak = _fit_score(hosts[l], ex, node_of, batch)
-        local, peak = _fit_score(h, ex, node_of, batch)
+        base_local, base_peak = fit_score(hosts[l], ex, node_of, batch)
+        local, peak = fit_score(h, ex, node_of, batch)
         if local < base_local or peak > max(cap, base_peak) + 1e-9:
-            reps = _hot_replicas(hosts[l], ex, r)
+            alt = layer_replicas(hosts[l], ex, r, cap, node_of, batch, balance=True)
+            h2 = hosts[l].copy()
+            h2[np.repeat(np.arange(G), r), alt.ravel()] = True
+            if fit_score(h2, ex, node_of, batch)[1] < peak:
+                reps = alt
         rows.append(np.concatenate([placement.slots(l), reps], axis=1).ravel())
     out = Placement(np.stack(rows), N, G, node_of, placement.method, info=dict(placement.info))
     return out
-
-
-def _hot_replicas(hosts: np.ndarray, experts: np.ndarray, per_device: int) -> np.ndarray:
-    """int64[G, per_device]: the hottest experts a device does not host yet, hottest first."""
-    G, N = hosts.shape
-    order = np.argsort(-np.bincount(experts.ravel(), minlength=N), kind="stable")
-    return np.stack([order[~hosts[d][order]][:per_device] for d in range(G)])

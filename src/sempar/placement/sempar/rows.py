@@ -36,6 +36,7 @@ from sempar.affinity.routing_stats import AffinityStats
 from sempar.errors import check_choice
 from sempar.placement.base import OBJECTIVES, PlacementProblem, token_table_row
 from sempar.placement.placement import Placement
+from sempar.placement.sempar.held_out import HeldOut, calibrated_solve
 from sempar.placement.sempar.row_replicas import replicate
 from sempar.predict.token_table import TokenTable
 from sempar.trace.schema import RoutingTrace, require_token_ids
@@ -87,10 +88,12 @@ def solve_rows(p: PlacementProblem, solver: Callable[[PlacementProblem], Placeme
                max_rows: int) -> Placement:
     """`solver` (the `sempar` entry point) on the row items of `p.trace` (module docstring)."""
     rows = row_trace(p.trace, max_rows, p.seed)
-    placement = solver(dataclasses.replace(p, trace=rows, objective="tokens", redundant=0))
+    primary = dataclasses.replace(p, trace=rows, objective="tokens", redundant=0)
+    placement = calibrated_solve(primary, solver, HeldOut(target=p.held_out_imbalance))
     placement.info.pop("token_table", None)            # one entry per fit row: no use online
     if p.redundant:
-        placement = replicate(placement, rows.experts, p.redundant, p.max_imbalance)
+        cap = placement.info.get("held_out", {}).get("fit_cap", p.max_imbalance)
+        placement = replicate(placement, rows.experts, p.redundant, cap)
     if has_token_ids(p.trace):
         stats = AffinityStats(p.trace)
         dev = first_copy_device(placement)
