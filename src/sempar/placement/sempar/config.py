@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sempar.affinity.routing_stats import BLOCK_LAYERS
+from sempar.errors import check_choice
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +121,9 @@ class SemparConfig:
     block_layers: int = BLOCK_LAYERS
     """Consecutive layers a forked worker takes at a time (the affinity statistics gather the
     trace's selections that many layers at once)."""
+
+    def __post_init__(self) -> None:
+        check_choice("dp_token_table", self.dp_token_table, ("share", "requests"))
 
     @classmethod
     def for_shape(cls, tokens: int, layers: int, experts: int, devices: int,

@@ -52,8 +52,9 @@ def batch_priced_assign(local: np.ndarray, occ, size: np.ndarray, shuffles: int,
     size float[nb] from `pseudo_batches`. Each device may take size[b] / G tokens of batch b;
     overflow is bumped by the evaluator to wherever room is left. Prices lam[b, d] >= 0 per
     occurrence; token u takes argmax_d local[u, d] - (occ @ lam)[u, d] / shuffles; prices rise
-    with overflow (subgradient), `price_steps` times. Kept: the iterate with the best local activations minus
-    the overflow, each overflowing occurrence valued at its device's mean local share.
+    with overflow (subgradient), `price_steps` times. Kept: the iterate with the best local
+    activations minus the overflow, each overflowing occurrence valued at its device's mean
+    local share.
     """
     U, G = local.shape
     cap = size[:, None] / G
