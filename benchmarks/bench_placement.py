@@ -23,11 +23,13 @@ import itertools
 import json
 import math
 import sys
+from dataclasses import asdict
 
 import numpy as np
 
 from sempar.paths import dev_trace_paths
 from sempar.placement import SOLVERS
+from sempar.placement.sempar import SemparConfig
 from sempar.schedule.evaluate import evaluate_modes
 from sempar.trace import read_trace, split_by_request
 from sempar.trace.synth import synthesize
@@ -153,6 +155,12 @@ def replica_verdict(res: dict) -> list[str]:
             f"{s['imbalance_max_mean']:.3f} vs eplb {e['imbalance_max_mean']:.3f})"]
 
 
+def sempar_config(fit, ep: int) -> dict:
+    """The settings `sempar` solves `fit` at EP `ep` with (solving by name), for the record."""
+    meta = fit.meta
+    return asdict(SemparConfig.for_shape(fit.num_tokens, meta.num_layers, meta.num_experts, ep))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["4", "8", "2x4"], help="G or NODESxPER_NODE")
@@ -186,8 +194,10 @@ def main() -> None:
                 rep = evaluate_modes(fit, ev, ep, nodes, ["eplb", "sempar"], tuple(args.modes),
                                      redundant=ep)
                 cases += [(res, replica_verdict(res)) for res in rep.values()]
+            config = sempar_config(fit, ep) if OURS in methods or args.replicas else None
             for res, lines in cases:
-                report.append({"trace": name, "shape": shape, **res, "verdict": lines})
+                report.append({"trace": name, "shape": shape, **res, "verdict": lines,
+                               "sempar_config": config})
                 if not args.json:
                     print_case(name, shape, res, ev.num_tokens, lines)
     if args.json:

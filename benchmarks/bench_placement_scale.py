@@ -215,6 +215,12 @@ def worker(path: str, method: str, ep: int, nodes: int, cap_gb: float) -> None:
         out["cem"] = {k: cem[k] for k in ("hierarchy", "clustered_tokens", "token_coverage")}
     if "large_trace_path" in pl.info:
         out["large_trace_path"] = pl.info["large_trace_path"]
+    if method == "sempar":                # the settings it solved with (solving by name)
+        from dataclasses import asdict
+
+        from sempar.placement.sempar import SemparConfig
+
+        out["sempar_config"] = asdict(SemparConfig.for_shape(trace.num_tokens, L, N, ep))
     if "request_features" in pl.info:
         out["request_features"] = pl.info["request_features"]
     print(json.dumps(out), flush=True)

@@ -54,6 +54,20 @@ def test_activation_counts_by_hand():
     np.testing.assert_array_equal(c, [[1, 2, 0, 1], [0, 0, 1, 1], [1, 0, 1, 0], [0, 0, 0, 0]])
 
 
+def test_request_counts_by_hand():
+    req = np.array([1, 0, 1, 1])
+    ex = np.array([[0, 1], [2, 3], [1, 3], [0, 2]])
+    c = requests.request_counts(req, ex, 3, 4)
+    assert c.shape == (3, 4) and c.dtype == np.int64
+    np.testing.assert_array_equal(c, [[0, 0, 1, 1], [2, 2, 1, 1], [0, 0, 0, 0]])
+    # every layer at once: layer l's block is that layer's counts
+    both = requests.request_counts(req, np.stack([ex, ex[:, ::-1] % 2], axis=1), 3, 4)
+    assert both.shape == (3, 2, 4)
+    np.testing.assert_array_equal(both[:, 0], c)
+    np.testing.assert_array_equal(both[:, 1], requests.request_counts(req, ex[:, ::-1] % 2, 3, 4))
+    np.testing.assert_array_equal(both[:, 1], [[1, 1, 0, 0], [3, 3, 0, 0], [0, 0, 0, 0]])
+
+
 def test_top_k_mask_ties_to_lower_expert():
     counts = np.array([[1, 1, 1, 1],      # all tied: the two lowest ids
                        [0, 2, 2, 2],      # tie among 1, 2, 3 -> 1, 2

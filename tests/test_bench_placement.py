@@ -50,3 +50,14 @@ def test_balance_floor_is_the_best_split_per_layer():
 def test_balance_floor_gives_up_on_many_experts():
     assert bench.balance_floor(_trace([[1] * 64]), 4) is None
     assert bench.balance_floor(_trace([[1] * 9]), 4) is None      # 9 experts do not split over 4
+
+
+def test_sempar_config_is_recorded():
+    """The JSON report records the settings sempar solves with, decided for the fit trace."""
+    import json
+
+    fit = SimpleNamespace(num_tokens=1000, meta=SimpleNamespace(num_layers=2, num_experts=8))
+    config = bench.sempar_config(fit, 4)
+    assert json.loads(json.dumps(config)) == config
+    assert config["large_trace"] is False and config["sparse_step"] is False
+    assert config["bounded_experts"] is False

@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from sempar.placement import solve
+from sempar.placement.base import PlacementProblem
 from sempar.placement.metrics import placement_figures
+from sempar.placement.sempar import SemparConfig, sempar_solve
 from sempar.placement.sempar.replicas import _serve_rank, _served_one, add_replicas
 from sempar.schedule.homes import home_tp_contiguous
 from sempar.trace import split_by_request
@@ -34,7 +36,7 @@ def test_served_loads_are_the_evaluators():
             assert np.allclose(_served(hosts[l], Wt, p.node_of), want[l])
 
 
-def test_replicas_cut_the_peak_first():
+def test_replicas_cut_the_peak_first(cfg: SemparConfig = SemparConfig()):
     # expert 0 (on device 0) is hot, used by the tokens of every device; a decoy, expert 1's
     # tokens homed on device 3, would draw device 3's replica if locality came first
     Wt = np.ones((G, N))
@@ -43,7 +45,7 @@ def test_replicas_cut_the_peak_first():
     hosts = (np.arange(N) % G)[None, :] == np.arange(G)[:, None]
     node_of = np.zeros(G, np.int64)
     before = _served(hosts, Wt, node_of)
-    out = add_replicas(hosts, Wt, 1, before.mean(), node_of, np.ones((G, N), bool))
+    out = add_replicas(hosts, Wt, 1, before.mean(), node_of, cfg)
     assert (out.sum(axis=1) == hosts.sum(axis=1) + 1).all() and (out >= hosts).all()
     after = _served(out, Wt, node_of)
     assert out[1:, 0].all()                         # every other device took a replica of 0
@@ -52,14 +54,10 @@ def test_replicas_cut_the_peak_first():
     assert after.max() < 170.0 and np.isclose(after.sum(), before.sum())
 
 
-def test_large_shapes_score_the_peak_devices_replicas(monkeypatch):
-    # above FULL_SCAN open pairs only the top pairs by locality and the peak device's experts
+def test_large_shapes_score_the_peak_devices_replicas():
+    # above full_scan open pairs only the top pairs by locality and the peak device's experts
     # are scored: the hot expert's replicas are still among them
-    from sempar.placement.sempar import replicas as sempar_replicas
-
-    monkeypatch.setattr(sempar_replicas, "FULL_SCAN", 0)
-    monkeypatch.setattr(sempar_replicas, "TOP_PAIRS", 1)
-    test_replicas_cut_the_peak_first()
+    test_replicas_cut_the_peak_first(SemparConfig(full_scan=0, top_pairs=1))
 
 
 def test_balance_pass_lowers_the_robust_peak_and_keeps_the_slots():
@@ -72,7 +70,7 @@ def test_balance_pass_lowers_the_robust_peak_and_keeps_the_slots():
     hosts = (np.arange(N) // (N // G))[None, :] == np.arange(G)[:, None]
     hosts[1, 0] = hosts[2, 1] = hosts[3, 2] = hosts[0, N - 1] = True     # one replica each
     X = rng.poisson(2.0, (50, N)).astype(float)
-    lm = LoadModel(X.sum(axis=0), None, 0.0, G)
+    lm = LoadModel(X.sum(axis=0), None, 0.0, G, robust=SemparConfig().robust)
     node_of = np.zeros(G, np.int64)
     before = _served(hosts, Wt, node_of)
     out = balance_pass(hosts, Wt, lm, node_of, before.mean(), 1.0, 50)
@@ -96,12 +94,11 @@ def test_dp_replicas_put_the_hottest_expert_on_every_device():
         assert (hosts[l].sum(axis=1) == N // G + 1).all()
 
 
-def test_tp_hot_fallback_where_balance_is_out_of_reach(monkeypatch):
+def test_tp_hot_fallback_where_balance_is_out_of_reach():
     # tiny-mixtral: single experts carry up to 48 % of a layer's activations, so at EP 4 with
     # R = G the replica step leaves the peak above the cap; the fallback puts the hottest expert
     # on every device where that is more balanced on the fit routing
     from sempar.paths import dev_trace_paths
-    from sempar.placement.sempar import replicas as sempar_replicas
     from sempar.schedule.homes import method_home
     from sempar.trace import read_trace
 
@@ -112,8 +109,8 @@ def test_tp_hot_fallback_where_balance_is_out_of_reach(monkeypatch):
     def fit_imbalance(p):
         return placement_figures(p, fit.experts, method_home(p, fit, "tp"))["imbalance_max_mean"]
     with_ = solve("sempar", fit, ep, redundant=ep)
-    monkeypatch.setattr(sempar_replicas, "TP_HOT_FALLBACK", False)
-    without = solve("sempar", fit, ep, redundant=ep)
+    without = sempar_solve(PlacementProblem(fit, ep, redundant=ep),
+                           SemparConfig(tp_hot_fallback=False))
     assert fit_imbalance(with_) < fit_imbalance(without) - 0.05
     hosts = with_.hosts()
     load = np.stack([np.bincount(fit.experts[:, l].astype(np.int64).ravel(), minlength=8)

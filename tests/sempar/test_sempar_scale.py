@@ -1,6 +1,7 @@
 """`sempar`'s large-trace path (placement/sempar/scale.py): the size rule, and that the path
 completes and places well on a mid-size synthetic trace and on a planted instance (functional;
-the speed targets are benchmarks/bench_placement_scale.py's)."""
+the speed targets are benchmarks/bench_placement_scale.py's). The path is forced by a config
+(`SemparConfig(large_trace=True)`), not by the trace's size."""
 
 from __future__ import annotations
 
@@ -8,25 +9,35 @@ import numpy as np
 import pytest
 
 from sempar.placement import solve
-from sempar.placement.sempar import scale as sempar_scale
-from sempar.placement.base import crosses_groups
+from sempar.placement.sempar import SemparConfig, sempar_solve, scale as sempar_scale
+from sempar.placement.base import PlacementProblem, crosses_groups
 from sempar.schedule.evaluate import figures_for
 from sempar.trace import split_by_request
 from sempar.trace.synth import synthesize
 from test_sempar_solver import G, planted, planted_placement
 
 
-@pytest.fixture
-def large_path(monkeypatch):
-    """Every trace takes the large-trace path."""
-    monkeypatch.setattr(sempar_scale, "SCALE_TOKEN_LAYERS", 0)
+LARGE = SemparConfig(large_trace=True)                          # any trace: the large path
+SPARSE = SemparConfig(large_trace=True, sparse_step=True)       # ... with the sparse token step
+
+
+def large(trace, G: int, config: SemparConfig = LARGE, **problem):
+    """`solve("sempar", trace, G, **problem)` under `config`."""
+    return sempar_solve(PlacementProblem(trace, G, **problem), config)
 
 
 def test_size_rule():
-    assert not sempar_scale.is_large(289_180, 6)               # tiny-moe64, whole dev trace
-    assert not sempar_scale.is_large(20_000, 16)               # bench_placement's olmoe fit
-    assert sempar_scale.is_large(1_000_000, 48)                # Qwen3-30B-A3B, 1M tokens
-    assert sempar_scale.is_large(2_000_000, 58)                # DeepSeek-V3, 2M tokens
+    def rule(tokens: int, layers: int, experts: int, devices: int) -> tuple[bool, bool, bool]:
+        c = SemparConfig.for_shape(tokens, layers, experts, devices)
+        return c.large_trace, c.sparse_step, c.bounded_experts
+    assert rule(289_180, 6, 64, 4) == (False, False, False)     # tiny-moe64, whole dev trace
+    assert rule(20_000, 16, 64, 8) == (False, False, False)     # bench_placement's olmoe fit
+    assert rule(1_000_000, 48, 128, 8) == (True, False, True)   # Qwen3-30B-A3B, 1M tokens
+    assert rule(2_000_000, 58, 256, 64) == (True, True, True)   # DeepSeek-V3, 2M tokens, EP 64
+    # a setting given is kept; the others are still decided
+    assert SemparConfig.for_shape(10, 1, 8, 4, large_trace=True).large_trace
+    assert SemparConfig.for_shape(10, 1, 8, 4, scale_token_layers=9).large_trace
+    assert SemparConfig.for_shape(10, 1, 8, 4, large_trace=True).sparse_step is False
 
 
 def test_default_path_below_the_rule():
@@ -34,10 +45,10 @@ def test_default_path_below_the_rule():
     assert solve("sempar", trace, G).info["large_trace_path"] is False
 
 
-def test_mid_size_synthetic(large_path):
+def test_mid_size_synthetic():
     trace = synthesize("olmoe-1b-7b", 60_000, seed=1)
     fit, ev = split_by_request(trace, seed=0)
-    p = solve("sempar", fit, 8, num_nodes=2)
+    p = large(fit, 8, num_nodes=2)
     assert p.info["large_trace_path"] is True
     assert p.token_table.num_layers == trace.meta.num_layers
     got = figures_for(p, ev, "tp")
@@ -47,20 +58,20 @@ def test_mid_size_synthetic(large_path):
     assert got["lar_mean"] > van["lar_mean"] + 0.05
 
 
-def test_planted_recovered(large_path):
+def test_planted_recovered():
     trace, ecl, tcl = planted()
     fit, ev = split_by_request(trace, seed=0)
     ref = figures_for(planted_placement(trace, ecl, tcl), ev, "tp")["lar_mean"]
-    a, b = solve("sempar", fit, G, seed=2), solve("sempar", fit, G, seed=2)
+    a, b = large(fit, G, seed=2), large(fit, G, seed=2)
     assert np.array_equal(a.phy2log, b.phy2log)                             # deterministic
     got = figures_for(a, ev, "tp")["lar_mean"]
     print(f"\nlarge path, planted optimum LAR {ref:.3f}: got {got:.3f} ({got / ref:.1%})")
     assert got >= 0.9 * ref
 
 
-def test_preserve_groups(large_path):
+def test_preserve_groups():
     trace, _, _ = planted(groups=2, T=20_000)
-    p = solve("sempar", trace, G, preserve_groups=True)
+    p = large(trace, G, preserve_groups=True)
     assert p.info["large_trace_path"] and crosses_groups(p, 2) is None
 
 
@@ -85,42 +96,44 @@ def test_sparse_token_step_matches_dense():
     local = np.asarray(C @ onehot(dev, G8))
     sl = sempar_scale.SparseLocal(C, dev, G8)
     assert np.array_equal(sl.first(), np.argmax(local, axis=1))
-    got = sl.assign(a, cap)
+    rounds = SemparConfig().scale_token_rounds
+    got = sl.assign(a, cap, rounds)
     assert got.min() >= 0 and got.max() < G8
     assert np.bincount(got, weights=a, minlength=G8).max() <= cap[0] + a.max()
     assert sl.total(got) == pytest.approx(local[np.arange(U), got].sum())
-    ref = capacitated_assign(local, a, cap, sempar_scale.SCALE_TOKEN_ROUNDS)
+    ref = capacitated_assign(local, a, cap, rounds)
     print(f"\nsparse token step {sl.total(got):.0f} local activations, dense "
           f"{local[np.arange(U), ref].sum():.0f}")
     assert sl.total(got) >= 0.999 * local[np.arange(U), ref].sum()
 
 
-def test_planted_recovered_sparse_step(large_path, monkeypatch):
+def test_planted_recovered_sparse_step():
     """The sparse token step and the shorter expert search (taken above
-    SCALE_SPARSE_DEVICES devices) still recover the planted optimum."""
-    monkeypatch.setattr(sempar_scale, "SCALE_SPARSE_DEVICES", 0)
+    `scale_sparse_devices` devices) still recover the planted optimum."""
     trace, ecl, tcl = planted()
     fit, ev = split_by_request(trace, seed=0)
     ref = figures_for(planted_placement(trace, ecl, tcl), ev, "tp")["lar_mean"]
-    got = figures_for(solve("sempar", fit, G, seed=2), ev, "tp")["lar_mean"]
+    got = figures_for(large(fit, G, SPARSE, seed=2), ev, "tp")["lar_mean"]
     print(f"\nsparse step, planted optimum LAR {ref:.3f}: got {got:.3f} ({got / ref:.1%})")
     assert got >= 0.9 * ref
 
 
 @pytest.mark.parametrize("redundant, sparse_step", [(0, False), (0, True), (G, False)])
-def test_worker_layers_identical_to_serial(large_path, monkeypatch, redundant, sparse_step):
+def test_worker_layers_identical_to_serial(redundant, sparse_step):
     """Layers solved in forked workers (jobs 2) give the serial run's placement, replicas,
     token table and fit objectives, bit for bit."""
-    from sempar.placement.sempar import _pool as layer_pool, solver as sempar_solver
+    from sempar.placement.sempar._pool import map_layers
 
-    if sparse_step:
-        monkeypatch.setattr(sempar_scale, "SCALE_SPARSE_DEVICES", 0)
-    monkeypatch.setattr(sempar_solver, "BLOCK_LAYERS", 1)           # one layer per worker task
+    cfg = SemparConfig(large_trace=True, sparse_step=sparse_step,
+                       block_layers=1)                          # one layer per worker task
     jobs = []
-    monkeypatch.setattr(sempar_solver, "map_layers", lambda fn, L, j, block: (
-        jobs.append(j), layer_pool.map_layers(fn, L, j, block))[1])
+
+    def mapper(fn, L, j, block):                                # the pool, asked for j workers
+        jobs.append(j)
+        return map_layers(fn, L, j, block)
     trace, _, _ = planted(T=20_000)
-    a, b = (solve("sempar", trace, G, redundant=redundant, seed=1, jobs=j) for j in (1, 2))
+    a, b = (sempar_solve(PlacementProblem(trace, G, redundant=redundant, seed=1, jobs=j), cfg,
+                         mapper=mapper) for j in (1, 2))
     assert jobs == [1, 2]
     assert np.array_equal(a.phy2log, b.phy2log)
     assert a.info["fit_local_activations"] == b.info["fit_local_activations"]

@@ -162,3 +162,36 @@ def test_evaluate_solves_per_mode_and_reports_ceilings(planted_split):
     assert dp["oracle_lar_mean"] <= dp["oracle_lar_request_free_mean"] + 1e-9
     assert set(out["dp"]["refs"]) >= {"ref: requests on best rank, balanced",
                                       "ref: requests on best rank, free"}
+
+
+def test_sempar_solve_default_config_is_solving_by_name(planted_split):
+    """`sempar_solve` with the default config (decided by `for_problem`) gives `solve`'s
+    placement; a config changes the solve (a wider robust load margin here costs locality)."""
+    from sempar.placement.base import PlacementProblem
+    from sempar.placement.sempar import SemparConfig, sempar_solve
+
+    fit, _, _ = planted_split
+    problem = PlacementProblem(fit, G, num_nodes=2, seed=1)
+    by_name = solve("sempar", fit, G, num_nodes=2, seed=1)
+    for config in (None, SemparConfig(), SemparConfig.for_problem(problem)):
+        got = sempar_solve(problem, config)
+        assert np.array_equal(got.phy2log, by_name.phy2log)
+        assert got.info["fit_local_activations"] == by_name.info["fit_local_activations"]
+    wide = sempar_solve(problem, SemparConfig(robust=50.0)).info["fit_local_activations"]
+    assert sum(wide) < sum(by_name.info["fit_local_activations"])
+
+
+def test_dp_token_table_from_requests():
+    """`dp_token_table` "requests": each token on the rank most of its fit requests went to,
+    the same on every layer; an unknown value is bad input."""
+    from sempar.placement.base import PlacementProblem
+    from sempar.placement.sempar import SemparConfig, sempar_solve
+
+    trace, _, _ = planted(T=20_000, by_request=True)
+    fit, _ = split_by_request(trace, seed=0)
+    p = sempar_solve(PlacementProblem(fit, G, mode="dp"), SemparConfig(dp_token_table="requests"))
+    dev = p.token_table.device
+    assert (dev == dev[0]).all()
+    assert not (solve("sempar", fit, G, mode="dp").token_table.device == dev[0]).all()
+    with pytest.raises(InputError, match="dp_token_table"):
+        SemparConfig(dp_token_table="tokens")

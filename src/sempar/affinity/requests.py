@@ -16,6 +16,23 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def request_counts(request_index: np.ndarray, experts: np.ndarray, num_requests: int,
+                   num_experts: int) -> np.ndarray:
+    """int64[R, N] (or int64[R, L, N]): how many times each request selected each expert.
+
+    request_index int[T]: each occurrence's request, in [0, num_requests); experts int[T, k]:
+    one layer's selections, or int[T, L, k]: every layer's (then counted per layer)."""
+    ridx = request_index.astype(np.int64)
+    if experts.ndim == 2:
+        key = ridx[:, None] * num_experts + experts
+        shape: tuple[int, ...] = (num_requests, num_experts)
+    else:
+        L = experts.shape[1]
+        key = (ridx[:, None, None] * L + np.arange(L)[None, :, None]) * num_experts + experts
+        shape = (num_requests, L, num_experts)
+    return np.bincount(key.ravel(), minlength=int(np.prod(shape))).reshape(shape)
+
+
 def activation_vectors(request_id: np.ndarray, experts: np.ndarray,
                        num_experts: int) -> tuple[np.ndarray, np.ndarray]:
     """(request ids int64[R], vectors float64[R, L * N]) for the requests present.
@@ -23,11 +40,8 @@ def activation_vectors(request_id: np.ndarray, experts: np.ndarray,
     request_id: int[T]; experts: int[T, L, k].
     """
     reqs, ridx = np.unique(request_id, return_inverse=True)
-    T, L, k = experts.shape
-    key = ((ridx.astype(np.int64)[:, None, None] * L + np.arange(L)[None, :, None]) * num_experts
-           + experts)
-    counts = np.bincount(key.ravel(), minlength=reqs.size * L * num_experts).astype(np.float64)
-    counts = counts.reshape(reqs.size, L, num_experts)
+    L = experts.shape[1]
+    counts = request_counts(ridx, experts, reqs.size, num_experts).astype(np.float64)
     counts /= np.maximum(counts.sum(axis=2, keepdims=True), 1.0)
     return reqs, counts.reshape(reqs.size, L * num_experts)
 

@@ -25,7 +25,7 @@ and the benchmarks list the same set from it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -180,15 +180,26 @@ def solve(method: str, trace: RoutingTrace, num_devices: int, num_nodes: int = 1
           objective: str = "auto", held_out_imbalance: float = 1.10) -> Placement:
     """Run the registered `method` and return its validated placement (`jobs`: worker
     processes for solvers that split their work by layer; None: the usable CPUs)."""
-    solver = SOLVERS.get(method)
     problem = PlacementProblem(trace, num_devices, num_nodes, redundant, seed, mode,
                                max_imbalance, preserve_groups, jobs, objective,
                                held_out_imbalance)
+    return solve_problem(method, problem)
+
+
+def solve_problem(method: str, problem: PlacementProblem,
+                  solver: Callable[[PlacementProblem], Placement] | None = None) -> Placement:
+    """`solve`'s placement of `problem` by `method`: `solver` (None: the registered one; a
+    solver's own entry point passes itself with non-default settings) and then what every
+    placement gets: devices relabelled onto nodes, the method's name, the group check, the
+    model's layout, validation."""
+    registered = SOLVERS.get(method)
+    solver = solver or registered
+    trace, num_nodes, preserve_groups = problem.trace, problem.num_nodes, problem.preserve_groups
     ng = trace.meta.num_expert_groups
-    if preserve_groups and ng > 1 and not getattr(solver, "preserves_groups", False):
+    if preserve_groups and ng > 1 and not getattr(registered, "preserves_groups", False):
         raise InputError(f"{method}: --preserve-groups is not supported (it moves experts "
                          f"across the model's {ng} expert groups); use sempar or vanilla")
-    check_token_ids(method, mode, trace)
+    check_token_ids(method, problem.mode, trace)
     placement = solver(problem)
     if not trace.meta.has_token_ids and placement.info.pop("token_table", None) is not None:
         placement.info["token_table_dropped"] = "the fit trace has no token ids"
@@ -198,7 +209,7 @@ def solve(method: str, trace: RoutingTrace, num_devices: int, num_nodes: int = 1
         # experts the same tokens activate share a node (nodes.py).
         from sempar.placement.nodes import device_affinity, group_devices, relabel_devices
 
-        perm = group_devices(device_affinity(placement, trace.experts, seed), num_nodes)
+        perm = group_devices(device_affinity(placement, trace.experts, problem.seed), num_nodes)
         placement = relabel_devices(placement, perm)
     placement.method = method
     if preserve_groups:

@@ -224,7 +224,7 @@ def request_schedule(raf_e: np.ndarray, feats: np.ndarray, lengths: np.ndarray,
     return out
 
 
-def _initial_requests(feats: np.ndarray, E: int, seed: int) -> np.ndarray:
+def initial_requests(feats: np.ndarray, E: int, seed: int) -> np.ndarray:
     """Alg. 1 line 44: balanced k-means of the requests' expert-affinity vectors feats[R, D]."""
     from sklearn.cluster import KMeans
 
@@ -268,7 +268,7 @@ def semmoe(p: PlacementProblem) -> Placement:
     loads, Q, A = layer_tables(stats)
     total = float(Q.sum(dtype=np.float64))
     feats, how = request_features(Q, p.seed)
-    rcls = _initial_requests(feats, E, p.seed)
+    rcls = initial_requests(feats, E, p.seed)
     best = None
     for step in range(N_STEPS):
         onehot_r = sparse.csr_matrix((np.ones(R, np.float32), (rcls, np.arange(R))), shape=(E, R))

@@ -12,9 +12,9 @@ of memory) raises `concurrent.futures.process.BrokenProcessPool` here rather tha
 map waiting.
 
 Every call of fn runs with one BLAS thread (threadpoolctl), in the workers and in the serial
-run alike: the layers are the parallelism, and OpenBLAS's own threads spin against them on a
-loaded machine (48 Gram products X^T X of [1024, 128], the large-trace path's, took 0.77-1.9 s
-with two BLAS threads on the 2-core dev machine at load 4, 0.05 s with one).
+run alike: the layers are the parallelism, and BLAS's own threads would compete with them for
+the same cores (spinning OpenBLAS threads slow small products such as the large-trace path's
+Gram matrices by an order of magnitude on a loaded machine).
 
 fn must not depend on what an earlier call left behind (a cache is fine: it only saves work),
 so the results are the same whichever process computes which layer; what fn changes in its

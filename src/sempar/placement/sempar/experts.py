@@ -13,22 +13,19 @@ from scipy.optimize import linear_sum_assignment
 
 from sempar.placement.sempar.load import LoadModel
 
-PRICE_STEPS = 25        # Lagrangian price updates of the expert step
-SWAP_LIMIT = 4          # best-improvement swaps per expert, at most, per expert step
-
 
 def expert_step(W: np.ndarray, lm: LoadModel, slot_group: np.ndarray,
-                expert_group: np.ndarray, start: np.ndarray | None = None,
-                price_steps: int = PRICE_STEPS, polish: int | None = None,
+                expert_group: np.ndarray, start: np.ndarray | None, *, price_steps: int,
+                swap_limit: int, polish: int | None = None,
                 max_swaps: int | None = None) -> np.ndarray:
     """int64[N]: device of each expert maximising sum W[dev[e], e] under the load cap.
 
     W float[G, N]: activations of e by the items on d; lm: the experts' loads and the cap;
     slot_group int[G, S]: expert group of each slot (S = N/G); expert_group int[N]. `start` (a
     placement, feasible or not) competes with the Hungarian solutions. Then swaps (module
-    docstring). Bounds (the large-trace path, `sempar_scale`): `price_steps` Hungarian solves,
-    only the `polish` best candidates (by overload, then affinity) get swaps, at most
-    `max_swaps` swaps each; None: every candidate, SWAP_LIMIT x N swaps.
+    docstring). `price_steps` Hungarian solves (Lagrangian load price updates); `polish`: only
+    that many best candidates (by overload, then affinity) get swaps, None every candidate;
+    `max_swaps` swaps each, at most, None `swap_limit` x N (the bounds: `scale.expert_bounds`).
     """
     G, N = W.shape
     S = N // G
@@ -57,7 +54,8 @@ def expert_step(W: np.ndarray, lm: LoadModel, slot_group: np.ndarray,
         cands = sorted(cands, key=key)[:polish]
     best = None
     for dev in cands:
-        dev = _swap_search(W, lm, dev.copy(), expert_group, max_swaps)
+        dev = _swap_search(W, lm, dev.copy(), expert_group,
+                           swap_limit * N if max_swaps is None else max_swaps)
         k = key(dev)
         if best is None or k < best[0]:
             best = (k, dev)
@@ -65,15 +63,15 @@ def expert_step(W: np.ndarray, lm: LoadModel, slot_group: np.ndarray,
 
 
 def _swap_search(W: np.ndarray, lm: LoadModel, dev: np.ndarray,
-                 expert_group: np.ndarray, max_swaps: int | None = None) -> np.ndarray:
-    """Pairwise expert swaps between devices: first those that cut the total overload above
-    the cap (least affinity lost), then best-improvement swaps with exact gain that keep both
-    devices under the cap. dev int64[N] is updated in place and returned."""
+                 expert_group: np.ndarray, max_swaps: int) -> np.ndarray:
+    """Pairwise expert swaps between devices, at most `max_swaps`: first those that cut the
+    total overload above the cap (least affinity lost), then best-improvement swaps with exact
+    gain that keep both devices under the cap. dev int64[N] is updated in place and returned."""
     G, N = W.shape
     cap = lm.cap
     ar = np.arange(N)
     same = expert_group[:, None] == expert_group[None, :]
-    for _ in range(SWAP_LIMIT * N if max_swaps is None else max_swaps):
+    for _ in range(max_swaps):
         L = lm.of(dev, G)
         own = W[dev, ar]                                                 # [N]
         cross = W[dev][:, ar]                                            # [e2, e1]: W[d(e2), e1]

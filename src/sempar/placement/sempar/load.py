@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-ROBUST = 2.0            # load margin: z^2 x (1 + fit/eval size), see `LoadModel`
-
 
 def load_spread(X: np.ndarray, load: np.ndarray, gram: np.ndarray | None = None) -> np.ndarray:
     """float64[N, N]: Sigma with 1_S^T Sigma 1_S = the variance of a device's load share (in
@@ -32,15 +30,20 @@ def load_spread(X: np.ndarray, load: np.ndarray, gram: np.ndarray | None = None)
 
 
 class LoadModel:
-    """Robust device loads: L_d + sqrt(ROBUST x V_d) - sqrt(ROBUST x V0) with L_d the fit load,
+    """Robust device loads: L_d + sqrt(robust x V_d) - sqrt(robust x V0) with L_d the fit load,
     V_d its resampling variance (`load_spread`) and V0 the expected V_d of a uniformly random set
     of N/G experts. So only the spread that a placement adds by grouping experts the same
     requests use costs capacity (ours: charging the unavoidable sampling noise too made the
-    planted optimum infeasible); `sigma` None gives the plain fit load."""
+    planted optimum infeasible); `sigma` None gives the plain fit load.
 
-    def __init__(self, load: np.ndarray, sigma: np.ndarray | None, cap: float, G: int):
+    load float[N]: fit activations per expert; sigma float64[N, N] (`load_spread`) or None; cap:
+    the balance cap in activations; G devices; robust (`SemparConfig.robust`): z^2 of the margin,
+    z^2 x (1 + fit/eval size)."""
+
+    def __init__(self, load: np.ndarray, sigma: np.ndarray | None, cap: float, G: int, *,
+                 robust: float):
         self.load, self.cap, self.cap_devices = load, cap, G
-        self.sigma = None if sigma is None else ROBUST * sigma
+        self.sigma = None if sigma is None else robust * sigma
         self.offset = 0.0
         if sigma is not None:
             N = load.size

@@ -1,7 +1,19 @@
 """Locality-aware replicas of the `sempar` solver (placement/sempar/solver.py, `--redundant R`):
 which experts get the R / G extra slots of each device (`add_replicas`), tp mode's balancing pass
-after them (`balance_pass`, `tp_replicas`), and the replicated placement built from them. Served
-loads follow the evaluator's serving rule (`metrics.serving_device`).
+after them (`balance_pass`, `tp_replicas`), and the replicated placement built from them.
+
+Served loads follow the evaluator's serving rule (`metrics.serving_device`: a token's home
+device if it hosts the expert, else a same-node host, else the lowest host id), so a replica's
+effect on the peak is computed exactly, not estimated. Robust loads carry the primary load
+model's resampling spread (`LoadModel.sigma`) to the served shares, because served loads on
+unseen routing drift further from their fit values than the primary's do.
+
+Settings (`SemparConfig`): `replica_slack` (the primary's cap, set by the solver),
+`replica_target` and `replica_margin` (`replica_cap`), `pass_*` (`balance_pass` in tp mode),
+`dp_hot` (`dp_hot`), `tp_hot_fallback` (`tp_replicas`), `full_scan` / `top_pairs`
+(`_candidates`). Invariants: every device gains exactly R / G slots, no device hosts an
+expert twice, and the balancing pass only swaps slots (each device keeps its slot count, each
+expert its number of copies).
 Shapes: N experts, G devices, L layers, U fit tokens.
 """
 
@@ -12,99 +24,59 @@ import numpy as np
 from sempar.affinity.routing_stats import AffinityStats
 from sempar.placement.base import PlacementProblem
 from sempar.placement.placement import Placement
+from sempar.placement.sempar.config import SemparConfig
 from sempar.placement.sempar.load import LoadModel, onehot
 
-REPLICA_MARGIN = 3.0    # x the primary's robust margin, taken off the replica step's cap
-# With replicas to follow, the primary placement's cap keeps only this share of the headroom
-# above the mean load (ours: served loads with replicas drift further from their fit values
-# on unseen routing than the primary's loads do, so the primary leaves them room).
-REPLICA_SLACK = 1.0
-# The replica step's served-load cap keeps this share of the primary cap's headroom above the
-# mean (ours: replicas can split a hot expert's load, so the step can aim below the primary's
-# cap and leave held-out routing the room that fit loads at the cap lack). On tiny-moe64 (EP 4,
-# 8) 0 and 0.2 gave the same placements: with the margin below, the cap stays under the fit
-# peak, so the step balances throughout and locality breaks its ties.
-REPLICA_TARGET = 0.2
-# tp mode's balancing pass after the replica step (`balance_pass`, ours): robust served loads
-# with PASS_Z x the load model's margin, swaps while the peak is above (1 + PASS_PEAK) x the mean,
-# at most PASS_MOVES x G swaps a round, PASS_ROUNDS rounds (each kept only if the peak stays
-# lower once the tokens follow). tiny-moe64 R = G, held out (EP 4 / EP 8), machine loaded:
-# without the pass 0.430 / 0.2725 LAR at imbalance 1.047 / 1.080; one round of 4 G moves 0.423 /
-# 0.256 at 1.033 / 1.056; one round of 12 G: 0.413 / 0.250 at 1.032 / 1.045; this setting 0.409
-# / 0.253 at 1.031 / 1.039; PASS_PEAK -0.05 (every move) 0.392 / 0.243 at 1.019 / 1.036. A
-# price cap on the swaps (locality lost per unit of peak lowered <= 2..100) left EP 8 at
-# 1.077-1.086: the swaps that matter there are the costly ones. The planted instance
-# (tests/test_sempar_solver.py) keeps 0.843 with replicas: its rounds are undone by the tokens.
-PASS_Z = 1.5
-PASS_PEAK = 0.0
-PASS_MOVES = 12
-PASS_ROUNDS = 2
-# dp mode: experts replicated on every device before the primary is solved (`dp_hot`). Held out,
-# R = G, tiny-moe64 EP 4 / 8: 0.344 / 0.212 LAR at 1.064 / 1.132 (locality-first replicas only:
-# 0.310 / 0.181 at 1.059 / 1.131). In tp mode only as a fallback: seeding tp's replica step with
-# the hottest expert everywhere measured tiny-moe64 EP 4 0.447 at 1.030, EP 8 0.298 at 1.056 (above
-# the 1.05 target) and tiny-mixtral EP 4 0.722 at 1.173 (0.529 at 1.346 without).
-DP_HOT = 1
-# tp mode: the hottest expert on every device as a second try where the replica step leaves
-# the robust fit peak above the primary's cap (`tp_replicas`; ours). Always seeding it (above)
-# cost tiny-moe64 EP 8 its 1.05; as a fallback it leaves tiny-moe64 as it was (EP 4 0.409 at
-# 1.031, EP 8 0.253 at 1.039) and takes tiny-mixtral EP 4 from 0.529 at 1.346 to 0.623 at 1.140
-# (eplb 0.539 at 1.404: 1.16x), EP 8 0.584 at 1.56 -> 0.582 at 1.65 (held out, R = G).
-TP_HOT_FALLBACK = True
-FULL_SCAN = 4096        # open (device, expert) pairs the replica step scores in full (`_candidates`)
-TOP_PAIRS = 256
-
-
 def tp_replicas(C, dev: np.ndarray, items: np.ndarray, assign, lm: LoadModel, per_device: int,
-                node_of: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                node_of: np.ndarray, cfg: SemparConfig) -> tuple[np.ndarray, np.ndarray]:
     """(hosts bool[G, N], token device int[U]): tp mode's replicas for one layer.
 
     C [U, N] (CSR): activations of each expert by each fit token; dev int[N] the primary
     placement, items int[U] its token devices; assign: local float[U, G] -> int[U] (the token
-    step's capacity rule). `add_replicas` (balance first), then `PASS_ROUNDS` rounds of
+    step's capacity rule). `add_replicas` (balance first), then `cfg.pass_rounds` rounds of
     `balance_pass` and the tokens re-assigned against the replicated hosts; shapes with more
-    than `FULL_SCAN` (device, expert) pairs skip the pass (its swaps are scored in full).
+    than `cfg.full_scan` (device, expert) pairs skip the pass (its swaps are scored in full).
     Where that leaves the robust fit peak above the primary's cap (balance out of reach, e.g. a
     layer whose hottest expert carries more than a device's share), the same again with the
-    hottest expert first put on every device (`TP_HOT_FALLBACK`, ours), and the variant with
-    the lower robust fit peak is kept."""
+    hottest expert first put on every device (`cfg.tp_hot_fallback`, ours; always seeding it
+    costs balance where the replica step alone reaches the cap), and the variant with the
+    lower robust fit peak is kept."""
     G = lm.cap_devices
     h = onehot(dev, G).T.astype(bool)
-    hosts, toks, peak = _tp_variant(C, dev, h, items, assign, lm, per_device, node_of,
-                                    allowed)
-    if TP_HOT_FALLBACK and peak > lm.cap and per_device * G >= G - 1:
+    hosts, toks, peak = _tp_variant(C, dev, h, items, assign, lm, per_device, node_of, cfg)
+    if cfg.tp_hot_fallback and peak > lm.cap and per_device * G >= G - 1:
         hot = int(np.argmax(lm.load))
         need = np.full(G, per_device)
         for d in range(G):
-            if not h[d, hot] and allowed[d, hot]:
+            if not h[d, hot]:
                 h[d, hot] = True
                 need[d] -= 1
-        seeded = _tp_variant(C, dev, h, items, assign, lm, need, node_of, allowed)
+        seeded = _tp_variant(C, dev, h, items, assign, lm, need, node_of, cfg)
         if seeded[2] < peak:
             hosts, toks = seeded[:2]
     return hosts, toks
 
 
 def _tp_variant(C, dev: np.ndarray, h: np.ndarray, items: np.ndarray, assign, lm: LoadModel,
-                need, node_of: np.ndarray, allowed: np.ndarray
+                need, node_of: np.ndarray, cfg: SemparConfig
                 ) -> tuple[np.ndarray, np.ndarray, float]:
     """(hosts, token device, robust fit peak): `tp_replicas`' steps from hosts h bool[G, N]
     (the primary dev int[N] and any replicas already set) with `need` (int or int[G]) replica
     slots left per device."""
     G = lm.cap_devices
     Wt = np.asarray(C.T @ onehot(items, G)).T
-    h = add_replicas(h, Wt, need, replica_cap(lm, dev), node_of, allowed,
+    h = add_replicas(h, Wt, need, replica_cap(lm, dev, cfg), node_of, cfg,
                      lm if lm.sigma is not None else None)
-    target = (1 + PASS_PEAK) * float(Wt.sum()) / G
+    target = (1 + cfg.pass_peak) * float(Wt.sum()) / G
 
     def follow(hosts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
         toks = assign(np.asarray(C @ hosts.T.astype(np.float32)))       # tokens follow the hosts
         W = np.asarray(C.T @ onehot(toks, G)).T
-        return hosts, toks, W, float(_robust_served(hosts, W, lm, PASS_Z, node_of)[0].max())
-    peak = float(_robust_served(h, Wt, lm, PASS_Z, node_of)[0].max())
+        return hosts, toks, W, float(_robust_served(hosts, W, lm, cfg.pass_z, node_of)[0].max())
+    peak = float(_robust_served(h, Wt, lm, cfg.pass_z, node_of)[0].max())
     done = None
-    for _ in range(PASS_ROUNDS if h.size <= FULL_SCAN else 0):   # large shapes: no pass
-        new = follow(balance_pass(h, Wt, lm, node_of, target, PASS_Z, PASS_MOVES * G))
+    for _ in range(cfg.pass_rounds if h.size <= cfg.full_scan else 0):  # large shapes: no pass
+        new = follow(balance_pass(h, Wt, lm, node_of, target, cfg.pass_z, cfg.pass_moves * G))
         if new[3] >= peak:      # the tokens, following the swaps, undid them: keep the last round
             break
         h, items, Wt, peak = done = new
@@ -112,12 +84,13 @@ def _tp_variant(C, dev: np.ndarray, h: np.ndarray, items: np.ndarray, assign, lm
     return hosts, toks, peak
 
 
-def dp_hot(Q: np.ndarray, G: int, redundant: int) -> np.ndarray:
-    """int64[<= DP_HOT]: the experts dp mode replicates on every device (the hottest by fit
-    activations, Q float[R, N]); none without replicas or with fewer than G - 1 of them."""
+def dp_hot(Q: np.ndarray, G: int, redundant: int, count: int) -> np.ndarray:
+    """int64[<= count]: the experts dp mode replicates on every device (the hottest by fit
+    activations, Q float[R, N]; `SemparConfig.dp_hot`); none without replicas or with fewer
+    than G - 1 of them."""
     if redundant < G - 1 or G < 2:
         return np.zeros(0, np.int64)
-    k = min(DP_HOT, redundant // (G - 1))
+    k = min(count, redundant // (G - 1))
     return np.argsort(-Q.sum(axis=0), kind="stable")[:k].astype(np.int64)
 
 
@@ -132,7 +105,7 @@ def without(Q: np.ndarray, hot: np.ndarray) -> np.ndarray:
 
 
 def dp_replicas(Q: np.ndarray, dev: np.ndarray, z: np.ndarray, lm: LoadModel, per_device: int,
-                node_of: np.ndarray, allowed: np.ndarray, hot: np.ndarray) -> np.ndarray:
+                node_of: np.ndarray, hot: np.ndarray, cfg: SemparConfig) -> np.ndarray:
     """bool[G, N]: dp mode's replicas for one layer: the `hot` experts (`dp_hot`) on every device,
     then the slots left by `add_replicas`, locality first. Q float[R, N] every fit request's
     activations, dev int[N] the primary, z int[R] the requests' ranks."""
@@ -142,25 +115,26 @@ def dp_replicas(Q: np.ndarray, dev: np.ndarray, z: np.ndarray, lm: LoadModel, pe
     need = np.full(G, per_device)
     for e in hot:
         for d in range(G):
-            if need[d] and not h[d, e] and allowed[d, e]:
+            if need[d] and not h[d, e]:
                 h[d, e] = True
                 need[d] -= 1
     if need.any():
-        h = add_replicas(h, Wt, need, replica_cap(lm, dev), node_of, allowed,
+        h = add_replicas(h, Wt, need, replica_cap(lm, dev, cfg), node_of, cfg,
                          balance_first=False)
     return h
 
 
-def replica_cap(lm: LoadModel, dev: np.ndarray) -> float:
-    """The served-load cap of the replica step: the mean load plus `REPLICA_TARGET` of the
-    primary cap's headroom, less `REPLICA_MARGIN` x the primary placement's largest robust margin
-    sqrt(ROBUST x V_d) (ours: served loads depend on homes, so their resampling variance is not
-    tracked; the primary's margin stands in for it)."""
+def replica_cap(lm: LoadModel, dev: np.ndarray, cfg: SemparConfig) -> float:
+    """The served-load cap of the replica step: the mean load plus `cfg.replica_target` of the
+    primary cap's headroom, less `cfg.replica_margin` x the primary placement's largest robust
+    margin sqrt(robust x V_d) (ours: replicas can split a hot expert's load, so the step aims
+    below the primary's cap and leaves held-out routing room; served loads depend on homes, so
+    their resampling variance is not tracked and the primary's margin stands in for it)."""
     G = lm.cap_devices
     plain = np.bincount(dev, weights=lm.load, minlength=G)
     mean = float(lm.load.sum()) / G
-    return (mean + REPLICA_TARGET * (lm.cap - mean)
-            - REPLICA_MARGIN * max(float((lm.of(dev, G) - plain).max()), 0.0))
+    return (mean + cfg.replica_target * (lm.cap - mean)
+            - cfg.replica_margin * max(float((lm.of(dev, G) - plain).max()), 0.0))
 
 
 def _serve_rank(node_of: np.ndarray) -> np.ndarray:
@@ -181,7 +155,7 @@ def _served_one(col: np.ndarray, w: np.ndarray, rank: np.ndarray) -> np.ndarray:
 
 
 def add_replicas(hosts: np.ndarray, Wt: np.ndarray, per_device: int, cap: float,
-                 node_of: np.ndarray, allowed: np.ndarray, lm: LoadModel | None = None,
+                 node_of: np.ndarray, cfg: SemparConfig, lm: LoadModel | None = None,
                  balance_first: bool = True) -> np.ndarray:
     """bool[G, N]: `hosts` plus `per_device` replicas on every device, one (device, expert)
     pair at a time, its served loads computed exactly (`_served_one` for the expert it
@@ -190,11 +164,11 @@ def add_replicas(hosts: np.ndarray, Wt: np.ndarray, per_device: int, cap: float,
     activations made local whose peak stays under `cap` (else the lowest peak). Balance first
     (ours): a replica on a lower device id than the expert's hosts also takes the activations
     of every token homed elsewhere (the serving rule), the strongest lever the step has on
-    the peak. allowed bool[G, N]. With `lm` the loads are robust like `LoadModel.of`: device d
-    adds sqrt(a_d^T Sigma a_d) - offset, a_d[e] the share of expert e's fit activations d serves
-    (ours: the primary's resampling spread, carried to served loads; held out, tiny-moe64 EP 4
-    R = G, 1.055 -> 1.047 imbalance). `balance_first` False (dp mode): the pair with the most
-    fit activations made local among those that do not raise the peak above max(cap, peak)."""
+    the peak. The pairs scored: `_candidates` (cfg.full_scan, cfg.top_pairs). With `lm` the
+    loads are robust like `LoadModel.of`: device d adds sqrt(a_d^T Sigma a_d) - offset, a_d[e]
+    the share of expert e's fit activations d serves (ours: the primary's resampling spread,
+    carried to served loads). `balance_first` False (dp mode): the pair with the most fit
+    activations made local among those that do not raise the peak above max(cap, peak)."""
     hosts = hosts.copy()
     G, N = hosts.shape
     rank = _serve_rank(np.asarray(node_of))
@@ -209,7 +183,8 @@ def add_replicas(hosts: np.ndarray, Wt: np.ndarray, per_device: int, cap: float,
             V = (A * M).sum(axis=0)
             L = L + np.sqrt(np.maximum(V, 0.0)) - lm.offset
         best = None
-        for d, e in _candidates(hosts, Wt, need, allowed, int(L.argmax())):
+        for d, e in _candidates(hosts, Wt, need, int(L.argmax()), cfg.full_scan,
+                                cfg.top_pairs):
             col = hosts[:, e].copy()
             col[d] = True
             new = _served_one(col, Wt[:, e], rank)
@@ -315,17 +290,17 @@ def balance_pass(hosts: np.ndarray, Wt: np.ndarray, lm: LoadModel, node_of: np.n
     return hosts
 
 
-def _candidates(hosts: np.ndarray, Wt: np.ndarray, need: np.ndarray, allowed: np.ndarray,
-                peak: int) -> list[tuple[int, int]]:
-    """The (device, expert) pairs `add_replicas` scores: every open pair up to `FULL_SCAN` of
-    them; above (large G x N, e.g. EP 64 x 256 experts), the `TOP_PAIRS` with the most fit
+def _candidates(hosts: np.ndarray, Wt: np.ndarray, need: np.ndarray, peak: int,
+                full_scan: int, top_pairs: int) -> list[tuple[int, int]]:
+    """The (device, expert) pairs `add_replicas` scores: every open pair up to `full_scan` of
+    them; above (large G x N, e.g. EP 64 x 256 experts), the `top_pairs` with the most fit
     activations made local plus every replica of an expert of the `peak` device (the pairs that
     can move load off it)."""
-    open_ = ~hosts & allowed & (need[:, None] > 0)
-    if open_.sum() <= FULL_SCAN:
+    open_ = ~hosts & (need[:, None] > 0)
+    if open_.sum() <= full_scan:
         return [(int(d), int(e)) for d, e in zip(*np.nonzero(open_))]
     gain = np.where(open_, Wt, -np.inf)
-    top = np.argsort(-gain, axis=None, kind="stable")[:TOP_PAIRS]
+    top = np.argsort(-gain, axis=None, kind="stable")[:top_pairs]
     pick = np.zeros_like(open_)
     pick.reshape(-1)[top] = True
     pick |= open_ & hosts[peak][None, :]

@@ -85,11 +85,11 @@ def first_copy_device(placement: Placement) -> np.ndarray:
 
 
 def solve_rows(p: PlacementProblem, solver: Callable[[PlacementProblem], Placement],
-               max_rows: int) -> Placement:
+               max_rows: int, held_out: HeldOut) -> Placement:
     """`solver` (the `sempar` entry point) on the row items of `p.trace` (module docstring)."""
     rows = row_trace(p.trace, max_rows, p.seed)
     primary = dataclasses.replace(p, trace=rows, objective="tokens", redundant=0)
-    placement = calibrated_solve(primary, solver, HeldOut(target=p.held_out_imbalance))
+    placement = calibrated_solve(primary, solver, held_out)
     placement.info.pop("token_table", None)            # one entry per fit row: no use online
     if p.redundant:
         cap = placement.info.get("held_out", {}).get("fit_cap", p.max_imbalance)

@@ -1,96 +1,66 @@
 """The large-trace path of the `sempar` solver: a cheaper start, token step and expert search.
 
-Size rule: a fit trace with more than `SCALE_TOKEN_LAYERS` (token occurrences x MoE layers,
-8M) takes this path; below it (the tiny models' traces: 0.35M at fit 20%, 1.7M whole; the
-planted tests; bench_placement's olmoe preset, 0.3M) `sempar` runs unchanged. Qwen3-30B-A3B at
-1M tokens is 48M, DeepSeek-V3 at 2M tokens 116M. What changes, per MoE layer (tp mode):
+Which traces take it: `SemparConfig.large_trace`, decided by `SemparConfig.for_shape` (more than
+`scale_token_layers` token occurrences x MoE layers in the fit trace, tp mode only). Below the
+rule `sempar` runs its default path. The balance cap is the same constraint on both paths; only
+the search is shorter. What changes, per MoE layer:
 
-- fit statistics of the load model from a seeded sample of at most `SCALE_REQUESTS` fit
-  requests: the request counts X [R_s, N] and the resampling spread Sigma (`load_spread`,
-  scaled by R / R_s, an unbiased estimate of the sum over all requests); the loads themselves
-  stay exact (column sums of the layer's counts C);
+- load model: its fit statistics come from a seeded sample of at most `scale_requests` fit
+  requests (`RequestSample`): the request counts X [R_s, N] and the resampling spread Sigma
+  (`load_spread`, scaled by R / R_s, an unbiased estimate of the sum over all requests); the
+  loads themselves stay exact (column sums of the layer's counts C). Device load variances
+  1_S^T Sigma 1_S are gathered from each device's experts (`ScaledLoadModel`), not an
+  N x N x G product;
 - start: no METIS (`graph_baselines.metis_layer` partitions the whole U + N token-expert graph
-  per layer); a greedy co-activation start instead, from the sampled requests: A = X^T X
-  (experts used by the same requests; the token-level C^T C sparse product cost 0.3 s a layer
-  at Qwen3's shape), normalised A[e, f] / sqrt(load_e load_f) so hot experts do not pull
-  everything; each device's slots are filled in turn, the first with the heaviest expert left
-  (of the slot's expert group), each next with the expert left of that group that is most
-  co-activated with those already there. Tokens start on the device holding most of their
-  activations (no capacity: the first expert step only needs their affinities);
-- token step: each device takes at most 1/G of the fit occurrences (weight a_u, one capacity
-  for the whole fit trace) instead of the per-pseudo-batch Lagrangian (`batch_priced_assign`,
-  80 price steps over SHUFFLES x T / BATCH batches), by `SparseLocal`: the proposal rounds of
-  `sempar_solver.capacitated_assign` over each token's non-zero local activations only (a token's
-  activations touch about 10 experts, so its later preferences are ties at 0: the dense U x G
-  partial sort cost 0.26 s a call at DeepSeek-V3's shape), at most `SCALE_TOKEN_ROUNDS` rounds,
-  leftovers to the roomiest devices;
-- expert step: `SCALE_PRICE_STEPS` Hungarian solves (not PRICE_STEPS), swaps only on the
-  `SCALE_POLISH` best candidates and at most `SCALE_SWAPS` swaps each (each swap is an O(N^2)
-  scan; unbounded it is SWAP_LIMIT x N scans); at most `SCALE_ROUNDS` alternations, stopping
-  early when a round gains less than `SCALE_STOP_GAIN` of the fit objective. Device load
-  variances 1_S^T Sigma 1_S gathered from each device's experts (`ScaledLoadModel`), not an
-  N x N x G product.
+  per layer) but a greedy co-activation start from the sampled requests (`greedy_start`):
+  A = X^T X (experts used by the same requests; cheaper than the token-level C^T C),
+  normalised A[e, f] / sqrt(load_e load_f) so hot experts do not pull everything; each
+  device's slots are filled in turn, the first with the heaviest expert left (of the slot's
+  expert group), each next with the expert left of that group most co-activated with those
+  already there. Tokens start on the device holding most of their activations (no capacity:
+  the first expert step only needs their affinities);
+- token step: each device takes at most (1 + token_slack) / G of the fit occurrences (weight
+  a_u, one capacity for the whole fit trace) instead of tp's per-pseudo-batch Lagrangian
+  (`tokens.batch_priced_assign`), in at most `scale_token_rounds` proposal rounds, leftovers
+  to the roomiest devices. Above `scale_sparse_devices` devices (`SemparConfig.sparse_step`)
+  the rounds run over each token's non-zero local activations only (`SparseLocal`: a token's
+  activations touch about k x a few experts, so its later preferences are ties at 0 and a
+  dense U x G sort is wasted work);
+- expert step: bounded (`expert_bounds`): fewer Hungarian solves, swaps only on the best
+  candidates and at most a fixed number of swaps each (each swap is an O(N^2) scan; unbounded
+  it is swap_limit x N scans); at most `scale_rounds` alternations, with the sparse step
+  stopping early when a round gains less than `scale_stop_gain` of the fit objective.
 
-The balance cap is the same constraint; only the search is shorter.
-
-Measured (benchmarks/bench_placement_scale.py --methods sempar, the 2-core dev machine;
-docs/placement.md, "Scale", has the table with the loaded runs). The layers run in forked workers
-(`sempar_solver`'s "Workers", `layer_pool`), the counting reuses its buffers, BLAS keeps one
-thread. Qwen3-30B-A3B shape, 1M tokens, EP 8 (`SCALE_SPARSE_DEVICES` keeps the dense token step
-there: the sparse one was slower at 8 devices and lost fit LAR): 15.5 s wall / 29.0 s CPU at
-load 1.3-1.5, 2.93 GB RSS summed over the process and its workers (1.35 GB PSS); one process:
-26.5 s CPU. DeepSeek-V3 shape, 2M tokens, EP 64 as 8 x 8 (this path): 45.9 s wall / 84.5 s CPU,
-4.50 GB RSS sum (2.12 GB PSS) at load 1.4-1.9; of a cProfile run's 103 s CPU, 80 s in the
-workers and 23 s in the main process, 27 s of whose wall time is `nodes.device_affinity` (the
-node grouping after the solve, serial). Where Qwen3's layer work goes (cProfile, one process,
-load 5, 47 s in all): the layer's counts 11.8 s (a gather of the token-sorted selections 3.0 s,
-then chunked bincounts), the token step 10.5 s (proposal rounds 4.9 s), the expert step's
-Hungarian solves and swap search 10.3 s; the third alternation still gains 0.75 % of the fit
-objective, so the rounds stay.
+The layers are independent, so the solver runs them in forked workers (`_pool.map_layers`);
+nothing here keeps state between layers.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from sempar.affinity.requests import request_counts
 from sempar.placement.capacity import place_leftovers, proposal_rounds
+from sempar.placement.sempar.config import SemparConfig
 from sempar.placement.sempar.load import LoadModel
 
-SCALE_TOKEN_LAYERS = 8_000_000
-SCALE_ROUNDS = 3
-SCALE_PRICE_STEPS = 6
-SCALE_POLISH = 1
-SCALE_SWAPS = 16
-# Up to this many devices the token step stays dense and the expert search longer (8 Hungarian
-# solves, 2 candidates polished, 32 swaps each, no early stop): at Qwen3's shape, EP 8, the
-# sparse step and the shorter search saved no CPU (9.6 s against 9.1 s on 12 layers) and lost
-# fit LAR (0.3634 against 0.3662).
-SCALE_SPARSE_DEVICES = 16
-SCALE_REQUESTS = 1024
-SCALE_TOKEN_ROUNDS = 8
-SCALE_STOP_GAIN = 2e-3    # alternations stop when the fit objective gains less than this share
+
+def expert_bounds(cfg: SemparConfig) -> dict:
+    """Keyword bounds (`price_steps`, `polish`, `max_swaps`) for `experts.expert_step` where the
+    expert search is bounded (the large-trace path, `SemparConfig.bounded_experts`): the
+    shorter `scale_*` ones with the sparse token step, else the `scale_dense_*` ones."""
+    if not cfg.sparse_step:
+        return {"price_steps": cfg.scale_dense_price_steps, "polish": cfg.scale_dense_polish,
+                "max_swaps": cfg.scale_dense_swaps}
+    return {"price_steps": cfg.scale_price_steps, "polish": cfg.scale_polish,
+            "max_swaps": cfg.scale_swaps}
 
 
-def is_large(num_occurrences: int, num_layers: int) -> bool:
-    """Whether a fit trace takes the large-trace path (module docstring)."""
-    return num_occurrences * num_layers > SCALE_TOKEN_LAYERS
-
-
-def expert_bounds(G: int) -> dict:
-    """Keyword bounds for `sempar_experts.expert_step` on the large-trace path (and, in
-    `sempar_solver`, wherever there are more than FULL_SEARCH_EXPERTS experts)."""
-    if G <= SCALE_SPARSE_DEVICES:
-        return {"price_steps": 8, "polish": 2, "max_swaps": 32}
-    return {"price_steps": SCALE_PRICE_STEPS, "polish": SCALE_POLISH, "max_swaps": SCALE_SWAPS}
-
-
-def step_bounds(G: int) -> dict:
-    """Keyword bounds for `sempar_solver.alternate` on the large-trace path: the alternations
-    and `expert_bounds`."""
-    rounds = {"rounds": SCALE_ROUNDS}
-    if G > SCALE_SPARSE_DEVICES:
-        rounds["stop_gain"] = SCALE_STOP_GAIN
-    return {**rounds, **expert_bounds(G)}
+def step_bounds(cfg: SemparConfig) -> dict:
+    """Keyword bounds for `solver.alternate` where the search is bounded: `rounds`,
+    `stop_gain` and `expert_bounds`."""
+    stop_gain = cfg.scale_stop_gain if cfg.sparse_step else cfg.stop_gain
+    return {"rounds": cfg.scale_rounds, "stop_gain": stop_gain, **expert_bounds(cfg)}
 
 
 class SparseLocal:
@@ -124,12 +94,12 @@ class SparseLocal:
         """Local activations of the tokens on devices items int[U]."""
         return float(self.val[self.col == items[self.row]].sum())
 
-    def assign(self, a: np.ndarray, cap: np.ndarray, rounds: int = SCALE_TOKEN_ROUNDS) -> np.ndarray:
+    def assign(self, a: np.ndarray, cap: np.ndarray, rounds: int) -> np.ndarray:
         """int64[U]: device of each token under per-device capacities cap float[G] on the
-        weights a float[U]: `capacity.proposal_rounds` (round r: each unplaced token asks its
-        r-th best device; a device takes its askers by local share while they fit), only over
-        each token's non-zero preferences; then `capacity.place_leftovers` (heaviest first into
-        the roomiest devices)."""
+        weights a float[U]: `capacity.proposal_rounds`, at most `rounds` of them (round r: each
+        unplaced token asks its r-th best device; a device takes its askers by local share while
+        they fit), only over each token's non-zero preferences; then `capacity.place_leftovers`
+        (heaviest first into the roomiest devices)."""
         U = a.size
         width = np.diff(self.indptr)
         R = int(min(rounds, width.max(initial=0)))
@@ -145,12 +115,13 @@ class SparseLocal:
 
 
 class RequestSample:
-    """A seeded sample of at most `SCALE_REQUESTS` fit requests: `rows` int64[T_s] their
-    occurrences, `req` int64[T_s] their index in the sample, `size` R_s and `scale` R / R_s."""
+    """A seeded sample of at most `size` of the R fit requests (request_index int[T]: each
+    occurrence's request): `rows` int64[T_s] their occurrences, `req` int64[T_s] their index in
+    the sample, `size` R_s and `scale` R / R_s."""
 
-    def __init__(self, request_index: np.ndarray, R: int, seed: int):
+    def __init__(self, request_index: np.ndarray, R: int, seed: int, size: int):
         rng = np.random.default_rng([seed, 0x5CA1E])
-        pick = np.sort(rng.choice(R, min(R, SCALE_REQUESTS), replace=False))
+        pick = np.sort(rng.choice(R, min(R, size), replace=False))
         where = np.full(R, -1, np.int64)
         where[pick] = np.arange(pick.size)
         self.rows = np.flatnonzero(where[request_index] >= 0)
@@ -160,9 +131,7 @@ class RequestSample:
     def counts(self, experts: np.ndarray, N: int) -> np.ndarray:
         """float64[R_s, N]: activations of each expert by each sampled request at one layer;
         experts int[T, k]: the layer's selections of every fit occurrence."""
-        key = self.req[:, None] * N + experts[self.rows]
-        return np.bincount(key.ravel(), minlength=self.size * N).reshape(self.size, N) \
-            .astype(np.float64)
+        return request_counts(self.req, experts[self.rows], self.size, N).astype(np.float64)
 
 
 def greedy_start(gram: np.ndarray, load: np.ndarray, slot_group: np.ndarray,

@@ -4,122 +4,88 @@ Not a paper's algorithm (the faithful Sem-MoE baseline is `semmoe`, whose load t
 score swamps its affinity terms and whose objective is dp's whatever the mode). Here
 
 - **balance is a constraint**: at every MoE layer each device's expert load (fit activations
-  it serves) is at most `max_imbalance` x the mean (default 1.05, `--max-imbalance`);
+  it serves, plus a robust margin for the spread a placement adds, `load.LoadModel`) is at most
+  `max_imbalance` x the mean (default 1.05, `--max-imbalance`);
 - **the objective follows the mode** and is built from real co-activation counts
   c[l, u, e] (`AffinityStats.counts`, not Cp^T diag(a) Cp):
   - tp: local activations per (token, layer): token u sits on device x[l, u] and
-    sum_u c[l, u, e] over experts e hosted there counts; each device takes at most
-    (1 + TOKEN_SLACK) x 1/G of the fit occurrences (tp mode's equal per-batch capacity, Sem-MoE
-    Alg. 3's align step);
+    sum_u c[l, u, e] over experts e hosted there counts; each device takes 1/G of every batch
+    (tp mode's equal per-batch capacity, Sem-MoE Alg. 3's align step; `tokens`);
   - dp: local activations per request: request r sits on rank z[r] for every layer, equal
     request counts per rank (Alg. 2 gives each rank one request per round);
 - **search** (per layer in tp, all layers tied through the requests in dp): start from METIS
   (`graph_baselines.metis_layer`, the s-MoE §5.7 baseline), then alternate exact steps:
   1. tokens (requests) given experts: the capacitated assignment maximising local activations
-     (`capacitated_assign` here; tp's per-batch capacity in `sempar_tokens`), solved by
-     proposal rounds (each unplaced item asks its next-best device; a device with room takes
-     the askers with the highest local share first);
-  2. experts given tokens (`sempar_experts`): maximise sum W[d, e] over hosted (e, d),
-     W[d, e] = activations of e by the tokens on d, with N/G experts per device and the load cap: a min-cost assignment of
-     experts to slots (Hungarian, `scipy.optimize.linear_sum_assignment`) with Lagrangian load
-     prices mu_d updated by subgradient, then best-improvement pairwise swaps with exact gain
-     that keep every device under the cap (and swaps that cut the overload first, if any);
-  until the fit objective stops improving (at most `ROUNDS`). Deterministic given the seed.
-- **replicas** (`sempar_replicas`; `--redundant R`, R a multiple of G so that devices keep equal
-  slots): after the primary placement every device gets R/G extra slots, one (expert, device)
-  pair at a time, device loads computed with the evaluator's serving rule (home replica, else
-  same-node replica, else lowest device id) plus the primary's resampling spread carried to
-  the served shares: in tp mode balance first (while the peak is above the replica cap, the
-  pair that lowers it most, ties by fit activations made local W[d, e]), then locality under
-  the cap, tokens re-assigned against the replicated hosts, then up to two rounds of a
-  balancing pass (`sempar_replicas.balance_pass`: slot swaps that lower the peak robust served
-  load, the least locality lost per unit of peak lowered; a round is kept only if the peak
-  stays lower once the tokens follow the swaps), and where the robust fit peak stays above the
-  cap, the same again with the layer's hottest expert first on every device, the more balanced
-  of the two kept (`sempar_replicas.TP_HOT_FALLBACK`); in dp mode the hottest expert of each layer
-  (fit activations) is put on every device first (`sempar_replicas.dp_hot`: local to every
-  request, its load split by the requests' ranks), so the alternation of requests and experts
-  runs without it, then the slots left go locality first (any pair that does not raise the
-  peak; balance first there measured below eplb's LAR: tiny-moe64 R = G EP 4 0.304 at 1.028,
-  EP 8 0.162 at 1.085). A tighter primary cap
-  (`sempar_replicas.REPLICA_SLACK`, the share of the headroom above the mean the primary keeps;
-  1.0, the full cap, here) trades LAR for held-out balance (below).
+     (`capacitated_assign` here; tp's per-batch capacity in `tokens`), solved by proposal
+     rounds (each unplaced item asks its next-best device; a device with room takes the
+     askers with the highest local share first);
+  2. experts given tokens (`experts`): maximise sum W[d, e] over hosted (e, d), W[d, e] =
+     activations of e by the tokens on d, with N/G experts per device and the load cap: a
+     min-cost assignment of experts to slots (Hungarian) with Lagrangian load prices, then
+     best-improvement pairwise swaps with exact gain that keep every device under the cap
+     (and swaps that cut the overload first, if any);
+  until the fit objective stops improving (at most `SemparConfig.rounds`). Deterministic given
+  the seed and the config.
+- **replicas** (`replicas`; `--redundant R`, R a multiple of G so that devices keep equal
+  slots): after the primary placement every device gets R/G extra slots, chosen against the
+  evaluator's serving rule: tp mode balance first then locality, a balancing pass of slot
+  swaps, and where balance stays out of reach a second try with the hottest expert on every
+  device; dp mode puts each layer's hottest expert on every device before the primary is
+  solved, then spends the slots left locality first. The primary's cap keeps
+  `replica_slack` of the headroom above the mean (`replicas`' docstring).
 - **--preserve-groups**: expert e may only fill a slot of its own expert group's slot range
   (group g = experts [g N / ng, (g + 1) N / ng), slots likewise), so a checkpoint can be
   permuted within groups; the Hungarian costs forbid other slots and swaps stay in a group.
-- nodes: devices are relabelled afterwards by `base.solve` (nodes.py), like every co-clustering
-  solver.
+- nodes: devices are relabelled afterwards by `base.solve_problem` (nodes.py), like every
+  co-clustering solver.
 
-Measured (benchmarks/bench_placement.py, tiny-moe64, fit 20% / eval 80% by request, machine
-heavily loaded): tp EP 4 LAR 0.412 at imbalance 1.055 (90% of its capacity-bound oracle 0.458;
-metis 0.367 at 1.14, semmoe 0.355 at 1.04); dp EP 4 0.286 at 1.055 (semmoe 0.264). R = G
-replicas, tp, held out (machine loaded): EP 4 0.409 at imbalance 1.031 (eplb 0.306 at 1.13:
-1.34x), EP 8 0.253 at 1.039 (eplb 0.175 at 1.34: 1.45x); without the balancing pass 0.430 at
-1.047 / 0.2725 at 1.080 (fit 1.040 at EP 8: the drift is the experts' own held-out load,
-largest on devices grouping experts that the same requests use, which the pass's robust loads
-charge; a placement balancing fit loads only, LPT, reaches 1.027 / 1.036 held out at EP 4 / 8).
-REPLICA_SLACK 0.5 (primary cap 1.025 x mean, no pass): EP 4 0.4185 at 1.041, EP 8 0.2607 at
-1.075. dp mode, R = G: EP 4 0.344 at 1.064, EP 8 0.212 at 1.132 (eplb 0.305 / 0.175: 1.13x /
-1.21x; locality-first replicas without the hot expert: 0.310 at 1.059 / 0.181 at 1.131).
-Planted instances (tests/test_sempar_solver.py) are recovered to >= 99%.
+Invariants: the fit cap holds on fit loads (tested; held out, imbalance drifts above it, more
+with replicas, whose served loads depend on where tokens end up); planted instances are
+recovered (tests/sempar/test_sempar_solver.py).
 
-Limits: the fit cap holds on fit loads (tested); held out, imbalance drifts 0.005-0.05 above it
-(more with replicas, whose served loads depend on where tokens end up).
+Settings: every tuning setting is a field of `SemparConfig` (config.py); `solve("sempar", ...)`
+uses `SemparConfig.for_problem(problem)`, `sempar_solve(problem, config)` any other. The
+config's `large_trace` sends large fit traces (tp mode) to the large-trace path (scale.py:
+request-sampled load model, greedy co-activation start instead of per-layer METIS,
+one-capacity token step, bounded expert search); `bounded_experts` bounds the expert search
+on the default path too where N^3 swap scans would not finish (many experts). dp mode has no
+large-trace path.
 
-Size rule: a fit trace with more than `sempar_scale.SCALE_TOKEN_LAYERS` token occurrences x
-MoE layers (8M; tiny models 1.7M, Qwen3-30B-A3B at 1M tokens 48M) takes the large-trace path
-in tp mode (placement/sempar/scale.py: request-sampled load model, greedy co-activation start
-instead of per-layer METIS, one-capacity token step, bounded expert search); below it
-everything above runs unchanged. dp mode has no large-trace path.
-
-Workers: tp mode's layers are independent (`_solve_tp_layer`), so on the large-trace path they
-run in `PlacementProblem.jobs` forked worker processes (`layer_pool.map_layers`; `place
---jobs`, default the usable CPUs), with the serial run's result bit for bit (tested). Below the
-size rule they run in-process: on the tiny models' fit traces two workers saved 2-3 s of 9-10 s
-on tiny-moe64 and lost 0.6 s of 2 s on tiny-mixtral (2-core machine at load 3), and the test
-suite solves many small traces.
+Workers: tp mode's layers are independent (`_TpLayers`), so on the large-trace path they run
+in `PlacementProblem.jobs` forked worker processes (`_pool.map_layers`; `place --jobs`, default
+the usable CPUs), with the serial run's result bit for bit (tested). On the default path they
+run in-process: there forking costs about what it saves.
 
 Outputs: the placement and `info["token_table"]` (token -> device per layer: in tp mode the
-capacitated assignment, in dp mode the device holding most of the token's activations), the fit
-request clusters in dp mode, and the fit objective per layer. `DP_TOKEN_TABLE` "requests" puts
-each token instead on the rank where most of its fit requests went (Sem-MoE Alg. 1's label from
-request clusters), same on every layer; measured dp EP 4 (held-out LAR): tiny-mixtral 0.2604
-against 0.2579 with "share" (metis 0.2585; no method within imbalance 1.10 there), tiny-moe64
-0.2845 against 0.286, so "share" stays the default.
+capacitated assignment, in dp mode the device holding most of the token's activations, or with
+`dp_token_table` "requests" the rank where most of its fit requests went, same on every
+layer), the fit request clusters in dp mode, and the fit objective per layer.
 """
 
 from __future__ import annotations
 
-from functools import partial
+from dataclasses import asdict, dataclass
+from typing import Callable
 
 import numpy as np
 
+from sempar.affinity.requests import request_counts
+from sempar.affinity.routing_stats import AffinityStats
 from sempar.errors import InputError
-from sempar.affinity.routing_stats import BLOCK_LAYERS, AffinityStats
 from sempar.placement.capacity import place_leftovers, proposal_rounds
 from sempar.placement.base import (SOLVERS, PlacementProblem, coclustered_placement,
-                                   slot_groups, token_table_row)
+                                   slot_groups, solve_problem, token_table_row)
 from sempar.placement.graph_baselines import metis_layer
 from sempar.placement.sempar._pool import map_layers, usable_cpus
 from sempar.placement.placement import Placement
 from sempar.placement.sempar import replicas as sempar_replicas, scale as sempar_scale
+from sempar.placement.sempar.config import SemparConfig
 from sempar.placement.sempar.load import LoadModel, onehot, load_spread
 from sempar.placement.sempar.experts import expert_step
+from sempar.placement.sempar.held_out import HeldOut
 from sempar.placement.sempar.replicas import replicated_placement
 from sempar.placement.sempar.rows import resolve_objective, solve_rows
-from sempar.placement.sempar.tokens import SHUFFLES, batch_priced_assign, pseudo_batches
-
-ROUNDS = 12             # alternations at most (ours: the tiny-moe64 objective settles in 4-8)
-DP_TOKEN_TABLE = "share"   # dp token table: "share" (most activations) or "requests" (docstring)
-TOKEN_SLACK = 0.0       # tokens of a device may exceed 1/G of the fit occurrences by this share
-# Above this many experts the expert step is bounded like the large-trace path's
-# (`sempar_scale.step_bounds`) whatever the trace size: each swap scans N^2 pairs, so the full
-# search grows as N^3 per candidate. Qwen3-30B-A3B shape (128 experts), 3,000 tokens, EP 8, tp,
-# held out: bounded 0.1863 LAR at 1.283 in 9.9 s, full 0.1860 at 1.277 in 356.6 s; a
-# 1,200-token DeepSeek-V3-shaped trace (256 experts) did not finish a layer's full search in
-# minutes. tiny-moe64 and OLMoE (64 experts) keep the full search.
-FULL_SEARCH_EXPERTS = 64
-ROW_SAMPLE = 200_000    # fit rows the "rows" objective keeps (whole requests, seeded; rows.py)
+from sempar.placement.sempar.tokens import batch_priced_assign, pseudo_batches
 
 
 # ----------------------------------------------------------------------------- item assignment
@@ -132,7 +98,7 @@ def capacitated_assign(value: np.ndarray, weight: np.ndarray, cap: np.ndarray,
     weight float[n] > 0; cap float[G]. Proposal rounds: in round r each unplaced item asks its
     r-th best device; a device takes its askers, best value per weight first, while they fit.
     Items that fit nowhere go to the device with the most room left. `max_rounds` (the
-    large-trace path, `sempar_scale`): only that many rounds, on each item's top preferences
+    large-trace path, scale.py): only that many rounds, on each item's top preferences
     (a partial sort), and the leftovers, heaviest first, fill the roomiest devices in turn;
     None: G rounds on a full sort.
     """
@@ -151,31 +117,24 @@ def capacitated_assign(value: np.ndarray, weight: np.ndarray, cap: np.ndarray,
 
 # ------------------------------------------------------------------------------------ solver
 
-def request_counts(stats: AffinityStats, l: int) -> np.ndarray:
-    """float32[R, N]: activations of each expert by each fit request at layer l (real counts)."""
-    R, N = stats.R, stats.N
-    key = stats.request_index[:, None] * N + stats.trace.experts[:, l]
-    return np.bincount(key.ravel(), minlength=R * N).reshape(R, N).astype(np.float32)
-
-
 def alternate(M, step, lm: LoadModel, slot_group: np.ndarray, expert_group: np.ndarray,
-              items: np.ndarray, dev: np.ndarray | None = None, rounds: int = ROUNDS,
-              stop_gain: float = 1e-6, **step_bounds) -> tuple[np.ndarray, np.ndarray, float]:
+              items: np.ndarray, dev: np.ndarray | None, *, rounds: int, stop_gain: float,
+              **expert_kw) -> tuple[np.ndarray, np.ndarray, float]:
     """(expert device int64[N], item device int64[n], fit local activations) for one layer.
 
     M [n, N] (dense or CSR): activations of expert e by item i (tokens in tp mode); step:
     (M, expert device int[N]) -> (item device int[n], local activations), the items' step under
     their capacity rule; lm: loads and cap; items int[n]: a starting item clustering; dev: a
-    starting expert placement (used when it respects the groups); rounds, stop_gain (stop when
-    a round gains less than this share) and step_bounds (`expert_step`'s bounds): the
-    large-trace path's shorter search."""
+    starting expert placement (used when it respects the groups); at most `rounds`
+    alternations, stopping when a round gains less than `stop_gain` of the objective;
+    expert_kw: `expert_step`'s settings (`_expert_settings`)."""
     G = lm.cap_devices
     best = None
     for _ in range(rounds):
         W = np.asarray((M.T @ onehot(items, G))).T                       # [G, N]
         dev = expert_step(W, lm, slot_group, expert_group,
                           dev if dev is not None and _in_groups(dev, slot_group, expert_group)
-                          else None, **step_bounds)
+                          else None, **expert_kw)
         items, obj = step(M, dev)
         if best is not None and obj <= best[2] * (1 + stop_gain):
             if obj > best[2]:
@@ -183,6 +142,22 @@ def alternate(M, step, lm: LoadModel, slot_group: np.ndarray, expert_group: np.n
             break
         best = (dev.copy(), items.copy(), obj)
     return best
+
+
+def _expert_settings(cfg: SemparConfig, bounded: bool) -> dict:
+    """`expert_step`'s keyword settings: the bounded search (`scale.expert_bounds`) or the
+    full one."""
+    if bounded:
+        return {"swap_limit": cfg.swap_limit, **sempar_scale.expert_bounds(cfg)}
+    return {"swap_limit": cfg.swap_limit, "price_steps": cfg.price_steps}
+
+
+def _alternation_settings(cfg: SemparConfig, bounded: bool) -> dict:
+    """`alternate`'s keyword settings: the bounded search (`scale.step_bounds`) or the full
+    one."""
+    if bounded:
+        return {"swap_limit": cfg.swap_limit, **sempar_scale.step_bounds(cfg)}
+    return {"rounds": cfg.rounds, "stop_gain": cfg.stop_gain, **_expert_settings(cfg, False)}
 
 
 def dense_step(assign, G: int):
@@ -204,9 +179,39 @@ def _in_groups(dev: np.ndarray, slot_group: np.ndarray, expert_group: np.ndarray
     return bool(np.array_equal(want, have))
 
 
+def _load_model(X: np.ndarray, imb: float, G: int, cfg: SemparConfig) -> LoadModel:
+    """The load model of one layer from the fit requests' counts X float[R, N]: cap `imb` x the
+    mean load, the resampling spread of the requests as its margin."""
+    load = X.sum(axis=0, dtype=np.float64)
+    return LoadModel(load, load_spread(X.astype(np.float64), load), imb * load.sum() / G, G,
+                     robust=cfg.robust)
+
+
+def _layer_request_counts(stats: AffinityStats, l: int) -> np.ndarray:
+    """float32[R, N]: activations of each expert by each fit request at layer l."""
+    return request_counts(stats.request_index, stats.trace.experts[:, l], stats.R,
+                          stats.N).astype(np.float32)
+
+
+def sempar_solve(problem: PlacementProblem, config: SemparConfig | None = None, *,
+                 mapper: Callable = map_layers) -> Placement:
+    """`solve("sempar", ...)`'s placement of `problem` under `config` (None:
+    `SemparConfig.for_problem(problem)`; its undecided shape settings are decided by
+    `SemparConfig.for_problem` too). `mapper` (`_pool.map_layers`' signature) runs tp mode's
+    per-layer solves."""
+    cfg = SemparConfig.for_problem(problem, **asdict(config or SemparConfig()))
+    return solve_problem("sempar", problem, lambda p: _solve(p, cfg, mapper))
+
+
 @SOLVERS.register("sempar")
 def sempar(p: PlacementProblem) -> Placement:
-    """Ours: locality under a hard per-layer balance cap, mode-aware (module docstring)."""
+    """Ours: locality under a hard per-layer balance cap, mode-aware (module docstring), with
+    the default config (`SemparConfig.for_problem`)."""
+    return _solve(p, SemparConfig.for_problem(p), map_layers)
+
+
+def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable) -> Placement:
+    """The unfinished placement (`base.solve_problem` relabels and validates it); cfg decided."""
     meta = p.trace.meta
     L, N, G = meta.num_layers, meta.num_experts, p.num_devices
     if N % G:
@@ -216,51 +221,43 @@ def sempar(p: PlacementProblem) -> Placement:
                          f"(every device takes the same number of replicas)")
     if p.redundant and p.preserve_groups:
         raise InputError("sempar: --preserve-groups with --redundant: replicas have no group slots")
-    objective = resolve_objective(p.objective, p.trace)
-    if objective == "rows":
-        out = solve_rows(p, sempar, ROW_SAMPLE)
+    if resolve_objective(p.objective, p.trace) == "rows":      # items: the fit rows (rows.py)
+        held_out = HeldOut(target=p.held_out_imbalance, retries=cfg.held_out_retries,
+                           min_requests=cfg.held_out_min_requests)
+        out = solve_rows(p, lambda q: _solve(q, cfg, mapper), cfg.row_sample, held_out)
         out.info["objective"] = "rows"
         return out
     stats = AffinityStats(p.trace)
     slot_group, expert_group = slot_groups(p)
-    imb = p.max_imbalance if not p.redundant else 1 + sempar_replicas.REPLICA_SLACK * (
-        p.max_imbalance - 1)                      # the primary's cap (REPLICA_SLACK's comment)
-
-    def model(X: np.ndarray) -> LoadModel:
-        load = X.sum(axis=0, dtype=np.float64)
-        return LoadModel(load, load_spread(X.astype(np.float64), load), imb * load.sum() / G, G)
-    node_of = p.node_of()
-    allowed = np.ones((G, N), bool)
+    imb = p.max_imbalance if not p.redundant else 1 + cfg.replica_slack * (
+        p.max_imbalance - 1)                      # the primary's cap (`replica_slack`)
     if p.mode == "dp":
-        return _solve_dp(p, stats, slot_group, expert_group, model, node_of, allowed)
-    large = sempar_scale.is_large(stats.token_index.size, L)
-    if large:                     # the large-trace path: sempar_scale's docstring
-        tok_cap = np.full(G, (1 + TOKEN_SLACK) * stats.a.sum() / G)
+        return _solve_dp(p, stats, slot_group, expert_group, imb, cfg)
+    large = bool(cfg.large_trace)
+    if large:                     # the large-trace path: scale.py's docstring
+        tok_cap = np.full(G, (1 + cfg.token_slack) * stats.a.sum() / G)
         assign = lambda local: capacitated_assign(                                # noqa: E731
-            local, stats.a, tok_cap, sempar_scale.SCALE_TOKEN_ROUNDS)
+            local, stats.a, tok_cap, cfg.scale_token_rounds)
 
-        sparse = G > sempar_scale.SCALE_SPARSE_DEVICES
+        sparse = bool(cfg.sparse_step)
 
         def step(C, dev: np.ndarray) -> tuple[np.ndarray, float]:
             if not sparse:
                 return dense_step(assign, G)(C, dev)
             sl = sempar_scale.SparseLocal(C, dev, G)
-            items = sl.assign(stats.a, tok_cap)
+            items = sl.assign(stats.a, tok_cap, cfg.scale_token_rounds)
             return items, sl.total(items)
-        bounds = sempar_scale.step_bounds(G)
-        sample = sempar_scale.RequestSample(stats.request_index, stats.R, p.seed)
+        sample = sempar_scale.RequestSample(stats.request_index, stats.R, p.seed,
+                                            cfg.scale_requests)
     else:
-        sparse, sample = False, None
-        occ, size = pseudo_batches(stats, p.seed)
-        assign = lambda local: batch_priced_assign(local, occ, size, SHUFFLES)     # noqa: E731
+        sample = None
+        occ, size = pseudo_batches(stats, p.seed, cfg.shuffles)
+        assign = lambda local: batch_priced_assign(                               # noqa: E731
+            local, occ, size, cfg.shuffles, cfg.token_price_steps)
         step = dense_step(assign, G)
-        bounds = sempar_scale.step_bounds(G) if N > FULL_SEARCH_EXPERTS else {}
-    layer = partial(_solve_tp_layer, stats=stats, p=p, large=large, sparse=sparse,
-                    sample=sample, imb=imb, model=model, step=step,
-                    assign=assign, bounds=bounds, slot_group=slot_group,
-                    expert_group=expert_group, node_of=node_of, allowed=allowed)
+    layer = _TpLayers(cfg, p, stats, imb, slot_group, expert_group, assign, step, sample)
     jobs = min(L, usable_cpus() if p.jobs is None else p.jobs) if large else 1
-    out = map_layers(layer, L, jobs, BLOCK_LAYERS)
+    out = mapper(layer, L, jobs, cfg.block_layers)
     devs, toks, objs, hosts_all, rows = (list(x) for x in zip(*out))
     info = {"mode": "tp", "objective": "tokens", "max_imbalance": p.max_imbalance, "fit_local_activations": objs,
             "preserve_groups": p.preserve_groups, "large_trace_path": large}
@@ -271,65 +268,83 @@ def sempar(p: PlacementProblem) -> Placement:
                                  rows=rows)
 
 
-def _solve_tp_layer(l: int, *, stats: AffinityStats, p: PlacementProblem, large: bool,
-                    sparse: bool, sample, imb: float, model, step, assign, bounds: dict,
-                    slot_group, expert_group, node_of, allowed):
-    """tp mode, MoE layer l (layers are independent there; `layer_pool` may run them in
-    forked workers): (expert device int64[N], token device int64[U], fit local activations,
-    hosts bool[G, N] or None, token table row (`base.token_table_row`) or None)."""
-    N, G = stats.N, p.num_devices
-    C = stats.counts(l)
-    if large:
-        X = sample.counts(stats.trace.experts[:, l], N)
-        load = np.asarray(C.sum(axis=0), np.float64).ravel()
-        gram = X.T @ X
-        lm = sempar_scale.ScaledLoadModel(
-            load, sample.scale * load_spread(X, X.sum(axis=0), gram), imb * load.sum() / G, G)
-        edev = sempar_scale.greedy_start(gram, load, slot_group, expert_group)
-        etok = (sempar_scale.SparseLocal(C, edev, G).first() if sparse    # uncapacitated
-                else np.argmax(np.asarray(C @ onehot(edev, G)), axis=1))
-    else:
-        lm = model(request_counts(stats, l))
-        edev, etok, _, _ = metis_layer(C.toarray().astype(np.int64), stats.a, G, p.seed)
-    dev, items, obj = alternate(C, step, lm, slot_group, expert_group, etok, edev,
-                                **bounds)
-    if p.redundant:
-        h, items = sempar_replicas.tp_replicas(C, dev, items, assign, lm, p.redundant // G,
-                                               node_of, allowed)
-        return dev, items, obj, h, None        # replicated_placement counts layer l again
-    row = token_table_row(stats, l, dev, G, items)
-    stats.forget(l)                            # nothing reads layer l's counts after this
-    return dev, items, obj, None, row
+@dataclass(frozen=True, eq=False)
+class _TpLayers:
+    """tp mode's per-layer solve (layers are independent there; `_pool.map_layers` may call it
+    in forked workers): the config and the problem's data it reads. assign: local float[U, G]
+    -> token device int[U], the token step's capacity rule; step: `alternate`'s token step;
+    sample: the large-trace path's `scale.RequestSample`, else None."""
+
+    cfg: SemparConfig
+    p: PlacementProblem
+    stats: AffinityStats
+    imb: float                     # the primary's cap, x the mean load
+    slot_group: np.ndarray         # int[G, S]
+    expert_group: np.ndarray       # int[N]
+    assign: Callable
+    step: Callable
+    sample: sempar_scale.RequestSample | None
+
+    def __call__(self, l: int):
+        """MoE layer l: (expert device int64[N], token device int64[U], fit local activations,
+        hosts bool[G, N] or None, token table row (`base.token_table_row`) or None)."""
+        cfg, p, stats = self.cfg, self.p, self.stats
+        N, G = stats.N, p.num_devices
+        C = stats.counts(l)
+        if cfg.large_trace:
+            X = self.sample.counts(stats.trace.experts[:, l], N)
+            load = np.asarray(C.sum(axis=0), np.float64).ravel()
+            gram = X.T @ X
+            lm = sempar_scale.ScaledLoadModel(
+                load, self.sample.scale * load_spread(X, X.sum(axis=0), gram),
+                self.imb * load.sum() / G, G, robust=cfg.robust)
+            edev = sempar_scale.greedy_start(gram, load, self.slot_group, self.expert_group)
+            etok = (sempar_scale.SparseLocal(C, edev, G).first() if cfg.sparse_step  # no cap
+                    else np.argmax(np.asarray(C @ onehot(edev, G)), axis=1))
+        else:
+            lm = _load_model(_layer_request_counts(stats, l), self.imb, G, cfg)
+            edev, etok, _, _ = metis_layer(C.toarray().astype(np.int64), stats.a, G, p.seed)
+        dev, items, obj = alternate(
+            C, self.step, lm, self.slot_group, self.expert_group, etok, edev,
+            **_alternation_settings(cfg, bool(cfg.large_trace or cfg.bounded_experts)))
+        if p.redundant:
+            h, items = sempar_replicas.tp_replicas(C, dev, items, self.assign, lm,
+                                                   p.redundant // G, p.node_of(), cfg)
+            return dev, items, obj, h, None        # replicated_placement counts layer l again
+        row = token_table_row(stats, l, dev, G, items)
+        stats.forget(l)                            # nothing reads layer l's counts after this
+        return dev, items, obj, None, row
 
 
-def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_group, model,
-              node_of, allowed) -> Placement:
+def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_group, imb: float,
+              cfg: SemparConfig) -> Placement:
     """dp mode: requests (one rank for all layers) and every layer's experts, alternated."""
-    from sempar.placement.semmoe import _initial_requests, request_features
+    from sempar.placement.semmoe import initial_requests, request_features
 
     L, G, R = stats.L, p.num_devices, stats.R
-    full = [request_counts(stats, l) for l in range(L)]                              # [R, N] each
-    hot = [sempar_replicas.dp_hot(q, G, p.redundant) for q in full]
+    node_of = p.node_of()
+    full = [_layer_request_counts(stats, l) for l in range(L)]                     # [R, N] each
+    hot = [sempar_replicas.dp_hot(q, G, p.redundant, cfg.dp_hot) for q in full]
     Q = [sempar_replicas.without(q, h) for q, h in zip(full, hot)]   # hot experts: local anywhere
-    lms = [model(q) for q in Q]
+    lms = [_load_model(q, imb, G, cfg) for q in Q]
     feats, _ = request_features(np.stack(full), p.seed)
-    z = _initial_requests(feats, G, p.seed)
+    z = initial_requests(feats, G, p.seed)
     ones = np.ones(R)
     rcap = np.full(G, float(-(-R // G)))
     devs = [None] * L
     best = None
-    bounds = sempar_scale.expert_bounds(G) if stats.N > FULL_SEARCH_EXPERTS else {}
-    for _ in range(ROUNDS):
+    search = _expert_settings(cfg, bool(cfg.bounded_experts))
+    for _ in range(cfg.rounds):
         oz = onehot(z, G)
         for l in range(L):
             W = (Q[l].T @ oz).T.astype(np.float64)
             start = devs[l] if devs[l] is not None and _in_groups(devs[l], slot_group,
                                                                    expert_group) else None
-            devs[l] = expert_step(W, lms[l], slot_group, expert_group, start, **bounds)
+            devs[l] = expert_step(W, lms[l], slot_group, expert_group, start, **search)
         score = sum(Q[l] @ onehot(devs[l], G) for l in range(L)).astype(np.float64)
         z = capacitated_assign(score, ones, rcap)
         obj = float(score[np.arange(R), z].sum())
-        if best is not None and obj <= best[2] * (1 + 1e-6):
+        if best is not None and obj <= best[2] * (1 + cfg.stop_gain):
             break
         best = ([d.copy() for d in devs], z.copy(), obj)
     devs, z, obj = best
@@ -338,12 +353,12 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
             "request_cluster": {"request_id": stats.reqs.tolist(), "device": z.tolist()}}
     if not p.redundant:
         tdev = None
-        if DP_TOKEN_TABLE == "requests":
+        if cfg.dp_token_table == "requests":
             votes = np.asarray(stats.request_tokens().T @ onehot(z, G))                # [U, G]
             tdev = np.tile(votes.argmax(axis=1), (L, 1))
         return coclustered_placement(p, "sempar", np.stack(devs), stats, tdev, info=info)
     hosts = [sempar_replicas.dp_replicas(full[l], devs[l], z, lms[l], p.redundant // G, node_of,
-                                         allowed, hot[l]) for l in range(L)]
+                                         hot[l], cfg) for l in range(L)]
     return replicated_placement(p, "sempar", np.stack(devs), hosts, stats, None, info)
 
 sempar.preserves_groups = True     # slots and swaps stay inside each expert group

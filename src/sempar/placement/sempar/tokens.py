@@ -3,8 +3,9 @@ device, local activations maximised under tp mode's equal per-batch capacity.
 
 tp mode cuts the request stream into batches of `BATCH` tokens and gives every device 1/G of each
 batch (Sem-MoE Alg. 3's align step); the fit trace has no batches of its own, so `pseudo_batches`
-cuts `SHUFFLES` seeded request orders into batches and `batch_priced_assign` prices each batch's
-per-device capacity (Lagrangian). Shapes: U fit tokens, G devices, nb pseudo-batches.
+cuts `SemparConfig.shuffles` seeded request orders into batches and `batch_priced_assign` prices
+each batch's per-device capacity (Lagrangian). Shapes: U fit tokens, G devices, nb
+pseudo-batches.
 """
 
 from __future__ import annotations
@@ -15,12 +16,8 @@ from sempar.affinity.routing_stats import AffinityStats
 from sempar.placement.capacity import BATCH
 from sempar.placement.sempar.load import onehot
 
-SHUFFLES = 4            # random request orders cut into pseudo-batches (tp token step)
-TOKEN_PRICE_STEPS = 80
 
-
-def pseudo_batches(stats: AffinityStats, seed: int, shuffles: int = SHUFFLES,
-                   batch: int = BATCH):
+def pseudo_batches(stats: AffinityStats, seed: int, shuffles: int, batch: int = BATCH):
     """(occ CSR float64[U, nb], capacity float[nb]): occurrences of each fit token in each
     pseudo-batch. The fit requests are put in `shuffles` seeded random orders and each order is
     cut into batches of `batch` tokens like tp mode cuts a stream (capacity.BATCH); a device may
@@ -47,15 +44,17 @@ def pseudo_batches(stats: AffinityStats, seed: int, shuffles: int = SHUFFLES,
     return occ, np.concatenate(sizes).astype(np.float64)
 
 
-def batch_priced_assign(local: np.ndarray, occ, size: np.ndarray, shuffles: int) -> np.ndarray:
+def batch_priced_assign(local: np.ndarray, occ, size: np.ndarray, shuffles: int,
+                        price_steps: int) -> np.ndarray:
     """int64[U]: device of each token, tp mode's per-batch capacity priced in (Lagrangian).
 
     local float[U, G]: fit activations of token u on device d's experts; occ CSR[U, nb] and
     size float[nb] from `pseudo_batches`. Each device may take size[b] / G tokens of batch b;
     overflow is bumped by the evaluator to wherever room is left. Prices lam[b, d] >= 0 per
     occurrence; token u takes argmax_d local[u, d] - (occ @ lam)[u, d] / shuffles; prices rise
-    with overflow (subgradient). Kept: the iterate with the best local activations minus
-    the overflow, each overflowing occurrence valued at its device's mean local share.
+    with overflow (subgradient), `price_steps` times. Kept: the iterate with the best local
+    activations minus the overflow, each overflowing occurrence valued at its device's mean
+    local share.
     """
     U, G = local.shape
     cap = size[:, None] / G
@@ -65,7 +64,7 @@ def batch_priced_assign(local: np.ndarray, occ, size: np.ndarray, shuffles: int)
     step = 0.1 * float(per_occ.max())
     best = None
     occT = occ.T.tocsr()
-    for _ in range(TOKEN_PRICE_STEPS):
+    for _ in range(price_steps):
         x = np.argmax(local - np.asarray(occ @ lam) / shuffles, axis=1)
         oh = onehot(x, G).astype(np.float64)
         m = np.asarray(occT @ oh)                                          # [nb, G]

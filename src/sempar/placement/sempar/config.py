@@ -1,0 +1,157 @@
+"""`SemparConfig`: every tuning setting of the `sempar` solver in one frozen, typed object.
+
+The solver's modules read their settings from the config they are handed, never from module
+globals, so a test or a benchmark changes a setting by building a config
+(`SemparConfig(pass_rounds=1)`, `dataclasses.replace(cfg, ...)`) and records it with
+`dataclasses.asdict`. The defaults are the solver's settings when it is run by name
+(`solve("sempar", ...)`, `place --method sempar`).
+
+Three settings depend on the trace's shape: `large_trace`, `sparse_step` and
+`bounded_experts`. Left None they are undecided; `for_shape` / `for_problem` decide them from
+the shape with the size rules below (`scale_token_layers`, `scale_sparse_devices`,
+`full_search_experts`), and the solver only ever sees decided (bool) values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from sempar.affinity.routing_stats import BLOCK_LAYERS
+from sempar.errors import check_choice
+
+
+@dataclass(frozen=True, kw_only=True)
+class SemparConfig:
+    """The `sempar` solver's settings (module docstring); N experts, G devices."""
+
+    # ---- alternation of tokens (requests) and experts
+    rounds: int = 12
+    """Alternations of the token (request) step and the expert step, at most (default path)."""
+    stop_gain: float = 1e-6
+    """The alternations stop when a round gains less than this share of the fit objective."""
+    token_slack: float = 0.0
+    """Large-trace token step: a device may take (1 + token_slack) / G of the fit occurrences."""
+    dp_token_table: str = "share"
+    """dp token table: "share" (each token on the device holding most of its activations) or
+    "requests" (on the rank where most of its fit requests went, Sem-MoE Alg. 1's label)."""
+
+    # ---- tp token step (placement/sempar/tokens.py)
+    shuffles: int = 4
+    """Seeded request orders cut into pseudo-batches for tp mode's per-batch capacity."""
+    token_price_steps: int = 80
+    """Lagrangian price updates of the per-batch capacities in the tp token step."""
+
+    # ---- expert step (placement/sempar/experts.py)
+    price_steps: int = 25
+    """Hungarian solves with Lagrangian load prices in the (unbounded) expert step."""
+    swap_limit: int = 4
+    """Unbounded expert step: at most swap_limit x N pairwise swaps per candidate."""
+    full_search_experts: int = 64
+    """Above this many experts the expert step is bounded like the large-trace path's (each swap
+    scans N^2 pairs, so the full search grows as N^3 a candidate); `bounded_experts`' rule."""
+    bounded_experts: bool | None = None
+    """Whether the expert step takes the bounds of `scale.expert_bounds`; None: decided by
+    `for_shape` (N > full_search_experts)."""
+
+    # ---- load model (placement/sempar/load.py)
+    robust: float = 2.0
+    """Load margin factor: a device's load counts sqrt(robust x V_d) of resampling spread."""
+
+    # ---- replicas (placement/sempar/replicas.py, --redundant)
+    replica_slack: float = 1.0
+    """With replicas to follow, the primary's cap keeps this share of the headroom above the
+    mean load (1.0: the full --max-imbalance cap)."""
+    replica_target: float = 0.2
+    """The replica step's served-load cap keeps this share of the primary cap's headroom."""
+    replica_margin: float = 3.0
+    """x the primary's largest robust margin, taken off the replica step's cap."""
+    pass_z: float = 1.5
+    """tp balancing pass: robust served loads with pass_z x the load model's margin."""
+    pass_peak: float = 0.0
+    """tp balancing pass: swaps while the peak is above (1 + pass_peak) x the mean."""
+    pass_moves: int = 12
+    """tp balancing pass: at most pass_moves x G swaps a round."""
+    pass_rounds: int = 2
+    """tp balancing pass: rounds, each kept only if the peak stays lower once tokens follow."""
+    dp_hot: int = 1
+    """dp mode: the hottest experts of a layer put on every device before the primary solve."""
+    tp_hot_fallback: bool = True
+    """tp mode: where the replica step leaves the robust fit peak above the primary's cap, a
+    second try with the layer's hottest expert on every device, the more balanced kept."""
+    full_scan: int = 4096
+    """The replica step scores every open (device, expert) pair up to this many; above, only
+    `top_pairs` and the peak device's experts (and the balancing pass is skipped)."""
+    top_pairs: int = 256
+    """Above `full_scan`: the open pairs with the most fit activations made local, scored."""
+
+    # ---- large-trace path (placement/sempar/scale.py)
+    scale_token_layers: int = 8_000_000
+    """Size rule: a fit trace with more token occurrences x MoE layers takes the large path."""
+    large_trace: bool | None = None
+    """Whether the large-trace path runs (tp mode only); None: decided by `for_shape`."""
+    scale_rounds: int = 3
+    """Large-trace path: alternations at most."""
+    scale_stop_gain: float = 2e-3
+    """Large path, sparse step: alternations stop when the fit objective gains less than this
+    share."""
+    scale_requests: int = 1024
+    """Large-trace path: fit requests sampled for the load model and the greedy start."""
+    scale_token_rounds: int = 8
+    """Large-trace path: proposal rounds of the one-capacity token step."""
+    scale_sparse_devices: int = 16
+    """Up to this many devices the large path keeps the dense token step and the longer expert
+    bounds (`scale_dense_*`); above, `sparse_step`'s settings. `sparse_step`'s rule."""
+    sparse_step: bool | None = None
+    """Whether the large path's sparse token step, the shorter expert bounds (`scale_price_steps`,
+    `scale_polish`, `scale_swaps`) and the early stop (`scale_stop_gain`) apply (also to the
+    bounded expert step of `bounded_experts`); None: decided by `for_shape`
+    (G > scale_sparse_devices)."""
+    scale_price_steps: int = 6
+    """Bounded expert step, sparse step: Hungarian solves."""
+    scale_polish: int = 1
+    """Bounded expert step, sparse step: candidates that get swaps."""
+    scale_swaps: int = 16
+    """Bounded expert step, sparse step: swaps per candidate, at most."""
+    scale_dense_price_steps: int = 8
+    """Bounded expert step, dense step: Hungarian solves."""
+    scale_dense_polish: int = 2
+    """Bounded expert step, dense step: candidates that get swaps."""
+    scale_dense_swaps: int = 32
+    """Bounded expert step, dense step: swaps per candidate, at most."""
+    row_sample: int = 200_000
+    """`rows` objective: fit rows kept (whole requests, seeded) for the row-level solve."""
+    held_out_retries: int = 1
+    """`rows` objective: full solves after the first that lower the fit cap further when the
+    fit imbalance plus the fold drift is still above the held-out target (held_out.py)."""
+    held_out_min_requests: int = 4
+    """`rows` objective: fit requests needed to split in two folds (fewer: no calibration)."""
+    block_layers: int = BLOCK_LAYERS
+    """Consecutive layers a forked worker takes at a time (the affinity statistics gather the
+    trace's selections that many layers at once)."""
+
+    def __post_init__(self) -> None:
+        check_choice("dp_token_table", self.dp_token_table, ("share", "requests"))
+
+    @classmethod
+    def for_shape(cls, tokens: int, layers: int, experts: int, devices: int,
+                  **settings) -> SemparConfig:
+        """The config for a fit trace of `tokens` token occurrences and `layers` MoE layers,
+        `experts` experts a layer, placed on `devices` devices: `settings` (field values) with
+        `large_trace`, `sparse_step` and `bounded_experts` decided by the size rules wherever
+        `settings` leaves them None."""
+        cfg = cls(**settings)
+        return replace(
+            cfg,
+            large_trace=(tokens * layers > cfg.scale_token_layers if cfg.large_trace is None
+                         else cfg.large_trace),
+            sparse_step=(devices > cfg.scale_sparse_devices if cfg.sparse_step is None
+                         else cfg.sparse_step),
+            bounded_experts=(experts > cfg.full_search_experts if cfg.bounded_experts is None
+                             else cfg.bounded_experts))
+
+    @classmethod
+    def for_problem(cls, problem, **settings) -> SemparConfig:
+        """`for_shape` of a `PlacementProblem`'s fit trace and device count."""
+        meta = problem.trace.meta
+        return cls.for_shape(problem.trace.num_tokens, meta.num_layers, meta.num_experts,
+                             problem.num_devices, **settings)
