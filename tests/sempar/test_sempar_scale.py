@@ -31,17 +31,17 @@ def test_size_rule():
 
 def test_default_path_below_the_rule():
     trace, _, _ = planted(T=20_000)
-    assert solve("sempar", trace, G).info["large_trace_path"] is False
+    assert solve("sempar", trace, num_devices=G).info["large_trace_path"] is False
 
 
 def test_mid_size_synthetic(large_path):
     trace = synthesize("olmoe-1b-7b", 60_000, seed=1)
     fit, ev = split_by_request(trace, seed=0)
-    p = solve("sempar", fit, 8, num_nodes=2)
+    p = solve("sempar", fit, num_devices=8, num_nodes=2)
     assert p.info["large_trace_path"] is True
     assert p.token_table.num_layers == trace.meta.num_layers
     got = figures_for(p, ev, "tp")
-    van = figures_for(solve("vanilla", fit, 8, num_nodes=2), ev, "tp")
+    van = figures_for(solve("vanilla", fit, num_devices=8, num_nodes=2), ev, "tp")
     print(f"\nlarge path, olmoe 60k EP 8 (2 nodes): LAR {got['lar_mean']:.3f} at imbalance "
           f"{got['imbalance_max_mean']:.3f}; vanilla {van['lar_mean']:.3f}")
     assert got["lar_mean"] > van["lar_mean"] + 0.05
@@ -51,7 +51,7 @@ def test_planted_recovered(large_path):
     trace, ecl, tcl = planted()
     fit, ev = split_by_request(trace, seed=0)
     ref = figures_for(planted_placement(trace, ecl, tcl), ev, "tp")["lar_mean"]
-    a, b = solve("sempar", fit, G, seed=2), solve("sempar", fit, G, seed=2)
+    a, b = solve("sempar", fit, num_devices=G, seed=2), solve("sempar", fit, num_devices=G, seed=2)
     assert np.array_equal(a.phy2log, b.phy2log)                             # deterministic
     got = figures_for(a, ev, "tp")["lar_mean"]
     print(f"\nlarge path, planted optimum LAR {ref:.3f}: got {got:.3f} ({got / ref:.1%})")
@@ -60,7 +60,7 @@ def test_planted_recovered(large_path):
 
 def test_preserve_groups(large_path):
     trace, _, _ = planted(groups=2, T=20_000)
-    p = solve("sempar", trace, G, preserve_groups=True)
+    p = solve("sempar", trace, num_devices=G, preserve_groups=True)
     assert p.info["large_trace_path"] and crosses_groups(p, 2) is None
 
 
@@ -102,7 +102,7 @@ def test_planted_recovered_sparse_step(large_path, monkeypatch):
     trace, ecl, tcl = planted()
     fit, ev = split_by_request(trace, seed=0)
     ref = figures_for(planted_placement(trace, ecl, tcl), ev, "tp")["lar_mean"]
-    got = figures_for(solve("sempar", fit, G, seed=2), ev, "tp")["lar_mean"]
+    got = figures_for(solve("sempar", fit, num_devices=G, seed=2), ev, "tp")["lar_mean"]
     print(f"\nsparse step, planted optimum LAR {ref:.3f}: got {got:.3f} ({got / ref:.1%})")
     assert got >= 0.9 * ref
 
@@ -120,7 +120,8 @@ def test_worker_layers_identical_to_serial(large_path, monkeypatch, redundant, s
     monkeypatch.setattr(sempar_solver, "map_layers", lambda fn, L, j, block: (
         jobs.append(j), layer_pool.map_layers(fn, L, j, block))[1])
     trace, _, _ = planted(T=20_000)
-    a, b = (solve("sempar", trace, G, redundant=redundant, seed=1, jobs=j) for j in (1, 2))
+    a, b = (solve("sempar", trace, num_devices=G, redundant=redundant, seed=1, jobs=j)
+            for j in (1, 2))
     assert jobs == [1, 2]
     assert np.array_equal(a.phy2log, b.phy2log)
     assert a.info["fit_local_activations"] == b.info["fit_local_activations"]

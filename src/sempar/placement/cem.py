@@ -290,7 +290,7 @@ def staged_problems(Cp: np.ndarray, a: np.ndarray, E: int, nodes: int,
     return dev_e, dev_t, hists
 
 
-@SOLVERS.register("smoe-cem")
+@SOLVERS.register("smoe-cem", replicas=False, preserves_groups=False, mode_aware=False)
 def smoe_cem(p: PlacementProblem, n_iter: int = N_ITER, n_samples: int = N_SAMPLES,
              beta: float = BETA, rho: float = RHO, smoothing: float = SMOOTHING,
              order: str = ORDER, balance: float = BALANCE, max_tokens: int | None = MAX_TOKENS,
@@ -302,7 +302,6 @@ def smoe_cem(p: PlacementProblem, n_iter: int = N_ITER, n_samples: int = N_SAMPL
     always all tokens). hierarchy: "flat" (Alg. 1 as written), "nodes" (`staged_problems`) or
     "auto" (nodes when the problem has 1 < nodes < G and G > `FLAT_MAX_DEVICES`).
     """
-    p.refuse_replicas("smoe-cem")
     if n_iter < 1 or n_samples < 1 or not 0.0 < rho <= 1.0 or beta < 1.0:
         raise InputError(f"smoe-cem: n_iter={n_iter}, n_samples={n_samples}, rho={rho}, "
                          f"beta={beta} (need n_iter, n_samples >= 1, 0 < rho <= 1, beta >= 1)")

@@ -79,7 +79,7 @@ size rule they run in-process: on the tiny models' fit traces two workers saved 
 on tiny-moe64 and lost 0.6 s of 2 s on tiny-mixtral (2-core machine at load 3), and the test
 suite solves many small traces.
 
-Outputs: the placement and `info["token_table"]` (token -> device per layer: in tp mode the
+Outputs: the placement and its `token_table` (token -> device per layer: in tp mode the
 capacitated assignment, in dp mode the device holding most of the token's activations), the fit
 request clusters in dp mode, and the fit objective per layer. `DP_TOKEN_TABLE` "requests" puts
 each token instead on the rank where most of its fit requests went (Sem-MoE Alg. 1's label from
@@ -101,7 +101,7 @@ from sempar.placement.base import (SOLVERS, PlacementProblem, coclustered_placem
                                    slot_groups, token_table_row)
 from sempar.placement.graph_baselines import metis_layer
 from sempar.placement.sempar._pool import map_layers, usable_cpus
-from sempar.placement.placement import Placement
+from sempar.placement.placement import Placement, RequestClusters
 from sempar.placement.sempar import replicas as sempar_replicas, scale as sempar_scale
 from sempar.placement.sempar.load import LoadModel, onehot, load_spread
 from sempar.placement.sempar.experts import expert_step
@@ -202,7 +202,7 @@ def _in_groups(dev: np.ndarray, slot_group: np.ndarray, expert_group: np.ndarray
     return bool(np.array_equal(want, have))
 
 
-@SOLVERS.register("sempar")
+@SOLVERS.register("sempar", replicas=True, preserves_groups=True, mode_aware=True)
 def sempar(p: PlacementProblem) -> Placement:
     """Ours: locality under a hard per-layer balance cap, mode-aware (module docstring)."""
     meta = p.trace.meta
@@ -327,17 +327,16 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
         best = ([d.copy() for d in devs], z.copy(), obj)
     devs, z, obj = best
     info = {"mode": "dp", "max_imbalance": p.max_imbalance, "fit_local_activations": obj,
-            "preserve_groups": p.preserve_groups,
-            "request_cluster": {"request_id": stats.reqs.tolist(), "device": z.tolist()}}
+            "preserve_groups": p.preserve_groups}
+    clusters = RequestClusters(stats.reqs, z)
     if not p.redundant:
         tdev = None
         if DP_TOKEN_TABLE == "requests":
             votes = np.asarray(stats.request_tokens().T @ onehot(z, G))                # [U, G]
             tdev = np.tile(votes.argmax(axis=1), (L, 1))
-        return coclustered_placement(p, "sempar", np.stack(devs), stats, tdev, info=info)
+        return coclustered_placement(p, "sempar", np.stack(devs), stats, tdev, info=info,
+                                     request_cluster=clusters)
     hosts = [sempar_replicas.dp_replicas(full[l], devs[l], z, lms[l], p.redundant // G, node_of,
                                          allowed, hot[l]) for l in range(L)]
-    return replicated_placement(p, "sempar", np.stack(devs), hosts, stats, None, info)
-
-sempar.preserves_groups = True     # slots and swaps stay inside each expert group
-sempar.mode_aware = True           # solved once per mode by `evaluate` (tp and dp objectives differ)
+    return replicated_placement(p, "sempar", np.stack(devs), hosts, stats, None, info,
+                                request_cluster=clusters)
