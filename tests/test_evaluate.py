@@ -10,8 +10,10 @@ import sys
 import numpy as np
 import pytest
 
-from sempar.placement import Placement, solve
-from sempar.schedule.evaluate import evaluate
+from conftest import build_trace
+from sempar.errors import InputError
+from sempar.placement import SOLVERS, Placement, solve
+from sempar.schedule.evaluate import evaluate, evaluate_modes
 from sempar.placement.nodes import device_affinity, group_devices, relabel_devices
 from sempar.placement.placement import RequestClusters
 from sempar.schedule.transfer import cross_dataset_matrix
@@ -100,3 +102,17 @@ def test_evaluate_json_contract_and_skips(tmp_path, trace) -> None:
         assert 0 < m["node_local_rate"] <= 1 and m["node_local_rate"] >= m["lar_mean"]
     r = run("evaluate", "--fit", "t.parquet", "--split", "--ep", "4", "--methods", "nope")
     assert r.returncode == 2 and "nope" in r.stderr
+
+
+def test_all_methods_skip_what_they_do_not_declare() -> None:
+    fit, ev = split_by_request(build_trace(), seed=0)
+    out = evaluate_modes(fit, ev, 4, redundant=4)
+    no_replicas = {n for n in SOLVERS.names() if not SOLVERS.get(n).replicas}
+    assert no_replicas and {"sempar", "eplb"} <= set(SOLVERS.names()) - no_replicas
+    for mode in ("tp", "dp"):
+        assert set(out[mode]["skipped"]) == no_replicas
+        assert set(out[mode]["methods"]) == set(SOLVERS.names()) - no_replicas
+        assert out[mode]["skipped"]["semmoe"] == \
+            "--redundant 4: semmoe places every expert once (no replicas)"
+    with pytest.raises(InputError, match="semmoe places every expert once"):
+        evaluate_modes(fit, ev, 4, methods=["semmoe"], redundant=4)

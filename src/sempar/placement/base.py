@@ -189,8 +189,9 @@ def solve(method: str, trace: RoutingTrace, *, num_devices: int, num_nodes: int 
           preserve_groups: bool = False, jobs: int | None = None,
           registry: SolverRegistry = SOLVERS) -> Placement:
     """Run the registered `method` and return its validated placement (`jobs`: worker
-    processes for solvers that split their work by layer; None: the usable CPUs). A request
-    the solver does not declare it can serve (`SolverSpec.refusal`) is refused before it runs."""
+    processes for solvers that split their work by layer; None: the usable CPUs; `registry`:
+    where `method` is looked up). A request the solver does not declare it can serve
+    (`SolverSpec.refusal`) is refused before it runs."""
     spec = registry.get(method)
     problem = PlacementProblem(trace, num_devices, num_nodes, redundant, seed, mode,
                                max_imbalance, preserve_groups, jobs)
