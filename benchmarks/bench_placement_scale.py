@@ -186,7 +186,7 @@ def worker(path: str, method: str, ep: int, nodes: int, cap_gb: float) -> None:
     after_read = _rss_bytes()
     with RssSampler(cap) as rs:
         t0, c0 = time.perf_counter(), time.process_time()
-        pl = solve(method, trace, ep, nodes)
+        pl = solve(method, trace, num_devices=ep, num_nodes=nodes)
         solve_s, solve_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     L, N = trace.meta.num_layers, trace.meta.num_experts
     balanced = pl.slots_per_device == N // ep and all(

@@ -54,7 +54,7 @@ def measure(trace_name: str, eps: list[int], methods: list[str], ns: list[int], 
     for method in methods:
         for ep in eps:
             t0 = time.perf_counter()
-            p = solve(method, fit, ep, seed=seed)
+            p = solve(method, fit, num_devices=ep, seed=seed)
             log(f"{method} EP {ep}: solved in {time.perf_counter() - t0:.1f}s")
             tables = {"T": TokenDevice().fit(fit, p), "Ts": TokenDevice(confidence="state").fit(fit, p)}
             if oov is not None:

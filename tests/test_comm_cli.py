@@ -56,9 +56,9 @@ def test_placement_json_topology_json_and_errors(small_trace, tmp_path):
     from sempar.trace import read_trace
 
     tr = read_trace(small_trace)
-    solve("round-robin", tr, 4).save(tmp_path / "p4.json")
+    solve("round-robin", tr, num_devices=4).save(tmp_path / "p4.json")
     topology_preset("pcie-upi8").save(tmp_path / "topo.json")
-    solve("round-robin", tr, 8, 2).save(tmp_path / "p8.json")
+    solve("round-robin", tr, num_devices=8, num_nodes=2).save(tmp_path / "p8.json")
     r = sempar("simulate", "--trace", str(small_trace), "--placement", str(tmp_path / "p8.json"),
                "--pipeline", "attn-dp", "--topology", str(tmp_path / "topo.json"), "--json",
                cwd=tmp_path)

@@ -170,7 +170,7 @@ def v2_lite_placement():
     from sempar.placement import solve
     from sempar.trace.synth import synthesize
 
-    return solve("eplb", synthesize("deepseek-v2-lite", 1500, seed=2), 8, redundant=8)
+    return solve("eplb", synthesize("deepseek-v2-lite", 1500, seed=2), num_devices=8, redundant=8)
 
 
 def test_the_check_fails_on_rows_numbered_0_to_L_minus_1(sglang, tmp_path, v2_lite_placement):

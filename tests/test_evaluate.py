@@ -10,9 +10,12 @@ import sys
 import numpy as np
 import pytest
 
-from sempar.placement import Placement, solve
-from sempar.schedule.evaluate import evaluate
+from conftest import build_trace
+from sempar.errors import InputError
+from sempar.placement import SOLVERS, Placement, solve
+from sempar.schedule.evaluate import evaluate, evaluate_modes
 from sempar.placement.nodes import device_affinity, group_devices, relabel_devices
+from sempar.placement.placement import RequestClusters
 from sempar.schedule.transfer import cross_dataset_matrix
 from sempar.predict.token_table import TokenTable
 from sempar.trace import split_by_request, write_trace
@@ -39,18 +42,19 @@ def test_group_devices_finds_planted_nodes() -> None:
 
 def test_relabel_moves_slots_table_and_requests() -> None:
     p = Placement(np.array([[0, 1, 2, 3]]), 4, 2, np.array([0, 1]), "x",
-                  info={"token_table": TokenTable(np.array([5]), np.array([[1]]), np.array([[0.5]])),
-                        "request_cluster": {"request_id": [7], "device": [0]}})
+                  token_table=TokenTable(np.array([5]), np.array([[1]]), np.array([[0.5]])),
+                  request_cluster=RequestClusters([7], [0]))
     q = relabel_devices(p, np.array([1, 0])).validate()
     assert q.phy2log.tolist() == [[2, 3, 0, 1]]
     assert q.token_table.device.tolist() == [[0]]
-    assert q.info["request_cluster"]["device"] == [1]
+    assert q.request_cluster.device.tolist() == [1]
+    assert q.request_cluster.request_id.tolist() == [7]
 
 
 def test_node_grouping_raises_node_local_rate(trace) -> None:
     fit, ev = split_by_request(trace, seed=0)
-    one = solve("semmoe", fit, 8, 1)
-    two = solve("semmoe", fit, 8, 2)
+    one = solve("semmoe", fit, num_devices=8, num_nodes=1)
+    two = solve("semmoe", fit, num_devices=8, num_nodes=2)
     assert "device_relabel" in two.info and "device_relabel" not in one.info
     W = device_affinity(one, fit.experts)
     inside = lambda p, perm: sum(W[a, b] for a in range(8) for b in range(8)  # noqa: E731
@@ -98,3 +102,17 @@ def test_evaluate_json_contract_and_skips(tmp_path, trace) -> None:
         assert 0 < m["node_local_rate"] <= 1 and m["node_local_rate"] >= m["lar_mean"]
     r = run("evaluate", "--fit", "t.parquet", "--split", "--ep", "4", "--methods", "nope")
     assert r.returncode == 2 and "nope" in r.stderr
+
+
+def test_all_methods_skip_what_they_do_not_declare() -> None:
+    fit, ev = split_by_request(build_trace(), seed=0)
+    out = evaluate_modes(fit, ev, 4, redundant=4)
+    no_replicas = {n for n in SOLVERS.names() if not SOLVERS.get(n).replicas}
+    assert no_replicas and {"sempar", "eplb"} <= set(SOLVERS.names()) - no_replicas
+    for mode in ("tp", "dp"):
+        assert set(out[mode]["skipped"]) == no_replicas
+        assert set(out[mode]["methods"]) == set(SOLVERS.names()) - no_replicas
+        assert out[mode]["skipped"]["semmoe"] == \
+            "--redundant 4: semmoe places every expert once (no replicas)"
+    with pytest.raises(InputError, match="semmoe places every expert once"):
+        evaluate_modes(fit, ev, 4, methods=["semmoe"], redundant=4)

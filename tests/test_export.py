@@ -16,7 +16,7 @@ from sempar.trace.synth import synthesize
 @pytest.fixture(scope="module")
 def placement():
     t = synthesize("deepseek-v2-lite", 2000, seed=3)
-    return solve("eplb", t, 8, redundant=8)
+    return solve("eplb", t, num_devices=8, redundant=8)
 
 
 def test_placement_carries_the_model_layout(placement):
@@ -72,11 +72,11 @@ def test_refuses_names_the_engine_misreads(placement, engine, name, tmp_path):
 def test_refuses_models_the_engine_cannot_place(tmp_path):
     from sempar.errors import InputError
 
-    p = solve("vanilla", synthesize("mixtral-8x7b", 300, seed=0), 4)
+    p = solve("vanilla", synthesize("mixtral-8x7b", 300, seed=0), num_devices=4)
     with pytest.raises(InputError, match="sglang cannot place the experts of mixtral"):
         engines.write_engine_file(p, "sglang", tmp_path / "m.json")
     assert engines.write_engine_file(p, "vllm", tmp_path / "m.json").path.exists()
-    p = solve("vanilla", synthesize("olmoe-1b-7b", 300, seed=0), 4)
+    p = solve("vanilla", synthesize("olmoe-1b-7b", 300, seed=0), num_devices=4)
     with pytest.raises(InputError, match="vllm cannot place the experts of olmoe"):
         engines.write_engine_file(p, "vllm", tmp_path / "o.json")
     assert not (tmp_path / "o.json").exists()

@@ -252,7 +252,7 @@ def test_evaluate_with_ids_fit_and_id_less_eval(tmp_path, capsys):
     ev = without_token_ids(fit)
     res = evaluate(fit, ev, 2, methods=None, mode="dp")
     assert "semmoe" in res["skipped"] and "semmoe" not in res["methods"]
-    placement = solve("semmoe", fit, 2)
+    placement = solve("semmoe", fit, num_devices=2)
     with pytest.raises(InputError, match="semmoe's token table needs token ids"):
         method_home(placement, ev, "tp")
 

@@ -22,7 +22,7 @@ from sempar.trace.synth import synthesize
 def data():
     t = synthesize("olmoe-1b-7b", 16000, requests=80, seed=7)
     fit, ev = split_by_request(t, seed=0)
-    return t, fit, ev, solve("semmoe", fit, 4)
+    return t, fit, ev, solve("semmoe", fit, num_devices=4)
 
 
 def test_tp_homes_are_equal_chunks_and_beat_position_split(data) -> None:

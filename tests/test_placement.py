@@ -20,20 +20,20 @@ def test_registry_lists_the_simple_methods():
 
 
 def test_vanilla_is_contiguous(trace):
-    p = solve("vanilla", trace, 4)
+    p = solve("vanilla", trace, num_devices=4)
     assert p.slots_per_device == 16 and p.num_layers == 16
     assert np.array_equal(p.slots(3)[1], np.arange(16, 32))
     assert p.hosts()[0, 2, 40] and not p.hosts()[0, 1, 40]
 
 
 def test_round_robin(trace):
-    p = solve("round-robin", trace, 8)
+    p = solve("round-robin", trace, num_devices=8)
     assert np.array_equal(p.slots(0)[3], np.arange(3, 64, 8))
 
 
 @pytest.mark.parametrize("method", ["vanilla", "round-robin"])
 def test_replicas_and_log2phy_agree(trace, method):
-    p = solve(method, trace, 8, num_nodes=2, redundant=8)
+    p = solve(method, trace, num_devices=8, num_nodes=2, redundant=8)
     assert p.num_slots == 72 and p.redundant == 8 and p.num_nodes == 2
     cnt, l2p = p.logcnt(), p.log2phy()
     assert cnt.sum(axis=1).tolist() == [72] * 16 and cnt.min() >= 1
@@ -44,7 +44,7 @@ def test_replicas_and_log2phy_agree(trace, method):
 
 
 def test_json_round_trip(trace, tmp_path):
-    p = solve("round-robin", trace, 4, redundant=4)
+    p = solve("round-robin", trace, num_devices=4, redundant=4)
     p.save(tmp_path / "p.json")
     q = Placement.load(tmp_path / "p.json")
     assert np.array_equal(p.phy2log, q.phy2log) and q.method == "round-robin"
@@ -74,7 +74,7 @@ def test_bad_problem(trace, kwargs, msg):
 
 def test_unknown_method(trace):
     with pytest.raises(InputError, match="round-robin"):
-        solve("magic", trace, 4)
+        solve("magic", trace, num_devices=4)
 
 
 def _device_load(p, load):
@@ -92,8 +92,8 @@ def test_eplb_balances_a_skewed_load(trace):
     from sempar.placement.base import PlacementProblem
 
     load = PlacementProblem(trace, 8).expert_load().astype(float)
-    van = _device_load(solve("vanilla", trace, 8), load)
-    ep = _device_load(solve("eplb", trace, 8, redundant=8), load)
+    van = _device_load(solve("vanilla", trace, num_devices=8), load)
+    ep = _device_load(solve("eplb", trace, num_devices=8, redundant=8), load)
     imb = lambda d: (d.max(axis=1) / d.mean(axis=1)).mean()  # noqa: E731
     assert imb(ep) < imb(van) and imb(ep) < 1.10
 

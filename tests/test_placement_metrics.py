@@ -91,8 +91,8 @@ def test_semmoe_beats_vanilla_on_real_routing(moe64_split):
     from sempar.schedule.homes import home_tp_contiguous, home_tp_table
 
     fit, ev = moe64_split
-    sem = solve("semmoe", fit, 4)
-    van = solve("vanilla", fit, 4)
+    sem = solve("semmoe", fit, num_devices=4)
+    van = solve("vanilla", fit, num_devices=4)
     L = ev.meta.num_layers
     f_sem = placement_figures(sem, ev.experts, home_tp_table(ev.token_id, sem.token_table, 4))
     f_van = placement_figures(van, ev.experts, home_tp_contiguous(ev.num_tokens, 4, L))

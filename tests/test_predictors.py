@@ -226,7 +226,7 @@ def test_token_device_agrees_with_semmoe_table():
 
     trace = read_trace(assets_dir() / "traces" / "tiny-moe64.parquet")
     fit, _ = split_by_request(trace, 0.2, seed=0)
-    p = solve("semmoe", fit, 4)
+    p = solve("semmoe", fit, num_devices=4)
     own = p.token_table
     td = TokenDevice().fit(fit, p)
     assert (td.table_.token_id == own.token_id).all()

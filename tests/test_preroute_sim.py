@@ -26,7 +26,7 @@ def part(moe64_split):
 def test_smoe_exact_adds_the_logit_all_reduce_and_reaches_the_oracle(part) -> None:
     fit, ev = part
     G, L, N = 8, ev.meta.num_layers, ev.meta.num_experts
-    p = solve("vanilla", fit, G)
+    p = solve("vanilla", fit, num_devices=G)
     topo = topology_preset("pcie-upi8")
     homes = Homes(p, ev, fit, "online")
     opts = SimOptions(hidden=128, dtype_bytes=2)
@@ -51,7 +51,7 @@ def test_smoe_exact_adds_the_logit_all_reduce_and_reaches_the_oracle(part) -> No
 @pytest.mark.parametrize("ep", [4, 8])
 def test_exact_source_equals_capacity_oracle(part, ep) -> None:
     fit, ev = part
-    p = solve("vanilla", fit, ep)
+    p = solve("vanilla", fit, num_devices=ep)
     f = exact_figures(p, ev, "tp")
     oracle = placement_figures(p, ev.experts, oracle_home(p, ev.experts))["lar_mean"]
     assert abs(f["exact_lar_mean"] - oracle) <= 0.005
@@ -65,7 +65,7 @@ def test_expected_hits_beats_alg3_and_keeps_equal_chunks(part) -> None:
     from sempar.schedule.online import OnlineScheduler, model_embedding
 
     fit, ev = part
-    p = solve("semmoe", fit, 8)
+    p = solve("semmoe", fit, num_devices=8)
     s = OnlineScheduler(oov=model_embedding(ev.meta.model)).fit(fit, p)
     hits = s.home_tp_hits(ev)
     for lo in range(0, ev.num_tokens, 2048):

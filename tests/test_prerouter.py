@@ -102,7 +102,7 @@ def test_biased_families_report_agreement(kind: str, capsys) -> None:
 def test_capacity_home_is_the_oracle_rule(moe64_split) -> None:
     fit, ev = moe64_split
     for ep in (4, 8):
-        p = solve("vanilla", fit, ep)
+        p = solve("vanilla", fit, num_devices=ep)
         want = oracle_home(p, ev.experts)
         got = exact_homes(torch.as_tensor(ev.experts.astype(np.int64)),
                           torch.as_tensor(p.hosts()), 2048).numpy()

@@ -50,7 +50,7 @@ def _fit_token_load(p, fit):
 def test_two_obvious_coclusters_are_found():
     fit, ev = split_by_request(_two_cluster_trace(per_req=100), seed=0)
     assert set(ev.token_id.tolist()) <= set(fit.token_id.tolist())
-    p = solve("smoe-cem", fit, 2)
+    p = solve("smoe-cem", fit, num_devices=2)
     for l in range(p.num_layers):
         dev0 = set(p.slots(l)[0].tolist())
         assert dev0 in ({0, 1, 2, 3}, {4, 5, 6, 7})
@@ -65,7 +65,7 @@ def test_two_obvious_coclusters_are_found():
 
 def test_best_objective_is_monotone_and_improves():
     fit, _ = split_by_request(_two_cluster_trace(), seed=0)
-    p = solve("smoe-cem", fit, 2)
+    p = solve("smoe-cem", fit, num_devices=2)
     info = p.info["cem"]
     assert info["beta"] == 1.1 and info["rho"] == 0.2
     for h in info["layers"]:
@@ -84,7 +84,7 @@ def test_equal_experts_per_device_and_token_capacity():
     # 80% of the tokens are group-A tokens: without the beta capacity mask they would all sit on
     # one device; with it a device takes at most beta * total / G (+ one token's frequency).
     fit, _ = split_by_request(_two_cluster_trace(hot=0.8), seed=0)
-    p = solve("smoe-cem", fit, 2)
+    p = solve("smoe-cem", fit, num_devices=2)
     for l in range(p.num_layers):
         assert np.bincount(np.repeat(np.arange(2), p.slots_per_device)).tolist() == [4, 4]
         assert sorted(p.phy2log[l].tolist()) == list(range(8))
@@ -113,18 +113,18 @@ def test_sample_labels_respects_masks():
 
 def test_deterministic_for_a_seed_and_refuses_replicas():
     fit, _ = split_by_request(_two_cluster_trace(hot=0.7, seed=3), seed=0)
-    a, b = solve("smoe-cem", fit, 2, seed=5), solve("smoe-cem", fit, 2, seed=5)
+    a, b = (solve("smoe-cem", fit, num_devices=2, seed=5) for _ in range(2))
     assert np.array_equal(a.phy2log, b.phy2log)
     assert (a.token_table.to_json() == b.token_table.to_json())
     assert a.info["cem"]["layers"] == b.info["cem"]["layers"]
     with pytest.raises(InputError, match="redundant"):
-        solve("smoe-cem", fit, 2, redundant=2)
+        solve("smoe-cem", fit, num_devices=2, redundant=2)
 
 
 def test_beats_vanilla_on_the_dev_trace(moe64_split):
     """tiny-moe64 dev trace, fit 20% / held-out 80%, EP 4, tp mode (vanilla: 0.25)."""
     fit, ev = moe64_split
-    p = solve("smoe-cem", fit, 4)
+    p = solve("smoe-cem", fit, num_devices=4)
     f = placement_figures(p, ev.experts, home_tp_table(ev.token_id, p.token_table, 4))
     assert f["lar_mean"] > 0.30                # measured 0.320 (index order, 40 x 64 samples)
     assert 1.0 <= f["imbalance_max_mean"] < 2.0

@@ -44,7 +44,7 @@ def test_registered():
 @pytest.mark.parametrize("method", METHODS)
 def test_two_obvious_clusters(method):
     fit, ev = two_cluster_trace(4000, seed=0), two_cluster_trace(4000, seed=1)
-    p = solve(method, fit, 2)
+    p = solve(method, fit, num_devices=2)
     for l in range(2):
         groups = {frozenset(s.tolist()) for s in p.slots(l)}
         assert groups == {frozenset(range(4)), frozenset(range(4, 8))}
@@ -63,7 +63,7 @@ def test_two_obvious_clusters(method):
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("G", [4, 8])
 def test_valid_balanced_on_synthetic(synth, method, G):
-    p = solve(method, synth, G)                               # solve() validates
+    p = solve(method, synth, num_devices=G)                               # solve() validates
     assert p.num_slots == 64 and p.redundant == 0
     for l in range(p.num_layers):
         assert sorted(p.phy2log[l].tolist()) == list(range(64))
@@ -78,7 +78,7 @@ def test_valid_balanced_on_synthetic(synth, method, G):
 @pytest.mark.parametrize("method", METHODS)
 def test_deterministic_for_a_seed(method):
     t = synthesize("olmoe-1b-7b", 3000, seed=3)
-    a, b = solve(method, t, 4, seed=7), solve(method, t, 4, seed=7)
+    a, b = solve(method, t, num_devices=4, seed=7), solve(method, t, num_devices=4, seed=7)
     assert np.array_equal(a.phy2log, b.phy2log)
     assert (a.token_table.to_json() == b.token_table.to_json())
 
@@ -86,7 +86,7 @@ def test_deterministic_for_a_seed(method):
 @pytest.mark.parametrize("method", METHODS)
 def test_refuses_replicas(method):
     with pytest.raises(InputError, match="redundant"):
-        solve(method, two_cluster_trace(500, 0), 2, redundant=2)
+        solve(method, two_cluster_trace(500, 0), num_devices=2, redundant=2)
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +100,8 @@ def test_beats_vanilla_on_tiny_moe64(tiny_split, method, floor):
 
     Measured LAR: metis 0.367, kmeans2d 0.345, vanilla 0.250."""
     fit, ev = tiny_split
-    p = solve(method, fit, 4)
-    van = solve("vanilla", fit, 4)
+    p = solve(method, fit, num_devices=4)
+    van = solve("vanilla", fit, num_devices=4)
     f = placement_figures(p, ev.experts, home_tp_table(ev.token_id, p.token_table, 4))
     f_van = placement_figures(van, ev.experts,
                               home_tp_contiguous(ev.num_tokens, 4, ev.meta.num_layers))

@@ -57,8 +57,8 @@ def test_exflow_follows_the_shift(window):
     assert locality(p, t) == 1.0 and p.info["inter_layer_locality"] == 1.0
     assert [np.bincount(g[l], minlength=2).tolist() for l in range(2)] == [[4, 4], [4, 4]]
     assert p.info["status"] == "optimal" and p.info["mip_gap_max"] == pytest.approx(0.0, abs=1e-6)
-    assert solve("vanilla", t, 2).phy2log.shape == p.phy2log.shape
-    assert locality(solve("vanilla", t, 2), t) < 1.0      # the vanilla split does not
+    assert solve("vanilla", t, num_devices=2).phy2log.shape == p.phy2log.shape
+    assert locality(solve("vanilla", t, num_devices=2), t) < 1.0      # the vanilla split does not
 
 
 def test_exflow_staged_nodes_and_batches():
@@ -85,7 +85,7 @@ def test_time_limit_path_returns_a_valid_placement():
 
 def test_moetuner_balances_and_keeps_affinity():
     t = synthesize("olmoe-1b-7b", 20000, seed=1)
-    van = solve("vanilla", t, 4)
+    van = solve("vanilla", t, num_devices=4)
     mt = ilp.moetuner(PlacementProblem(t, 4), time_limit=6.0)
     mt.validate()
     assert max_gpu_load(mt, t).mean() <= max_gpu_load(van, t).mean()
@@ -97,4 +97,4 @@ def test_moetuner_balances_and_keeps_affinity():
 @pytest.mark.parametrize("method", ["exflow", "moetuner"])
 def test_refuses_replicas(method):
     with pytest.raises(InputError, match="replicas"):
-        solve(method, shifted_trace(), 2, redundant=2)
+        solve(method, shifted_trace(), num_devices=2, redundant=2)

@@ -36,8 +36,10 @@ def test_rejects_unsorted_and_misshaped() -> None:
 
 def test_round_trip_through_placement_json() -> None:
     p = Placement(np.array([[0, 1, 2, 3], [3, 2, 1, 0]]), 4, 2, np.zeros(2, int), "x",
-                  info={"token_table": table()})
-    q = Placement.from_json(p.to_json())
+                  token_table=table())
+    d = p.to_json()
+    assert "token_table" in d["info"]          # on disk inside "info", where files have it
+    q = Placement.from_json(d)
     t = q.token_table
     assert isinstance(t, TokenTable)
     assert t.token_id.tolist() == [3, 7, 10]

@@ -167,7 +167,7 @@ def _predictions(path: Path) -> list:
     from sempar.trace import split_by_request
 
     fit, ev = split_by_request(read_trace(path), 0.5, seed=0)
-    p = solve("eplb", fit, 8, 1)
+    p = solve("eplb", fit, num_devices=8, num_nodes=1)
     ec = ExpertConfidence().fit(fit)
     vocab = np.arange(fit.meta.vocab_size)          # unseen tokens too: padded with -1
     td, ng = TokenDevice().fit(fit, p), DeviceNgram().fit(fit, p)

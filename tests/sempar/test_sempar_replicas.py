@@ -25,7 +25,7 @@ def test_served_loads_are_the_evaluators():
     trace, _, _ = planted(T=20_000)
     fit, _ = split_by_request(trace, seed=0)
     for nodes in (1, 2):
-        p = solve("sempar", fit, G, nodes, redundant=G)
+        p = solve("sempar", fit, num_devices=G, num_nodes=nodes, redundant=G)
         home = home_tp_contiguous(fit.num_tokens, G, L)
         want = placement_figures(p, fit.experts, home)["load"]
         hosts = p.hosts()
@@ -85,7 +85,7 @@ def test_balance_pass_lowers_the_robust_peak_and_keeps_the_slots():
 def test_dp_replicas_put_the_hottest_expert_on_every_device():
     trace, _, _ = planted(T=20_000, by_request=True)
     fit, _ = split_by_request(trace, seed=0)
-    p = solve("sempar", fit, G, mode="dp", redundant=G)
+    p = solve("sempar", fit, num_devices=G, mode="dp", redundant=G)
     hosts = p.hosts()                                                   # [L, G, N]
     assert p.slots_per_device == N // G + 1
     for l in range(L):
@@ -108,7 +108,7 @@ def test_tp_hot_fallback_where_balance_is_out_of_reach():
 
     def fit_imbalance(p):
         return placement_figures(p, fit.experts, method_home(p, fit, "tp"))["imbalance_max_mean"]
-    with_ = solve("sempar", fit, ep, redundant=ep)
+    with_ = solve("sempar", fit, num_devices=ep, redundant=ep)
     without = sempar_solve(PlacementProblem(fit, ep, redundant=ep),
                            SemparConfig(tp_hot_fallback=False))
     assert fit_imbalance(with_) < fit_imbalance(without) - 0.05

@@ -56,14 +56,14 @@ def test_rows_objective_recovers_row_clusters(case):
     fit, ev, planted = case
     best = exact(planted, ev)["lar_mean"]
     # a loose cap: the robust load model charges the planted groups' request-level spread
-    rows = solve("sempar", fit, G, objective="rows", max_imbalance=1.2)
-    tokens = solve("sempar", fit, G, objective="tokens", max_imbalance=1.2)
+    rows = solve("sempar", fit, num_devices=G, objective="rows", max_imbalance=1.2)
+    tokens = solve("sempar", fit, num_devices=G, objective="tokens", max_imbalance=1.2)
     f_rows, f_tok = exact(rows, ev), exact(tokens, ev)
     assert rows.info["objective"] == "rows" and tokens.info["objective"] == "tokens"
     assert f_rows["lar_mean"] >= 0.97 * best
     assert f_rows["lar_mean"] >= f_tok["lar_mean"] + 0.1       # token ids carry nothing here
     assert f_rows["imbalance_max_mean"] <= 1.2
-    again = solve("sempar", fit, G, objective="rows", max_imbalance=1.2)
+    again = solve("sempar", fit, num_devices=G, objective="rows", max_imbalance=1.2)
     assert np.array_equal(again.phy2log, rows.phy2log)
     # the token table is rebuilt for the real ids, not left per fit row
     assert rows.token_table is not None and rows.token_table.token_id.size <= 4
@@ -71,8 +71,8 @@ def test_rows_objective_recovers_row_clusters(case):
 
 def test_rows_replicas_add_local_activations_under_the_cap(case):
     fit, ev, _ = case
-    base = solve("sempar", fit, G, objective="rows")
-    rep = solve("sempar", fit, G, objective="rows", redundant=G)
+    base = solve("sempar", fit, num_devices=G, objective="rows")
+    rep = solve("sempar", fit, num_devices=G, objective="rows", redundant=G)
     assert rep.slots_per_device == N // G + 1
     f0, f1 = exact(base, fit), exact(rep, fit)
     assert f1["lar_mean"] >= f0["lar_mean"]
@@ -112,7 +112,7 @@ def test_row_trace_gives_each_row_its_own_token(case):
 def test_unknown_objective_is_refused(case):
     fit, _, _ = case
     with pytest.raises(InputError, match="--objective"):
-        solve("sempar", fit, G, objective="words")
+        solve("sempar", fit, num_devices=G, objective="words")
 
 
 def test_without_token_ids_auto_solves_rows_and_tokens_is_refused(case):
@@ -120,8 +120,8 @@ def test_without_token_ids_auto_solves_rows_and_tokens_is_refused(case):
 
     fit, ev, _ = case
     bare = without_token_ids(fit)
-    p = solve("sempar", bare, G, max_imbalance=1.2)
+    p = solve("sempar", bare, num_devices=G, max_imbalance=1.2)
     assert p.info["objective"] == "rows" and p.token_table is None
-    assert exact(p, ev)["lar_mean"] >= exact(solve("vanilla", bare, G), ev)["lar_mean"] + 0.2
+    assert exact(p, ev)["lar_mean"] >= exact(solve("vanilla", bare, num_devices=G), ev)["lar_mean"] + 0.2
     with pytest.raises(InputError, match="token ids"):
-        solve("sempar", bare, G, objective="tokens")
+        solve("sempar", bare, num_devices=G, objective="tokens")

@@ -22,7 +22,7 @@ SPARSE = SemparConfig(large_trace=True, sparse_step=True)       # ... with the s
 
 
 def large(trace, G: int, config: SemparConfig = LARGE, **problem):
-    """`solve("sempar", trace, G, **problem)` under `config`."""
+    """`solve("sempar", trace, num_devices=G, **problem)` under `config`."""
     return sempar_solve(PlacementProblem(trace, G, **problem), config)
 
 
@@ -42,7 +42,7 @@ def test_size_rule():
 
 def test_default_path_below_the_rule():
     trace, _, _ = planted(T=20_000)
-    assert solve("sempar", trace, G).info["large_trace_path"] is False
+    assert solve("sempar", trace, num_devices=G).info["large_trace_path"] is False
 
 
 def test_mid_size_synthetic():
@@ -52,7 +52,7 @@ def test_mid_size_synthetic():
     assert p.info["large_trace_path"] is True
     assert p.token_table.num_layers == trace.meta.num_layers
     got = figures_for(p, ev, "tp")
-    van = figures_for(solve("vanilla", fit, 8, num_nodes=2), ev, "tp")
+    van = figures_for(solve("vanilla", fit, num_devices=8, num_nodes=2), ev, "tp")
     print(f"\nlarge path, olmoe 60k EP 8 (2 nodes): LAR {got['lar_mean']:.3f} at imbalance "
           f"{got['imbalance_max_mean']:.3f}; vanilla {van['lar_mean']:.3f}")
     assert got["lar_mean"] > van["lar_mean"] + 0.05

@@ -66,7 +66,7 @@ def planted_placement(trace: RoutingTrace, ecl: np.ndarray, tok_cluster: np.ndar
     tokens = np.arange(tok_cluster.size)
     table = TokenTable(tokens, np.tile(tok_cluster, (L, 1)).astype(np.int16),
                        np.ones((L, tokens.size), np.float32))
-    return Placement(phy2log, N, G, method="planted", info={"token_table": table}).validate()
+    return Placement(phy2log, N, G, method="planted", token_table=table).validate()
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,8 @@ def planted_split():
 def test_planted_optimum_recovered(planted_split):
     fit, ev, best = planted_split
     ref = figures_for(best, ev, "tp")["lar_mean"]
-    got = {m: figures_for(solve(m, fit, G), ev, "tp") for m in ("sempar", "semmoe", "metis")}
+    got = {m: figures_for(solve(m, fit, num_devices=G), ev, "tp")
+           for m in ("sempar", "semmoe", "metis")}
     print(f"\nplanted optimum LAR {ref:.3f}; " + ", ".join(
         f"{m} {f['lar_mean']:.3f} ({f['lar_mean'] / ref:.1%}, imbalance "
         f"{f['imbalance_max_mean']:.3f})" for m, f in got.items()))
@@ -96,7 +97,7 @@ def test_planted_dp_optimum_recovered():
     # about 1.25 load imbalance on fit (1.04 held out), so the cap is set where it is feasible
     fit_imb = placement_figures(best, fit.experts, home_tp_contiguous(fit.num_tokens, G, L))["load"]
     cap = float((fit_imb.max(axis=1) / fit_imb.mean(axis=1)).max()) + 0.15
-    got = {m: figures_for(solve(m, fit, G, mode="dp", max_imbalance=cap), ev, "dp")
+    got = {m: figures_for(solve(m, fit, num_devices=G, mode="dp", max_imbalance=cap), ev, "dp")
            for m in ("sempar", "semmoe", "metis")}
     print(f"\nplanted dp optimum LAR {ref:.3f}; " + ", ".join(
         f"{m} {f['lar_mean']:.3f} ({f['lar_mean'] / ref:.1%})" for m, f in got.items()))
@@ -105,48 +106,48 @@ def test_planted_dp_optimum_recovered():
 
 def test_planted_dp_and_replicas(planted_split):
     fit, ev, best = planted_split
-    dp = solve("sempar", fit, G, mode="dp")
-    assert dp.info["mode"] == "dp" and len(dp.info["request_cluster"]["device"]) == fit.num_requests
-    rep = solve("sempar", fit, G, redundant=G)
+    dp = solve("sempar", fit, num_devices=G, mode="dp")
+    assert dp.info["mode"] == "dp" and len(dp.request_cluster.device) == fit.num_requests
+    rep = solve("sempar", fit, num_devices=G, redundant=G)
     assert rep.slots_per_device == N // G + 1 and rep.redundant == G
-    plain = solve("sempar", fit, G)
+    plain = solve("sempar", fit, num_devices=G)
     assert figures_for(rep, ev, "tp")["lar_mean"] >= figures_for(plain, ev, "tp")["lar_mean"]
 
 
 def test_balance_cap_holds_on_fit(planted_split):
     fit, _, _ = planted_split
     for cap in (1.02, 1.10):
-        p = solve("sempar", fit, G, max_imbalance=cap)
+        p = solve("sempar", fit, num_devices=G, max_imbalance=cap)
         load = placement_figures(p, fit.experts, home_tp_contiguous(fit.num_tokens, G, L))["load"]
         assert (load.max(axis=1) / load.mean(axis=1)).max() <= cap + 1e-9
 
 
 def test_deterministic(planted_split):
     fit, _, _ = planted_split
-    a, b = solve("sempar", fit, G, seed=3), solve("sempar", fit, G, seed=3)
+    a, b = solve("sempar", fit, num_devices=G, seed=3), solve("sempar", fit, num_devices=G, seed=3)
     assert np.array_equal(a.phy2log, b.phy2log)
     assert np.array_equal(a.token_table.device, b.token_table.device)
 
 
 def test_preserve_groups():
     trace, ecl, tcl = planted(groups=2, T=20_000)
-    p = solve("sempar", trace, G, preserve_groups=True)
+    p = solve("sempar", trace, num_devices=G, preserve_groups=True)
     assert crosses_groups(p, 2) is None and p.info["preserve_groups"]
-    assert crosses_groups(solve("sempar", trace, G), 2) is not None      # free: it does cross
-    solve("vanilla", trace, G, preserve_groups=True)
+    assert crosses_groups(solve("sempar", trace, num_devices=G), 2) is not None  # free: crosses
+    solve("vanilla", trace, num_devices=G, preserve_groups=True)
     for method in ("metis", "semmoe", "eplb"):
         with pytest.raises(InputError, match="--preserve-groups is not supported"):
-            solve(method, trace, G, preserve_groups=True)
+            solve(method, trace, num_devices=G, preserve_groups=True)
     with pytest.raises(InputError, match="--redundant"):
-        solve("sempar", trace, G, redundant=G, preserve_groups=True)
+        solve("sempar", trace, num_devices=G, redundant=G, preserve_groups=True)
 
 
 def test_bad_arguments(planted_split):
     fit, _, _ = planted_split
     with pytest.raises(InputError, match="--max-imbalance"):
-        solve("sempar", fit, G, max_imbalance=0.9)
+        solve("sempar", fit, num_devices=G, max_imbalance=0.9)
     with pytest.raises(InputError, match="--mode"):
-        solve("sempar", fit, G, mode="ep")
+        solve("sempar", fit, num_devices=G, mode="ep")
 
 
 def test_evaluate_solves_per_mode_and_reports_ceilings(planted_split):
@@ -172,7 +173,7 @@ def test_sempar_solve_default_config_is_solving_by_name(planted_split):
 
     fit, _, _ = planted_split
     problem = PlacementProblem(fit, G, num_nodes=2, seed=1)
-    by_name = solve("sempar", fit, G, num_nodes=2, seed=1)
+    by_name = solve("sempar", fit, num_devices=G, num_nodes=2, seed=1)
     for config in (None, SemparConfig(), SemparConfig.for_problem(problem)):
         got = sempar_solve(problem, config)
         assert np.array_equal(got.phy2log, by_name.phy2log)
@@ -192,6 +193,6 @@ def test_dp_token_table_from_requests():
     p = sempar_solve(PlacementProblem(fit, G, mode="dp"), SemparConfig(dp_token_table="requests"))
     dev = p.token_table.device
     assert (dev == dev[0]).all()
-    assert not (solve("sempar", fit, G, mode="dp").token_table.device == dev[0]).all()
+    assert not (solve("sempar", fit, num_devices=G, mode="dp").token_table.device == dev[0]).all()
     with pytest.raises(InputError, match="dp_token_table"):
         SemparConfig(dp_token_table="tokens")

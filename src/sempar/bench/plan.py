@@ -100,7 +100,7 @@ def plan_specs(G: int, batches: list[torch.Tensor], methods: list[str], model: s
         solver = METHODS.get(m).placement
         if solver not in placements:
             say(f"placement {solver} at G={G}")
-            placements[solver] = solve(solver, fit, G)
+            placements[solver] = solve(solver, fit, num_devices=G)
         if METHODS.get(m).scheduling in ("alg2", "online") and solver not in scheds:
             say(f"online schedulers for {solver}")
             scheds[solver] = OnlineScheduler(oov=model_embedding(model)).fit(fit,

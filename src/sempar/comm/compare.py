@@ -53,7 +53,8 @@ class Study:
             else:
                 from sempar.placement.base import solve
 
-                pl = solve(spec, self.fit, topo.num_devices, topo.num_nodes, seed=self.seed)
+                pl = solve(spec, self.fit, num_devices=topo.num_devices,
+                           num_nodes=topo.num_nodes, seed=self.seed)
             if pl.num_devices != topo.num_devices:
                 raise InputError(f"placement {spec}: {pl.num_devices} devices, topology "
                                  f"{topo.name}: {topo.num_devices}")

@@ -42,9 +42,10 @@ def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)")
     from sempar.trace import read_trace
 
     check_output(out_file, trace)
-    p = solve(method, read_trace(trace, optional=("domain",)), ep, nodes, redundant, seed, mode,
-              max_imbalance, preserve_groups, jobs, objective,
-              held_out_imbalance)
+    p = solve(method, read_trace(trace, optional=("domain",)), num_devices=ep, num_nodes=nodes,
+              redundant=redundant, seed=seed, mode=mode, max_imbalance=max_imbalance,
+              preserve_groups=preserve_groups, jobs=jobs, objective=objective,
+              held_out_imbalance=held_out_imbalance)
     p.save(out_file)
     sys.stderr.write(f"wrote {out_file}: {method}, {p.num_layers} layers, {ep} devices x "
                      f"{p.slots_per_device} slots, {p.num_nodes} node(s)\n")

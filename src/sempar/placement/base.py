@@ -2,24 +2,25 @@
 
 A solver maps routing statistics of a fit trace to a `Placement`:
 
-    solve(trace, num_devices=G, num_nodes=1, redundant=0, seed=0, mode="tp",
+    solve(method, trace, *, num_devices=G, num_nodes=1, redundant=0, seed=0, mode="tp",
           max_imbalance=1.05, preserve_groups=False) -> Placement
 
 `mode` and `max_imbalance` are read by the solvers that use them (`sempar`); the others ignore
 them. `preserve_groups` (DeepSeek-V3 style expert groups, `trace.meta.num_expert_groups`):
 expert e may only sit in a physical slot of its own group's range, group g = experts and slots
-[g N / ng, (g + 1) N / ng), so that a checkpoint can be permuted within groups. A solver
-honours it by setting the attribute `preserves_groups = True`; `solve` refuses the others
-with one line when the model has more than one group, and checks the result.
+[g N / ng, (g + 1) N / ng), so that a checkpoint can be permuted within groups.
+
+Each method lives in its own module and registers itself in `SOLVERS` with its capabilities
+(`SolverSpec`): whether it places replicas, preserves expert groups, solves differently per
+mode, which modes it serves, and whether it needs token ids. `solve` refuses what a solver does
+not declare, with one line, before running it; the CLI, the reports and the benchmarks list the
+same set from `SOLVERS`.
 
 Token ids: a solver whose placement is built from a token -> expert table (it co-clusters
-tokens and experts, and its token table places eval tokens) sets `needs_token_ids` (True, or
-the modes that do: `sempar` in tp); `solve` refuses it on a trace without token ids
+tokens and experts, and its token table places eval tokens) declares `needs_token_ids` (True,
+or the modes that do); `solve` refuses it on a trace without token ids
 (`TraceMeta.has_token_ids`), and drops the token table any other solver built from such a
 trace (one meaningless token), so its homes are the vanilla ones (`info["token_table_dropped"]`).
-
-Each method lives in its own module and registers itself in `SOLVERS`; the CLI, the reports
-and the benchmarks list the same set from it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from typing import Callable, Protocol
 import numpy as np
 
 from sempar.errors import InputError, check_choice
-from sempar.placement.placement import Placement, cross_group_slots, contiguous_nodes
+from sempar.placement.placement import (Placement, RequestClusters, contiguous_nodes,
+                                        cross_group_slots)
 from sempar.predict.token_table import TokenTable
 from sempar.registry import Registry
 from sempar.trace.schema import RoutingTrace, require_token_ids
@@ -71,12 +73,6 @@ class PlacementProblem:
             raise InputError(f"--redundant: {N} experts + {self.redundant} replicas do not split "
                              f"evenly over {G} devices")
         contiguous_nodes(G, self.num_nodes)
-
-    def refuse_replicas(self, solver: str) -> None:
-        """Bad input for a solver that places every expert exactly once, when replicas are asked."""
-        if self.redundant:
-            raise InputError(f"--redundant {self.redundant}: {solver} places every expert once "
-                             "(no replicas)")
 
     @property
     def slots_per_device(self) -> int:
@@ -126,7 +122,8 @@ def token_table_row(stats, l: int, expert_device: np.ndarray, G: int,
 
 def coclustered_placement(p: PlacementProblem, name: str, expert_device: np.ndarray,
                           stats, token_device: np.ndarray | None = None,
-                          info: dict | None = None, rows: list | None = None) -> Placement:
+                          info: dict | None = None, rows: list | None = None,
+                          request_cluster: RequestClusters | None = None) -> Placement:
     """The placement and token table of a co-clustering solver.
 
     expert_device int[L, N]: device of each expert (N/G each); stats: the fit trace's
@@ -136,6 +133,7 @@ def coclustered_placement(p: PlacementProblem, name: str, expert_device: np.ndar
     share of the token's expected activations on its device. Built one layer at a time from the
     counts (ours: the dense [L, U, N] einsum did not fit in memory at DeepSeek-V3's shape), or
     given: rows, each layer's `token_table_row` (a solver that computed them with the layer).
+    request_cluster: the solver's request clusters (dp mode), or None.
     """
     L, N = expert_device.shape
     G = p.num_devices
@@ -146,62 +144,114 @@ def coclustered_placement(p: PlacementProblem, name: str, expert_device: np.ndar
     device = np.stack([r[0] for r in rows])                                   # int16[L, U]
     conf = np.stack([r[1] for r in rows])                                     # float32[L, U]
     phy2log = np.stack([np.argsort(expert_device[l], kind="stable") for l in range(L)])
-    info = dict(info or {})
-    info["token_table"] = TokenTable(stats.tokens, device, conf)
-    return Placement(phy2log, N, G, p.node_of(), name, info=info)
+    return Placement(phy2log, N, G, p.node_of(), name, info=dict(info or {}),
+                     token_table=TokenTable(stats.tokens, device, conf),
+                     request_cluster=request_cluster)
 
 
 class Solver(Protocol):
     def __call__(self, problem: PlacementProblem) -> Placement: ...
 
 
-SOLVERS: Registry[Solver] = Registry("placement method")
+@dataclass(frozen=True)
+class SolverSpec:
+    """A registered solver and its declared capabilities.
+
+    replicas: places `redundant` extra slots by its own rule (else it places each expert once);
+    preserves_groups: honours `preserve_groups`; mode_aware: its placement depends on `mode`
+    (`evaluate` solves it once per mode, the others once for all); modes: the modes it serves.
+    """
+
+    fn: Solver
+    replicas: bool
+    preserves_groups: bool
+    mode_aware: bool
+    modes: tuple[str, ...] = ("tp", "dp")
+    needs_token_ids: bool | tuple[str, ...] = False   # True, or the modes that need them
+
+    def refusal(self, method: str, trace: RoutingTrace, *, redundant: int = 0, mode: str = "tp",
+                preserve_groups: bool = False) -> str | None:
+        """The one-line reason `method` cannot serve this request, else None."""
+        ng = trace.meta.num_expert_groups
+        if redundant and not self.replicas:
+            return f"--redundant {redundant}: {method} places every expert once (no replicas)"
+        if preserve_groups and ng > 1 and not self.preserves_groups:
+            return (f"{method}: --preserve-groups is not supported (it moves experts across "
+                    f"the model's {ng} expert groups); use sempar or vanilla")
+        if mode not in self.modes:
+            return f"--mode {mode}: {method} serves only {', '.join(self.modes)}"
+        return None
 
 
-def needs_token_ids(method: str, mode: str) -> bool:
-    """Whether `method` in `mode` needs token ids (its `needs_token_ids`: bool or modes)."""
-    need = getattr(SOLVERS.get(method), "needs_token_ids", False)
+class SolverRegistry(Registry[SolverSpec]):
+    """`Registry` of `SolverSpec`s; `register` takes the capabilities beside the name and
+    returns the solver function itself, so modules can still call it directly."""
+
+    def register(self, name: str, *, replicas: bool,  # type: ignore[override]
+                 preserves_groups: bool, mode_aware: bool,
+                 modes: tuple[str, ...] = ("tp", "dp"),
+                 needs_token_ids: bool | tuple[str, ...] = False) -> Callable[[Solver], Solver]:
+        def deco(fn: Solver) -> Solver:
+            self.add(name, SolverSpec(fn, replicas, preserves_groups, mode_aware, tuple(modes),
+                                      needs_token_ids))
+            return fn
+
+        return deco
+
+
+SOLVERS = SolverRegistry("placement method")
+
+
+def needs_token_ids(method: str, mode: str, registry: SolverRegistry = SOLVERS) -> bool:
+    """Whether `method` in `mode` needs token ids (its declared `needs_token_ids`)."""
+    need = registry.get(method).needs_token_ids
     return mode in need if isinstance(need, tuple) else bool(need)
 
 
-def check_token_ids(method: str, mode: str, trace: RoutingTrace, hint: bool = True) -> None:
+def check_token_ids(method: str, mode: str, trace: RoutingTrace, hint: bool = True,
+                    registry: SolverRegistry = SOLVERS) -> None:
     """Bad input when `method` in `mode` needs token ids and `trace` has none (`hint`: the
     message lists the methods that do not)."""
-    if needs_token_ids(method, mode):
-        modes = getattr(SOLVERS.get(method), "needs_token_ids")
-        free = [m for m in SOLVERS.names() if m != "oracle" and not needs_token_ids(m, mode)]
+    if needs_token_ids(method, mode, registry):
+        modes = registry.get(method).needs_token_ids
+        free = [m for m in registry.names() if m != "oracle"
+                and not needs_token_ids(m, mode, registry)]
         require_token_ids(trace.meta, f"{method}{f' in {mode} mode' if isinstance(modes, tuple) else ''}",
                           f"; methods without: {', '.join(free)}" if hint else "")
 
 
-def solve(method: str, trace: RoutingTrace, num_devices: int, num_nodes: int = 1,
+def solve(method: str, trace: RoutingTrace, *, num_devices: int, num_nodes: int = 1,
           redundant: int = 0, seed: int = 0, mode: str = "tp", max_imbalance: float = 1.05,
-          preserve_groups: bool = False, jobs: int | None = None,
-          objective: str = "auto", held_out_imbalance: float = 1.10) -> Placement:
+          preserve_groups: bool = False, jobs: int | None = None, objective: str = "auto",
+          held_out_imbalance: float = 1.10, registry: SolverRegistry = SOLVERS) -> Placement:
     """Run the registered `method` and return its validated placement (`jobs`: worker
-    processes for solvers that split their work by layer; None: the usable CPUs)."""
+    processes for solvers that split their work by layer; None: the usable CPUs; `registry`:
+    where `method` is looked up). A request the solver does not declare it can serve
+    (`SolverSpec.refusal`) is refused before it runs."""
     problem = PlacementProblem(trace, num_devices, num_nodes, redundant, seed, mode,
                                max_imbalance, preserve_groups, jobs, objective,
                                held_out_imbalance)
-    return solve_problem(method, problem)
+    return solve_problem(method, problem, registry=registry)
 
 
 def solve_problem(method: str, problem: PlacementProblem,
-                  solver: Callable[[PlacementProblem], Placement] | None = None) -> Placement:
-    """`solve`'s placement of `problem` by `method`: `solver` (None: the registered one; a
-    solver's own entry point passes itself with non-default settings) and then what every
-    placement gets: devices relabelled onto nodes, the method's name, the group check, the
-    model's layout, validation."""
-    registered = SOLVERS.get(method)
-    solver = solver or registered
+                  solver: Callable[[PlacementProblem], Placement] | None = None, *,
+                  registry: SolverRegistry = SOLVERS) -> Placement:
+    """`solve`'s placement of `problem` by `method`: the declared capabilities checked, then
+    `solver` (None: the registered one; a solver's own entry point passes itself with
+    non-default settings), then what every placement gets: devices relabelled onto nodes, the
+    method's name, the group check, the model's layout, validation."""
+    spec = registry.get(method)
     trace, num_nodes, preserve_groups = problem.trace, problem.num_nodes, problem.preserve_groups
+    why = spec.refusal(method, trace, redundant=problem.redundant, mode=problem.mode,
+                       preserve_groups=preserve_groups)
+    if why:
+        raise InputError(why)
+    check_token_ids(method, problem.mode, trace, registry=registry)
     ng = trace.meta.num_expert_groups
-    if preserve_groups and ng > 1 and not getattr(registered, "preserves_groups", False):
-        raise InputError(f"{method}: --preserve-groups is not supported (it moves experts "
-                         f"across the model's {ng} expert groups); use sempar or vanilla")
-    check_token_ids(method, problem.mode, trace)
-    placement = solver(problem)
-    if not trace.meta.has_token_ids and placement.info.pop("token_table", None) is not None:
+    placement = (solver or spec.fn)(problem)
+    if not trace.meta.has_token_ids and placement.token_table is not None:
+        placement.token_table = None
         placement.info["token_table_dropped"] = "the fit trace has no token ids"
     if num_nodes > 1 and placement.token_table is not None and not placement.info.get("node_aware") \
             and not preserve_groups:       # relabelling devices would move experts across groups

@@ -290,7 +290,8 @@ def staged_problems(Cp: np.ndarray, a: np.ndarray, E: int, nodes: int,
     return dev_e, dev_t, hists
 
 
-@SOLVERS.register("smoe-cem")
+@SOLVERS.register("smoe-cem", replicas=False, preserves_groups=False, mode_aware=False,
+                  needs_token_ids=True)   # co-clusters tokens by id (base.py)
 def smoe_cem(p: PlacementProblem, n_iter: int = N_ITER, n_samples: int = N_SAMPLES,
              beta: float = BETA, rho: float = RHO, smoothing: float = SMOOTHING,
              order: str = ORDER, balance: float = BALANCE, max_tokens: int | None = MAX_TOKENS,
@@ -302,7 +303,6 @@ def smoe_cem(p: PlacementProblem, n_iter: int = N_ITER, n_samples: int = N_SAMPL
     always all tokens). hierarchy: "flat" (Alg. 1 as written), "nodes" (`staged_problems`) or
     "auto" (nodes when the problem has 1 < nodes < G and G > `FLAT_MAX_DEVICES`).
     """
-    p.refuse_replicas("smoe-cem")
     if n_iter < 1 or n_samples < 1 or not 0.0 < rho <= 1.0 or beta < 1.0:
         raise InputError(f"smoe-cem: n_iter={n_iter}, n_samples={n_samples}, rho={rho}, "
                          f"beta={beta} (need n_iter, n_samples >= 1, 0 < rho <= 1, beta >= 1)")
@@ -341,4 +341,3 @@ def smoe_cem(p: PlacementProblem, n_iter: int = N_ITER, n_samples: int = N_SAMPL
                 "token_coverage": float(stats.a[rows].sum() / stats.a.sum()),
                 "best_score": [h["best"][-1] for h in hists], "layers": hists}})
 
-smoe_cem.needs_token_ids = True     # co-clusters tokens (by id) and experts (base.py)

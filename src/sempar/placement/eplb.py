@@ -108,7 +108,7 @@ def rebalance_experts(weight: np.ndarray, num_replicas: int, num_groups: int, nu
     return phy2log, log2phy, logcnt
 
 
-@SOLVERS.register("eplb")
+@SOLVERS.register("eplb", replicas=True, preserves_groups=False, mode_aware=False)
 def eplb(p: PlacementProblem) -> Placement:
     """Balance the fit trace's expert load over devices, hierarchically by node when the model's
     expert groups allow (DeepSeek-V3: 8 groups), with `redundant` replicas."""

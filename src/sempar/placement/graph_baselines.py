@@ -11,7 +11,7 @@ Both work per MoE layer on the fit trace's statistics from
 Cp[l, u, e] (so the co-activation count of token u and expert e is c[u, e] = a[u] * k *
 Cp[l, u, e], an integer). One cluster = one device; every
 expert is placed once (no replicas), N/G experts per device. Both return, besides the placement,
-`info["token_table"]` (token -> device per layer, with confidence = the share of the token's
+its `token_table` (token -> device per layer, with confidence = the share of the token's
 expected activations at that layer that land on that device), which tp/dp evaluation uses to
 place tokens.
 
@@ -122,11 +122,11 @@ def metis_layer(counts: np.ndarray, a: np.ndarray, G: int, seed: int):
     return exp_part, tok_part, int(cut), moves
 
 
-@SOLVERS.register("metis")
+@SOLVERS.register("metis", replicas=False, preserves_groups=False, mode_aware=False,
+                  needs_token_ids=True)   # co-clusters tokens by id (base.py)
 def metis(p: PlacementProblem) -> Placement:
     """s-MoE §5.7 METIS baseline: min k-cut of the token-expert co-activation graph per layer,
     then equal expert counts per part (see the module docstring for the choices)."""
-    p.refuse_replicas("metis")
     G = p.num_devices
     stats = AffinityStats(p.trace)
     groups, tdev, cuts, moves = [], [], [], []
@@ -209,11 +209,11 @@ def balanced_token_kmeans(X: np.ndarray, w: np.ndarray, G: int, seed: int) -> np
     return lab
 
 
-@SOLVERS.register("kmeans2d")
+@SOLVERS.register("kmeans2d", replicas=False, preserves_groups=False, mode_aware=False,
+                  needs_token_ids=True)   # co-clusters tokens by id (base.py)
 def kmeans2d(p: PlacementProblem) -> Placement:
     """s-MoE §5.7 2D balanced k-means baseline: balanced k-means of experts, balanced k-means of
     tokens, token clusters matched to expert groups (see the module docstring for the choices)."""
-    p.refuse_replicas("kmeans2d")
     G = p.num_devices
     stats = AffinityStats(p.trace)
     groups, tdev = [], []
@@ -240,5 +240,3 @@ def _kmeans2d_layer(Cp: np.ndarray, counts: np.ndarray, a: np.ndarray, G: int, s
     match[rows] = cols
     return egrp, match[tcl]
 
-metis.needs_token_ids = True        # the token (by id) - expert graph (base.py)
-kmeans2d.needs_token_ids = True

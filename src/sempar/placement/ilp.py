@@ -360,12 +360,11 @@ def _exflow_once(C: np.ndarray, p: PlacementProblem, time_limit: float, ilps: li
     return gpu
 
 
-@SOLVERS.register("exflow")
+@SOLVERS.register("exflow", replicas=False, preserves_groups=False, mode_aware=False)
 def exflow(p: PlacementProblem, time_limit: float = TIME_LIMIT, pairs: str = "all",
            batches: int = 1, max_pair_vars: int = MAX_PAIR_VARS,
            window: int | None = WINDOW) -> Placement:
     """ExFlow's staged affinity ILP (eqs. 8-12); see the module docstring."""
-    p.refuse_replicas("exflow")
     t = p.trace
     N = t.meta.num_experts
     rng = np.random.default_rng(p.seed)
@@ -397,12 +396,11 @@ def exflow(p: PlacementProblem, time_limit: float = TIME_LIMIT, pairs: str = "al
     return _to_placement(gpu, p, info)
 
 
-@SOLVERS.register("moetuner")
+@SOLVERS.register("moetuner", replicas=False, preserves_groups=False, mode_aware=False)
 def moetuner(p: PlacementProblem, time_limit: float = TIME_LIMIT, lam: float = LAMBDA,
              pairs: str = "all", max_pair_vars: int = MAX_PAIR_VARS,
              window: int | None = WINDOW) -> Placement:
     """Joint load-balance + inter-layer traffic ILP (MoETuner); see the module docstring."""
-    p.refuse_replicas("moetuner")
     t = p.trace
     N, G = t.meta.num_experts, p.num_devices
     t0 = time.perf_counter()

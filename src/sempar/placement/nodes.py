@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sempar.placement.placement import Placement
+from sempar.placement.placement import Placement, RequestClusters
 from sempar.predict.token_table import TokenTable
 
 MAX_TOKENS = 100_000    # tokens sampled to estimate device affinity (ours: enough for G <= 256)
@@ -94,14 +94,13 @@ def relabel_devices(placement: Placement, perm: np.ndarray) -> Placement:
     blocks = placement.phy2log.reshape(placement.num_layers, G, S)
     new = np.empty_like(blocks)
     new[:, perm] = blocks
-    info = dict(placement.info)
-    table = placement.token_table
+    table, rc = placement.token_table, placement.request_cluster
     if table is not None:
         dev = np.where(table.device >= 0, perm[np.maximum(table.device, 0)], -1)
-        info["token_table"] = TokenTable(table.token_id, dev, table.confidence)
-    rc = info.get("request_cluster")
+        table = TokenTable(table.token_id, dev, table.confidence)
     if rc is not None:
-        info["request_cluster"] = dict(rc, device=perm[np.asarray(rc["device"], np.int64)].tolist())
-    info["device_relabel"] = perm.tolist()
+        rc = RequestClusters(rc.request_id, perm[rc.device])
+    info = dict(placement.info, device_relabel=perm.tolist())
     return Placement(new.reshape(placement.num_layers, G * S), placement.num_experts, G,
-                     placement.node_of, placement.method, info)
+                     placement.node_of, placement.method, info, token_table=table,
+                     request_cluster=rc)

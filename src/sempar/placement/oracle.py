@@ -22,7 +22,7 @@ from sempar.placement.placement import Placement
 ORACLE = "oracle"
 
 
-@SOLVERS.register(ORACLE)
+@SOLVERS.register(ORACLE, replicas=False, preserves_groups=False, mode_aware=False)
 def oracle(p: PlacementProblem) -> Placement:
     """METIS co-clustering of the trace it is given; `info["deployable"] = False`."""
     placement = metis(p)

@@ -3,7 +3,9 @@
 Stored as the physical-slot table engines use (DeepSeek EPLB's `phy2log`): `phy2log[l, p]` is
 the logical expert in physical slot p of layer l; device g owns the contiguous slots
 `[g * S, (g + 1) * S)` with S = `slots_per_device`. A logical expert with more than one slot
-has redundant replicas. `node_of[g]` groups devices into nodes.
+has redundant replicas. `node_of[g]` groups devices into nodes. A co-clustering solver also
+outputs its `token_table` (token -> device per layer) and, in dp mode, its `request_cluster`
+(fit request -> DP rank); `info` holds provenance only.
 
 Invariants (checked by `validate`): every logical expert is hosted at least once per layer,
 every device has exactly S slots, no device hosts the same expert twice, node ids are 0..n-1.
@@ -20,13 +22,45 @@ import numpy as np
 
 from sempar.atomic import check_input, write_text_atomic
 from sempar.errors import InputError
+from sempar.predict.token_table import TokenTable
 
 FORMAT_VERSION = 1
+# On disk the outputs sit inside "info" after the solver's provenance and before the keys added
+# to a finished placement (oracle's, then `solve`'s relabelling, model and layer layout), where
+# every placement file has them, so files round-trip byte for byte.
+_AFTER_OUTPUTS = ("deployable", "device_relabel", "model")
+
+
+@dataclass(frozen=True)
+class RequestClusters:
+    """request_id int64[R] (the fit trace's requests); device int64[R]: the device (DP rank) the
+    solver gave each request."""
+
+    request_id: np.ndarray
+    device: np.ndarray
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "request_id", np.asarray(self.request_id, np.int64))
+        object.__setattr__(self, "device", np.asarray(self.device, np.int64))
+        if self.request_id.ndim != 1 or self.device.shape != self.request_id.shape:
+            raise InputError(f"request_cluster: {self.device.shape} devices for "
+                             f"{self.request_id.shape} requests")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"request_id": self.request_id.tolist(), "device": self.device.tolist()}
+
+    @classmethod
+    def from_json(cls, d: Any) -> "RequestClusters":
+        try:
+            return cls(np.asarray(d["request_id"]), np.asarray(d["device"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"request_cluster: malformed ({e})") from None
 
 
 @dataclass
 class Placement:
-    """phy2log: int32[L, G * S]; node_of: int32[G]."""
+    """phy2log: int32[L, G * S]; node_of: int32[G]; token_table: the solver's `TokenTable` or
+    None (placement-only methods); request_cluster: its dp-mode request clusters or None."""
 
     phy2log: np.ndarray
     num_experts: int
@@ -34,6 +68,8 @@ class Placement:
     node_of: np.ndarray | None = None
     method: str = ""
     info: dict[str, Any] = field(default_factory=dict)
+    token_table: TokenTable | None = None
+    request_cluster: RequestClusters | None = None
 
     def __post_init__(self) -> None:
         self.phy2log = np.asarray(self.phy2log, dtype=np.int32)
@@ -90,17 +126,6 @@ class Placement:
             out[l, experts, rank] = order
         return out
 
-    @property
-    def token_table(self):
-        """The solver's `TokenTable` (token -> device per layer), or None for placement-only methods."""
-        from sempar.predict.token_table import TokenTable
-
-        t = self.info.get("token_table")
-        if t is None or isinstance(t, TokenTable):
-            return t
-        self.info["token_table"] = TokenTable.from_json(t)
-        return self.info["token_table"]
-
     def validate(self) -> "Placement":
         L, P = self.phy2log.shape if self.phy2log.ndim == 2 else (0, 0)
         if self.phy2log.ndim != 2 or L == 0:
@@ -137,8 +162,19 @@ class Placement:
                 "num_layers": self.num_layers, "num_experts": self.num_experts,
                 "num_devices": self.num_devices, "slots_per_device": self.slots_per_device,
                 "node_of": self.node_of.tolist(), "phy2log": self.phy2log.tolist(),
-                "info": {k: (v.to_json() if k == "token_table" else v)
-                         for k, v in self.info.items()}}
+                "info": self._info_json()}
+
+    def _info_json(self) -> dict[str, Any]:
+        """`info` with the outputs inserted before the first of `_AFTER_OUTPUTS`."""
+        outputs: dict[str, Any] = {}
+        if self.request_cluster is not None:
+            outputs["request_cluster"] = self.request_cluster.to_json()
+        if self.token_table is not None:
+            outputs["token_table"] = self.token_table.to_json()
+        keys = list(self.info)
+        cut = next((i for i, k in enumerate(keys) if k in _AFTER_OUTPUTS), len(keys))
+        return {**{k: self.info[k] for k in keys[:cut]}, **outputs,
+                **{k: self.info[k] for k in keys[cut:]}}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Placement":
@@ -147,9 +183,13 @@ class Placement:
                              f"supported (this sempar reads {FORMAT_VERSION})")
         _check_fields(d)
         try:
+            info = dict(d.get("info", {}))
+            table, clusters = info.pop("token_table", None), info.pop("request_cluster", None)
             p = cls(phy2log=np.asarray(d["phy2log"]), num_experts=int(d["num_experts"]),
                     num_devices=int(d["num_devices"]), node_of=np.asarray(d["node_of"]),
-                    method=str(d.get("method", "")), info=dict(d.get("info", {})))
+                    method=str(d.get("method", "")), info=info,
+                    token_table=None if table is None else TokenTable.from_json(table),
+                    request_cluster=None if clusters is None else RequestClusters.from_json(clusters))
         except (KeyError, TypeError, ValueError) as err:
             raise InputError(f"placement: malformed field ({err})") from None
         if p.num_layers != d.get("num_layers", p.num_layers) or \

@@ -83,7 +83,7 @@ from scipy import sparse
 
 from sempar.affinity.routing_stats import AffinityStats
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement
-from sempar.placement.placement import Placement
+from sempar.placement.placement import Placement, RequestClusters
 
 ALPHA, BETA, GAMMA = 1.0, 1.0, 1.0
 ALPHA_R, BETA_R = 0.5, 1.0
@@ -256,10 +256,10 @@ def objective(raf_e: np.ndarray, total: float, rcls: np.ndarray, lengths: np.nda
     return THETA * imbalance + (1 - THETA) * remote
 
 
-@SOLVERS.register("semmoe")
+@SOLVERS.register("semmoe", replicas=False, preserves_groups=False, mode_aware=False,
+                  needs_token_ids=True)   # co-clusters tokens by id (base.py)
 def semmoe(p: PlacementProblem) -> Placement:
     """Co-cluster experts and requests (one device per cluster); no replicas, nodes ignored."""
-    p.refuse_replicas("semmoe")
     meta = p.trace.meta
     L, N, E = meta.num_layers, meta.num_experts, p.num_devices
     rng = np.random.default_rng(p.seed)
@@ -282,7 +282,5 @@ def semmoe(p: PlacementProblem) -> Placement:
     del Q, A, feats
     score, ecls, rcls, step = best
     return coclustered_placement(p, "semmoe", ecls, stats, info={
-        "objective": float(score), "best_step": int(step), "request_features": how,
-        "request_cluster": {"request_id": stats.reqs.tolist(), "device": rcls.tolist()}})
-
-semmoe.needs_token_ids = True       # token (by id) - expert clusters and table (base.py)
+        "objective": float(score), "best_step": int(step), "request_features": how},
+        request_cluster=RequestClusters(stats.reqs, rcls))

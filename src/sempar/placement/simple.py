@@ -27,7 +27,7 @@ def _with_fixed_replicas(order: np.ndarray, p: PlacementProblem) -> np.ndarray:
     return np.concatenate([np.asarray(s, np.int32) for s in slots])
 
 
-@SOLVERS.register("vanilla")
+@SOLVERS.register("vanilla", replicas=True, preserves_groups=True, mode_aware=False)
 def vanilla(p: PlacementProblem) -> Placement:
     """Device g hosts experts [g * N/G, (g + 1) * N/G): the default EP split of every engine."""
     N, L = p.trace.meta.num_experts, p.trace.meta.num_layers
@@ -35,10 +35,7 @@ def vanilla(p: PlacementProblem) -> Placement:
     return Placement(np.tile(row, (L, 1)), N, p.num_devices, p.node_of(), "vanilla")
 
 
-vanilla.preserves_groups = True       # every expert in its own slot: groups stay whole
-
-
-@SOLVERS.register("round-robin")
+@SOLVERS.register("round-robin", replicas=True, preserves_groups=False, mode_aware=False)
 def round_robin(p: PlacementProblem) -> Placement:
     """Expert e on device e mod G."""
     N, L, G = p.trace.meta.num_experts, p.trace.meta.num_layers, p.num_devices

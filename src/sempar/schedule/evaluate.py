@@ -98,9 +98,18 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
     for name in names:
         if progress:
             progress(name)
+        spec = SOLVERS.get(name)
+        # what the solver does not declare it serves is skipped (`all`) or refused (by name)
+        why = {m: spec.refusal(name, fit, redundant=redundant, mode=m,
+                               preserve_groups=preserve_groups) for m in modes}
+        for mode, reason in why.items():
+            if reason and methods:
+                raise InputError(reason)
+            if reason:
+                out[mode].setdefault("skipped", {})[name] = reason
+        served = tuple(m for m in modes if not why[m])
         # a mode-aware solver (`sempar`) is solved for each mode; the others once for all
-        groups = ([(m,) for m in modes] if getattr(SOLVERS.get(name), "mode_aware", False)
-                  else [modes])
+        groups = [(m,) for m in served] if spec.mode_aware else [served] if served else []
         for group in groups:
             try:
                 check_token_ids(name, group[0], fit, hint=False)
@@ -111,18 +120,11 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
                     out[mode].setdefault("skipped", {})[name] = str(err)
                 continue
             t0 = time.perf_counter()
-            try:
-                # The ceiling is solved on the data it is judged on (oracle.py); the rest on fit.
-                placement = solve(name, eval_ if name == ORACLE else fit, ep, nodes, redundant,
-                                  seed, mode=group[0], max_imbalance=max_imbalance,
-                                  preserve_groups=preserve_groups, objective=objective,
-                                  held_out_imbalance=held_out_imbalance)
-            except InputError as err:
-                if not (redundant or preserve_groups) or methods:
-                    raise
-                for mode in modes:                  # `all` with replicas: list who cannot, go on
-                    out[mode].setdefault("skipped", {})[name] = str(err)
-                break
+            # The ceiling is solved on the data it is judged on (oracle.py); the rest on fit.
+            placement = solve(name, eval_ if name == ORACLE else fit, num_devices=ep,
+                              num_nodes=nodes, redundant=redundant, seed=seed, mode=group[0],
+                              max_imbalance=max_imbalance, preserve_groups=preserve_groups,
+                              objective=objective, held_out_imbalance=held_out_imbalance)
             seconds = round(time.perf_counter() - t0, 4)
             free = unconstrained_oracle_lar(placement, eval_)
             for mode in group:

@@ -58,7 +58,7 @@ def cross_dataset_matrix(trace: RoutingTrace, ep: int, nodes: int = 1,
         for i, d in enumerate(domains):
             if progress:
                 progress(f"{name}: fit on {d}")
-            placement = solve(name, splits[d][0], ep, nodes, 0, seed)
+            placement = solve(name, splits[d][0], num_devices=ep, num_nodes=nodes, seed=seed)
             for j, e in enumerate(domains):
                 ev = splits[d][1] if e == d else parts[e]
                 h = home(placement, splits[d][0], ev, mode)

@@ -126,8 +126,9 @@ class Forecaster:
 
         key = (method, redundant)
         if key not in self._placements:
-            self._placements[key] = solve(method, self.fit, self.G, self.topo.num_nodes,
-                                          redundant, self.seed)
+            self._placements[key] = solve(method, self.fit, num_devices=self.G,
+                                          num_nodes=self.topo.num_nodes, redundant=redundant,
+                                          seed=self.seed)
         return self._placements[key]
 
     def prepare(self, v: Variant, sample_tokens: int | None = None,

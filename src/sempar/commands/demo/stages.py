@@ -168,12 +168,12 @@ def stage_online(ctx: DemoContext) -> dict:
                          note=True)
     rows, out = {}, {"trace": name, "tp": {}, "dp": {}}
     for m in ONLINE_METHODS:
-        p = solve(m, fit, 4)
+        p = solve(m, fit, num_devices=4)
         f = figures_for(p, ev, "tp")
         f.update(online_figures(p, fit, ev, "tp", oov))
         rows[m] = f
         if m == DEFAULT_METHOD:
-            out["dp"] = evaluate_policies(solve(m, fit, 4, mode="dp"), ev)
+            out["dp"] = evaluate_policies(solve(m, fit, num_devices=4, mode="dp"), ev)
     out["tp"] = rows
     cols = ["lar_mean", "predicted_lar_mean", "exact_lar_mean", "oracle_lar_mean",
             "imbalance_max_mean"]

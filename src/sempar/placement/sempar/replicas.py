@@ -23,7 +23,7 @@ import numpy as np
 
 from sempar.affinity.routing_stats import AffinityStats
 from sempar.placement.base import PlacementProblem
-from sempar.placement.placement import Placement
+from sempar.placement.placement import Placement, RequestClusters
 from sempar.placement.sempar.config import SemparConfig
 from sempar.placement.sempar.load import LoadModel, onehot
 
@@ -309,9 +309,11 @@ def _candidates(hosts: np.ndarray, Wt: np.ndarray, need: np.ndarray, peak: int,
 
 def replicated_placement(p: PlacementProblem, name: str, expert_device: np.ndarray,
                          hosts: list[np.ndarray], stats: AffinityStats,
-                         token_device: np.ndarray | None, info: dict) -> Placement:
+                         token_device: np.ndarray | None, info: dict,
+                         request_cluster: RequestClusters | None = None) -> Placement:
     """A placement with replicas: device d's slots are its primary experts (ascending) then its
-    replicas; the token table as `coclustered_placement`'s, shares counted over all hosts."""
+    replicas; the token table as `coclustered_placement`'s, shares counted over all hosts;
+    request_cluster: the solver's request clusters (dp mode), or None."""
     from sempar.predict.token_table import TokenTable
 
     L, N = expert_device.shape
@@ -330,5 +332,6 @@ def replicated_placement(p: PlacementProblem, name: str, expert_device: np.ndarr
         best = share.argmax(axis=1) if token_device is None else token_device[l]
         device[l] = best
         conf[l] = share[np.arange(U), best]
-    info = dict(info, token_table=TokenTable(stats.tokens, device, conf))
-    return Placement(np.asarray(phy2log), N, G, p.node_of(), name, info=info)
+    return Placement(np.asarray(phy2log), N, G, p.node_of(), name, info=dict(info),
+                     token_table=TokenTable(stats.tokens, device, conf),
+                     request_cluster=request_cluster)

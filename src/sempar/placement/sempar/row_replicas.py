@@ -140,5 +140,6 @@ def replicate(placement: Placement, experts: np.ndarray, redundant: int, cap: fl
             if fit_score(h2, ex, node_of, batch)[1] < peak:
                 reps = alt
         rows.append(np.concatenate([placement.slots(l), reps], axis=1).ravel())
-    out = Placement(np.stack(rows), N, G, node_of, placement.method, info=dict(placement.info))
+    out = Placement(np.stack(rows), N, G, node_of, placement.method, info=dict(placement.info),
+                    request_cluster=placement.request_cluster)
     return out

@@ -90,7 +90,7 @@ def solve_rows(p: PlacementProblem, solver: Callable[[PlacementProblem], Placeme
     rows = row_trace(p.trace, max_rows, p.seed)
     primary = dataclasses.replace(p, trace=rows, objective="tokens", redundant=0)
     placement = calibrated_solve(primary, solver, held_out)
-    placement.info.pop("token_table", None)            # one entry per fit row: no use online
+    placement.token_table = None                       # one entry per fit row: no use online
     if p.redundant:
         cap = placement.info.get("held_out", {}).get("fit_cap", p.max_imbalance)
         placement = replicate(placement, rows.experts, p.redundant, cap)
@@ -99,7 +99,7 @@ def solve_rows(p: PlacementProblem, solver: Callable[[PlacementProblem], Placeme
         dev = first_copy_device(placement)
         G = p.num_devices
         table = [token_table_row(stats, l, dev[l], G) for l in range(stats.L)]
-        placement.info["token_table"] = TokenTable(stats.tokens, np.stack([t[0] for t in table]),
-                                                   np.stack([t[1] for t in table]))
+        placement.token_table = TokenTable(stats.tokens, np.stack([t[0] for t in table]),
+                                           np.stack([t[1] for t in table]))
     placement.info["fit_rows"] = rows.num_tokens
     return placement

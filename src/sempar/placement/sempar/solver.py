@@ -56,7 +56,7 @@ in `PlacementProblem.jobs` forked worker processes (`_pool.map_layers`; `place -
 the usable CPUs), with the serial run's result bit for bit (tested). On the default path they
 run in-process: there forking costs about what it saves.
 
-Outputs: the placement and `info["token_table"]` (token -> device per layer: in tp mode the
+Outputs: the placement and its `token_table` (token -> device per layer: in tp mode the
 capacitated assignment, in dp mode the device holding most of the token's activations, or with
 `dp_token_table` "requests" the rank where most of its fit requests went, same on every
 layer), the fit request clusters in dp mode, and the fit objective per layer.
@@ -77,7 +77,7 @@ from sempar.placement.base import (SOLVERS, PlacementProblem, coclustered_placem
                                    slot_groups, solve_problem, token_table_row)
 from sempar.placement.graph_baselines import metis_layer
 from sempar.placement.sempar._pool import map_layers, usable_cpus
-from sempar.placement.placement import Placement
+from sempar.placement.placement import Placement, RequestClusters
 from sempar.placement.sempar import replicas as sempar_replicas, scale as sempar_scale
 from sempar.placement.sempar.config import SemparConfig
 from sempar.placement.sempar.load import LoadModel, onehot, load_spread
@@ -203,7 +203,9 @@ def sempar_solve(problem: PlacementProblem, config: SemparConfig | None = None, 
     return solve_problem("sempar", problem, lambda p: _solve(p, cfg, mapper))
 
 
-@SOLVERS.register("sempar")
+# preserve groups: slots and swaps stay inside each expert group; mode-aware: tp and dp
+# objectives differ; no token ids needed: `--objective auto` solves on fit rows then (rows.py)
+@SOLVERS.register("sempar", replicas=True, preserves_groups=True, mode_aware=True)
 def sempar(p: PlacementProblem) -> Placement:
     """Ours: locality under a hard per-layer balance cap, mode-aware (module docstring), with
     the default config (`SemparConfig.for_problem`)."""
@@ -348,20 +350,17 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
             break
         best = ([d.copy() for d in devs], z.copy(), obj)
     devs, z, obj = best
-    info = {"mode": "dp", "objective": "tokens", "max_imbalance": p.max_imbalance, "fit_local_activations": obj,
-            "preserve_groups": p.preserve_groups,
-            "request_cluster": {"request_id": stats.reqs.tolist(), "device": z.tolist()}}
+    info = {"mode": "dp", "objective": "tokens", "max_imbalance": p.max_imbalance,
+            "fit_local_activations": obj, "preserve_groups": p.preserve_groups}
+    clusters = RequestClusters(stats.reqs, z)
     if not p.redundant:
         tdev = None
         if cfg.dp_token_table == "requests":
             votes = np.asarray(stats.request_tokens().T @ onehot(z, G))                # [U, G]
             tdev = np.tile(votes.argmax(axis=1), (L, 1))
-        return coclustered_placement(p, "sempar", np.stack(devs), stats, tdev, info=info)
+        return coclustered_placement(p, "sempar", np.stack(devs), stats, tdev, info=info,
+                                     request_cluster=clusters)
     hosts = [sempar_replicas.dp_replicas(full[l], devs[l], z, lms[l], p.redundant // G, node_of,
                                          hot[l], cfg) for l in range(L)]
-    return replicated_placement(p, "sempar", np.stack(devs), hosts, stats, None, info)
-
-sempar.preserves_groups = True     # slots and swaps stay inside each expert group
-sempar.mode_aware = True           # solved once per mode by `evaluate` (tp and dp objectives differ)
-# without token ids `--objective auto` solves on fit rows (rows.py); `tokens` is refused there
-sempar.needs_token_ids = False
+    return replicated_placement(p, "sempar", np.stack(devs), hosts, stats, None, info,
+                                request_cluster=clusters)
