@@ -1,7 +1,7 @@
 """Locality-aware replicas of the `sempar` solver (placement/sempar/solver.py, `--redundant R`):
 which experts get the R / G extra slots of each device (`add_replicas`), tp mode's balancing pass
 after them (`balance_pass`, `tp_replicas`), and the replicated placement built from them. Served
-loads follow the evaluator's serving rule (`metrics.serving_device`).
+loads follow the evaluator's serving rule (`placement.serving`).
 Shapes: N experts, G devices, L layers, U fit tokens.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from sempar.affinity.routing_stats import AffinityStats
+from sempar.placement import serving
 from sempar.placement.base import PlacementProblem
 from sempar.placement.placement import Placement
 from sempar.placement.sempar.load import LoadModel, onehot
@@ -165,18 +166,15 @@ def replica_cap(lm: LoadModel, dev: np.ndarray) -> float:
 
 def _serve_rank(node_of: np.ndarray) -> np.ndarray:
     """int64[G, G]: rank[h, d], the serving rule's order of device d for a token homed on h
-    (`metrics.serving_device`: h itself first, then h's node, then the rest, each by id)."""
-    G = node_of.size
-    rank = np.where(node_of[None, :] == node_of[:, None], 0, 1) * G + np.arange(G)[None, :]
-    rank[np.arange(G), np.arange(G)] = -1
-    return rank
+    (`placement.serving.node_order`)."""
+    return serving.node_order(node_of)
 
 
 def _served_one(col: np.ndarray, w: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """float64[G]: where one expert's activations w float[G] (by the tokens homed on each device)
-    are served when the devices col bool[G] host it (the serving rule of `_serve_rank`)."""
+    are served when the devices col bool[G] host it (`placement.serving.table` under `rank`)."""
     G = col.size
-    target = np.where(col[None, :], rank, np.iinfo(np.int64).max).argmin(axis=1)
+    target = serving.table(col[:, None], rank)[:, 0]
     return np.bincount(target, weights=w, minlength=G)
 
 
