@@ -23,7 +23,9 @@ Per batch these are summed over layers (one pass of the batch through the model)
 gives their mean and p95 over batches, and per layer the mean over batches.
 
 The serving replica of an activation is the one nearest to the token's home under the
-topology (cost of one hidden vector on the dispatch links; home first, ties to the lower id).
+topology (cost of one hidden vector on the dispatch links; home first, ties to the lower id:
+`placement.serving.cost_order`, the node order of the evaluator and the runtime where the links
+follow the placement's nodes).
 LAR and remote copies (design.md): over (token, layer, expert) the share served on the home
 device, and per (token, layer) the distinct remote devices.
 """
@@ -40,6 +42,7 @@ from sempar.comm.collectives import all_to_all_volume, gather_held, route_counts
 from sempar.comm.pipelines import Pipeline
 from sempar.comm.topology import PHASES, Topology
 from sempar.errors import InputError
+from sempar.placement import serving
 from sempar.placement.capacity import BATCH
 from sempar.placement.placement import Placement
 from sempar.trace.presets import HIDDEN_SIZES
@@ -108,18 +111,15 @@ def resolve_hidden(model: str, extra: dict | None = None, hidden: int | None = N
 
 def replica_table(placement: Placement, topo: Topology, nbytes: float) -> tuple[np.ndarray, bool]:
     """(table, by_home): int16[L, N] device of each expert when none is replicated (by_home
-    False), else int16[L, G, N] the replica nearest to each home device."""
+    False), else int16[L, G, N] the replica nearest to each home device: `placement.serving`'s
+    cost order under the dispatch cost of `nbytes` (home, then the cheapest link, ties to the
+    lower id), not the evaluator's and runtime's node order; the two agree when the topology's
+    links are uniform inside and between its nodes and its nodes are the placement's."""
     hosts = placement.hosts()                                   # [L, G, N]
     if (hosts.sum(axis=1) == 1).all():
         return hosts.argmax(axis=1).astype(np.int16), False
-    G = placement.num_devices
-    cost = topo.pair_cost("dispatch", nbytes).copy()
-    cost[np.arange(G), np.arange(G)] = -1.0                     # home first
-    out = np.empty((placement.num_layers, G, placement.num_experts), np.int16)
-    for l in range(placement.num_layers):
-        score = np.where(hosts[l][None, :, :], cost[:, :, None], np.inf)   # [g, d, e]
-        out[l] = score.argmin(axis=1)
-    return out, True
+    order = serving.cost_order(topo.pair_cost("dispatch", nbytes))
+    return np.stack([serving.table(h, order) for h in hosts]).astype(np.int16), True
 
 
 def logit_all_reduce(ntok: np.ndarray, G: int, row_bytes: int) -> tuple[np.ndarray, np.ndarray]:

@@ -8,8 +8,8 @@ figures:
 - **node-local rate**: the same with "on the home device's node".
 - **remote copies** (de-duplicated): per (token, layer) the number of distinct devices other
   than home that must receive the token, the nearest replica of each selected expert chosen
-  (home, else a replica on home's node, else the lowest device id hosting it); reported per token
-  per layer.
+  (home, else a replica on home's node, else the lowest device id hosting it: `placement.serving`);
+  reported per token per layer.
 - **load**: activations each device computes, every activation served by the replica chosen as
   above; **imbalance** per layer = max / mean and max / median over devices.
 
@@ -21,23 +21,16 @@ from __future__ import annotations
 import numpy as np
 
 from sempar.placement.placement import Placement
+from sempar.placement.serving import serve, serving_tables
 
 
 def serving_device(placement: Placement, experts: np.ndarray, home: np.ndarray) -> np.ndarray:
-    """int32[T, L, k]: the device whose replica serves each activation (nearest to home)."""
-    hosts = placement.hosts()                                   # [L, G, N]
-    T, L, k = experts.shape
-    G = placement.num_devices
-    node = placement.node_of
-    out = np.empty((T, L, k), np.int32)
-    for l in range(L):
-        h = hosts[l][:, experts[:, l]]                          # [G, T, k]
-        # rank devices: 0 = home, 1 = same node, 2 = elsewhere; then by id
-        rank = np.where(np.arange(G)[:, None] == home[None, :, l], 0,
-                        np.where(node[:, None] == node[home[:, l]][None, :], 1, 2))
-        score = rank[:, :, None] * G + np.arange(G)[:, None, None]
-        score = np.where(h, score, np.iinfo(np.int64).max)
-        out[:, l] = score.argmin(axis=0)
+    """int32[T, L, k]: the device whose replica serves each activation (`placement.serving`'s node
+    order: home, else home's node, else the lowest id). experts: int[T, L, k]; home: int[T, L]."""
+    tables = serving_tables(placement)                          # [L, G, N]
+    out = np.empty(experts.shape, np.int32)
+    for l in range(experts.shape[1]):
+        out[:, l] = serve(tables[l], home[:, l], experts[:, l])
     return out
 
 

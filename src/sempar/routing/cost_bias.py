@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from sempar.errors import InputError
+from sempar.placement import serving
 
 EPS = 1e-12     # eq. 12's epsilon (a row of equal costs gives a zero row, not NaN)
 
@@ -104,17 +105,14 @@ def destination_table(hosts: np.ndarray, topology: Any | None = None,
     """int32[L, G, E]: where a token on device u sends its expert-e activation at layer l.
 
     hosts: bool[L, G, E]. u itself when it hosts e; otherwise the replica cheapest to reach
-    from u (dispatch alpha + beta * ref_bytes; ties and no topology: the lowest device id).
+    from u (dispatch alpha + beta * ref_bytes; ties and no topology: the lowest device id): the
+    comm simulator's cost order (`placement.serving.cost_order`).
     """
     hosts = _check_hosts(hosts, topology.num_devices if topology is not None else None)
-    L, G, E = hosts.shape
-    if topology is not None:
-        dist = np.asarray(topology.pair_cost("dispatch", ref_bytes), np.float64)   # [G, G]
-    else:
-        dist = np.ones((G, G)) - np.eye(G)
-    # cost[l, u, e] of each candidate v; choose argmin over v with non-hosts at +inf
-    cand = np.where(hosts[:, None, :, :], dist[None, :, :, None], np.inf)          # [L, u, v, E]
-    return np.argmin(cand, axis=2).astype(np.int32)
+    G = hosts.shape[1]
+    order = (serving.cost_order(topology.pair_cost("dispatch", ref_bytes))
+             if topology is not None else serving.node_order(np.zeros(G, np.int32)))    # [G, G]
+    return np.stack([serving.table(h, order) for h in hosts]).astype(np.int32)
 
 
 def dispatch_counts(experts: np.ndarray, home: np.ndarray, dest: np.ndarray,

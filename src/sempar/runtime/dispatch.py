@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from sempar.placement import serving as placement_serving
 from sempar.runtime.dist import RankFailure
 from sempar.runtime.experts import LocalExperts
 
@@ -119,19 +120,10 @@ class Comm:
 
 
 def serving_table(placement, layer: int, device: torch.device) -> torch.Tensor:
-    """int64[G, N]: the device whose replica serves expert e for a token homed on g: home
-    first, then the same node, then the lowest device id (placement.metrics.serving_device; the
-    simulator's `replica_table` under a uniform topology)."""
-    hosts = torch.as_tensor(placement.hosts()[layer])                 # [G, N]
-    G = placement.num_devices
-    node = torch.as_tensor(placement.node_of, dtype=torch.int64)
-    ar = torch.arange(G)
-    rank = torch.where(ar[:, None] == ar[None, :], 0,
-                       torch.where(node[:, None] == node[None, :], 1, 2))  # [home, dev]
-    score = rank * G + ar[None, :]
-    big = torch.iinfo(torch.int64).max
-    s = torch.where(hosts[None, :, :], score[:, :, None], big)          # [home, dev, N]
-    return s.argmin(dim=1).to(device)
+    """int64[G, N] on `device`: the device whose replica serves expert e for a token homed on g
+    (`placement.serving.serving_table`, the evaluator's rule: home, then the same node, then the
+    lowest device id)."""
+    return torch.from_numpy(placement_serving.serving_table(placement, layer)).to(device)
 
 
 def pack(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor,

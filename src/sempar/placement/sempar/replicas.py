@@ -2,8 +2,8 @@
 which experts get the R / G extra slots of each device (`add_replicas`), tp mode's balancing pass
 after them (`balance_pass`, `tp_replicas`), and the replicated placement built from them.
 
-Served loads follow the evaluator's serving rule (`metrics.serving_device`: a token's home
-device if it hosts the expert, else a same-node host, else the lowest host id), so a replica's
+Served loads follow the evaluator's serving rule (`placement.serving`: a token's home device
+if it hosts the expert, else a same-node host, else the lowest host id), so a replica's
 effect on the peak is computed exactly, not estimated. Robust loads carry the primary load
 model's resampling spread (`LoadModel.sigma`) to the served shares, because served loads on
 unseen routing drift further from their fit values than the primary's do.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from sempar.affinity.routing_stats import AffinityStats
+from sempar.placement import serving
 from sempar.placement.base import PlacementProblem
 from sempar.placement.placement import Placement, RequestClusters
 from sempar.placement.sempar.config import SemparConfig
@@ -139,18 +140,15 @@ def replica_cap(lm: LoadModel, dev: np.ndarray, cfg: SemparConfig) -> float:
 
 def _serve_rank(node_of: np.ndarray) -> np.ndarray:
     """int64[G, G]: rank[h, d], the serving rule's order of device d for a token homed on h
-    (`metrics.serving_device`: h itself first, then h's node, then the rest, each by id)."""
-    G = node_of.size
-    rank = np.where(node_of[None, :] == node_of[:, None], 0, 1) * G + np.arange(G)[None, :]
-    rank[np.arange(G), np.arange(G)] = -1
-    return rank
+    (`placement.serving.node_order`)."""
+    return serving.node_order(node_of)
 
 
 def _served_one(col: np.ndarray, w: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """float64[G]: where one expert's activations w float[G] (by the tokens homed on each device)
-    are served when the devices col bool[G] host it (the serving rule of `_serve_rank`)."""
+    are served when the devices col bool[G] host it (`placement.serving.table` under `rank`)."""
     G = col.size
-    target = np.where(col[None, :], rank, np.iinfo(np.int64).max).argmin(axis=1)
+    target = serving.table(col[:, None], rank)[:, 0]
     return np.bincount(target, weights=w, minlength=G)
 
 

@@ -3,7 +3,7 @@
 With homes from exact pre-routing (rows.py), a replica of expert e on device d makes local the
 activations of e by the fit rows homed on d (W[d, e]), and it moves load: under the serving rule
 (a token's expert on its home device, else a replica on the same node, else the lowest device
-id; `placement.metrics.serving_device`) the copies of e not served at their home go to the
+id; `placement.serving`) the copies of e not served at their home go to the
 nearest replica, so adding d can take e's remote traffic off its first device too. The step,
 per layer, `R / G` replicas on every device:
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sempar.placement import serving
 from sempar.placement.capacity import BATCH, capacity_home
 from sempar.placement.placement import Placement
 
@@ -42,19 +43,9 @@ def served_load(W: np.ndarray, hosts: np.ndarray, node_of: np.ndarray) -> np.nda
 
 def expert_served(w: np.ndarray, host: np.ndarray, node_of: np.ndarray) -> np.ndarray:
     """float64[G]: where the activations w float[G] of one expert (by home device) are served,
-    given its hosts bool[G]: at home when hosted, else the lowest hosting device of the home's
-    node, else the lowest hosting device."""
-    G = w.size
-    out = np.zeros(G)
-    hosting = np.flatnonzero(host)
-    first = hosting[0]
-    for g in range(G):
-        if host[g]:
-            out[g] += w[g]
-            continue
-        same = hosting[node_of[hosting] == node_of[g]]
-        out[same[0] if same.size else first] += w[g]
-    return out
+    given its hosts bool[G], under the serving rule (`placement.serving`)."""
+    target = serving.table(host[:, None], serving.node_order(node_of))[:, 0]
+    return np.bincount(target, weights=w, minlength=w.size).astype(np.float64)
 
 
 def _layer_hits(hosts: np.ndarray, experts: np.ndarray) -> np.ndarray:
