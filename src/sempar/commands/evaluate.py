@@ -8,15 +8,16 @@ from typing import Optional
 
 import typer
 
-from sempar.bounds import DEVICES_MAX, REDUNDANT_MAX, SEED, bound
+from sempar.bounds import REDUNDANT_MAX, bound
+from sempar.commands._options import ep_option, json_option, nodes_option, seed_option
 from sempar.console import emit_json, out
 from sempar.errors import InputError
 
 
 def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements are solved on"),
              eval_file: Optional[Path] = typer.Option(None, "--eval", help="held-out trace"),
-             ep: int = typer.Option(..., "--ep", help="EP degree G", callback=bound(1, DEVICES_MAX)),
-             nodes: int = typer.Option(1, "--nodes", callback=bound(1, DEVICES_MAX)),
+             ep: int = ep_option(..., "EP degree G"),
+             nodes: int = nodes_option(1),
              methods: str = typer.Option("all", "--methods", help="comma-separated, or all"),
              mode: str = typer.Option("tp", "--mode", help="dp or tp"),
              redundant: int = typer.Option(0, "--redundant", callback=bound(0, REDUNDANT_MAX)),
@@ -33,8 +34,8 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
              policy: str = typer.Option("alg2", "--policy", help="dp request policy for --online"),
              lookback: int = typer.Option(2, "--lookback", help="n-gram look-back for --online",
                                      callback=bound(0, 64)),
-             seed: int = typer.Option(0, "--seed", callback=SEED),
-             as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+             seed: int = seed_option(),
+             as_json: bool = json_option()) -> None:
     """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""
     from sempar.placement import SOLVERS
     from sempar.schedule.evaluate import evaluate as run

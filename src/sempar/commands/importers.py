@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from sempar.bounds import TOKENS_MAX, bound
+from sempar.commands._options import json_option
 from sempar.console import emit_json
 
 import_app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -36,7 +37,7 @@ def import_sglang_cmd(dumps: list[Path] = typer.Argument(..., help="SGLang per_t
                       keep_duplicates: bool = typer.Option(False, "--keep-duplicates",
                                                            help="keep attention-TP copies of a pass "
                                                                 "recorded by several ranks"),
-                      as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+                      as_json: bool = json_option()) -> None:
     """Convert SGLang expert-distribution dumps (per_token mode) into a routing trace."""
     from sempar.atomic import check_output
     from sempar.progress import progress_bar
