@@ -7,7 +7,10 @@ measures all-to-all cases (uniform, skewed, hot) and prints:
   - alpha per pair: the stack's own latency (Python + gloo + TCP + veth), since this kernel has
     no netem and latency is not shaped;
   - fidelity: median |eq. 9 predicted - measured| / measured over the cases, per kind, for the
-    concurrent send/recv all-to-all (`p2p`) and, with --both, gloo's all_to_all_single.
+    concurrent send/recv all-to-all (`p2p`) and, with --both, gloo's all_to_all_single;
+  - with --both, the gloo collective model (`sempar profile --method all_to_all_single`): the
+    serialisation fitted to those gloo times and its median |error| beside eq. 9's, and their
+    ratio (below 1: the fit is nearer live gloo timings; in-sample, the fit's own cases).
 Needs root (`ip netns`, tc htb); everything it creates is removed on exit.
 
     python benchmarks/bench_profile.py [--hosts 4] [--preset pcie-upi8] [--scale 0.000125]
@@ -24,7 +27,8 @@ import time
 import numpy as np
 
 from sempar.commands.profile import run_profile
-from sempar.testbed.fidelity import fidelity_cases, fidelity_report, plot_fidelity
+from sempar.testbed.fidelity import (fidelity_cases, fidelity_report, gloo_collectives,
+                                      plot_fidelity)
 from sempar.testbed.launch import launch
 from sempar.testbed.netns import netns_available, testbed
 from sempar.testbed.shaping import resolve_preset
@@ -65,6 +69,7 @@ def main() -> int:
         rep = fidelity_report(topo, cases, meas)
         out["fidelity"]["all_to_all_single"] = {k: rep[k] for k in ("median_abs_error",
                                                                     "num_cases", "by_kind", "cases")}
+        out["gloo_fit"] = gloo_collectives(topo, cases, meas)
     out["wall_s"] = round(time.time() - t0, 1)
     if a.json:
         print(json.dumps(out, indent=1))
@@ -89,6 +94,14 @@ def main() -> int:
         for c in f["cases"]:
             print(f"   {c['name']:>16}  predicted {c['predicted_s'] * 1e3:7.1f} ms  measured "
                   f"{c['measured_s'] * 1e3:7.1f} ms  error {c['rel_error'] * 100:5.1f} %")
+    if "gloo_fit" in out:
+        g = out["gloo_fit"]
+        ratio = g["median_abs_error"] / g["median_abs_error_eq9"] if g["median_abs_error_eq9"] \
+            else float("nan")
+        print(f"gloo all_to_all_single over {g['cases']} cases: median abs error eq. 9 "
+              f"{g['median_abs_error_eq9'] * 100:.1f} %, fitted serialisation "
+              f"{g['a2a_serialisation']:.3f} {g['median_abs_error'] * 100:.1f} %, "
+              f"fitted / eq. 9 {ratio:.2f}")
     return 0
 
 

@@ -56,6 +56,12 @@ SLOW_IF_BROKEN = [
     ("profile --out o.json", "missing option '--ep'"),
     ("testbed up --hosts 2 --ttl nan", "--ttl: nan is not a finite number"),
     ("train-tiny --model tiny-moe64 --corpus {tmp} --minutes nan", "--minutes: nan"),
+    # --seed / --ep / --nodes: one declaration and bound each (commands/_options.py)
+    ("serve-sim --trace {good} --seed -1", "--seed: -1 must be at least 0"),
+    ("plan --trace {good} --seed 1099511627776", "--seed: 1099511627776 is above the limit"),
+    ("serve-sim --trace {good} --nodes 0", "--nodes: 0 must be at least 1"),
+    ("plan --trace {good} --ep 4,100000", "--ep: 100000 is above the limit"),
+    ("stream --seed -1", "--seed: -1 must be at least 0"),
     ("stream --buffer-mb nan", "--buffer-mb: nan is not a finite number"),
     ("stream --micro-slices 100000000", "--micro-slices: 100000000 is above the limit"),
     ("stream --tokens-per-iter 1000000 --iterations 100000",
@@ -191,6 +197,20 @@ def test_no_arguments_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as ex:
         main([])
     assert ex.value.code == 2
+
+
+def test_shared_options_are_declared_once():
+    """`--seed`, `--ep`, `--nodes` and `--json` come from commands/_options.py, so one bound holds
+    for every verb."""
+    import re
+
+    commands = Path(__file__).parents[1] / "src" / "sempar" / "commands"
+    declared = re.compile(r'typer\.Option\([^()]*"--(seed|ep|nodes|json)"')
+    stray = [f"{p.name}: --{m.group(1)}" for p in commands.rglob("*.py") if p.name != "_options.py"
+             for m in declared.finditer(p.read_text())]
+    assert stray == []
+    shared = {m.group(1) for m in declared.finditer((commands / "_options.py").read_text())}
+    assert shared == {"seed", "ep", "nodes", "json"}
 
 
 def test_check_bound_messages():

@@ -133,3 +133,25 @@ def test_old_spellings_still_read(tmp_path, capsys):
     new, old = run("--ep", "4"), run("--devices", "4")
     assert new == old
     assert new != run("--ep", "2")     # the option is read, not ignored
+
+
+def test_library_warning_is_one_note(tmp_path):
+    """A trace of one repeated token leaves k-means fewer distinct points than devices: scikit-
+    learn's ConvergenceWarning (kmeans2d and semmoe, every layer) is one `note:` line, not raw."""
+    import dataclasses
+
+    import numpy as np
+
+    from conftest import build_trace
+    from sempar.trace import write_trace
+
+    t = build_trace(T=400, R=20, L=3, N=16, k=2)
+    p = tmp_path / "same.parquet"
+    write_trace(dataclasses.replace(t, token_id=np.zeros_like(t.token_id)), p)
+    r = sempar("evaluate", "--fit", str(p), "--split", "--ep", "4", "--methods", "kmeans2d,semmoe",
+               "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert set(json.loads(r.stdout)["methods"]) == {"kmeans2d", "semmoe"}
+    assert "Warning" not in r.stderr and "warn" not in r.stderr, r.stderr[-2000:]
+    notes = [line for line in r.stderr.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and "distinct clusters" in notes[0], r.stderr[-2000:]

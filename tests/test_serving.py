@@ -264,7 +264,7 @@ def test_bench_forecast_is_calibrated_compute_plus_communication(small_trace):
     tr = read_trace(small_trace)
     dims = bench_dims(model_dims(tr.meta.model))
     acc = calibrated_cpu(dims, 8, 64, 0.5)
-    one = Roofline(dims, acc, 1, False)           # the whole batch on one device takes 0.5 s
+    one = Roofline(dims, acc, 1, tp=False)           # the whole batch on one device takes 0.5 s
     L = dims.moe_layers
     t = one.dense_seconds(*iteration_inputs(1, 8, 64))[0] + one.expert_seconds(
         np.full((L, 1), 8 * 64 * dims.top_k), np.full((L, 1), dims.num_experts))

@@ -130,19 +130,35 @@ def test_profile_on_testbed_matches_shaping(tmp_path):
 
 def test_profile_of_gloo_all_to_all_records_its_serialisation(tmp_path):
     """`--method all_to_all_single`: the topology JSON names the gloo collective model with the
-    fitted serialisation, and the fitted model is no farther from gloo's times than eq. 9."""
-    from sempar.comm.collective_models import collective_model
+    serialisation fitted to the run's own recorded times (refitted here from them), which by the
+    fit's criterion is no worse than eq. 9 (sigma 0). Which model is nearer live gloo timings is
+    a benchmark's figure, not a test's: benchmarks/bench_profile.py --both."""
+    from sempar.comm.collective_models import collective_model, serialised_a2a
     from sempar.comm.topology_presets import load_topology
+    from sempar.testbed.fidelity import fidelity_cases, gloo_collectives
 
     out = tmp_path / "topo.json"
     before = set(netns.existing_namespaces())
     r = _cli("profile", "--ep", "3", "--testbed", "pcie-upi8", "--repeats", "2", "--method",
              "all_to_all_single", "--out", str(out), "--json", timeout=300)
     assert r.returncode == 0, r.stderr
-    col = json.loads(r.stdout)["collectives"]
+    d = json.loads(r.stdout)
+    col, rows = d["collectives"], d["fidelity"]["cases"]
+    assert d["fidelity"]["method"] == "all_to_all_single"
     assert col["model"] == "gloo" and 0.0 <= col["a2a_serialisation"] <= 1.0
-    # the fit minimises squared log error, not the median |error|: 2 points of slack
-    assert col["median_abs_error"] <= col["median_abs_error_eq9"] + 0.02, col
+    assert col["cases"] == d["fidelity"]["num_cases"] == len(rows) > 0
+    measured = np.array([row["measured_s"] for row in rows])
+    assert np.isfinite(measured).all() and (measured > 0).all()
+    assert np.isfinite([col["median_abs_error"], col["median_abs_error_eq9"]]).all()
     topo = load_topology(out)
     assert topo.collectives == col and collective_model(topo).name == "gloo"
+    cases = fidelity_cases(3)
+    assert [c["name"] for c in cases] == [row["name"] for row in rows]
+    assert gloo_collectives(topo, cases, list(measured)) == col
+
+    def sq_log(sigma: float) -> float:
+        return sum(float(np.log(serialised_a2a(topo, "dispatch", np.asarray(c["bytes"], float),
+                                               sigma) / t)) ** 2 for c, t in zip(cases, measured))
+
+    assert sq_log(col["a2a_serialisation"]) <= sq_log(0.0)
     assert set(netns.existing_namespaces()) <= before

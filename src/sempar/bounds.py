@@ -17,7 +17,8 @@ import typer
 from sempar.errors import InputError
 
 SEED_MAX = 2**32 - 1            # numpy's legacy seeding and torch accept this range
-DEVICES_MAX = 4096              # EP degree / devices / ranks of a simulated cluster
+DEVICES_MAX = 4096              # EP degree / devices / ranks / nodes of a simulated cluster
+HOSTS_MAX = 64                  # ranks of a live run: one process (and netns host) each
 REDUNDANT_MAX = 4096            # replica slots per layer
 TOKENS_MAX = 2**31 - 1          # rows of a trace (int32 request and token ids)
 LAYERS_MAX = 10_000
@@ -51,4 +52,6 @@ def bound(lo: float | None = None, hi: float | None = None,
 
 
 SEED = bound(0, SEED_MAX)
+DEVICES = bound(1, DEVICES_MAX)
+HOSTS = bound(2, HOSTS_MAX)
 POSITIVE_SECONDS = bound(0, SECONDS_MAX, lo_open=True)

@@ -1,13 +1,16 @@
-"""Output of the `sempar` verbs: `out` (stdout tables), `err` (stderr), `emit_json` for `--json`.
+"""Output of the `sempar` verbs: `out` (stdout tables), `err` (stderr), `emit_json` for `--json`,
+`note` (one line on stderr, once) and `warnings_as_note` (a library's warnings as such a note).
 
 A low module (rich, json, numpy only) so that the verbs in `sempar.commands` and anything else
 that prints for the command line share one console without importing `sempar.cli`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from typing import Any
+import warnings
+from typing import Any, Iterator
 
 from rich.console import Console
 
@@ -34,3 +37,36 @@ def emit_json(obj: Any) -> None:
     """Print `obj` as the one JSON object of `--json` on stdout (indent 1) and flush."""
     sys.stdout.write(json.dumps(obj, indent=1, default=json_default) + "\n")
     sys.stdout.flush()
+
+
+_noted: set[str] = set()
+
+
+def note(key: str, message: str) -> None:
+    """`note: message` as one line on stderr, the first time `key` is noted in this process."""
+    if key in _noted:
+        return
+    _noted.add(key)
+    err.print(f"note: {message}", markup=False, highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def warnings_as_note(category: type[Warning], what: str) -> Iterator[None]:
+    """Inside, warnings of `category` (a library's, e.g. scikit-learn's ConvergenceWarning) are
+    not printed raw: the first of the process becomes one line `note: {what}: {its message}`
+    (`note`, keyed by the category: one cause, e.g. duplicate points, reaches several solvers);
+    other warnings are shown as before."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", category)
+        shown = warnings.showwarning
+
+        def show(message, cat, filename, lineno, file=None, line=None):  # noqa: ANN001
+            if issubclass(cat, category):
+                note(f"{cat.__module__}.{cat.__qualname__}",
+                     f"{what}: {' '.join(str(message).split())} (from "
+                     f"{cat.__module__.split('.')[0]}; later ones not shown)")
+            else:
+                shown(message, cat, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield

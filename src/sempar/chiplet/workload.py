@@ -23,7 +23,7 @@ ids N .. N + shared - 1 and every token.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 import numpy as np
 
@@ -79,6 +79,7 @@ class Workload:
     tokens_per_iter: int
     iterations: list[Iteration]
     experts: np.ndarray
+    _: KW_ONLY
     row_index: dict = field(repr=False, default_factory=dict)
     trace_layers: int = 1
     wrapped: bool = False
@@ -139,8 +140,8 @@ def assemble(trace: RoutingTrace, model: MoEModel, tokens_per_iter: int, iterati
     row_index = {int(r): i for i, r in enumerate(used)}
     for it in out:
         it.rows = np.fromiter((row_index[int(x)] for x in it.rows), np.int64, it.rows.size)
-    return Workload(model, tokens_per_iter, out, mapped, row_index, trace.meta.num_layers, wrapped,
-                    source)
+    return Workload(model, tokens_per_iter, out, mapped, row_index=row_index,
+                    trace_layers=trace.meta.num_layers, wrapped=wrapped, source=source)
 
 
 @dataclass

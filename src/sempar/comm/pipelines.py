@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from sempar.registry import Registry
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Pipeline:
     name: str
     attention: str              # "tp" | "dp"
@@ -79,28 +79,38 @@ def _add(p: Pipeline) -> Pipeline:
     return p
 
 
-_add(Pipeline("ds-moe", "tp", ("AR", "A2A-dispatch", "A2A-combine", "AG"), False, False, False,
-              "DeepSpeed-MoE: attention TP + EP: AR -> A2A -> A2A -> AG"))
-_add(Pipeline("sglang-tp", "tp", ("AR", "AR"), False, False, False,
-              "SGLang TP for attention and experts: AR + AR"))
-_add(Pipeline("smoe", "tp", ("RS", "A2A-dispatch", "A2A-combine", "AG"), True, True, True,
-              "s-MoE / Sem-MoE attention TP with token re-batching: SRS -> A2A -> A2A -> SAG",
-              aliases=("semmoe-tp",)))
-_add(Pipeline("smoe-exact", "tp", ("AR-logits", "RS", "A2A-dispatch", "A2A-combine", "AG"), True,
-              True, True, "smoe with exact pre-routing: AR of [T, N] router logits -> SRS -> A2A -> "
-              "A2A -> SAG, tokens homed by their real experts"))
-_add(Pipeline("attn-dp", "dp", ("A2A-dispatch", "A2A-combine"), False, False, True,
-              "attention DP + EP: A2A dispatch -> A2A combine, no de-duplication"))
-_add(Pipeline("sglang-ep", "dp", ("A2A-dispatch", "A2A-combine"), True, True, True,
-              "attention DP + EP as SGLang runs it with DeepEP: one-shot dedup dispatch -> combine"))
-_add(Pipeline("exflow", "dp", ("A2A-dispatch", "A2A-combine", "AG-iteration"), False, False, True,
-              "ExFlow context-coherent EP: one A2A per layer + AG of new tokens per iteration",
+_add(Pipeline(name="ds-moe", attention="tp", steps=("AR", "A2A-dispatch", "A2A-combine", "AG"),
+              dedup=False, one_shot=False, scheduled=False,
+              description="DeepSpeed-MoE: attention TP + EP: AR -> A2A -> A2A -> AG"))
+_add(Pipeline(name="sglang-tp", attention="tp", steps=("AR", "AR"),
+              dedup=False, one_shot=False, scheduled=False,
+              description="SGLang TP for attention and experts: AR + AR"))
+_add(Pipeline(name="smoe", attention="tp", steps=("RS", "A2A-dispatch", "A2A-combine", "AG"),
+              dedup=True, one_shot=True, scheduled=True,
+              description="s-MoE / Sem-MoE attention TP with token re-batching: SRS -> A2A -> "
+              "A2A -> SAG", aliases=("semmoe-tp",)))
+_add(Pipeline(name="smoe-exact", attention="tp",
+              steps=("AR-logits", "RS", "A2A-dispatch", "A2A-combine", "AG"),
+              dedup=True, one_shot=True, scheduled=True,
+              description="smoe with exact pre-routing: AR of [T, N] router logits -> SRS -> A2A "
+              "-> A2A -> SAG, tokens homed by their real experts"))
+_add(Pipeline(name="attn-dp", attention="dp", steps=("A2A-dispatch", "A2A-combine"),
+              dedup=False, one_shot=False, scheduled=True,
+              description="attention DP + EP: A2A dispatch -> A2A combine, no de-duplication"))
+_add(Pipeline(name="sglang-ep", attention="dp", steps=("A2A-dispatch", "A2A-combine"),
+              dedup=True, one_shot=True, scheduled=True,
+              description="attention DP + EP as SGLang runs it with DeepEP: one-shot dedup "
+              "dispatch -> combine"))
+_add(Pipeline(name="exflow", attention="dp", steps=("A2A-dispatch", "A2A-combine", "AG-iteration"),
+              dedup=False, one_shot=False, scheduled=True,
+              description="ExFlow context-coherent EP: one A2A per layer + AG of new tokens per "
+              "iteration", chained=True))
+_add(Pipeline(name="exflow-prefill", attention="dp",
+              steps=("AG-context", "A2A-dispatch", "A2A-combine"),
+              dedup=True, one_shot=True, scheduled=True,
+              description="ExFlow in a prefill (our runtime's exflow mode): AG of the held "
+              "context (+ size exchange) -> one-shot dedup A2A -> partial combine, every layer",
               chained=True))
-_add(Pipeline("exflow-prefill", "dp", ("AG-context", "A2A-dispatch", "A2A-combine"), True, True,
-              True, "ExFlow in a prefill (our runtime's exflow mode): AG of the held context "
-              "(+ size exchange) -> one-shot dedup A2A -> partial combine, every layer",
-              chained=True))
-
 
 def pipeline_names() -> list[str]:
     """Distinct pipelines (aliases left out), in registration order."""

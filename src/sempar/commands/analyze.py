@@ -15,8 +15,8 @@ from typing import Optional
 import typer
 
 from sempar.atomic import atomic_folder, check_folder_output, write_text_atomic
-from sempar.bounds import DEVICES_MAX, SEED, TOKENS_MAX, bound
-from sempar.commands._options import renamed
+from sempar.bounds import DEVICES_MAX, TOKENS_MAX, bound
+from sempar.commands._options import ep_option, json_option, renamed, seed_option
 from sempar.console import emit_json, err
 from sempar.errors import InputError
 
@@ -109,13 +109,12 @@ def run_analyze(trace_path: Path | None, out_dir: Path | None, devices: int = 8,
 
 def analyze(trace: Optional[Path] = typer.Argument(None, help="Parquet trace"),
             out_dir: Optional[Path] = typer.Option(None, "--out", help="folder for JSON, PNGs, report"),
-            as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-            ep: Optional[int] = typer.Option(None, "--ep", help="G for device-level figures (--devices: "
-                                             "the old spelling, still read) \\[default: 8]",
-                                             callback=bound(1, DEVICES_MAX)),
+            as_json: bool = json_option(),
+            ep: Optional[int] = ep_option(None, "G for device-level figures (--devices: the old "
+                                          "spelling, still read) \\[default: 8]"),
             devices: Optional[int] = typer.Option(None, "--devices", hidden=True,
                                                   callback=bound(1, DEVICES_MAX)),
-            seed: int = typer.Option(0, "--seed", callback=SEED),
+            seed: int = seed_option(),
             max_tokens: int = typer.Option(1_000_000, "--max-tokens",
                                            help="analyse a random subset of whole requests above this",
                                            callback=bound(8, TOKENS_MAX)),

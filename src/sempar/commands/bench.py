@@ -9,14 +9,15 @@ import sys
 import typer
 
 from sempar.bounds import POSITIVE_SECONDS, bound
+from sempar.commands._options import ep_option, json_option
 from sempar.errors import InputError
 
 
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench_cmd(
-        ep: int = typer.Option(4, "--ep", "--hosts", help="devices (G, the EP degree): one rank "
-                                "per testbed host", callback=bound(2, 64)),
+        ep: int = ep_option(4, "devices (G, the EP degree): one rank per testbed host",
+                           live=True, also=("--hosts",)),
         preset: str = typer.Option("pcie-upi8", "--preset", help="testbed topology preset "
                                    "(pcie-upi8, a100x4-ib, or a topology JSON FILE) or `none` "
                                    "for loopback; without root / netns: loopback"),
@@ -35,7 +36,7 @@ def register(app: typer.Typer) -> None:
                                            "sempar-tp-exact"),
         timeout: float = typer.Option(600.0, "--timeout", help="hard limit of the run, seconds",
                                       callback=POSITIVE_SECONDS),
-        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+        as_json: bool = json_option(),
         model: str = typer.Option("tiny-moe64", "--model", help="packaged model with a dev "
                                   "trace: tiny-moe64, or tiny-moe64-h8 (8 heads: TP at G = 8)"),
     ) -> None:

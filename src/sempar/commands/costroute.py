@@ -14,7 +14,8 @@ from typing import Optional
 
 import typer
 
-from sempar.bounds import DEVICES_MAX, bound
+from sempar.bounds import bound
+from sempar.commands._options import ep_option, json_option
 from sempar.console import emit_json, out
 from sempar.errors import InputError, check_choice
 
@@ -47,8 +48,7 @@ def _config(model, topology, ep, lambdas, corpus, text, tokens_per_domain, seq_l
 
 _MODEL = typer.Option("tiny-moe64", "--model", help="model folder or packaged name")
 _TOPO = typer.Option("hetero-cloud", "--topology", help="preset(s) or JSON, comma-separated")
-_EP = typer.Option(8, "--ep", help="EP degree G (= the topology's devices)",
-                   callback=bound(1, DEVICES_MAX))
+_EP = ep_option(8, "EP degree G (= the topology's devices)")
 _LAMS = typer.Option("0,0.05,0.1,0.15,0.2,0.25", "--lambdas", help="lambda_cost values")
 _CORPUS = typer.Option(None, "--corpus", help="corpus folder (held-out text); or $SEMPAR_CORPUS")
 _TEXT = typer.Option(None, "--text", help="FILE[:DOMAIN] instead of the corpus (repeatable)")
@@ -77,7 +77,7 @@ def sweep(model: str = _MODEL, topology: str = _TOPO, ep: int = _EP, lambdas: st
           tokens_per_domain: int = _TPD, seq_len: int = _SEQ, batch_size: Optional[int] = _BATCH,
           placement: str = _PLACE, dedup: bool = _DEDUP, mode: str = _MODE,
           token_bytes: Optional[int] = _TB, max_acc_loss: float = _LOSS,
-          as_json: bool = typer.Option(False, "--json", help="one JSON object on stdout"),
+          as_json: bool = json_option("one JSON object on stdout"),
           plot: Optional[Path] = typer.Option(None, "--plot", help="folder for pareto.png")) -> None:
     """Run the model on held-out text at every lambda: all-to-all mean/p95, routing shift, quality."""
     from sempar.progress import steps

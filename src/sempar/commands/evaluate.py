@@ -8,15 +8,17 @@ from typing import Optional
 
 import typer
 
-from sempar.bounds import DEVICES_MAX, REDUNDANT_MAX, SEED, bound
+from sempar.bounds import REDUNDANT_MAX, bound
+from sempar.commands._options import (ep_option, held_out_option, json_option,
+                                      nodes_option, objective_option, seed_option)
 from sempar.console import emit_json, out
 from sempar.errors import InputError
 
 
 def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements are solved on"),
              eval_file: Optional[Path] = typer.Option(None, "--eval", help="held-out trace"),
-             ep: int = typer.Option(..., "--ep", help="EP degree G", callback=bound(1, DEVICES_MAX)),
-             nodes: int = typer.Option(1, "--nodes", callback=bound(1, DEVICES_MAX)),
+             ep: int = ep_option(..., "EP degree G"),
+             nodes: int = nodes_option(1),
              methods: str = typer.Option("all", "--methods", help="comma-separated, or all"),
              mode: str = typer.Option("tp", "--mode", help="dp or tp"),
              redundant: int = typer.Option(0, "--redundant", callback=bound(0, REDUNDANT_MAX)),
@@ -26,14 +28,8 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
              preserve_groups: bool = typer.Option(False, "--preserve-groups",
                                                   help="experts stay in their expert group's slots"),
              split: bool = typer.Option(False, "--split", help="split --fit 20/80 by request"),
-             objective: str = typer.Option(
-                 "auto", "--objective",
-                 help="sempar's items: tokens (token ids: homes from a token table), rows (fit "
-                      "rows: homes from exact pre-routing), auto (rows without token ids)"),
-             held_out_imbalance: float = typer.Option(
-                 1.10, "--held-out-imbalance", callback=bound(1.0, 100.0),
-                 help="rows objective: the imbalance on new requests to stay within (the fit cap "
-                      "is lowered by the drift 2-fold cross-validation predicts)"),
+             objective: str = objective_option(),
+             held_out_imbalance: float = held_out_option(),
              cross: bool = typer.Option(False, "--cross-dataset",
                                         help="also fit on each domain of --fit, evaluate on the others"),
              online: bool = typer.Option(False, "--online",
@@ -41,8 +37,8 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
              policy: str = typer.Option("alg2", "--policy", help="dp request policy for --online"),
              lookback: int = typer.Option(2, "--lookback", help="n-gram look-back for --online",
                                      callback=bound(0, 64)),
-             seed: int = typer.Option(0, "--seed", callback=SEED),
-             as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+             seed: int = seed_option(),
+             as_json: bool = json_option()) -> None:
     """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""
     from sempar.placement import SOLVERS
     from sempar.placement.base import needs_token_ids

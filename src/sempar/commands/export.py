@@ -9,6 +9,7 @@ from typing import Any, Optional
 import typer
 
 from sempar.bounds import LAYERS_MAX, bound
+from sempar.commands._options import json_option
 from sempar.console import emit_json
 from sempar.errors import InputError
 
@@ -26,7 +27,7 @@ def export(placement: Path = typer.Option(..., "--placement", help="placement.js
            first_k_dense_replace: Optional[int] = typer.Option(
                None, "--first-k-dense-replace", help="sglang, likewise: leading dense layers",
                callback=bound(0, LAYERS_MAX)),
-           as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+           as_json: bool = json_option()) -> None:
     """Write a placement for an engine (and print the engine flags that go with it), or a
     permuted checkpoint that realises it."""
     from sempar.placement import Placement

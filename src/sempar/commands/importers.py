@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from sempar.bounds import TOKENS_MAX, bound
+from sempar.commands._options import json_option
 from sempar.console import emit_json
 from sempar.errors import InputError
 
@@ -38,7 +39,7 @@ def import_sglang_cmd(dumps: list[Path] = typer.Argument(..., help="SGLang per_t
                       keep_duplicates: bool = typer.Option(False, "--keep-duplicates",
                                                            help="keep attention-TP copies of a pass "
                                                                 "recorded by several ranks"),
-                      as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+                      as_json: bool = json_option()) -> None:
     """Convert SGLang expert-distribution dumps (per_token mode) into a routing trace."""
     from sempar.atomic import check_output
     from sempar.progress import progress_bar
@@ -108,7 +109,7 @@ def import_arrays_cmd(files: list[Path] = typer.Argument(..., help=".npz / .npy 
                       request_domain_key: Optional[str] = _key("request_domain"),
                       domain_names_key: Optional[str] = _key("domain_names"),
                       layer_ids_key: Optional[str] = _key("layer_ids"),
-                      as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+                      as_json: bool = json_option()) -> None:
     """Convert per-token routing dumped as numpy arrays (experts [T, L, k] and optional weights,
     token ids, requests, positions, domains) into a routing trace."""
     from sempar.atomic import check_output

@@ -8,14 +8,15 @@ from typing import Optional
 
 import typer
 
-from sempar.bounds import DEVICES_MAX, REDUNDANT_MAX, SEED, bound
+from sempar.bounds import REDUNDANT_MAX, bound
+from sempar.commands._options import (ep_option, held_out_option, nodes_option,
+                                      objective_option, seed_option)
 
 
 def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)"),
           method: str = typer.Option("sempar", "--method", help="placement method (see `evaluate`)"),
-          ep: int = typer.Option(..., "--ep", help="EP degree G (devices)", callback=bound(1, DEVICES_MAX)),
-          nodes: int = typer.Option(1, "--nodes", help="nodes the devices are grouped into",
-                                   callback=bound(1, DEVICES_MAX)),
+          ep: int = ep_option(..., "EP degree G (devices)"),
+          nodes: int = nodes_option(1, "nodes the devices are grouped into"),
           redundant: int = typer.Option(0, "--redundant", help="replica slots per layer",
                                        callback=bound(0, REDUNDANT_MAX)),
           mode: str = typer.Option("tp", "--mode", help="mode the placement serves: dp or tp"),
@@ -24,15 +25,9 @@ def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)")
                                               callback=bound(1.0, 100.0)),
           preserve_groups: bool = typer.Option(False, "--preserve-groups",
                                                help="experts stay in their expert group's slots"),
-          seed: int = typer.Option(0, "--seed", callback=SEED),
-          objective: str = typer.Option(
-              "auto", "--objective",
-              help="sempar's items: tokens (token ids: homes from a token table), rows (fit "
-                   "rows: homes from exact pre-routing), auto (rows without token ids)"),
-          held_out_imbalance: float = typer.Option(
-              1.10, "--held-out-imbalance", callback=bound(1.0, 100.0),
-              help="rows objective: the imbalance on new requests to stay within (the fit cap "
-                   "is lowered by the drift 2-fold cross-validation predicts)"),
+          seed: int = seed_option(),
+          objective: str = objective_option(),
+          held_out_imbalance: float = held_out_option(),
           jobs: Optional[int] = typer.Option(None, "--jobs", callback=bound(1, 4096),
                                              help="worker processes (default: usable CPUs)"),
           out_file: Path = typer.Option(..., "--out", help="placement.json to write")) -> None:

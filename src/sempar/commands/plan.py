@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 
-from sempar.commands._options import COLLECTIVES_HELP
+from sempar.commands._options import (COLLECTIVES_HELP, ep_list_option, ep_values, json_option,
+                                      seed_option)
 from sempar.commands._options import collectives as check_collectives
 from sempar.errors import InputError
 
@@ -26,8 +27,8 @@ def register(app: typer.Typer) -> None:
                                              "the trace's model)"),
         topology: str = typer.Option("pcie-upi8", "--topology", help="preset or topology JSON"),
         accelerator: str = typer.Option("h100", "--accelerator"),
-        ep: Optional[str] = typer.Option(None, "--ep", help="EP sizes to try, comma-separated "
-                                         "(default: the topology's devices)"),
+        ep: Optional[str] = ep_list_option("EP sizes to try, comma-separated (default: "
+                                                 "the topology's devices)"),
         slo: Optional[str] = typer.Option(None, "--slo", help="SLOs in seconds, e.g. e2e=10,ttft=0.5 "
                                           "(default: ttft and e2e at 5x SGLang's lightest load)"),
         methods: Optional[str] = typer.Option(None, "--methods", help="placement methods to try"),
@@ -42,10 +43,10 @@ def register(app: typer.Typer) -> None:
         top: int = typer.Option(4, "--top", help="candidates forecast in full after screening"),
         budget: int = typer.Option(2048, "--token-budget", help="tokens per iteration per device"),
         max_running: int = typer.Option(128, "--max-running", help="running requests per device"),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = seed_option(),
         collectives: Optional[str] = typer.Option(None, "--collectives", help=COLLECTIVES_HELP,
                                                   callback=check_collectives),
-        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+        as_json: bool = json_option(),
     ) -> None:
         """Rank deployments (pipeline x placement x policy x redundancy x EP) by throughput under an SLO."""
         from sempar.progress import steps
@@ -53,7 +54,7 @@ def register(app: typer.Typer) -> None:
         from sempar.serving.setup import forecaster, parse_floats, parse_slo
 
         given = parse_slo(slo)
-        eps = [int(x) for x in parse_floats(ep, "--ep")] if ep else [None]
+        eps = ep_values(ep)
         red = []
         for r in _names(redundant) or ["0"]:
             if r != "G" and not r.isdigit():

@@ -12,8 +12,8 @@ from typing import Any, Optional
 import numpy as np
 import typer
 
-from sempar.bounds import POSITIVE_SECONDS, bound
-from sempar.commands._options import renamed
+from sempar.bounds import HOSTS, POSITIVE_SECONDS, bound
+from sempar.commands._options import ep_option, json_option, renamed
 from sempar.console import emit_json
 from sempar.errors import InputError
 
@@ -88,10 +88,9 @@ def run_profile(hosts: int, testbed: str | None = None, scale: float = 1 / 8000,
 def register(app: typer.Typer) -> None:
     @app.command("profile")
     def profile_cmd(
-        ep: Optional[int] = typer.Option(None, "--ep", help="ranks (devices) to profile, one "
-                                          "per testbed host, 2..64 (--hosts: the same, still read) \\[required]",
-                                          callback=bound(2, 64)),
-        hosts: Optional[int] = typer.Option(None, "--hosts", hidden=True, callback=bound(2, 64)),
+        ep: Optional[int] = ep_option(None, "ranks (devices) to profile, one per testbed host, "
+                                       "2..64 (--hosts: the same, still read) \\[required]", live=True),
+        hosts: Optional[int] = typer.Option(None, "--hosts", hidden=True, callback=HOSTS),
         out: Path = typer.Option(Path("topo.json"), "--out", help="topology JSON to write"),
         testbed: str | None = typer.Option(None, "--testbed", "--preset", help="bring up a "
                                               "namespace testbed shaped as this preset or JSON "
@@ -115,7 +114,7 @@ def register(app: typer.Typer) -> None:
         op_timeout: float = typer.Option(30.0, "--op-timeout", help="limit of one collective / "
                                          "send / recv, seconds (a dead or hung rank)",
                                          callback=POSITIVE_SECONDS),
-        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+        as_json: bool = json_option(),
     ) -> None:
         """Profile alpha-beta per directed pair (CAMoE Alg. 1) and write a Topology JSON."""
         from sempar.commands.testbed import fail_env

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from sempar.bounds import bound
+from sempar.commands._options import json_option
 from sempar.console import emit_json
 
 
@@ -26,7 +27,7 @@ def record_cmd(model: str = typer.Option(..., "--model",
                dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16"),
                weights: bool = typer.Option(True, "--weights/--no-weights",
                                             help="store router weights too"),
-               as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+               as_json: bool = json_option()) -> None:
     """Run texts through a HF MoE model and record the exact experts of every MoE layer."""
     from sempar.atomic import check_output
     from sempar.progress import progress_bar

@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 
-from sempar.commands._options import COLLECTIVES_HELP
+from sempar.commands._options import (COLLECTIVES_HELP, ep_option, json_option, nodes_option,
+                                      seed_option)
 from sempar.commands._options import collectives as check_collectives
 from sempar.errors import InputError
 
@@ -22,10 +23,10 @@ def register(app: typer.Typer) -> None:
         preset: Optional[str] = typer.Option(None, "--preset", help="model dimensions (default: "
                                              "the trace's model)"),
         topology: str = typer.Option("pcie-upi8", "--topology", help="preset or topology JSON"),
-        nodes: Optional[int] = typer.Option(None, "--nodes", help="nodes of a scalable preset"),
+        nodes: Optional[int] = nodes_option(None, "nodes of a scalable preset"),
         accelerator: str = typer.Option("h100", "--accelerator", help="a100, h100, h200, smoe-a, "
                                         "smoe-b, cpu"),
-        ep: Optional[int] = typer.Option(None, "--ep", help="EP degree G (default: the topology's devices)"),
+        ep: Optional[int] = ep_option(None, "EP degree G (default: the topology's devices)"),
         systems: str = typer.Option("all", "--systems", help="all, or a comma-separated list; the "
                                     "first of each attention mode (DP, TP) is the baseline whose "
                                     "lightest load sets that mode's SLOs"),
@@ -41,11 +42,11 @@ def register(app: typer.Typer) -> None:
         slo: Optional[str] = typer.Option(None, "--slo", help="given SLOs in seconds, e.g. e2e=10,ttft=0.5"),
         budget: int = typer.Option(2048, "--token-budget", help="tokens per iteration per device"),
         max_running: int = typer.Option(128, "--max-running", help="running requests per device"),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = seed_option(),
         collectives: Optional[str] = typer.Option(None, "--collectives", help=COLLECTIVES_HELP,
                                                   callback=check_collectives),
         plot: Optional[Path] = typer.Option(None, "--plot", help="folder for serve-sim-curves.png"),
-        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+        as_json: bool = json_option(),
     ) -> None:
         """Forecast serving throughput under latency SLOs for several systems side by side."""
         from sempar.progress import steps

@@ -9,9 +9,9 @@ from typing import Optional
 
 import typer
 
-from sempar.bounds import SEED, bound
+from sempar.bounds import bound
 from sempar.console import emit_json, out
-from sempar.commands._options import COLLECTIVES_HELP
+from sempar.commands._options import COLLECTIVES_HELP, json_option, nodes_option, seed_option
 from sempar.commands._options import collectives as check_collectives
 from sempar.errors import InputError
 
@@ -35,8 +35,7 @@ def register(app: typer.Typer) -> None:
                                      "(= semmoe-tp), smoe-exact, attn-dp, sglang-ep, exflow (--compare: list)"),
         topology: str = typer.Option("pcie-upi8", "--topology", help="preset (nvlink8, pcie-upi8, "
                                      "a100x4-ib[:N], hetero-cloud[:N]) or topology JSON (--compare: list)"),
-        nodes: Optional[int] = typer.Option(None, "--nodes", help="nodes of a scalable preset",
-                                             callback=bound(1, 1024)),
+        nodes: Optional[int] = nodes_option(None, "nodes of a scalable preset"),
         hidden: Optional[int] = typer.Option(None, "--hidden", help="hidden size (default: the "
                                              "trace's model: tiny models' config, preset table)",
                                              callback=bound(1, 1_000_000)),
@@ -56,13 +55,13 @@ def register(app: typer.Typer) -> None:
         logit_bytes: int = typer.Option(4, "--logit-bytes", help="smoe-exact: bytes per "
                                         "all-reduced router logit (fp32 = 4, bf16 = 2)",
                                         callback=bound(1, 16)),
-        seed: int = typer.Option(0, "--seed", help="split and solver seed", callback=SEED),
+        seed: int = seed_option("split and solver seed"),
         collectives: Optional[str] = typer.Option(None, "--collectives", help=COLLECTIVES_HELP,
                                                   callback=check_collectives),
         compare: bool = typer.Option(False, "--compare", help="every placement x pipeline x "
                                      "topology in one table and one PNG"),
         png: Path = typer.Option(Path("simulate-compare.png"), "--png", help="--compare: plot path"),
-        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+        as_json: bool = json_option(),
     ) -> None:
         """Bytes per directed pair and all-to-all time (CAMoE eq. 9) per layer and in total."""
         from sempar.comm.compare import Study, plot_grid, run_grid, single

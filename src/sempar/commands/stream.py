@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from sempar.commands._options import json_option, seed_option
 from sempar.console import emit_json
 
 
@@ -53,9 +54,9 @@ def stream(
     micro_slices: int = typer.Option(0, help="micro-slices per expert (0: 8, more when the buffer holds fewer than 8)"),
     sweeps: bool = typer.Option(False, "--sweeps", help="also run the design-space sweeps (Figs. 16-18)"),
     sweep_iterations: int = typer.Option(3, help="iterations per sweep point"),
-    seed: int = typer.Option(0, help="seed of the synthetic trace"),
+    seed: int = seed_option("seed of the synthetic trace"),
     plot: Optional[Path] = typer.Option(None, help="write the figures into this folder"),
-    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+    json_out: bool = json_option(),
 ) -> None:
     """Compare EP, Hydra (as the paper runs them, and double-buffered) and the FSE-DP variants on a multi-chiplet package."""
     from sempar.chiplet import sweeps as sw
@@ -68,7 +69,7 @@ def stream(
     from sempar.progress import progress_bar, steps
 
     rows, cols = parse_mesh(mesh)
-    from sempar.bounds import SEED_MAX, check_bound
+    from sempar.bounds import check_bound
     for opt, v in (("--buffer-mb", buffer_mb), ("--ddr-gbps", ddr_gbps), ("--d2d-gbps", d2d_gbps)):
         check_bound(opt, v, 0, 1e6, lo_open=True)
     check_bound("--sweep-iterations", sweep_iterations, 1, 1000)
@@ -77,7 +78,6 @@ def stream(
     check_bound("--iterations", iterations, 1, 100_000)
     check_bound("--tokens-per-iter x --iterations", tokens_per_iter * iterations, 1, 50_000_000)
     check_bound("--micro-slices", micro_slices, 0, 4096)
-    check_bound("--seed", seed, 0, SEED_MAX)
     if trace is not None and not Path(trace).exists():
         raise InputError(f"--trace: {trace} does not exist")
     cfg = ChipletConfig(rows=rows, cols=cols, buffer_bytes=int(buffer_mb * MB), ddr_bw_per_die=ddr_gbps * 1e9,

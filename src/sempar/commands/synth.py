@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from sempar.bounds import SEED, TOKENS_MAX, bound
+from sempar.bounds import TOKENS_MAX, bound
+from sempar.commands._options import seed_option
 from sempar.trace.presets import PRESETS
 
 
@@ -19,7 +20,7 @@ def synth(preset: str = typer.Option(..., "--preset",
           requests: Optional[int] = typer.Option(None, "--requests",
                                                  help="number of requests (default tokens/256)",
                                                  callback=bound(1, TOKENS_MAX)),
-          seed: int = typer.Option(0, "--seed", callback=SEED),
+          seed: int = seed_option(),
           weights: bool = typer.Option(False, "--weights/--no-weights",
                                        help="also store router weights"),
           out_file: Path = typer.Option(..., "--out", help="Parquet trace to write")) -> None:

@@ -8,7 +8,8 @@ import time
 
 import typer
 
-from sempar.bounds import POSITIVE_SECONDS, bound
+from sempar.bounds import HOSTS, POSITIVE_SECONDS, bound
+from sempar.commands._options import json_option
 from sempar.errors import InputError
 
 
@@ -26,7 +27,7 @@ def register(app: typer.Typer) -> None:
 
     @tb_app.command("up")
     def up(hosts: int = typer.Option(..., "--hosts", help="number of hosts (namespaces), 2..64",
-                                     callback=bound(2, 64)),
+                                     callback=HOSTS),
            preset: str = typer.Option("pcie-upi8", "--preset", help="topology preset "
                                       "(pcie-upi8, a100x4-ib[:N], ...) or topology JSON FILE"),
            scale: float = typer.Option(1 / 8000, "--scale", help="shaped bytes/s per preset "
@@ -35,7 +36,7 @@ def register(app: typer.Typer) -> None:
            name: str | None = typer.Option(None, "--name", help="testbed name (default t<pid>)"),
            ttl: float = typer.Option(3600.0, "--ttl", help="seconds until a later up/status/down "
                                      "removes it", callback=POSITIVE_SECONDS),
-           as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+           as_json: bool = json_option()) -> None:
         """Create the namespaces, bridge, addresses and shaping; `down` removes them."""
         from sempar.console import emit_json
         from sempar.testbed import netns, shaping
@@ -61,7 +62,7 @@ def register(app: typer.Typer) -> None:
     @tb_app.command("down")
     def down(name: str | None = typer.Argument(None, help="testbed name (default: every "
                                                   "testbed and stray sempar-* namespace)"),
-             as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+             as_json: bool = json_option()) -> None:
         """Remove a testbed (or all of them): namespaces, veths, bridge, state file."""
         from sempar.console import emit_json
         from sempar.testbed import netns
@@ -80,7 +81,7 @@ def register(app: typer.Typer) -> None:
                              f"(`sempar testbed down {tb.name}` removes it anyway)\n")
 
     @tb_app.command("status")
-    def status(as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    def status(as_json: bool = json_option()) -> None:
         """List recorded testbeds and every sempar-* namespace present."""
         from sempar.console import emit_json
         from sempar.testbed import netns

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from sempar.commands._options import json_option
 from sempar.console import emit_json, out
 
 trace_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Inspect and check routing traces.")
@@ -25,7 +26,7 @@ def trace_validate(file: Path = typer.Argument(..., help="Parquet trace to check
 
 @trace_app.command("info")
 def trace_info_cmd(file: Path = typer.Argument(..., help="Parquet trace"),
-                   as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+                   as_json: bool = json_option()) -> None:
     """Summarise a trace: tokens, requests, model shape, domains."""
     from sempar.trace import trace_info
 

@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from sempar.bounds import SEED, bound
+from sempar.bounds import bound
+from sempar.commands._options import seed_option
 from sempar.errors import InputError
 
 
@@ -22,7 +23,7 @@ def train_tiny_cmd(model: str = typer.Option(..., "--model", help="tiny-mixtral 
                    max_steps: Optional[int] = typer.Option(None, "--max-steps", callback=bound(1, 10**8)),
                    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads",
                                                     callback=bound(1, 1024)),
-                   seed: int = typer.Option(0, "--seed", callback=SEED)) -> None:
+                   seed: int = seed_option()) -> None:
     """Train the BPE tokenizer or a tiny MoE model on the corpus (CPU); save safetensors + loss PNG."""
     from sempar.corpus.fetch import verify_corpus
     from sempar.paths import assets_dir

@@ -55,6 +55,7 @@ from scipy.optimize import linear_sum_assignment
 from threadpoolctl import threadpool_limits
 
 from sempar.affinity.routing_stats import AffinityStats
+from sempar.console import warnings_as_note
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement
 from sempar.placement.placement import Placement
 
@@ -215,9 +216,13 @@ def kmeans2d(p: PlacementProblem) -> Placement:
     """s-MoE §5.7 2D balanced k-means baseline: balanced k-means of experts, balanced k-means of
     tokens, token clusters matched to expert groups (see the module docstring for the choices)."""
     G = p.num_devices
+    from sklearn.exceptions import ConvergenceWarning
+
     stats = AffinityStats(p.trace)
     groups, tdev = [], []
-    with threadpool_limits(1):                     # small problems: threads only add overhead
+    # threads: small problems only add overhead; ConvergenceWarning: duplicate points (e.g. a
+    # trace of one repeated token) leave fewer distinct clusters than devices, said once
+    with threadpool_limits(1), warnings_as_note(ConvergenceWarning, "kmeans2d"):
         for l in range(stats.L):
             Cp, counts = _layer(stats, l)
             groups_l, tdev_l = _kmeans2d_layer(Cp, counts, stats.a, G, p.seed)

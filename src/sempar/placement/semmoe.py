@@ -82,6 +82,7 @@ import numpy as np
 from scipy import sparse
 
 from sempar.affinity.routing_stats import AffinityStats
+from sempar.console import warnings_as_note
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement
 from sempar.placement.placement import Placement, RequestClusters
 
@@ -227,11 +228,13 @@ def request_schedule(raf_e: np.ndarray, feats: np.ndarray, lengths: np.ndarray,
 def initial_requests(feats: np.ndarray, E: int, seed: int) -> np.ndarray:
     """Alg. 1 line 44: balanced k-means of the requests' expert-affinity vectors feats[R, D]."""
     from sklearn.cluster import KMeans
+    from sklearn.exceptions import ConvergenceWarning
 
     R = feats.shape[0]
     if R < E:
         return np.arange(R) % E
-    km = KMeans(n_clusters=E, n_init=3, random_state=seed).fit(feats)
+    with warnings_as_note(ConvergenceWarning, "semmoe request k-means"):
+        km = KMeans(n_clusters=E, n_init=3, random_state=seed).fit(feats)
     dist = km.transform(feats)                                     # [R, E]
     cap = -(-R // E)
     cnt = np.zeros(E, np.int64)

@@ -26,7 +26,7 @@ import numpy as np
 from sempar.errors import InputError
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ControllerStep:
     lam: float            # lambda for the next window
     error: float          # (observed - target) / target
@@ -77,8 +77,8 @@ class LambdaController:
         else:
             lam, reason = self.lam + self.gain * error, "steer"
         self.lam = float(np.clip(lam, self.lam_min, self.lam_max))
-        step = ControllerStep(self.lam, float(error), float(self.ratio),
-                              bool(abs(self.ratio - 1) > self.drift_tol), reason)
+        step = ControllerStep(lam=self.lam, error=float(error), ratio=float(self.ratio),
+                              refresh=bool(abs(self.ratio - 1) > self.drift_tol), reason=reason)
         self.history.append(step)
         return step
 

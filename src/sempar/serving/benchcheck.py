@@ -101,7 +101,7 @@ def calibrated_cpu(dims: ModelDims, batch_size: int, seq: int, forward_seconds: 
     if not forward_seconds > 0:
         raise InputError(f"measured forward seconds {forward_seconds} is not positive")
     base = ACCELERATORS.get("cpu")
-    roof = Roofline(dims, base, 1, False)
+    roof = Roofline(dims, base, 1, tp=False)
     t = float(roof.dense_seconds(*iteration_inputs(1, batch_size, seq))[0])
     L = dims.moe_layers
     copies = np.full((L, 1), float(batch_size * seq * dims.top_k))

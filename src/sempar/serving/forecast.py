@@ -150,7 +150,7 @@ class Forecaster:
             home = self._served_homes(hk, pl, v.policy, served)
         else:
             home = homes(pipe)
-        roof = Roofline(self.dims, self.acc, G, tp)
+        roof = Roofline(self.dims, self.acc, G, tp=tp)
         inst = 1 if tp else G
         scale = G if tp else 1
         cap = roof.kv_capacity(pl.slots_per_device)

@@ -21,7 +21,7 @@ KV at these sizes); kernels are assumed to overlap nothing and launch for free (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import numpy as np
 
@@ -42,6 +42,7 @@ class Roofline:
     dims: ModelDims
     acc: Accelerator
     G: int
+    _: KW_ONLY
     tp: bool
 
     def __post_init__(self) -> None:

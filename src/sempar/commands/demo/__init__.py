@@ -8,11 +8,12 @@ from pathlib import Path
 
 import typer
 
+from sempar.commands._options import json_option
 from sempar.console import emit_json
 
 
 def demo(out_dir: Path = typer.Option(Path("sempar-demo"), "--out", help="folder for report.html"),
-         as_json: bool = typer.Option(False, "--json", help="print summary.json on stdout"),
+         as_json: bool = json_option("print summary.json on stdout"),
          force: bool = typer.Option(False, "--force", help="move a non-empty --out folder sempar "
                                     "did not write aside (never deleted)")) -> None:
     """Run every stage sempar has on the embedded default data; write report.html and summary.json."""
