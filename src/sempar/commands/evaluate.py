@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from sempar.bounds import DEVICES_MAX, REDUNDANT_MAX, SEED, bound
+from sempar.bounds import CHUNK_SLACK, DEVICES_MAX, REDUNDANT_MAX, SEED, bound
 from sempar.console import emit_json, out
 from sempar.errors import InputError
 
@@ -33,6 +33,9 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
              policy: str = typer.Option("alg2", "--policy", help="dp request policy for --online"),
              lookback: int = typer.Option(2, "--lookback", help="n-gram look-back for --online",
                                      callback=bound(0, 64)),
+             chunk_slack: float = typer.Option(0.0, "--chunk-slack", callback=CHUNK_SLACK,
+                                               help="tp oracle / pre-routed homes: a device may "
+                                               "take up to (1 + EPS) x batch / G, in [0, 1)"),
              seed: int = typer.Option(0, "--seed", callback=SEED),
              as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""
@@ -62,14 +65,15 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
         if lookback < 0:
             raise InputError(f"--lookback: {lookback} is negative")
         oov = model_embedding(fit_trace.meta.model)
-        extra = lambda p, m: online_figures(p, fit_trace, eval_trace, m, oov, lookback, policy)  # noqa: E731
+        extra = lambda p, m: online_figures(p, fit_trace, eval_trace, m, oov,  # noqa: E731
+                                            lookback, policy, chunk_slack)
         home = OnlineHomes(oov, lookback, policy)
     cross_names = [n for n in (DEFAULT_METHODS if methods == "all" else names) if n != "oracle"]
     chosen = names if methods != "all" else None
     with steps("evaluate", len(names)) as step:
         result = run(fit_trace, eval_trace, ep, nodes, chosen, mode, redundant, seed,
                      progress=step, extra=extra, max_imbalance=max_imbalance,
-                     preserve_groups=preserve_groups)
+                     preserve_groups=preserve_groups, chunk_slack=chunk_slack)
     if cross:
         with steps("cross-dataset", len(cross_names) * len(whole.domains)) as step:
             result["cross_dataset"] = cross_dataset_matrix(whole, ep, nodes, cross_names, mode,

@@ -31,10 +31,12 @@ ATTENTION_MODES = ("dp", "tp")
 
 
 def figures_for(placement: Placement, eval_: RoutingTrace, mode: str,
-                free_lar: float | None = None) -> dict:
+                free_lar: float | None = None, chunk_slack: float = 0.0) -> dict:
     """The per-method figures of the contract for one solved placement in one mode
-    (`free_lar`: the unconstrained oracle LAR, when already computed)."""
-    oracle = oracle_home_dp(placement, eval_) if mode == "dp" else oracle_home(placement, eval_.experts)
+    (`free_lar`: the unconstrained oracle LAR, when already computed; `chunk_slack`: tp's
+    oracle homes may fill a device up to ceil((1 + chunk_slack) x batch / G))."""
+    oracle = (oracle_home_dp(placement, eval_) if mode == "dp"
+              else oracle_home(placement, eval_.experts, slack=chunk_slack))
     # the ceiling places tokens knowing their routing
     home = oracle if placement.method == ORACLE else method_home(placement, eval_, mode)
     f = placement_figures(placement, eval_.experts, home)
@@ -66,10 +68,12 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
                    redundant: int = 0, seed: int = 0,
                    progress: Callable[[str], None] | None = None,
                    extra: Callable[[Placement, str], dict] | None = None,
-                   max_imbalance: float = 1.05, preserve_groups: bool = False) -> dict[str, dict]:
+                   max_imbalance: float = 1.05, preserve_groups: bool = False,
+                   chunk_slack: float = 0.0) -> dict[str, dict]:
     """{mode: the `evaluate --json` contract}, every placement solved once for all modes.
 
-    `max_imbalance` / `preserve_groups` go to every solver (`base.solve`).
+    `max_imbalance` / `preserve_groups` go to every solver (`base.solve`); `chunk_slack` to the
+    tp oracle homes (`figures_for`).
     `extra(placement, mode)` adds keys to each deployable method's entry (`evaluate --online`
     passes the online schedulers' figures; the data flow keeps schedulers downstream of here).
     """
@@ -105,8 +109,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
             seconds = round(time.perf_counter() - t0, 4)
             free = unconstrained_oracle_lar(placement, eval_)
             for mode in group:
-                out[mode]["methods"][name] = dict(figures_for(placement, eval_, mode, free),
-                                                  solve_seconds=seconds)
+                out[mode]["methods"][name] = dict(
+                    figures_for(placement, eval_, mode, free, chunk_slack), solve_seconds=seconds)
                 if extra is not None and name != ORACLE:
                     out[mode]["methods"][name].update(extra(placement, mode))
     for mode in modes:
@@ -136,7 +140,8 @@ def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int = 1,
              methods: list[str] | None = None, mode: str = "tp", redundant: int = 0,
              seed: int = 0, progress: Callable[[str], None] | None = None,
              extra: Callable[[Placement, str], dict] | None = None,
-             max_imbalance: float = 1.05, preserve_groups: bool = False) -> dict:
+             max_imbalance: float = 1.05, preserve_groups: bool = False,
+             chunk_slack: float = 0.0) -> dict:
     """The `evaluate --json` contract for `methods` (default: every registered one)."""
     return evaluate_modes(fit, eval_, ep, nodes, methods, (mode,), redundant, seed,
-                          progress, extra, max_imbalance, preserve_groups)[mode]
+                          progress, extra, max_imbalance, preserve_groups, chunk_slack)[mode]
