@@ -8,7 +8,8 @@ Per real trace (full-traces/, split 20/80 by request, seed 0), EP degree and pla
 - LAR of the capacity-bound oracle homes (`schedule.homes.oracle_home(slack=epsilon)`), next to
   the unconstrained one (every token on its best device);
 - the largest and smallest chunk per (batch, layer) as a share of batch / G (mean over them);
-- the simulator's time per MoE layer (ms, mean over batches, nccl model, bf16) of the `smoe`
+- the simulator's time per MoE layer (ms, mean over batches, nccl model, bf16, on a100x4-ib
+  with G / 4 nodes unless --topology names another preset) of the `smoe`
   pipeline (shuffled RS -> A2A dispatch -> A2A combine -> shuffled AG) with those homes: the
   all-to-all phases, the RS + AG (padded to the largest chunk: `comm.simulate.ring_buffer`) and
   their sum. `smoe-exact` adds its router-logit all-reduce on top, the same at every epsilon.
@@ -17,7 +18,7 @@ Asserts nothing; all times are simulated from the alpha-beta model.
 
     PYTHONPATH=src python benchmarks/bench_chunk_slack.py [--traces gpt-oss-20b-mmlu.npz ...]
         [--ep 4 8] [--eps 0 0.02 0.05 0.1 0.2] [--methods sempar moetuner vanilla]
-        [--data /work/shared/data/real/full-traces] [--json]
+        [--data /work/shared/data/real/full-traces] [--topology a100x4-ib | pcie-upi8] [--json]
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def chunk_shares(home: np.ndarray, G: int, batch: int = BATCH) -> tuple[float, f
 
 
 def run(traces: list[str], eps: list[float], ep_list: list[int], methods: list[str],
-        data: Path) -> list[dict]:
+        data: Path, topology: str = "a100x4-ib") -> list[dict]:
     rows = []
     pipe = PIPELINES.get("smoe")
     for name in traces:
@@ -81,7 +82,8 @@ def run(traces: list[str], eps: list[float], ep_list: list[int], methods: list[s
         fit, ev = split_by_request(tr, seed=0)
         opts = SimOptions(hidden=HIDDEN[tr.meta.model], dtype_bytes=2)
         for G in ep_list:
-            topo = topology_preset("a100x4-ib", G // 4)
+            topo = (topology_preset(topology, G // 4) if topology == "a100x4-ib"
+                    else topology_preset(topology))
             for meth in methods:
                 p = solve(meth, fit, G, mode="tp", objective="rows")
                 free = placement_figures(p, ev.experts, oracle_home(p, ev.experts, None))
@@ -128,11 +130,13 @@ def main() -> None:
     ap.add_argument("--eps", nargs="+", type=float, default=[0.0, 0.02, 0.05, 0.1, 0.2])
     ap.add_argument("--methods", nargs="+", default=["sempar", "moetuner", "vanilla"])
     ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--topology", default="a100x4-ib",
+                    help="a100x4-ib (G / 4 nodes) or a fixed preset with G devices (pcie-upi8)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args()
-    if any(g % 4 for g in a.ep):
+    if a.topology == "a100x4-ib" and any(g % 4 for g in a.ep):
         ap.error("--ep: multiples of 4 (a100x4-ib nodes of 4 GPUs)")
-    rows = run(a.traces, a.eps, a.ep, a.methods, a.data)
+    rows = run(a.traces, a.eps, a.ep, a.methods, a.data, a.topology)
     print(json.dumps({"rows": rows}, indent=1) if a.json else table(rows))
 
 

@@ -40,7 +40,7 @@ NUMBERS = [
     ("analyze {good} --ep 100", "--ep: 100 is not between 1 and the 16 experts"),
     ("simulate --trace {good} --hidden 64 --seed -1", "--seed: -1"),
     ("simulate --trace {good} --hidden 64 --batch 0", "--batch: 0"),
-    ("simulate --trace {good} --hidden 64 --chunk-slack -0.1", "--chunk-slack: -0.1 must be at least 0"),
+    ("evaluate --fit {good} --split --ep 4 --chunk-slack -0.1", "--chunk-slack: -0.1 must be at least 0"),
     ("simulate --trace {good} --hidden 64 --topology a100x4-ib:100000", "nodes: 100000 is above the limit"),
     ("export --placement {placement} --to sglang --out o.json --num-hidden-layers 100000000",
      "--num-hidden-layers: 100000000 is above the limit"),

@@ -33,7 +33,6 @@ class Study:
     schedule: str = "auto"
     policy: str = "alg2"
     seed: int = 0
-    chunk_slack: float = 0.0      # smoe-exact's homes: capacity.slack_shares
     _placements: dict = field(default_factory=dict)
     _homes: dict = field(default_factory=dict)
 
@@ -70,7 +69,7 @@ class Study:
         key = (spec, topo.num_devices, topo.num_nodes)
         if key not in self._homes:
             self._homes[key] = Homes(pl, self.eval, self.fit, self.schedule, self.policy,
-                                     self.opts.batch, self.chunk_slack)
+                                     self.opts.batch)
         homes = self._homes[key]
         res = simulate(self.eval.experts, homes(pipe), pl, topo, pipe, self.opts)
         res["placement"] = pl.method or spec

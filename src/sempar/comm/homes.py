@@ -9,9 +9,7 @@
 
 - `smoe-exact`: the capacity-aligned home of each token's pre-routed experts (its real ones:
   `schedule.homes.oracle_home`, the pre-router's rule), whatever `schedule` says: nothing is
-  predicted or fitted. `slack` > 0 lets each device take up to ceil((1 + slack) x batch / G)
-  of a batch (`capacity.slack_shares`); the simulator then pads the RS / AG to the largest
-  chunk (`simulate.ring_buffer`).
+  predicted or fitted.
 
 `schedule`: "auto" (default) uses the online schedulers when the placement carries a token
 table, i.e. comes from a co-clustering method (semmoe, smoe-cem), and vanilla homes otherwise;
@@ -25,7 +23,7 @@ import numpy as np
 
 from sempar.comm.pipelines import Pipeline
 from sempar.errors import InputError
-from sempar.placement.capacity import BATCH, check_slack
+from sempar.placement.capacity import BATCH
 from sempar.placement.placement import Placement
 from sempar.schedule.homes import home_dp_round_robin, home_tp_contiguous, oracle_home
 from sempar.trace.schema import RoutingTrace
@@ -37,13 +35,11 @@ class Homes:
     """Caches the fitted schedulers and the homes of one (placement, eval trace) pair."""
 
     def __init__(self, placement: Placement, eval_: RoutingTrace, fit: RoutingTrace | None,
-                 schedule: str = "auto", policy: str = "alg2", batch: int = BATCH,
-                 slack: float = 0.0):
+                 schedule: str = "auto", policy: str = "alg2", batch: int = BATCH):
         if schedule not in SCHEDULES:
             raise InputError(f"--schedule: {schedule!r} is not one of {', '.join(SCHEDULES)}")
         self.placement, self.eval, self.fit = placement, eval_, fit
         self.schedule, self.policy, self.batch = schedule, policy, batch
-        self.slack = check_slack(slack, "--chunk-slack")
         self._sched = None
         self._cache: dict[str, np.ndarray] = {}
 
@@ -70,8 +66,7 @@ class Homes:
             return None
         if pipeline.name == "smoe-exact":
             if "exact" not in self._cache:
-                self._cache["exact"] = oracle_home(self.placement, self.eval.experts, self.batch,
-                                                   self.slack)
+                self._cache["exact"] = oracle_home(self.placement, self.eval.experts, self.batch)
             return self._cache["exact"]
         sched = self.scheduled(pipeline)
         key = f"{pipeline.attention}:{sched}"

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from sempar.bounds import CHUNK_SLACK, SEED, bound
+from sempar.bounds import SEED, bound
 from sempar.console import emit_json, out
 from sempar.commands._options import COLLECTIVES_HELP
 from sempar.commands._options import collectives as check_collectives
@@ -56,9 +56,6 @@ def register(app: typer.Typer) -> None:
         logit_bytes: int = typer.Option(4, "--logit-bytes", help="smoe-exact: bytes per "
                                         "all-reduced router logit (fp32 = 4, bf16 = 2)",
                                         callback=bound(1, 16)),
-        chunk_slack: float = typer.Option(0.0, "--chunk-slack", callback=CHUNK_SLACK,
-                                          help="smoe-exact: a device may take up to (1 + EPS) x "
-                                          "batch / G; RS / AG padded to the largest chunk"),
         seed: int = typer.Option(0, "--seed", help="split and solver seed", callback=SEED),
         collectives: Optional[str] = typer.Option(None, "--collectives", help=COLLECTIVES_HELP,
                                                   callback=check_collectives),
@@ -87,8 +84,7 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--dtype-bytes: {dtype_bytes} is not a positive integer")
         if logit_bytes < 1:
             raise InputError(f"--logit-bytes: {logit_bytes} is not a positive integer")
-        study = Study.from_trace(tr, opts, schedule=schedule, policy=policy, seed=seed,
-                                 chunk_slack=chunk_slack)
+        study = Study.from_trace(tr, opts, schedule=schedule, policy=policy, seed=seed)
         if compare:
             methods, pipes, topos = _list(placement), _list(pipeline), _list(topology)
             with steps("simulate", len(methods) * len(pipes) * len(topos)) as step:

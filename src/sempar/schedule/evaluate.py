@@ -21,6 +21,7 @@ from typing import Callable
 
 from sempar.errors import InputError
 from sempar.placement.base import SOLVERS, solve
+from sempar.placement.capacity import check_slack
 from sempar.placement.oracle import ORACLE
 from sempar.placement.metrics import placement_figures
 from sempar.placement.placement import Placement
@@ -73,10 +74,11 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
     """{mode: the `evaluate --json` contract}, every placement solved once for all modes.
 
     `max_imbalance` / `preserve_groups` go to every solver (`base.solve`); `chunk_slack` to the
-    tp oracle homes (`figures_for`).
+    tp oracle homes (`figures_for`), and when > 0 the tp entry says it ("chunk_slack").
     `extra(placement, mode)` adds keys to each deployable method's entry (`evaluate --online`
     passes the online schedulers' figures; the data flow keeps schedulers downstream of here).
     """
+    check_slack(chunk_slack, "--chunk-slack")
     for mode in modes:
         if mode not in ATTENTION_MODES:
             raise InputError(f"--mode: {mode!r} is not one of {', '.join(ATTENTION_MODES)}")
@@ -87,6 +89,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
                   "fit": {"tokens": fit.num_tokens, "requests": fit.num_requests},
                   "eval": {"tokens": eval_.num_tokens, "requests": eval_.num_requests},
                   "methods": {}} for mode in modes}
+    if chunk_slack and "tp" in out:          # say so only when the figures are not today's rule
+        out["tp"]["chunk_slack"] = chunk_slack
     for name in names:
         if progress:
             progress(name)
