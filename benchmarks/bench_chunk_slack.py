@@ -14,7 +14,12 @@ Per real trace (full-traces/, split 20/80 by request, seed 0), EP degree and pla
   all-to-all phases, the RS + AG (padded to the largest chunk: `comm.simulate.ring_buffer`) and
   their sum. `smoe-exact` adds its router-logit all-reduce on top, the same at every epsilon.
 
-Asserts nothing; all times are simulated from the alpha-beta model.
+Asserts nothing; all times are simulated from the alpha-beta model. Reading (2 traces, EP 4 / 8,
+3 methods, a100x4-ib and pcie-upi8): the slack never pays. LAR rises (sempar GPT-OSS EP 4 0.578
+-> 0.603 at 0.2), but the all-to-all phases stay flat (eq. 9 is the slowest pair, and the
+largest chunk's device sends more) while the padded RS + AG grow with the largest chunk, so the
+net per layer is 1.2-2.1 % slower at 0.02 and 14-19 % at 0.2; hence `--chunk-slack` is on
+`sempar evaluate` (the LAR figures) and not on `sempar simulate`.
 
     PYTHONPATH=src python benchmarks/bench_chunk_slack.py [--traces gpt-oss-20b-mmlu.npz ...]
         [--ep 4 8] [--eps 0 0.02 0.05 0.1 0.2] [--methods sempar moetuner vanilla]
