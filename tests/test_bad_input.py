@@ -32,6 +32,7 @@ NUMBERS = [
     ("place --trace {good} --method vanilla --ep 0 --out o.json", "--ep: 0"),
     ("evaluate --fit {good} --split --ep 4 --seed -3", "--seed: -3"),
     ("evaluate --fit {good} --split --ep 100000", "--ep: 100000 is above the limit"),
+    ("evaluate --fit {good} --split --ep 4 --chunk-slack 1", "--chunk-slack: 1.0 must be below 1"),
     ("analyze {good} --seed -1", "--seed: -1"),
     ("analyze {good} --devices 0", "--devices: 0"),
     ("analyze {good} --ep 0", "--ep: 0"),
@@ -39,6 +40,7 @@ NUMBERS = [
     ("analyze {good} --ep 100", "--ep: 100 is not between 1 and the 16 experts"),
     ("simulate --trace {good} --hidden 64 --seed -1", "--seed: -1"),
     ("simulate --trace {good} --hidden 64 --batch 0", "--batch: 0"),
+    ("evaluate --fit {good} --split --ep 4 --chunk-slack -0.1", "--chunk-slack: -0.1 must be at least 0"),
     ("simulate --trace {good} --hidden 64 --topology a100x4-ib:100000", "nodes: 100000 is above the limit"),
     ("export --placement {placement} --to sglang --out o.json --num-hidden-layers 100000000",
      "--num-hidden-layers: 100000000 is above the limit"),
@@ -224,3 +226,6 @@ def test_check_bound_messages():
     with pytest.raises(InputError, match="must be above 0"):
         check_bound("--t", 0.0, 0, None, lo_open=True)
     assert np.isfinite(check_bound("--t", 1e-9, 0, None, lo_open=True))
+    with pytest.raises(InputError, match="--e: 1.0 must be below 1"):
+        check_bound("--e", 1.0, 0.0, 1.0, hi_open=True)
+    assert check_bound("--e", 0.999, 0.0, 1.0, hi_open=True) == 0.999

@@ -26,27 +26,29 @@ SECONDS_MAX = 7 * 24 * 3600.0   # time limits and TTLs: a week
 
 
 def check_bound(option: str, value: Any, lo: float | None = None, hi: float | None = None,
-                lo_open: bool = False) -> Any:
-    """`value` if it is finite and lo <= value <= hi (lo < value with `lo_open`); else InputError."""
+                lo_open: bool = False, hi_open: bool = False) -> Any:
+    """`value` if it is finite and lo <= value <= hi (lo < value with `lo_open`, value < hi with
+    `hi_open`); else InputError."""
     if value is None:
         return value
     if isinstance(value, float) and not math.isfinite(value):
         raise InputError(f"{option}: {value} is not a finite number")
     if lo is not None and (value <= lo if lo_open else value < lo):
         raise InputError(f"{option}: {value} must be {'above' if lo_open else 'at least'} {lo:g}")
-    if hi is not None and value > hi:
-        raise InputError(f"{option}: {value} is above the limit {hi:g}")
+    if hi is not None and (value >= hi if hi_open else value > hi):
+        raise InputError(f"{option}: {value} must be below {hi:g}" if hi_open
+                         else f"{option}: {value} is above the limit {hi:g}")
     return value
 
 
 def bound(lo: float | None = None, hi: float | None = None,
-          lo_open: bool = False) -> Callable[..., Any]:
+          lo_open: bool = False, hi_open: bool = False) -> Callable[..., Any]:
     """A typer option callback applying `check_bound` under the option's own name."""
     def callback(param: typer.CallbackParam, value: Any) -> Any:
         name = max(param.opts, key=len) if param.opts else param.name
         if isinstance(value, (list, tuple)):
-            return type(value)(check_bound(name, v, lo, hi, lo_open) for v in value)
-        return check_bound(name, value, lo, hi, lo_open)
+            return type(value)(check_bound(name, v, lo, hi, lo_open, hi_open) for v in value)
+        return check_bound(name, value, lo, hi, lo_open, hi_open)
 
     return callback
 
@@ -55,3 +57,4 @@ SEED = bound(0, SEED_MAX)
 DEVICES = bound(1, DEVICES_MAX)
 HOSTS = bound(2, HOSTS_MAX)
 POSITIVE_SECONDS = bound(0, SECONDS_MAX, lo_open=True)
+CHUNK_SLACK = bound(0.0, 1.0, hi_open=True)     # tp chunks up to (1 + eps) x batch / G

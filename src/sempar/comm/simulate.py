@@ -5,7 +5,10 @@ layer, the pipeline's collectives (pipelines.py) become byte matrices float64[G,
 
 - all-to-all phases (metadata, dispatch, combine): CAMoE eq. 9, max over directed pairs of
   alpha + beta * bytes for that phase;
-- rings (AR / RS / AG): steps x the slowest ring edge (collectives.ring_seconds);
+- rings (AR / RS / AG): steps x the slowest ring edge (collectives.ring_seconds), over the
+  batch's rows, or over G x the largest chunk when the tp homes' chunks are uneven (a chunk
+  slack, `capacity.slack_shares`): the shuffled RS of the attention output and the AG of the
+  MoE output padded to the largest chunk, as equal-count collectives need (`ring_buffer`);
 
 that is the `nccl` collective model (collective_models.py), the papers' engines; the `gloo`
 model (our runtime, chosen by `SimOptions.collectives` or a topology profiled with gloo's
@@ -134,6 +137,18 @@ def logit_all_reduce(ntok: np.ndarray, G: int, row_bytes: int) -> tuple[np.ndarr
     return rs, ag
 
 
+def ring_buffer(home: np.ndarray, batch: np.ndarray, ntok: np.ndarray, G: int) -> np.ndarray:
+    """float64[B]: rows of each batch's reduce-scatter / all-gather buffer when the chunks are
+    the homes int[T] (batch int[T], ntok float[B] tokens per batch). Equal shares (largest chunk
+    <= ceil(n / G)): n, the even ring. Larger chunks (`capacity.slack_shares`): G x the largest,
+    the padded form NCCL needs (ncclReduceScatter / ncclAllGather take one count for every rank),
+    so the largest chunk sets every ring step."""
+    n = np.asarray(ntok, np.float64)
+    chunks = np.bincount(np.asarray(batch, np.int64) * G + home,
+                         minlength=n.size * G).reshape(n.size, G).max(axis=1)
+    return np.where(chunks <= np.ceil(n / G), n, G * chunks.astype(np.float64))
+
+
 def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement, topo: Topology,
              pipeline: Pipeline, opts: SimOptions) -> dict:
     """Bytes and seconds of `pipeline` for routing `experts` int[T, L, k] with homes
@@ -205,7 +220,8 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
             for i, b in enumerate((mbytes, disp, comb)):
                 secs[:, l, i] = cm.a2a(topo, i, b)
                 pair_bytes[l, i] = b.sum(axis=0)
-        X = ntok * H
+        tp_homes = ep and pipeline.attention == "tp" and not pipeline.chained
+        X = (ring_buffer(h, batch_of, ntok, G) if tp_homes else ntok) * H
         for step in pipeline.steps:
             if step in ("AR", "RS", "AG"):
                 # the AG closing a pipeline that reduce-scattered its attention output is

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from sempar.bounds import REDUNDANT_MAX, bound
+from sempar.bounds import CHUNK_SLACK, REDUNDANT_MAX, bound
 from sempar.commands._options import (ep_option, held_out_option, json_option,
                                       nodes_option, objective_option, seed_option)
 from sempar.console import emit_json, out
@@ -37,6 +37,9 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
              policy: str = typer.Option("alg2", "--policy", help="dp request policy for --online"),
              lookback: int = typer.Option(2, "--lookback", help="n-gram look-back for --online",
                                      callback=bound(0, 64)),
+             chunk_slack: float = typer.Option(0.0, "--chunk-slack", callback=CHUNK_SLACK,
+                                               help="tp oracle / pre-routed homes: a device may "
+                                               "take up to (1 + EPS) x batch / G, in [0, 1)"),
              seed: int = seed_option(),
              as_json: bool = json_option()) -> None:
     """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""
@@ -71,7 +74,8 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
         if lookback < 0:
             raise InputError(f"--lookback: {lookback} is negative")
         oov = model_embedding(fit_trace.meta.model)
-        extra = lambda p, m: online_figures(p, fit_trace, eval_trace, m, oov, lookback, policy)  # noqa: E731
+        extra = lambda p, m: online_figures(p, fit_trace, eval_trace, m, oov,  # noqa: E731
+                                            lookback, policy, chunk_slack)
         home = OnlineHomes(oov, lookback, policy)
     cross_names = [n for n in (DEFAULT_METHODS if methods == "all" else names) if n != "oracle"]
     if cross and methods == "all" and not whole.meta.has_token_ids:   # noted under `skipped`
@@ -81,7 +85,7 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
         result = run(fit_trace, eval_trace, ep, nodes, chosen, mode, redundant, seed,
                      progress=step, extra=extra, max_imbalance=max_imbalance,
                      preserve_groups=preserve_groups, objective=objective,
-                     held_out_imbalance=held_out_imbalance)
+                     held_out_imbalance=held_out_imbalance, chunk_slack=chunk_slack)
     if cross:
         with steps("cross-dataset", len(cross_names) * len(whole.domains)) as step:
             result["cross_dataset"] = cross_dataset_matrix(whole, ep, nodes, cross_names, mode,

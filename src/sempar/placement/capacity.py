@@ -4,6 +4,10 @@ proposal rounds.
 - `BATCH`: tokens per batch in tp mode (design.md, "Home device": 2,048 unless stated).
 - `equal_shares(n, G)`: int64[G], n // G per device and the first n % G devices one more: the
   equal chunks reduce-scatter needs (Sem-MoE Alg. 3's align step).
+- `slack_shares(n, G, slack)`: int64[G], the per-device cap of a batch with chunk slack epsilon:
+  equal shares at 0, else ceil((1 + epsilon) n / G) each. Only the upper bound is enforced: a
+  device may end below (1 - epsilon) n / G, because in tp mode every cost that depends on the
+  chunks (the padded reduce-scatter / all-gather, `comm.simulate`) is set by the largest one.
 - `proposal_rounds`: the capacity-bound assignment used by the tp oracle
   (`schedule.homes.oracle_home`), the exact pre-router's homes (`schedule.prerouter`), the
   next-best re-batching (`schedule.rebatch.propose`) and the sempar solver's token step
@@ -17,7 +21,11 @@ Pure numpy, low in the package so that placement/ can use it (design.md's layeri
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from sempar.errors import InputError
 
 BATCH = 2048          # tokens per batch in tp mode (design.md)
 
@@ -26,6 +34,24 @@ def equal_shares(num_items: int, num_devices: int) -> np.ndarray:
     """int64[G]: num_items // G per device, the first num_items % G devices one more."""
     base, extra = divmod(int(num_items), int(num_devices))
     return np.full(num_devices, base, np.int64) + (np.arange(num_devices) < extra)
+
+
+def check_slack(slack: float, option: str = "chunk_slack") -> float:
+    """`slack` as a float if it is finite and in [0, 1); else InputError naming `option`."""
+    s = float(slack)
+    if not math.isfinite(s) or not 0.0 <= s < 1.0:
+        raise InputError(f"{option}: {slack} is not in [0, 1)")
+    return s
+
+
+def slack_shares(num_items: int, num_devices: int, slack: float = 0.0) -> np.ndarray:
+    """int64[G]: each device's cap for a batch of n items: `equal_shares` at slack 0, else
+    ceil((1 + slack) n / G) each (at most n; their sum >= n, so every item finds room)."""
+    if check_slack(slack) == 0.0:
+        return equal_shares(num_items, num_devices)
+    n = int(num_items)
+    cap = min(n, math.ceil((1.0 + slack) * n / num_devices - 1e-9))
+    return np.full(num_devices, max(cap, -(-n // num_devices)), np.int64)
 
 
 def proposal_rounds(pref: np.ndarray, priority: np.ndarray, cap: np.ndarray,
@@ -79,13 +105,14 @@ def fill_in_order(home: np.ndarray, room: np.ndarray) -> np.ndarray:
     return home
 
 
-def capacity_home(hits: np.ndarray, batch: int | None = None) -> np.ndarray:
+def capacity_home(hits: np.ndarray, batch: int | None = None, slack: float = 0.0) -> np.ndarray:
     """int64[T]: each item's device under equal shares per batch, knowing its local activations.
 
     hits: int[T, G] local activations per device. Per batch of `batch` items (None: all), device
-    g takes `equal_shares`; proposal rounds over each item's devices by decreasing hits (ties:
-    lower id), priority its hits at its best device (ties: earlier item). The capacity-bound
-    oracle of design.md ("Oracle LAR", tp mode).
+    g takes `equal_shares` (slack > 0: at most `slack_shares`, ceil((1 + slack) n / G));
+    proposal rounds over each item's devices by decreasing hits (ties: lower id), priority its
+    hits at its best device (ties: earlier item). The capacity-bound oracle of design.md
+    ("Oracle LAR", tp mode).
     """
     T, G = hits.shape
     step = T if batch is None or batch >= T else batch
@@ -93,7 +120,8 @@ def capacity_home(hits: np.ndarray, batch: int | None = None) -> np.ndarray:
     for lo in range(0, T, max(step, 1)):
         h = hits[lo:lo + step]
         pref = np.argsort(-h, axis=1, kind="stable")
-        out[lo:lo + step] = proposal_rounds(pref, h.max(axis=1), equal_shares(h.shape[0], G))[0]
+        out[lo:lo + step] = proposal_rounds(pref, h.max(axis=1),
+                                            slack_shares(h.shape[0], G, slack))[0]
     return out
 
 

@@ -24,6 +24,7 @@ from typing import Callable
 
 from sempar.errors import InputError
 from sempar.placement.base import SOLVERS, check_token_ids, solve
+from sempar.placement.capacity import check_slack
 from sempar.placement.oracle import ORACLE
 from sempar.placement.metrics import placement_figures
 from sempar.placement.placement import Placement
@@ -35,10 +36,12 @@ ATTENTION_MODES = ("dp", "tp")
 
 
 def figures_for(placement: Placement, eval_: RoutingTrace, mode: str,
-                free_lar: float | None = None) -> dict:
+                free_lar: float | None = None, chunk_slack: float = 0.0) -> dict:
     """The per-method figures of the contract for one solved placement in one mode
-    (`free_lar`: the unconstrained oracle LAR, when already computed)."""
-    oracle = oracle_home_dp(placement, eval_) if mode == "dp" else oracle_home(placement, eval_.experts)
+    (`free_lar`: the unconstrained oracle LAR, when already computed; `chunk_slack`: tp's
+    oracle homes may fill a device up to ceil((1 + chunk_slack) x batch / G))."""
+    oracle = (oracle_home_dp(placement, eval_) if mode == "dp"
+              else oracle_home(placement, eval_.experts, slack=chunk_slack))
     # the ceiling places tokens knowing their routing
     home = oracle if placement.method == ORACLE else method_home(placement, eval_, mode)
     f = placement_figures(placement, eval_.experts, home)
@@ -73,15 +76,17 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
                    progress: Callable[[str], None] | None = None,
                    extra: Callable[[Placement, str], dict] | None = None,
                    max_imbalance: float = 1.05, preserve_groups: bool = False,
-                   objective: str = "auto", held_out_imbalance: float = 1.10
-                   ) -> dict[str, dict]:
+                   objective: str = "auto", held_out_imbalance: float = 1.10,
+                   chunk_slack: float = 0.0) -> dict[str, dict]:
     """{mode: the `evaluate --json` contract}, every placement solved once for all modes.
 
     `max_imbalance` / `preserve_groups` / `objective` / `held_out_imbalance` go to every solver
-    (`base.solve`; only `sempar` reads the last two).
+    (`base.solve`; only `sempar` reads the last two); `chunk_slack` to the tp oracle homes
+    (`figures_for`), and when > 0 the tp entry says it ("chunk_slack").
     `extra(placement, mode)` adds keys to each deployable method's entry (`evaluate --online`
     passes the online schedulers' figures; the data flow keeps schedulers downstream of here).
     """
+    check_slack(chunk_slack, "--chunk-slack")
     for mode in modes:
         if mode not in ATTENTION_MODES:
             raise InputError(f"--mode: {mode!r} is not one of {', '.join(ATTENTION_MODES)}")
@@ -95,6 +100,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
                   "fit": {"tokens": fit.num_tokens, "requests": fit.num_requests},
                   "eval": {"tokens": eval_.num_tokens, "requests": eval_.num_requests},
                   "methods": {}} for mode in modes}
+    if chunk_slack and "tp" in out:          # say so only when the figures are not today's rule
+        out["tp"]["chunk_slack"] = chunk_slack
     for name in names:
         if progress:
             progress(name)
@@ -128,8 +135,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
             seconds = round(time.perf_counter() - t0, 4)
             free = unconstrained_oracle_lar(placement, eval_)
             for mode in group:
-                out[mode]["methods"][name] = dict(figures_for(placement, eval_, mode, free),
-                                                  solve_seconds=seconds)
+                out[mode]["methods"][name] = dict(
+                    figures_for(placement, eval_, mode, free, chunk_slack), solve_seconds=seconds)
                 if extra is not None and name != ORACLE:
                     out[mode]["methods"][name].update(extra(placement, mode))
     for mode in modes:
@@ -160,8 +167,9 @@ def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int = 1,
              seed: int = 0, progress: Callable[[str], None] | None = None,
              extra: Callable[[Placement, str], dict] | None = None,
              max_imbalance: float = 1.05, preserve_groups: bool = False,
-             objective: str = "auto", held_out_imbalance: float = 1.10) -> dict:
+             objective: str = "auto", held_out_imbalance: float = 1.10,
+             chunk_slack: float = 0.0) -> dict:
     """The `evaluate --json` contract for `methods` (default: every registered one)."""
     return evaluate_modes(fit, eval_, ep, nodes, methods, (mode,), redundant, seed,
                           progress, extra, max_imbalance, preserve_groups, objective,
-                          held_out_imbalance)[mode]
+                          held_out_imbalance, chunk_slack)[mode]

@@ -19,8 +19,8 @@ Scheduled:
 
 Knowing the real routing:
 - `oracle_home`: tp mode, each (token, layer) on the device hosting most of its experts, under
-  equal shares per batch (`placement.capacity.capacity_home`: proposal rounds), or free
-  (batch=None). With the recorded experts this is also the exact pre-router's home
+  equal shares per batch (`placement.capacity.capacity_home`: proposal rounds; `slack`: each
+  device at most ceil((1 + slack) x batch / G)), or free (batch=None). With the recorded experts this is also the exact pre-router's home
   (`prerouter`, pipeline `smoe-exact`);
 - `oracle_home_dp`: dp mode, whole requests, each round of G requests matched to the G ranks
   maximising local activations (Hungarian), or each on its best rank (balanced=False).
@@ -135,16 +135,17 @@ def local_hits(placement: Placement, experts: np.ndarray, layer: int) -> np.ndar
     return placement.hosts()[layer][:, experts[:, layer]].sum(axis=2).T
 
 
-def oracle_home(placement: Placement, experts: np.ndarray, batch: int | None = BATCH
-                ) -> np.ndarray:
+def oracle_home(placement: Placement, experts: np.ndarray, batch: int | None = BATCH,
+                slack: float = 0.0) -> np.ndarray:
     """int32[T, L]: each (token, layer) on the device hosting most of its experts (ties: lower
     id). With `batch`, every device takes an equal share of each batch (tp mode's align step) by
-    proposal rounds (`placement.capacity.capacity_home`); batch=None: unconstrained."""
+    proposal rounds (`placement.capacity.capacity_home`), or with `slack` in (0, 1) at most
+    ceil((1 + slack) x batch / G) of it (`capacity.slack_shares`); batch=None: unconstrained."""
     T, L, _ = experts.shape
     home = np.empty((T, L), np.int32)
     for l in range(L):
         hits = local_hits(placement, experts, l)
-        home[:, l] = hits.argmax(axis=1) if batch is None else capacity_home(hits, batch)
+        home[:, l] = hits.argmax(axis=1) if batch is None else capacity_home(hits, batch, slack)
     return home
 
 

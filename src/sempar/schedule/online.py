@@ -115,11 +115,11 @@ class OnlineScheduler:
 
 def online_figures(placement: Placement, fit: RoutingTrace, eval_: RoutingTrace, mode: str,
                    oov: EmbeddingOOV | None = None, lookback: int = LOOKBACK,
-                   policy: str = "alg2") -> dict:
+                   policy: str = "alg2", chunk_slack: float = 0.0) -> dict:
     """{"predicted_lar_mean", "predicted_lar" float[L], "predicted_imbalance_max_mean",
     "accuracy": {"token_mean", "ngram_mean", "combined_mean"}} of the online schedulers
     (Alg. 3's T|A), in tp mode "hits_lar_mean" / "hits_lar" of ours (`home_tp_hits`), and the
-    exact pre-routed source's figures (`exact_figures`)."""
+    exact pre-routed source's figures (`exact_figures`, with `chunk_slack`)."""
     if mode not in ("tp", "dp"):
         raise InputError(f"--mode: {mode!r} is not one of dp, tp")
     sched = OnlineScheduler(lookback, oov).fit(fit, placement)
@@ -132,11 +132,11 @@ def online_figures(placement: Placement, fit: RoutingTrace, eval_: RoutingTrace,
     if mode == "tp":
         h = placement_figures(placement, eval_.experts, sched.home_tp_hits(eval_))
         out |= {"hits_lar_mean": h["lar_mean"], "hits_lar": np.round(h["lar"], 4).tolist()}
-    return out | exact_figures(placement, eval_, mode)
+    return out | exact_figures(placement, eval_, mode, chunk_slack=chunk_slack)
 
 
 def exact_figures(placement: Placement, eval_: RoutingTrace, mode: str,
-                  batch: int = BATCH) -> dict:
+                  batch: int = BATCH, chunk_slack: float = 0.0) -> dict:
     """The pre-routed source (tp mode only; dp mode cannot re-home a token inside a layer):
     {"exact_lar_mean", "exact_lar" float[L], "exact_imbalance_max_mean",
     "selection_agreement": share of (token, layer) whose pre-routed top-k is the router's, or
@@ -152,7 +152,7 @@ def exact_figures(placement: Placement, eval_: RoutingTrace, mode: str,
                 "selection_agreement": None}
     from sempar.schedule.agreement import trace_agreement
 
-    home = oracle_home(placement, eval_.experts, batch)
+    home = oracle_home(placement, eval_.experts, batch, chunk_slack)
     f = placement_figures(placement, eval_.experts, home)
     agree = trace_agreement(eval_, placement.num_devices)
     return {"exact_lar_mean": f["lar_mean"], "exact_lar": np.round(f["lar"], 4).tolist(),
