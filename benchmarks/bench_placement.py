@@ -123,9 +123,9 @@ def _best_within(deploy: dict, budget: float, label: str, homes: str = "method",
     else:
         lead = ours[lk] - (balanced[rivals[0]][lk] if rivals else 0.0)
         ok = ranked[0] == OURS and lead >= margin - 1e-12
-        out.append(head + (f"MET (lead {lead:+.3f}" + ("" if rivals else
+        out.append(head + (f"MET (lead {lead:+.4f}" + ("" if rivals else
                                                        ", no other method within") + ")"
-                           if ok else f"MISSED: {mine}, lead {lead:+.3f} over {rivals[0]}"))
+                           if ok else f"MISSED: {mine}, lead {lead:+.4f} over {rivals[0]}"))
     return out
 
 
@@ -218,7 +218,7 @@ def replica_verdict(res: dict, homes: str = "method", base: dict | None = None) 
         ok = gain >= REPLICA_GAIN - 1e-12 and s[ik] <= REPLICA_BALANCE
         out.append(f"target 'sempar at R = G >= +{REPLICA_GAIN} LAR over R = 0, imbalance <= "
                    f"{REPLICA_BALANCE}': {'MET' if ok else 'MISSED'} ({s[lk]:.3f} vs "
-                   f"{b[lk]:.3f}, {gain:+.3f}; imbalance {s[ik]:.3f})")
+                   f"{b[lk]:.3f}, {gain:+.4f}; imbalance {s[ik]:.3f})")
     if OURS in m:
         out += ceiling_shares(m[OURS][lk], res.get("refs", {}))
     return out

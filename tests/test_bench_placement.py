@@ -73,7 +73,7 @@ def test_best_within_judges_the_chosen_figure():
     exact = bench._best_within(deploy, 1.10, "1.1", "exact", 0.01)
     assert own[0].endswith("eplb 0.260, sempar 0.250") and "MISSED" in own[1]
     assert "(exact homes): sempar 0.600, eplb 0.450" in exact[0]
-    assert "MET (lead +0.150)" in exact[1]
+    assert "MET (lead +0.1500)" in exact[1]
     # the exact figure's own imbalance decides who is within the budget
     deploy["sempar"] = _fig(0.25, 0.60, imb=1.00, exact_imb=1.20)
     exact = bench._best_within(deploy, 1.10, "1.1", "exact", 0.01)
@@ -108,7 +108,7 @@ def test_replica_verdict_gain_over_r0(rg, imb, ok):
                 redundant=4)
     lines = bench.replica_verdict(rep, "exact", base)
     gain = next(x for x in lines if "over R = 0" in x)
-    assert ("MET" in gain) is ok and f"({rg:.3f} vs 0.600, {rg - 0.6:+.3f}" in gain
+    assert ("MET" in gain) is ok and f"({rg:.3f} vs 0.600, {rg - 0.6:+.4f}" in gain
     assert len(bench.replica_verdict(rep, "exact")) == 1        # no base: eplb line only
 
 
