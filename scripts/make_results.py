@@ -3,8 +3,9 @@
     python scripts/make_results.py BENCH.json [BENCH2.json ...] --out docs/results/ \
         [--command "python benchmarks/bench_placement.py --json ..."] [--note "short run: ..."]
 
-Each input file is recognised by its content (KINDS: today `placement`, the case list of
-`benchmarks/bench_placement.py --json`); files of one kind are concatenated into one page,
+Each input file is recognised by its content (KINDS: `placement-real`, the case list of
+`benchmarks/bench_placement.py --real-only --json`, every case `real`; `placement`, any other
+case list of `benchmarks/bench_placement.py --json`); files of one kind are concatenated into one page,
 `OUT/<kind>.md`, whose tables come from the benchmark's own formatter
 (`benchmarks/bench_placement_table.tables`). The stamp names the commit (HEAD; `-dirty` when
 src/ or benchmarks/ differ from it, i.e. the code that measured is not the commit's), when the
@@ -44,16 +45,24 @@ def _is_placement(data) -> bool:
         for c in data))
 
 
+def _is_placement_real(data) -> bool:
+    return _is_placement(data) and all(c.get("real") for c in data)
+
+
 def _placement_body(report: list[dict]) -> str:
     lines = [bench_placement_table.tables(report), "Verdicts (`bench_placement.py`, per case):", ""]
     for c in report:
-        lines.append(f"- {c['trace']} {c['shape']}, {c['mode']} mode, R {c['redundant']}: "
+        what = "cross-domain" if "cross" in c else f"R {c['redundant']}"
+        homes = f", {c['homes']} homes" if "homes" in c else ""
+        lines.append(f"- {c['trace']} {c['shape']}, {c['mode']} mode, {what}{homes}: "
                      + "; ".join(c.get("verdict", [])))
     return "\n".join(lines) + "\n"
 
 
 # kind -> (recogniser, page title, benchmark that writes it, body formatter)
-KINDS = {
+KINDS = {      # the first whose recogniser accepts a file names its page
+    "placement-real": (_is_placement_real, "Placement quality on real routing (held out)",
+                       "benchmarks/bench_placement.py --real-only --json", _placement_body),
     "placement": (_is_placement, "Placement quality on held-out routing",
                   "benchmarks/bench_placement.py --json", _placement_body),
 }

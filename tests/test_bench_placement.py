@@ -61,3 +61,98 @@ def test_sempar_config_is_recorded():
     assert json.loads(json.dumps(config)) == config
     assert config["large_trace"] is False and config["sparse_step"] is False
     assert config["bounded_experts"] is False
+
+
+# --- verdicts judged on a chosen figure (issue 26: exact homes on the real traces) ---
+
+def _fig(own: float, exact: float, imb: float = 1.05, exact_imb: float | None = None) -> dict:
+    """A method's entry: `own` LAR with its own homes, `exact` with the capacity-bound oracle's."""
+    return {"lar_mean": own, "imbalance_max_mean": imb, "oracle_lar_mean": exact,
+            "oracle_imbalance_max_mean": imb if exact_imb is None else exact_imb,
+            "share_of_oracle": own / exact}
+
+
+def _case(methods: dict, ep: int = 4, redundant: int = 0, refs: dict | None = None) -> dict:
+    return {"ep": ep, "nodes": 1, "mode": "tp", "redundant": redundant, "methods": methods,
+            "refs": refs or {}}
+
+
+def test_best_within_judges_the_chosen_figure():
+    # own homes: eplb leads; exact homes: sempar leads by 0.15
+    deploy = {"sempar": _fig(0.25, 0.60), "eplb": _fig(0.26, 0.45)}
+    own = bench._best_within(deploy, 1.10, "1.1", "method", 0.01)
+    exact = bench._best_within(deploy, 1.10, "1.1", "exact", 0.01)
+    assert own[0].endswith("eplb 0.260, sempar 0.250") and "MISSED" in own[1]
+    assert "(exact homes): sempar 0.600, eplb 0.450" in exact[0]
+    assert "MET (lead +0.1500)" in exact[1]
+    # the exact figure's own imbalance decides who is within the budget
+    deploy["sempar"] = _fig(0.25, 0.60, imb=1.00, exact_imb=1.20)
+    exact = bench._best_within(deploy, 1.10, "1.1", "exact", 0.01)
+    assert "outside the imbalance budget; best within it eplb 0.450" in exact[1]
+    # a lead under the margin misses
+    deploy = {"sempar": _fig(0.2, 0.605), "eplb": _fig(0.2, 0.60)}
+    assert "MISSED" in bench._best_within(deploy, 1.10, "1.1", "exact", 0.01)[1]
+    assert "MET" in bench._best_within(deploy, 1.10, "1.1", "exact", 0.005)[1]
+
+
+def test_verdict_real_targets_on_exact_homes():
+    refs = {"ref: capacity-bound oracle": {"lar_mean": 0.62, "placement": "sempar"}}
+    res = _case({"sempar": _fig(0.25, 0.62), "eplb": _fig(0.25, 0.44), "oracle": _fig(0.9, 0.9)},
+                refs=refs)
+    lines = bench.verdict(res, "deepseek-v2-lite-esft", None, "exact", bench.REAL_MARGIN)
+    assert any("'LAR >= 0.6 with imbalance <= 1.1': MET (0.620, 1.050; exact homes)" in x
+               for x in lines)
+    assert any("100% of capacity-bound oracle 0.620" in x for x in lines)
+    assert not any("oracle 0.9" in x for x in lines[:2])        # the ceiling is not a rival
+    res["ep"] = 8                                               # GPT-OSS EP 8 wants 0.43
+    assert any("'LAR >= 0.43" in x and "MET" in x
+               for x in bench.verdict(res, "gpt-oss-20b-mmlu", None, "exact"))
+    lines = bench.verdict(res, "gpt-oss-20b-mmlu", None, "method")   # own homes: 0.25 < 0.43
+    assert any("'LAR >= 0.43" in x and "MISSED (0.250" in x for x in lines)
+
+
+@pytest.mark.parametrize("rg, imb, ok", [(0.64, 1.04, True), (0.62, 1.04, False),
+                                         (0.64, 1.06, False)])
+def test_replica_verdict_gain_over_r0(rg, imb, ok):
+    base = _case({"sempar": _fig(0.25, 0.60)})
+    rep = _case({"sempar": _fig(0.3, rg, imb=1.0, exact_imb=imb), "eplb": _fig(0.3, 0.5)},
+                redundant=4)
+    lines = bench.replica_verdict(rep, "exact", base)
+    gain = next(x for x in lines if "over R = 0" in x)
+    assert ("MET" in gain) is ok and f"({rg:.3f} vs 0.600, {rg - 0.6:+.4f}" in gain
+    assert len(bench.replica_verdict(rep, "exact")) == 1        # no base: eplb line only
+
+
+def _real_module():
+    import sys
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import bench_placement_real
+    return bench_placement_real
+
+
+def test_cross_verdict_budget_is_eplbs_drift():
+    real = _real_module()
+    m = {"eplb": {"cross_lar": 0.44, "in_lar": 0.44, "retained": 1.0, "cross_imbalance": 1.19},
+         "sempar": {"cross_lar": 0.57, "in_lar": 0.60, "retained": 0.95, "cross_imbalance": 1.20},
+         "vanilla": {"cross_lar": 0.45, "in_lar": 0.45, "retained": 1.0, "cross_imbalance": 1.25}}
+    lines = real.cross_verdict(m)
+    assert lines[0].startswith("best cross-domain with imbalance <= 1.210") and \
+        lines[0].endswith("sempar 0.570, eplb 0.440")
+    assert "within eplb's drift budget" in lines[1] and "MET (0.570 / 0.600 = 0.95" in lines[2]
+    m["sempar"]["cross_imbalance"], m["sempar"]["retained"] = 1.25, 0.89
+    lines = real.cross_verdict(m)
+    assert "OUTSIDE" in lines[1] and "MISSED" in lines[2]
+
+
+def test_cross_folds_leave_one_out_or_seeded_halves():
+    real = _real_module()
+
+    def trace(names):
+        return SimpleNamespace(domains=names, domain_counts=lambda: {n: 5 for n in names})
+    assert real.folds(trace(["a", "b", "c"])) == [(["a"], ["b", "c"]), (["b"], ["a", "c"]),
+                                                  (["c"], ["a", "b"])]
+    names = [f"s{i}" for i in range(70)]
+    (b, a), (a2, b2) = real.folds(trace(names))
+    assert a == a2 and b == b2 and len(a) == len(b) == 35 and sorted(a + b) == sorted(names)
+    assert real.folds(trace(names)) == real.folds(trace(names), seed=0) != real.folds(trace(names), 1)
+    assert real.folds(trace(["a"])) == []

@@ -88,3 +88,46 @@ def test_missing_input_is_refused(tmp_path, capsys):
     code, err = _run(capsys, str(tmp_path / "absent.json"), "--out", str(tmp_path / "results"))
     assert code == 2 and err.count("\n") == 1 and "cannot read" in err
     assert not (tmp_path / "results").exists()
+
+
+def _exact(own: float, exact: float, imb: float) -> dict:
+    return dict(_method(own, imb, own / exact), oracle_imbalance_max_mean=imb)
+
+
+REAL = [
+    {"trace": "deepseek-v2-lite-esft", "shape": "4", "ep": 4, "nodes": 1, "mode": "tp",
+     "redundant": 0, "homes": "exact", "real": True,
+     "methods": {"eplb": _exact(0.25, 0.44, 1.05), "sempar": _exact(0.25, 0.60, 1.08)},
+     "refs": {"ref: capacity-bound oracle": {"lar_mean": 0.60, "placement": "sempar"},
+              "ref: every token on its best device": {"lar_mean": 0.625, "placement": "sempar"}},
+     "verdict": ["target 'y': MET"]},
+    {"trace": "deepseek-v2-lite-esft", "shape": "4", "ep": 4, "nodes": 1, "mode": "tp",
+     "redundant": 0, "homes": "exact", "real": True,
+     "cross": {"folds": [{"eval_domains": ["law"], "fit_domains": ["intent", "summary"]}]},
+     "methods": {"sempar": {"in_lar": 0.634, "cross_lar": 0.567, "retained": 0.894,
+                            "in_imbalance": 1.07, "cross_imbalance": 1.277}},
+     "verdict": ["target 'z': MISSED"]},
+]
+
+
+def test_real_cases_get_their_page_with_exact_and_cross_tables(tmp_path, capsys):
+    bench = tmp_path / "real.json"
+    bench.write_text(json.dumps(REAL) + "\n")
+    out = tmp_path / "results"
+    code, err = _run(capsys, str(bench), "--out", str(out))
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["placement-real.md"]
+    text = (out / "placement-real.md").read_text()
+    assert "tp mode, exact homes (each placement's capacity-bound oracle)" in text
+    assert "| sempar | 0.600 (1.08) 100% |" in text and "| eplb | 0.440 (1.05) 73% |" in text
+    assert "| ceiling | 0.600 (sempar) |" in text and "| best device | 0.625 (sempar) |" in text
+    assert "| sempar | 0.634 / 0.567 (0.89), 1.28 |" in text
+    assert "| folds (eval <- fit) | law <- intent+summary |" in text
+    assert "- deepseek-v2-lite-esft 4, tp mode, R 0, exact homes: target 'y': MET" in text
+    assert "- deepseek-v2-lite-esft 4, tp mode, cross-domain, exact homes: target 'z': MISSED" in text
+    # with a dev case beside, the file is the ordinary placement page with both kinds of table
+    bench.write_text(json.dumps(REAL + REPORT) + "\n")
+    code, err = _run(capsys, str(bench), "--out", str(out))
+    assert code == 0, err
+    text = (out / "placement.md").read_text()
+    assert EXPECTED_TABLE in text and "| sempar | 0.600 (1.08) 100% |" in text
