@@ -125,3 +125,24 @@ def test_without_token_ids_auto_solves_rows_and_tokens_is_refused(case):
     assert exact(p, ev)["lar_mean"] >= exact(solve("vanilla", bare, num_devices=G), ev)["lar_mean"] + 0.2
     with pytest.raises(InputError, match="token ids"):
         solve("sempar", bare, num_devices=G, objective="tokens")
+
+
+def test_held_out_prediction_and_calibration(case):
+    from sempar.placement.sempar.held_out import HeldOut, imbalance, predicted_imbalance, request_loads
+
+    fit, ev, _ = case
+    loose = solve("sempar", fit, num_devices=G, objective="rows", max_imbalance=1.2,
+                  held_out_imbalance=99.0)
+    X = request_loads(loose, fit)
+    assert X.sum() == fit.num_tokens * L * K                   # every activation, once
+    assert X.shape == (np.unique(fit.request_id).size, L, G)
+    fit_imb = imbalance(X.sum(axis=0))
+    pred = predicted_imbalance(loose, fit, HeldOut(replicates=20))
+    assert pred >= fit_imb                                      # resampling only adds spread
+    assert abs(pred - exact(loose, ev)["imbalance_max_mean"]) < 0.05
+    # a tight held-out target lowers the fit cap and the predicted imbalance with it
+    tight = solve("sempar", fit, num_devices=G, objective="rows", max_imbalance=1.2,
+                  held_out_imbalance=1.0)
+    h = tight.info["held_out"]
+    assert h["target"] == 1.0 and h["fit_cap"] < 1.2
+    assert h["predicted_imbalance"] <= pred + 1e-9

@@ -96,4 +96,4 @@ def held_out_option() -> Any:
     """`--held-out-imbalance`: the imbalance on new requests sempar's rows objective aims at."""
     return typer.Option(1.10, "--held-out-imbalance", callback=bound(1.0, 100.0),
                         help="rows objective: the imbalance on new requests to stay within (the "
-                             "fit cap is lowered by the drift 2-fold cross-validation predicts)")
+                             "fit cap is lowered while a request bootstrap predicts more)")

@@ -120,11 +120,11 @@ class SemparConfig:
     """Bounded expert step, dense step: swaps per candidate, at most."""
     row_sample: int = 200_000
     """`rows` objective: fit rows kept (whole requests, seeded) for the row-level solve."""
-    held_out_retries: int = 1
-    """`rows` objective: full solves after the first that lower the fit cap further when the
-    fit imbalance plus the fold drift is still above the held-out target (held_out.py)."""
-    held_out_min_requests: int = 4
-    """`rows` objective: fit requests needed to split in two folds (fewer: no calibration)."""
+    held_out_retries: int = 2
+    """`rows` objective: solves after the first that lower the fit cap while the request
+    bootstrap predicts a held-out imbalance above the target (held_out.py)."""
+    held_out_replicates: int = 50
+    """`rows` objective: request bootstrap replicates of that prediction."""
     block_layers: int = BLOCK_LAYERS
     """Consecutive layers a forked worker takes at a time (the affinity statistics gather the
     trace's selections that many layers at once)."""

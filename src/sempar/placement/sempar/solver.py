@@ -225,7 +225,7 @@ def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable) -> Placemen
         raise InputError("sempar: --preserve-groups with --redundant: replicas have no group slots")
     if resolve_objective(p.objective, p.trace) == "rows":      # items: the fit rows (rows.py)
         held_out = HeldOut(target=p.held_out_imbalance, retries=cfg.held_out_retries,
-                           min_requests=cfg.held_out_min_requests)
+                           replicates=cfg.held_out_replicates, seed=p.seed)
         out = solve_rows(p, lambda q: _solve(q, cfg, mapper), cfg.row_sample, held_out)
         out.info["objective"] = "rows"
         return out
