@@ -120,6 +120,9 @@ class SemparConfig:
     """Bounded expert step, dense step: swaps per candidate, at most."""
     row_sample: int = 200_000
     """`rows` objective: fit rows kept (whole requests, seeded) for the row-level solve."""
+    row_restarts: int = 3
+    """`rows` objective: solves from different seeds, the best kept per layer (tp) or whole
+    (dp) by fit local activations (rows.best_of)."""
     held_out_retries: int = 2
     """`rows` objective: solves after the first that lower the fit cap while the request
     bootstrap predicts a held-out imbalance above the target (held_out.py)."""

@@ -84,12 +84,33 @@ def first_copy_device(placement: Placement) -> np.ndarray:
     return (log2phy // placement.slots_per_device).astype(np.int64)
 
 
+def best_of(solver: Callable[[PlacementProblem], Placement], p: PlacementProblem,
+            restarts: int) -> Placement:
+    """The best of `restarts` solves of `p` with seeds p.seed, p.seed + 1, ...: per layer in tp
+    mode (layers are independent there; each layer's fit local activations,
+    `info["fit_local_activations"]`, decide), the whole placement in dp mode (its layers share
+    the requests' ranks). The alternation stops in a local optimum that its start decides; other
+    METIS seeds start elsewhere."""
+    runs = [solver(dataclasses.replace(p, seed=(p.seed + i) % 2**32))
+            for i in range(max(1, restarts))]
+    obj = [r.info["fit_local_activations"] for r in runs]
+    if p.mode == "dp" or len(runs) == 1:
+        return runs[int(np.argmax([float(np.sum(o)) for o in obj]))]
+    best = np.asarray(obj, np.float64).argmax(axis=0)                       # run per layer
+    out = runs[0]
+    out.phy2log = np.stack([runs[b].phy2log[l] for l, b in enumerate(best)])
+    out.token_table = None                                 # rebuilt by `solve_rows`
+    out.info["fit_local_activations"] = [obj[b][l] for l, b in enumerate(best)]
+    out.info["restarts"] = len(runs)
+    return out
+
+
 def solve_rows(p: PlacementProblem, solver: Callable[[PlacementProblem], Placement],
-               max_rows: int, held_out: HeldOut) -> Placement:
+               max_rows: int, held_out: HeldOut, restarts: int = 1) -> Placement:
     """`solver` (the `sempar` entry point) on the row items of `p.trace` (module docstring)."""
     rows = row_trace(p.trace, max_rows, p.seed)
     primary = dataclasses.replace(p, trace=rows, objective="tokens", redundant=0)
-    placement = calibrated_solve(primary, solver, held_out)
+    placement = calibrated_solve(primary, lambda q: best_of(solver, q, restarts), held_out)
     placement.token_table = None                       # one entry per fit row: no use online
     if p.redundant:
         cap = placement.info.get("held_out", {}).get("fit_cap", p.max_imbalance)

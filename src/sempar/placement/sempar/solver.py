@@ -226,7 +226,8 @@ def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable) -> Placemen
     if resolve_objective(p.objective, p.trace) == "rows":      # items: the fit rows (rows.py)
         held_out = HeldOut(target=p.held_out_imbalance, retries=cfg.held_out_retries,
                            replicates=cfg.held_out_replicates, seed=p.seed)
-        out = solve_rows(p, lambda q: _solve(q, cfg, mapper), cfg.row_sample, held_out)
+        out = solve_rows(p, lambda q: _solve(q, cfg, mapper), cfg.row_sample, held_out,
+                         cfg.row_restarts)
         out.info["objective"] = "rows"
         return out
     stats = AffinityStats(p.trace)
