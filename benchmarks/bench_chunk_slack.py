@@ -21,7 +21,7 @@ largest chunk's device sends more) while the padded RS + AG grow with the larges
 net per layer is 1.2-2.1 % slower at 0.02 and 14-19 % at 0.2; hence `--chunk-slack` is on
 `sempar evaluate` (the LAR figures) and not on `sempar simulate`.
 
-    PYTHONPATH=src python benchmarks/bench_chunk_slack.py [--traces gpt-oss-20b-mmlu.npz ...]
+    PYTHONPATH=src python benchmarks/bench_chunk_slack.py [--traces gpt-oss-20b-mmlu ...]
         [--ep 4 8] [--eps 0 0.02 0.05 0.1 0.2] [--methods sempar moetuner vanilla]
         [--data /work/shared/data/real/full-traces] [--topology a100x4-ib | pcie-upi8] [--json]
 """
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -43,28 +44,8 @@ from sempar.placement.capacity import BATCH
 from sempar.placement.metrics import placement_figures
 from sempar.schedule.homes import oracle_home
 from sempar.trace.ops import split_by_request
-from sempar.trace.schema import RoutingTrace, TraceMeta
 
-DATA = Path("/work/shared/data/real/full-traces")
 HIDDEN = {"gpt-oss-20b": 2880, "deepseek-v2-lite": 2048}   # config.json hidden_size
-
-
-def load_npz(path: Path) -> RoutingTrace:
-    """A full-traces/ npz (README there) as a RoutingTrace; DeepSeek's rows have no token ids."""
-    z = np.load(path, allow_pickle=False)
-    ex = z["experts"]
-    T, L, k = ex.shape
-    off = z["request_offsets"]
-    rid = np.repeat(np.arange(off.size - 1), np.diff(off)).astype(np.int64)
-    if "deepseek" in path.name:
-        meta = TraceMeta("deepseek-v2-lite", L, 64, k, 1, shared_experts=2)
-        tid, w = np.zeros(T, np.int64), z["weights"]
-        pos = np.concatenate([np.arange(n) for n in np.diff(off)])
-    else:
-        meta = TraceMeta("gpt-oss-20b", L, 32, k, int(z["token_id"].max()) + 1)
-        tid, w, pos = z["token_id"].astype(np.int64), z["probs"], z["position"]
-    return RoutingTrace(meta=meta, token_id=tid, request_id=rid, position=pos.astype(np.int64),
-                        experts=ex.astype(np.uint8), weights=w.astype(np.float32))
 
 
 def chunk_shares(home: np.ndarray, G: int, batch: int = BATCH) -> tuple[float, float]:
@@ -79,13 +60,17 @@ def chunk_shares(home: np.ndarray, G: int, batch: int = BATCH) -> tuple[float, f
 
 
 def run(traces: list[str], eps: list[float], ep_list: list[int], methods: list[str],
-        data: Path, topology: str = "a100x4-ib") -> list[dict]:
+        cache: str, topology: str = "a100x4-ib") -> list[dict]:
+    """The real traces (`bench_placement_real.load_real`: imported with `sempar import arrays`)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_placement_real import load_real
+
     rows = []
     pipe = PIPELINES.get("smoe")
-    for name in traces:
-        tr = load_npz(data / name)
+    for name, tr in load_real(traces, cache).items():
         fit, ev = split_by_request(tr, seed=0)
-        opts = SimOptions(hidden=HIDDEN[tr.meta.model], dtype_bytes=2)
+        hidden = next(v for k, v in HIDDEN.items() if name.startswith(k))
+        opts = SimOptions(hidden=hidden, dtype_bytes=2)
         for G in ep_list:
             topo = (topology_preset(topology, G // 4) if topology == "a100x4-ib"
                     else topology_preset(topology))
@@ -130,18 +115,20 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--traces", nargs="+",
-                    default=["gpt-oss-20b-mmlu.npz", "deepseek-v2-lite-esft.npz"])
+                    default=["gpt-oss-20b-mmlu", "deepseek-v2-lite-esft"])
     ap.add_argument("--ep", nargs="+", type=int, default=[4, 8])
     ap.add_argument("--eps", nargs="+", type=float, default=[0.0, 0.02, 0.05, 0.1, 0.2])
     ap.add_argument("--methods", nargs="+", default=["sempar", "moetuner", "vanilla"])
-    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--cache-dir", default=None,
+                    help="folder for the real traces' imports (default: a temporary one)")
     ap.add_argument("--topology", default="a100x4-ib",
                     help="a100x4-ib (G / 4 nodes) or a fixed preset with G devices (pcie-upi8)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args()
     if a.topology == "a100x4-ib" and any(g % 4 for g in a.ep):
         ap.error("--ep: multiples of 4 (a100x4-ib nodes of 4 GPUs)")
-    rows = run(a.traces, a.eps, a.ep, a.methods, a.data, a.topology)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = run(a.traces, a.eps, a.ep, a.methods, a.cache_dir or tmp, a.topology)
     print(json.dumps({"rows": rows}, indent=1) if a.json else table(rows))
 
 
