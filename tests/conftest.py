@@ -109,7 +109,7 @@ def replace_column(table: pa.Table, name: str, array: pa.Array, nullable: bool =
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sempar.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=60)
+                          capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
 @pytest.fixture
