@@ -241,7 +241,7 @@ def test_sweeps_scaling_and_limits(qwen_small):
     the fast-DDR corner infeasible."""
     from sempar.chiplet import sweeps as sw
     wl = type(qwen_small)(qwen_small.model, 16, qwen_small.iterations[:2], qwen_small.experts,
-                          qwen_small.row_index, qwen_small.trace_layers)
+                          row_index=qwen_small.row_index, trace_layers=qwen_small.trace_layers)
     sc = sw.scaling(wl, ChipletConfig())
     ep, fse = sc["utilization"]["ep"], sc["utilization"]["fsedp+paired-load"]
     assert ep[2] < ep[0] and min(fse) > 2 * max(ep)
