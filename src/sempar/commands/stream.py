@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Optional
 
@@ -92,8 +93,7 @@ def stream(
         results = simulate(wl, cfg, strategies, precision, micro_slices, progress=step)
     sweep_out = None
     if sweeps:
-        short = type(wl)(wl.model, wl.tokens_per_iter, wl.iterations[:sweep_iterations], wl.experts,
-                         wl.row_index, wl.trace_layers, wl.wrapped, wl.source)
+        short = dataclasses.replace(wl, iterations=wl.iterations[:sweep_iterations])
         total = sum(sw.points(k) for k in ("buffer_x_ddr", "ddr_x_d2d", "microslice_x_buffer", "scaling"))
         with progress_bar("sweeps", total) as advance:
             sweep_out = {"buffer_x_ddr": sw.buffer_x_ddr(short, cfg, precision, micro_slices, tick=advance),
