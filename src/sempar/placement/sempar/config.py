@@ -123,7 +123,7 @@ class SemparConfig:
     row_restarts: int = 3
     """`rows` objective: solves from different seeds, the best kept per layer (tp) or whole
     (dp) by fit local activations (rows.best_of)."""
-    held_out_retries: int = 2
+    held_out_retries: int = 3
     """`rows` objective: solves after the first that lower the fit cap while the request
     bootstrap predicts a held-out imbalance above the target (held_out.py)."""
     held_out_replicates: int = 50
