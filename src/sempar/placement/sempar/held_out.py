@@ -20,11 +20,9 @@ will be on new requests. So (ours; not in the papers):
 3. while the prediction is above `HeldOut.target`, lower the cap by the excess and solve again
    (at most `HeldOut.retries` times, never below 1.0).
 
-A single resample (the fit sample's deviation only) predicted DeepSeek-V2-Lite's held-out
-imbalance at EP 8 as 1.107 against 1.134 measured (tp, fit 20 % of the requests); with the new
-sample's deviation added the cap is lowered to 1.01 there and GPT-OSS-20B EP 8 to 1.00 (held
-out 1.107 / 1.098), while EP 4 keeps the full cap on both. Cost: a bootstrap of R x L x G
-sums, and a re-solve only where the prediction is above target.
+A single resample (the fit sample's deviation only) predicted low where few fit requests make
+the fit loads a poor sample (figures: docs/results/placement-real.md and the commit messages).
+Cost: a bootstrap of R x L x G sums, and a re-solve only where the prediction is above target.
 """
 
 from __future__ import annotations
