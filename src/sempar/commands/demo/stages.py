@@ -137,6 +137,46 @@ def stage_placement(ctx: DemoContext) -> dict:
     return out
 
 
+REAL_METHODS = ("vanilla", "eplb", "sempar")
+
+
+@STAGES.register("real-routing")
+def stage_real_routing(ctx: DemoContext) -> dict | None:
+    """Placement on a real model's routing (DeepSeek-V2-Lite, no token ids) when the shared
+    data is there: imported with `sempar import arrays`, fit 20%, evaluated on 80% at EP 4 with
+    homes from exact pre-routing; `sempar` solves on the fit rows (--objective auto)."""
+    import tempfile
+
+    from sempar.paths import real_data_dir
+    from sempar.schedule.evaluate import evaluate_modes
+    from sempar.trace import read_trace, split_by_request
+    from sempar.trace.arrays import import_arrays
+
+    root = real_data_dir()
+    npz = root / "full-traces" / "deepseek-v2-lite-esft.npz" if root is not None else None
+    if npz is None or not npz.is_file():
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        import_arrays([npz], Path(tmp) / "ds.parquet")
+        trace = read_trace(Path(tmp) / "ds.parquet")
+    fit, ev = split_by_request(trace, seed=0)
+    res = evaluate_modes(fit, ev, ep=4, methods=list(REAL_METHODS), modes=("tp",))["tp"]
+    ctx.report.heading("Placement on real routing: DeepSeek-V2-Lite (EP 4, tp mode)")
+    ctx.report.paragraph("ESFT prefill routing of the DeepSeek-V2-Lite architecture "
+                         "(shared/data/real/full-traces; no token ids), fit on 20% of the "
+                         "requests, evaluated on the other 80%. Homes from exact pre-routing: "
+                         "each token row on the device hosting most of its experts, equal shares "
+                         "of every 2,048-token batch. sempar solves on the fit rows "
+                         "(`--objective rows`); full table: docs/results/placement-real.md.",
+                         note=True)
+    ctx.report.table(["method", "LAR (exact homes)", "imbalance max/mean", "solve seconds"],
+                     [[m, r["oracle_lar_mean"], r["oracle_imbalance_max_mean"],
+                       r["solve_seconds"]] for m, r in res["methods"].items()])
+    return {"trace": "deepseek-v2-lite-esft", "ep": 4, "mode": "tp",
+            "methods": {m: {k: r[k] for k in ("oracle_lar_mean", "oracle_imbalance_max_mean")}
+                        for m, r in res["methods"].items()}}
+
+
 ONLINE_METHODS = ("vanilla", "metis", "semmoe", "sempar")
 DEFAULT_METHOD = "sempar"       # ours (placement/sempar/solver.py); semmoe is the paper baseline
 
