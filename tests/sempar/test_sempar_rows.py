@@ -12,6 +12,7 @@ from sempar.placement import Placement, solve
 from sempar.placement.metrics import placement_figures
 from sempar.placement.sempar.rows import row_trace, sample_requests
 from sempar.placement.sempar.row_replicas import expert_served, served_load
+from sempar.placement.serving import node_order
 from sempar.schedule.homes import oracle_home
 from sempar.trace import split_by_request
 from sempar.trace.schema import RoutingTrace, TraceMeta
@@ -84,9 +85,9 @@ def test_served_load_follows_the_serving_rule():
     host = np.array([False, True, False, True])
     w = np.array([1.0, 2.0, 4.0, 8.0])
     # device 0 (node 0) -> replica 1 on its node; device 2 (node 1) -> replica 3 on its node
-    assert expert_served(w, host, node_of).tolist() == [0.0, 3.0, 0.0, 12.0]
+    assert expert_served(w, host, node_order(node_of)).tolist() == [0.0, 3.0, 0.0, 12.0]
     one_node = np.zeros(4, np.int64)
-    assert expert_served(w, host, one_node).tolist() == [0.0, 7.0, 0.0, 8.0]
+    assert expert_served(w, host, node_order(one_node)).tolist() == [0.0, 7.0, 0.0, 8.0]
     W = np.stack([w, w], axis=1)
     hosts = np.stack([host, np.array([True, False, False, False])], axis=1)
     assert served_load(W, hosts, one_node).tolist() == [15.0, 7.0, 0.0, 8.0]

@@ -31,21 +31,25 @@ from sempar.placement.capacity import BATCH, capacity_home
 from sempar.placement.placement import Placement
 
 
-def served_load(W: np.ndarray, hosts: np.ndarray, node_of: np.ndarray) -> np.ndarray:
-    """float64[G]: device loads when the activations W float[G, N] (by rows homed on each
-    device) are served under the serving rule on hosts bool[G, N]."""
+def served_by_expert(W: np.ndarray, hosts: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """float64[G, N]: the load each expert's activations put on each device when W float[G, N]
+    (by rows homed on each device) are served under the serving rule (`placement.serving`,
+    `order` its device order) on hosts bool[G, N]."""
     G, N = W.shape
-    out = np.zeros(G)
-    for e in range(N):
-        out += expert_served(W[:, e], hosts[:, e], node_of)
+    target = serving.table(hosts, order)                                    # [home, expert]
+    out = np.zeros((G, N))
+    np.add.at(out, (target, np.broadcast_to(np.arange(N), (G, N))), W)
     return out
 
 
-def expert_served(w: np.ndarray, host: np.ndarray, node_of: np.ndarray) -> np.ndarray:
-    """float64[G]: where the activations w float[G] of one expert (by home device) are served,
-    given its hosts bool[G], under the serving rule (`placement.serving`)."""
-    target = serving.table(host[:, None], serving.node_order(node_of))[:, 0]
-    return np.bincount(target, weights=w, minlength=w.size).astype(np.float64)
+def served_load(W: np.ndarray, hosts: np.ndarray, node_of: np.ndarray) -> np.ndarray:
+    """float64[G]: device loads of `served_by_expert` under the node order of `node_of`."""
+    return served_by_expert(W, hosts, serving.node_order(node_of)).sum(axis=1)
+
+
+def expert_served(w: np.ndarray, host: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """float64[G]: `served_by_expert` of one expert: activations w float[G], hosts bool[G]."""
+    return served_by_expert(w[:, None], host[:, None], order)[:, 0]
 
 
 def _layer_hits(hosts: np.ndarray, experts: np.ndarray) -> np.ndarray:
@@ -72,7 +76,8 @@ def layer_replicas(hosts: np.ndarray, experts: np.ndarray, per_device: int, cap:
     W = _activations(home, experts, G, N)
     limit = cap * W.sum() / G
     h = hosts.copy()
-    contrib = np.stack([expert_served(W[:, e], h[:, e], node_of) for e in range(N)], axis=1)
+    order = serving.node_order(node_of)
+    contrib = served_by_expert(W, h, order)                                 # [G, N]
     load = contrib.sum(axis=1)
     free = np.full(G, per_device)
     picks: list[list[int]] = [[] for _ in range(G)]
@@ -81,7 +86,7 @@ def layer_replicas(hosts: np.ndarray, experts: np.ndarray, per_device: int, cap:
         for d in np.flatnonzero(free > 0):
             for e in np.flatnonzero(~h[d]):
                 h[d, e] = True
-                new = expert_served(W[:, e], h[:, e], node_of)
+                new = expert_served(W[:, e], h[:, e], order)
                 h[d, e] = False
                 peak = float((load - contrib[:, e] + new).max())
                 key = ((-peak, W[d, e], -d, -e) if balance else
