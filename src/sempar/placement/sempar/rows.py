@@ -33,24 +33,19 @@ from typing import Callable
 import numpy as np
 
 from sempar.affinity.routing_stats import AffinityStats
-from sempar.errors import check_choice
-from sempar.placement.base import OBJECTIVES, PlacementProblem, token_table_row
+from sempar.placement.base import PlacementProblem, token_table_row
 from sempar.placement.placement import Placement
 from sempar.placement.sempar.held_out import HeldOut, calibrated_solve
 from sempar.placement.sempar.row_replicas import replicate
 from sempar.predict.token_table import TokenTable
 from sempar.trace.schema import RoutingTrace, require_token_ids
 
-def has_token_ids(trace: RoutingTrace) -> bool:
-    return trace.meta.has_token_ids
-
 
 def resolve_objective(objective: str, trace: RoutingTrace) -> str:
-    """"tokens" or "rows" for `objective` in OBJECTIVES on `trace`; "tokens" on a trace without
-    token ids is bad input."""
-    check_choice("--objective", objective, OBJECTIVES)
+    """"tokens" or "rows" for `objective` (one of `base.OBJECTIVES`, checked by
+    `PlacementProblem`) on `trace`; "tokens" on a trace without token ids is bad input."""
     if objective == "auto":
-        return "tokens" if has_token_ids(trace) else "rows"
+        return "tokens" if trace.meta.has_token_ids else "rows"
     if objective == "tokens":
         require_token_ids(trace.meta, "sempar --objective tokens", "; use --objective rows")
     return objective
@@ -98,8 +93,8 @@ def best_of(solver: Callable[[PlacementProblem], Placement], p: PlacementProblem
         return runs[int(np.argmax([float(np.sum(o)) for o in obj]))]
     best = np.asarray(obj, np.float64).argmax(axis=0)                       # run per layer
     out = runs[0]
+    # runs[0]'s token table no longer matches; `solve_rows` drops it
     out.phy2log = np.stack([runs[b].phy2log[l] for l, b in enumerate(best)])
-    out.token_table = None                                 # rebuilt by `solve_rows`
     out.info["fit_local_activations"] = [obj[b][l] for l, b in enumerate(best)]
     out.info["restarts"] = len(runs)
     return out
@@ -111,11 +106,11 @@ def solve_rows(p: PlacementProblem, solver: Callable[[PlacementProblem], Placeme
     rows = row_trace(p.trace, max_rows, p.seed)
     primary = dataclasses.replace(p, trace=rows, objective="tokens", redundant=0)
     placement = calibrated_solve(primary, lambda q: best_of(solver, q, restarts), held_out)
-    placement.token_table = None                       # one entry per fit row: no use online
+    placement.token_table = None     # per fit row (or stale after `best_of`): no use online
     if p.redundant:
         cap = placement.info.get("held_out", {}).get("fit_cap", p.max_imbalance)
         placement = replicate(placement, rows.experts, p.redundant, cap)
-    if has_token_ids(p.trace):
+    if p.trace.meta.has_token_ids:
         stats = AffinityStats(p.trace)
         dev = first_copy_device(placement)
         G = p.num_devices
