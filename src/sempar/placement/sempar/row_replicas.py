@@ -117,7 +117,7 @@ def replicate(placement: Placement, experts: np.ndarray, redundant: int, cap: fl
               batch: int = BATCH) -> Placement:
     """`placement` (no replicas) with `redundant` / G replica slots on every device, chosen per
     layer by `layer_replicas` on the fit rows experts int[T, L, k] (module docstring, step 3)."""
-    G, S, N = placement.num_devices, placement.slots_per_device, placement.num_experts
+    G, N = placement.num_devices, placement.num_experts
     r = redundant // G
     node_of = placement.node_of
     hosts = placement.hosts()
