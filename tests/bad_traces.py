@@ -221,12 +221,12 @@ FILE_CASES: dict[str, Callable[[Path], tuple[Path, str]]] = {
     "ragged_weights": _ragged("weights", "weights: row 37: 5 values, expected 6 (ragged top-k)"),
     "null_experts_row": _null_row("experts", "experts: row 37: value is null"),
     "null_token_id": _null_row("token_id", "token_id: row 37: value is null"),
-    "format_version_unknown": _meta_case(lambda b: b.update(format_version=3),
-                                         "metadata.format_version: 3 is not supported "
-                                         "(this sempar reads 1, 2)"),
+    "format_version_unknown": _meta_case(lambda b: b.update(format_version=4),
+                                         "metadata.format_version: 4 is not supported "
+                                         "(this sempar reads 1, 2, 3)"),
     "format_version_missing": _meta_case(lambda b: b.pop("format_version"),
                                          "metadata.format_version: None is not supported "
-                                         "(this sempar reads 1, 2)"),
+                                         "(this sempar reads 1, 2, 3)"),
     "num_tokens_wrong": _meta_case(lambda b: b.update(num_tokens=199),
                                    "metadata.num_tokens: 199 but the file holds 200 rows"),
     "num_layers_mismatch": _meta_case(_set_meta("num_layers", 2),

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sempar.trace import RoutingTrace, TraceMeta, TraceWriter
-from sempar.trace.io import META_KEY
+from sempar.trace.io import META_KEY, SUM_KEY, block_checksum
 
 pytest_plugins = ("bad_traces",)        # the `bad_file` fixture
 
@@ -87,17 +87,25 @@ def read_block(path: Path) -> dict[str, Any]:
 
 def rewrite(src: Path, dst: Path, block_edit: Callable[[dict], Any] | None = None,
             table_edit: Callable[[pa.Table], pa.Table] | None = None,
-            raw_block: bytes | None = None, row_group_size: int = 16) -> Path:
-    """Copy a trace file by hand with pyarrow, editing its table and/or its metadata block."""
+            raw_block: bytes | None = None, row_group_size: int = 16,
+            seal: bool = True) -> Path:
+    """Copy a trace file by hand with pyarrow, editing its table and/or its metadata block.
+
+    `seal`: store the edited block's checksum (as a writer would) when the source had one, so
+    the readers' checks behind the checksum are reached; False drops it."""
     pf = pq.ParquetFile(src)
-    block = json.loads(pf.metadata.metadata[META_KEY])
+    kv = pf.metadata.metadata
+    block = json.loads(kv[META_KEY])
     table = pf.read()
     if table_edit is not None:
         table = table_edit(table)
     if block_edit is not None:
         block_edit(block)
     payload = raw_block if raw_block is not None else json.dumps(block).encode()
-    table = table.replace_schema_metadata({META_KEY: payload})
+    meta = {META_KEY: payload}
+    if seal and SUM_KEY in kv:
+        meta[SUM_KEY] = block_checksum(payload)
+    table = table.replace_schema_metadata(meta)
     pq.write_table(table, dst, row_group_size=row_group_size)
     return dst
 

@@ -72,12 +72,12 @@ def test_round_trip_arrays_dtypes_meta(tmp_path, with_weights):
     assert list(names[190:]) == [None] * 10
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_metadata_block_contents(tmp_path, trace, version):
     p = tmp_path / "t.parquet"
     write_trace(trace, p, format_version=version)
     block = read_block(p)
-    assert FORMAT_VERSION == 2 and block["format_version"] == version
+    assert FORMAT_VERSION == 3 and block["format_version"] == version
     assert block["num_tokens"] == 200
     assert block["num_requests"] == 20
     assert block["domains"] == ["code", "math"]
@@ -95,12 +95,12 @@ def test_metadata_block_contents(tmp_path, trace, version):
     assert meta == trace.meta and blk == block
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_experts_layout_is_layer_major(tmp_path, trace, version):
     p = tmp_path / "t.parquet"
     write_trace(trace, p, format_version=version)
     row = pq.read_table(p).column("experts")[BAD_ROW].as_py()
-    if version == 2:
+    if version >= 2:
         row = np.frombuffer(row, "<i2").tolist()
     assert row == trace.experts[BAD_ROW].reshape(-1).tolist()
 
@@ -210,10 +210,11 @@ def test_empty_trace_is_refused(tmp_path, with_weights):
     assert list(tmp_path.iterdir()) == []
     import json
 
-    from sempar.trace.io import META_KEY, arrow_schema
-    schema = arrow_schema(t.meta, True, with_weights).with_metadata({META_KEY: json.dumps(
-        {"format_version": FORMAT_VERSION, "meta": t.meta.to_json(), "domains": t.domains,
-         "num_tokens": 0, "num_requests": 0})})
+    from sempar.trace.io import META_KEY, SUM_KEY, arrow_schema, block_checksum
+    block = json.dumps({"format_version": FORMAT_VERSION, "meta": t.meta.to_json(),
+                        "domains": t.domains, "num_tokens": 0, "num_requests": 0}).encode()
+    schema = arrow_schema(t.meta, True, with_weights).with_metadata(
+        {META_KEY: block, SUM_KEY: block_checksum(block)})
     pq.write_table(schema.empty_table(), p)
     for reader in (read_trace, trace_info):
         with pytest.raises(InputError, match="holds no tokens"):

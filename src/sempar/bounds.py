@@ -23,6 +23,13 @@ REDUNDANT_MAX = 4096            # replica slots per layer
 TOKENS_MAX = 2**31 - 1          # rows of a trace (int32 request and token ids)
 LAYERS_MAX = 10_000
 SECONDS_MAX = 7 * 24 * 3600.0   # time limits and TTLs: a week
+EXPERTS_MAX = 1 << 20           # logical experts of a model (DeepSeek-V3: 256)
+VOCAB_MAX = 2**31 - 1           # int32 token ids
+# User JSON (safe_json.py): nesting far beyond any file sempar writes (a placement is 4 deep)
+# and far below Python's recursive parser's limit; sizes checked before a file is read.
+JSON_DEPTH_MAX = 64
+JSON_BYTES_MAX = 64 << 20                   # topologies, configs, indexes, metadata blocks
+PLACEMENT_JSON_BYTES_MAX = 2 << 30          # a placement with a 129k-vocabulary token table
 
 
 def check_bound(option: str, value: Any, lo: float | None = None, hi: float | None = None,

@@ -109,3 +109,47 @@ def load_tokenizer(path: str | os.PathLike) -> FileTokenizer:
     if p.is_file():
         return FileTokenizer(p)
     return FileTokenizer(resolve_model(path).tokenizer_path)
+
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def checkpoint_shards(model_dir: str | os.PathLike) -> tuple[list[Path], dict[str, Path] | None]:
+    """(shard files, {tensor name: shard file} or None) of a safetensors checkpoint folder: the
+    shards its `model.safetensors.index.json` names (each must exist) with its weight map, or
+    every `*.safetensors` file and None when there is no index.
+
+    An index is user content: a shard name that resolves outside `model_dir` ("../../x", an
+    absolute path, a symlink leading out) is refused before any shard is opened; so is a
+    `*.safetensors` symlink leading out of the folder."""
+    from sempar.safe_json import read_json_object
+
+    d = Path(model_dir)
+    index = d / SAFETENSORS_INDEX
+    if not index.is_file():
+        files = sorted(d.glob("*.safetensors"))
+        if not files:
+            raise InputError(f"{d}: no .safetensors files")
+        for f in files:
+            _check_inside(d, f.name, d)
+        return files, None
+    weight_map = read_json_object(index, "safetensors index").get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or \
+            not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise InputError(f"{index}: weight_map is not a non-empty object of tensor name -> "
+                         "shard file name")
+    names = sorted(set(weight_map.values()))
+    for name in names:
+        _check_inside(d, name, index)
+        if not (d / name).is_file():
+            raise InputError(f"{index}: names shard {name}, which is not in {d}")
+    return [d / n for n in names], {k: d / n for k, n in weight_map.items()}
+
+
+def _check_inside(model_dir: Path, name: str, where: Path) -> None:
+    """Refuse shard `name` of `model_dir` unless it resolves to a path inside the folder."""
+    p = Path(name)
+    if p.is_absolute() or ".." in p.parts or "\0" in name or \
+            not (model_dir / p).resolve().is_relative_to(model_dir.resolve()):
+        shown = name.encode("unicode_escape").decode("ascii")
+        raise InputError(f"{where}: shard {shown!r} lies outside the model folder {model_dir}")

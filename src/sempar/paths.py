@@ -36,6 +36,18 @@ def assets_dir() -> Path:
     return Path(__file__).resolve().parent / "assets"
 
 
+def packaged_model_dir(name: object) -> Path | None:
+    """The folder of the packaged model called exactly `name` (assets/models/NAME), or None.
+
+    `name` often comes from a file (a trace's `meta.model`): only a plain folder name counts, so
+    "../../x" or an absolute path never leads outside the package's models."""
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name \
+            or "\0" in name:
+        return None
+    d = assets_dir() / "models" / name
+    return d if d.is_dir() else None
+
+
 DEV_TRACES = ("tiny-moe64", "tiny-mixtral")
 
 

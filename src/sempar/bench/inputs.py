@@ -3,7 +3,6 @@ requests, the single-process reference forward (logits and routing) and the mode
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -84,7 +83,9 @@ def model_config(model: str) -> dict:
     """config.json of a packaged model name or a model folder."""
     from sempar.models import resolve_model
 
-    return json.loads((resolve_model(model).model_dir / "config.json").read_text())
+    from sempar.safe_json import read_json_object
+
+    return read_json_object(resolve_model(model).model_dir / "config.json", "model config.json")
 
 
 def tp_ok(model: str, G: int) -> bool:

@@ -35,7 +35,6 @@ device, and per (token, layer) the distinct remote devices.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,11 +100,12 @@ def resolve_hidden(model: str, extra: dict | None = None, hidden: int | None = N
         return int(hidden)
     if extra and isinstance(extra.get("hidden_size"), int):
         return int(extra["hidden_size"])
-    from sempar.paths import assets_dir
+    from sempar.paths import packaged_model_dir
+    from sempar.safe_json import read_json_object
 
-    cfg = assets_dir() / "models" / model / "config.json"
-    if cfg.is_file():
-        return int(json.loads(cfg.read_text())["hidden_size"])
+    d = packaged_model_dir(model)
+    if d is not None and (d / "config.json").is_file():
+        return int(read_json_object(d / "config.json", "model config.json")["hidden_size"])
     base = model.split(":")[-1]                                 # "synthetic:qwen3-30b-a3b"
     if base in HIDDEN_SIZES:
         return HIDDEN_SIZES[base]

@@ -29,7 +29,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from sempar.atomic import check_input, write_text_atomic
+from sempar.atomic import write_text_atomic
 from sempar.errors import InputError
 
 PHASES = ("metadata", "dispatch", "combine")
@@ -153,27 +153,30 @@ class Topology:
             if key not in d:
                 raise InputError(f"topology JSON: missing field {key!r}")
         _check_node_of(d["node_of"])
+        _check_types(d)
         if "links" in d:
             links = []
-            if not isinstance(d["links"], list) or not isinstance(d.get("paths", []), list):
-                raise InputError("topology JSON: 'links' and 'paths' must be lists")
             for i, ln in enumerate(d["links"]):
-                try:
-                    a, b = ln["alpha"], ln["beta"]
-                    if isinstance(a, dict):
-                        a = [a[p] for p in PHASES]
-                    if isinstance(b, dict):
-                        b = [b[p] for p in PHASES]
-                    links.append((ln["src"], ln["dst"], a, b))
-                except (KeyError, TypeError) as e:
-                    raise InputError(f"topology JSON: links[{i}] lacks {e}") from None
-            try:
-                paths = {(p["src"], p["dst"]): p["via"] for p in d.get("paths", [])}
-            except (KeyError, TypeError) as e:
-                raise InputError(f"topology JSON: a path lacks {e} (needs src, dst, via)") from None
+                missing = [k for k in ("src", "dst", "alpha", "beta") if k not in ln]
+                if missing:
+                    raise InputError(f"topology JSON: links[{i}] lacks '{missing[0]}'")
+                links.append((_vertex(ln["src"], f"links[{i}].src"),
+                              _vertex(ln["dst"], f"links[{i}].dst"),
+                              _cost(ln["alpha"], f"links[{i}].alpha"),
+                              _cost(ln["beta"], f"links[{i}].beta")))
+            paths = {}
+            for i, p in enumerate(d.get("paths", [])):
+                missing = [k for k in ("src", "dst", "via") if k not in p]
+                if missing:
+                    raise InputError(f"topology JSON: paths[{i}] lacks '{missing[0]}' "
+                                     "(needs src, dst, via)")
+                if not isinstance(p["via"], list):
+                    raise InputError(f"topology JSON: paths[{i}].via is not a list of vertices")
+                paths[(_vertex(p["src"], f"paths[{i}].src"), _vertex(p["dst"], f"paths[{i}].dst"))] = \
+                    [_vertex(x, f"paths[{i}].via") for x in p["via"]]
             t = cls.from_links(d["name"], d["node_of"], links, paths=paths,
                                aggregation=d.get("aggregation", "store-and-forward"),
-                               symmetric=bool(d.get("symmetric", False)))
+                               symmetric=d.get("symmetric", False))
             t.collectives = d.get("collectives")
             return t.validate()
         for key in ("alpha", "beta"):
@@ -191,7 +194,7 @@ class Topology:
             except (TypeError, ValueError):
                 raise InputError(f"topology JSON: {key} is not a numeric matrix") from None
 
-        return cls(str(d["name"]), np.asarray(d["node_of"]), stack(d["alpha"], "alpha"),
+        return cls(d["name"], np.asarray(d["node_of"]), stack(d["alpha"], "alpha"),
                    stack(d["beta"], "beta"), d.get("collectives"))
 
     def save(self, path: str | os.PathLike) -> None:
@@ -199,13 +202,9 @@ class Topology:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Topology":
-        try:
-            d = json.loads(check_input(path, "topology file").read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise InputError(f"{path}: not JSON ({e})") from None
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
-        return cls.from_json(d)
+        from sempar.safe_json import read_json_object
+
+        return cls.from_json(read_json_object(path, "topology file"))
 
     # ---- links -> matrices -----------------------------------------------------------------
     @classmethod
@@ -221,6 +220,7 @@ class Topology:
         aggregated store-and-forward (sum alpha, sum beta) or cut-through (sum alpha, max beta).
         symmetric: add the reverse of every link with the same parameters.
         """
+        from scipy.sparse import csr_array
         from scipy.sparse.csgraph import shortest_path
 
         if aggregation not in AGGREGATIONS:
@@ -265,8 +265,12 @@ class Topology:
         alpha = np.zeros((len(PHASES), G, G))
         beta = np.zeros((len(PHASES), G, G))
         fixed = {(vid(u), vid(v)): [vid(x) for x in via] for (u, v), via in (paths or {}).items()}
+        src, dst = np.nonzero(has)
         for p in range(len(PHASES)):
-            w = np.where(has, A[p] + B[p] * REF_BYTES + 1e-30, 0.0)   # tiny: zero-cost links exist
+            # A sparse graph's stored entries are its edges, zero-cost ones included; a dense
+            # matrix would take any weight within 1e-8 of 0 for "no link" (numpy's masked_values
+            # tolerance), refusing a 5 ns latency-only link as "no route".
+            w = csr_array((A[p][src, dst] + B[p][src, dst] * REF_BYTES, (src, dst)), shape=(V, V))
             _, pred = shortest_path(w, directed=True, return_predecessors=True, indices=range(G))
             for u in range(G):
                 for v in range(G):
@@ -284,13 +288,51 @@ class Topology:
                         raise InputError(f"topology {name}: path for ({u}, {v}) must start at "
                                          f"{u} and end at {v}")
                     hops = list(zip(route[:-1], route[1:]))
-                    if not all(has[h] for h in hops):
+                    if not all(max(h) < V and has[h] for h in hops):
                         raise InputError(f"topology {name}: path ({u}, {v}) uses a missing link")
                     ha = np.array([A[p][h] for h in hops])
                     hb = np.array([B[p][h] for h in hops])
                     alpha[p, u, v] = ha.sum()
                     beta[p, u, v] = hb.sum() if aggregation == "store-and-forward" else hb.max()
         return cls(name, node_of, alpha, beta)
+
+
+def _check_types(d: dict[str, Any]) -> None:
+    """The JSON types of a topology's top-level fields (wrong ones: one line, never a
+    traceback nor a silently different topology)."""
+    if not isinstance(d["name"], str) or not d["name"].isprintable() or len(d["name"]) > 200:
+        raise InputError(f"topology JSON: name {str(d['name'])[:40]!r} is not a printable "
+                         "name of at most 200 characters")
+    for key, typ, what in (("links", list, "a list"), ("paths", list, "a list"),
+                           ("aggregation", str, "a name"), ("symmetric", bool, "true or false")):
+        if key in d and not isinstance(d[key], typ):
+            raise InputError(f"topology JSON: {key} is {type(d[key]).__name__}, not {what}")
+    for key in ("links", "paths"):
+        for i, x in enumerate(d.get(key, [])):
+            if not isinstance(x, dict):
+                raise InputError(f"topology JSON: {key}[{i}] is {type(x).__name__}, not an object")
+
+
+def _vertex(x: Any, where: str) -> int | str:
+    """A link endpoint: a device (int) or a switch / NIC / host name (str)."""
+    if isinstance(x, bool) or not isinstance(x, (int, str)):
+        raise InputError(f"topology JSON: {where} = {str(x)[:40]!r} is not a device number or "
+                         "a switch name")
+    return x
+
+
+def _cost(x: Any, where: str) -> Any:
+    """An alpha / beta: a number, or one per phase (a list of 3 or {phase: number})."""
+    if isinstance(x, dict):
+        missing = [p for p in PHASES if p not in x]
+        if missing:
+            raise InputError(f"topology JSON: {where} lacks phase '{missing[0]}'")
+        x = [x[p] for p in PHASES]
+    vals = x if isinstance(x, list) else [x]
+    if not vals or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+        raise InputError(f"topology JSON: {where} = {str(x)[:40]} is not a number or "
+                         f"{len(PHASES)} numbers")
+    return x
 
 
 def _check_node_of(node_of: Any) -> None:

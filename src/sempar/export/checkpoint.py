@@ -33,14 +33,16 @@ from pathlib import Path
 import numpy as np
 
 from sempar.atomic import MARKER, atomic_folder
+from sempar.bounds import EXPERTS_MAX
 from sempar.errors import InputError
+from sempar.models import SAFETENSORS_INDEX as INDEX, checkpoint_shards
 from sempar.placement.placement import Placement, cross_group_slots
+from sempar.safe_json import read_json_object
 
 _PER_EXPERT = re.compile(r"^(?P<pre>.*\blayers\.(?P<layer>\d+)\.[^.]+\.experts)\.(?P<j>\d+)\.(?P<rest>.+)$")
 _FUSED = re.compile(r"^.*\blayers\.(?P<layer>\d+)\.[^.]+\.experts\.(?P<name>[^.]+)$")
 _ROUTER = re.compile(r"^.*\blayers\.(?P<layer>\d+)\.[^.]+\."
                      r"(?:gate\.(?:weight|e_score_correction_bias)|router\.(?:weight|bias))$")
-INDEX = "model.safetensors.index.json"
 
 
 def groups_crossed(placement: Placement, num_groups: int) -> list[int]:
@@ -53,23 +55,41 @@ def groups_crossed(placement: Placement, num_groups: int) -> list[int]:
 def _limiting_groups(model_dir: Path) -> int:
     """The checkpoint's expert-group count when routing is group-limited, else 1."""
     cfg_file = model_dir / "config.json"
-    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
-    groups = int(cfg.get("n_group") or 1)
-    return groups if int(cfg.get("topk_group") or groups) < groups else 1
+    cfg = read_json_object(cfg_file, "model config.json") if cfg_file.is_file() else {}
+    values = {}
+    for key in ("n_group", "topk_group"):
+        v = cfg.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or
+                              not 1 <= v <= EXPERTS_MAX):
+            raise InputError(f"{cfg_file}: {key}: {v!r} is not a positive integer")
+        values[key] = v
+    groups = values["n_group"] or 1
+    return groups if (values["topk_group"] or groups) < groups else 1
 
 
-def _shards(model_dir: Path) -> list[Path]:
-    index = model_dir / INDEX
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        missing = [n for n in names if not (model_dir / n).is_file()]
-        if missing:
-            raise InputError(f"{index}: names shard {missing[0]}, which is not in {model_dir}")
-        return [model_dir / n for n in names]
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise InputError(f"{model_dir}: no .safetensors files")
-    return files
+def _load_shard(path: Path) -> dict:
+    """{name: tensor} of one safetensors shard; a corrupt or truncated one is InputError."""
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except Exception as err:     # SafetensorError (no OSError subclass), a header not JSON
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise InputError(f"{path}: not a readable safetensors file ({reason[:200]})") from None
+
+
+def _save_shard(tensors: dict, path: Path) -> None:
+    """Write one shard; a full disk or another write error is OSError (one line, exit 2),
+    and the caller's temporary folder is removed."""
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, path, metadata={"format": "pt"})
+    except OSError:
+        raise
+    except Exception as err:     # safetensors reports I/O errors as SafetensorError
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise OSError(f"{path.name}: cannot be written ({reason[:200]})") from None
 
 
 def _permute(key: str, t, perm: dict[int, np.ndarray], N: int, found: dict[str, set]):
@@ -95,8 +115,6 @@ def _permute(key: str, t, perm: dict[int, np.ndarray], N: int, found: dict[str, 
 def permute_checkpoint(model_dir: str | os.PathLike, placement: Placement,
                        out_dir: str | os.PathLike) -> Path:
     """Write `model_dir` with experts permuted by `placement` to `out_dir` (atomically)."""
-    from safetensors.torch import load_file, save_file
-
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if placement.redundant:
         raise InputError(f"--to hf-checkpoint: the placement has {placement.redundant} replica "
@@ -108,7 +126,7 @@ def permute_checkpoint(model_dir: str | os.PathLike, placement: Placement,
         raise InputError(f"--to hf-checkpoint: the placement moves experts across the model's "
                          f"{groups} expert groups in {len(crossed)} layers (first: layer "
                          f"{crossed[0]}), which changes its routing; solve with --preserve-groups")
-    files = _shards(model_dir)
+    files, _ = checkpoint_shards(model_dir)
     perm = {int(m): placement.phy2log[l].astype(np.int64)
             for l, m in enumerate(placement.info.get("layer_ids", range(placement.num_layers)))}
     N = placement.num_experts
@@ -120,8 +138,8 @@ def permute_checkpoint(model_dir: str | os.PathLike, placement: Placement,
         for f in files:
             # each tensor keeps its shard; per-expert tensors change name (possibly to a name
             # another shard held before), which the rewritten index records
-            new = dict(_permute(key, t, perm, N, found) for key, t in load_file(f).items())
-            save_file(new, work / f.name, metadata={"format": "pt"})
+            new = dict(_permute(key, t, perm, N, found) for key, t in _load_shard(f).items())
+            _save_shard(new, work / f.name)
             weight_map.update((key, f.name) for key in new)
         missing = sorted(set(perm) - found["experts"])
         if missing:
@@ -133,7 +151,7 @@ def permute_checkpoint(model_dir: str | os.PathLike, placement: Placement,
                              f"for MoE layer {no_router[0]}; permuting its experts alone would "
                              "change the model")
         if (model_dir / INDEX).is_file():
-            index = json.loads((model_dir / INDEX).read_text())
+            index = read_json_object(model_dir / INDEX, "safetensors index")
             index["weight_map"] = dict(sorted(weight_map.items()))
             (work / INDEX).write_text(json.dumps(index, indent=2) + "\n")
     return out_dir

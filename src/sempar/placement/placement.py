@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from sempar.atomic import check_input, write_text_atomic
+from sempar.atomic import write_text_atomic
 from sempar.errors import InputError
 from sempar.predict.token_table import TokenTable
+from sempar.trace.layout import check_placement_info
 
 FORMAT_VERSION = 1
 # On disk the outputs sit inside "info" after the solver's provenance and before the keys added
@@ -153,6 +154,16 @@ class Placement:
             raise InputError(f"phy2log: layer {l}: expert {e} is hosted nowhere")
         if self.node_of.shape != (G,):
             raise InputError(f"node_of: {self.node_of.shape[0]} entries for {G} devices")
+        t = self.token_table
+        if t is not None and (t.num_layers != L or (t.device.size and (
+                int(t.device.min()) < 0 or int(t.device.max()) >= G))):
+            raise InputError(f"token_table: {t.num_layers} layers of devices in "
+                             f"[{int(t.device.min()) if t.device.size else 0}, "
+                             f"{int(t.device.max()) if t.device.size else 0}], expected {L} "
+                             f"layers of devices 0..{G - 1}")
+        c = self.request_cluster
+        if c is not None and c.device.size and (int(c.device.min()) < 0 or int(c.device.max()) >= G):
+            raise InputError(f"request_cluster: a device id outside 0..{G - 1}")
         if set(np.unique(self.node_of).tolist()) != set(range(self.num_nodes)):
             raise InputError(f"node_of: node ids {sorted(set(self.node_of.tolist()))} are not 0..n-1")
         return self
@@ -182,8 +193,10 @@ class Placement:
             raise InputError(f"placement.format_version: {d.get('format_version')!r} is not "
                              f"supported (this sempar reads {FORMAT_VERSION})")
         _check_fields(d)
+        if not isinstance(d.get("method", ""), str):
+            raise InputError(f"placement.method: {d.get('method')!r} is not a method name")
+        info = check_placement_info(d.get("info", {}), len(d["phy2log"]), d["num_experts"])
         try:
-            info = dict(d.get("info", {}))
             table, clusters = info.pop("token_table", None), info.pop("request_cluster", None)
             p = cls(phy2log=np.asarray(d["phy2log"]), num_experts=int(d["num_experts"]),
                     num_devices=int(d["num_devices"]), node_of=np.asarray(d["node_of"]),
@@ -203,14 +216,10 @@ class Placement:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Placement":
-        p = check_input(path, "placement file")
-        try:
-            d = json.loads(p.read_text())
-        except ValueError as err:
-            raise InputError(f"{p}: not JSON ({err})") from None
-        if not isinstance(d, dict):
-            raise InputError(f"{p}: not a placement object")
-        return cls.from_json(d)
+        from sempar.bounds import PLACEMENT_JSON_BYTES_MAX
+        from sempar.safe_json import read_json_object
+
+        return cls.from_json(read_json_object(path, "placement file", PLACEMENT_JSON_BYTES_MAX))
 
 
 def _check_fields(d: dict[str, Any]) -> None:

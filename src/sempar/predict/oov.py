@@ -23,7 +23,6 @@ a sharded index); nothing is ever downloaded.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import numpy as np
@@ -42,18 +41,14 @@ def load_input_embedding(model_dir: str | Path) -> np.ndarray:
     Reads `model.safetensors` or the shards named by `model.safetensors.index.json`; bf16/fp16
     weights are widened to float32. Raises `InputError` when no embedding tensor is found.
     """
-    from safetensors import safe_open
+    from sempar.models import checkpoint_shards
 
     d = Path(model_dir)
-    index = d / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        files = {k: d / f for k, f in weight_map.items()}
-    else:
+    shards, files = checkpoint_shards(d)
+    if files is None:
         files = {}
-        for f in sorted(d.glob("*.safetensors")):
-            with safe_open(str(f), "pt") as h:
-                files.update({k: f for k in h.keys()})
+        for f in shards:
+            files.update({k: f for k in _read_shard(f, lambda h: list(h.keys()))})
     if not files:
         raise InputError(f"{d}: no safetensors checkpoint")
     key = next((k for k in EMBEDDING_KEYS if k in files), None)
@@ -63,8 +58,19 @@ def load_input_embedding(model_dir: str | Path) -> np.ndarray:
     if key is None:
         raise InputError(f"{d}: no input-embedding tensor (looked for {', '.join(EMBEDDING_KEYS)})")
     # torch reads bf16, which numpy cannot.
-    with safe_open(str(files[key]), "pt") as h:
-        return h.get_tensor(key).float().numpy()
+    return _read_shard(files[key], lambda h: h.get_tensor(key).float().numpy())
+
+
+def _read_shard(path: Path, read):
+    """read(handle) on safetensors file `path`; a corrupt or truncated file is InputError."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as h:
+            return read(h)
+    except Exception as err:     # SafetensorError, OSError, a header that is not JSON
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise InputError(f"{path}: not a readable safetensors file ({reason[:200]})") from None
 
 
 class EmbeddingOOV:

@@ -82,7 +82,18 @@ class TokenTable:
         if isinstance(d, TokenTable):
             return d
         try:
-            return cls(np.asarray(d["token_id"]), np.asarray(d["device"]).reshape(-1, len(d["token_id"])),
-                       np.asarray(d["confidence"]).reshape(-1, len(d["token_id"])))
-        except (KeyError, TypeError, ValueError) as e:
+            tok, dev = np.asarray(d["token_id"]), np.asarray(d["device"])
+            conf = np.asarray(d["confidence"], np.float64)
+            for name, a, lo, hi in (("token_id", tok, 0, np.iinfo(np.int32).max),
+                                    ("device", dev, 0, np.iinfo(np.int16).max)):
+                if a.size and (a.dtype.kind not in "iu" or a.min() < lo or a.max() > hi):
+                    raise InputError(f"token table: {name} holds a value that is not an integer "
+                                     f"in [{lo}, {hi}]")
+            if conf.size and not (np.isfinite(conf).all() and (conf >= 0).all() and (conf <= 1).all()):
+                raise InputError("token table: confidence holds a value outside [0, 1]")
+            return cls(tok, dev.reshape(-1, len(d["token_id"])),
+                       conf.reshape(-1, len(d["token_id"])))
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
+            if isinstance(e, InputError):
+                raise
             raise InputError(f"token table: malformed ({e})") from None

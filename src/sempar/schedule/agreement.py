@@ -97,18 +97,29 @@ def trace_agreement(trace: Any, world: int, requests: int = 16) -> dict | None:
     recorded. Rank groups: gcd(world, attention heads) (the sum over ranks is what matters;
     a model whose heads do not split over `world` cannot run Attention-TP there anyway).
     Cached per (model, trace content, world)."""
-    import json
     import math
 
-    from sempar.paths import assets_dir
+    from sempar.paths import packaged_model_dir
+    from sempar.safe_json import read_json_object
     from sempar.models import load_model
 
-    d = assets_dir() / "models" / str(trace.meta.model)
-    if not d.is_dir() or not any(d.glob("*.safetensors")):
+    d = packaged_model_dir(trace.meta.model)
+    if d is None or not any(d.glob("*.safetensors")):
         return None
     _, first = np.unique(trace.request_id, return_index=True)
     reqs = trace.request_id[np.sort(first)[:requests]]
-    heads = int(json.loads((d / "config.json").read_text())["num_attention_heads"])
+    cfg = read_json_object(d / "config.json", "model config.json")
+    heads, vocab = cfg.get("num_attention_heads"), cfg.get("vocab_size")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (heads, vocab)):
+        raise InputError(f"{d / 'config.json'}: num_attention_heads / vocab_size are not "
+                         "positive integers")
+    # The model is run on the trace's own tokens: an id beyond its vocabulary (a trace that
+    # names the model but was not recorded from it) cannot be embedded.
+    top = int(trace.token_id.max()) if trace.num_tokens else -1
+    if top >= vocab:
+        raise InputError(f"metadata.model: the trace names {trace.meta.model}, whose vocabulary "
+                         f"has {vocab} tokens, but holds token id {top}: it was not recorded "
+                         "from that model")
     w = math.gcd(world, heads)
     key = (str(trace.meta.model), int(trace.num_tokens), tuple(int(r) for r in reqs), w)
     if key not in _MEASURED:

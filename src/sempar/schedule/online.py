@@ -43,11 +43,11 @@ LOOKBACK = 2          # Sem-MoE B.1's default look-back
 
 def model_embedding(model: str) -> EmbeddingOOV | None:
     """The OOV mapper of one of our tiny models (by trace metadata name), or None."""
-    from sempar.paths import assets_dir
+    from sempar.paths import packaged_model_dir
     from sempar.predict.oov import load_input_embedding
 
-    d = assets_dir() / "models" / model
-    if not d.is_dir():
+    d = packaged_model_dir(model)
+    if d is None:
         return None
     return EmbeddingOOV(load_input_embedding(d))
 

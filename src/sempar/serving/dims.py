@@ -14,7 +14,6 @@ PV; MLA absorbed: 2 x heads x (576 + 512)).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from sempar.errors import InputError
@@ -101,13 +100,15 @@ def model_dims(model: str) -> ModelDims:
     base = model.split(":")[-1]
     if base in DIMS:
         return DIMS[base]
-    from sempar.paths import assets_dir
+    from sempar.paths import packaged_model_dir
+    from sempar.safe_json import read_json_object
 
-    cfg = assets_dir() / "models" / base / "config.json"
-    if not cfg.is_file():
+    d = packaged_model_dir(base)
+    cfg = d / "config.json" if d is not None else None
+    if cfg is None or not cfg.is_file():
         raise InputError(f"model {model!r}: no serving dimensions known (presets: "
                          f"{', '.join(DIMS)}; or a packaged tiny model)")
-    c = json.loads(cfg.read_text())
+    c = read_json_object(cfg, "model config.json")
     hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     dense = len(c.get("mlp_only_layers") or [])
     return ModelDims(base, c["hidden_size"], c["num_attention_heads"],

@@ -181,16 +181,26 @@ def _positions(request_id: np.ndarray) -> np.ndarray:
     return pos.astype(np.int32)
 
 
+def _check_domain_count(name: str, n: int) -> None:
+    """Domains are int16 codes in a trace: more names would wrap onto other domains."""
+    if n > np.iinfo(np.int16).max:
+        raise InputError(f"{name}: {n} domains do not fit int16 domain codes "
+                         f"(at most {np.iinfo(np.int16).max})")
+
+
 def _codes(a: np.ndarray, name: str, names: list[str] | None, what: str) -> tuple[np.ndarray, list[str]]:
     """(int16 codes (-1 unknown), names) of a domain array: integers index `names`, strings
     are the names."""
     if a.dtype.kind in "US":
         s = a.astype(str)
         uniq = sorted(set(s.tolist()) - {""})
+        _check_domain_count(name, len(uniq))
         lookup = {n: i for i, n in enumerate(uniq)}
         return np.array([lookup.get(x, -1) for x in s.tolist()], np.int16), uniq
     if names is None:
+        _check_domain_count(name, int(a.max()) + 1 if a.size else 0)
         names = [str(i) for i in range(int(a.max()) + 1 if a.size else 0)]
+    _check_domain_count(name, len(names))
     bad = (a < -1) | (a >= len(names))
     if bad.any():
         r = int(np.argmax(bad))

@@ -25,7 +25,7 @@ def stored_dtype(meta: TraceMeta) -> np.dtype:
 
 def check_row_type(col: str, typ: pa.DataType, meta: TraceMeta, dtype: np.dtype,
                    version: int) -> None:
-    """Format 2: fixed_size_binary rows of L * k values of dtype; format 1: lists (fixed-size
+    """Formats 2 and 3: fixed_size_binary rows of L * k values of dtype; format 1: lists (fixed-size
     ones of L * k values)."""
     width = meta.num_layers * meta.top_k
     shape = f"num_layers {meta.num_layers} x top_k {meta.top_k} = {width}"
@@ -36,7 +36,7 @@ def check_row_type(col: str, typ: pa.DataType, meta: TraceMeta, dtype: np.dtype,
             raise InputError(f"{col}: rows hold {typ.list_size} values but metadata says {shape}")
         return
     if not pa.types.is_fixed_size_binary(typ):
-        raise InputError(f"{col}: column type {typ} is not fixed_size_binary (format 2)")
+        raise InputError(f"{col}: column type {typ} is not fixed_size_binary (format {version})")
     if typ.byte_width != width * dtype.itemsize:
         held = (f"{typ.byte_width // dtype.itemsize} values" if typ.byte_width % dtype.itemsize == 0
                 else f"{typ.byte_width} bytes, not whole {dtype.itemsize}-byte values,")

@@ -20,7 +20,6 @@ result (the caller takes it from elsewhere).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -52,16 +51,11 @@ def moe_layers(cfg: dict, n: int) -> list[int]:
 def config_shape(model_dir: str | Path) -> dict[str, Any]:
     """{num_experts, top_k, shared_experts, num_expert_groups, topk_groups, vocab_size,
     num_hidden_layers, model_type, layer_ids}: those of DIR/config.json's model it names."""
-    from sempar.atomic import check_input
+    from sempar.safe_json import read_json_object
     from sempar.trace.routers import ROUTERS, _n_shared_experts
 
-    path = check_input(Path(model_dir) / "config.json", "--model-dir config.json")
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise InputError(f"{path}: not a readable JSON config ({type(err).__name__})") from None
-    if not isinstance(cfg, dict):
-        raise InputError(f"{path}: top level is not a JSON object")
+    path = Path(model_dir) / "config.json"
+    cfg = read_json_object(path, "--model-dir config.json")
     if isinstance(cfg.get("text_config"), dict):      # multimodal wrappers keep the LM inside
         cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type",
                                                                             cfg.get("model_type"))}

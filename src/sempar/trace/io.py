@@ -1,6 +1,6 @@
 """Parquet I/O for `RoutingTrace`: one row per token, compressed, with a JSON metadata block.
 
-Columns (format 2, written by default):
+Columns (format 3, written by default; format 2 is the same without the checksum):
     token_id   int32
     request_id int32
     position   int32
@@ -18,7 +18,11 @@ format 2 decode as one buffer per column chunk, viewed by numpy; Parquet assembl
 fixed-size list value by value (about 10x slower for DeepSeek-V3's 464 ids per row).
 
 Key-value metadata `sempar.trace` holds JSON: `format_version`, `meta` (TraceMeta), `domains`,
-`num_tokens`, `num_requests`. Every data page carries a CRC-32 checksum (Parquet page header
+`num_tokens`, `num_requests`; `sempar.trace.sha256` holds "sha256:" + the hex SHA-256 of that
+block's bytes, verified on read (required from format 3; files of formats 1 and 2, written
+before it, are read without one, and their metadata is still checked against the rows: every
+expert id below num_experts, top-k distinct, row count, request count). The block is parsed
+with `safe_json` (size and nesting checked first). Every data page carries a CRC-32 checksum (Parquet page header
 `crc`), verified on read. Writes stream row group by row group into a temporary file that is
 renamed onto the target only when complete, so no partial trace is ever left behind. Reading
 validates every row group and reports the first bad row in file coordinates.
@@ -26,6 +30,7 @@ validates every row group and reports the first bad row in file coordinates.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
 import os
@@ -38,11 +43,36 @@ import pyarrow.parquet as pq
 
 from sempar.atomic import atomic_path, check_input
 from sempar.errors import InputError
+from sempar.safe_json import parse_json
 from sempar.trace.columns import WEIGHT_DTYPE, block_arrays, check_row_type, stored_dtype
 from sempar.trace.schema import (FORMAT_VERSION, SUPPORTED_VERSIONS, RoutingTrace, TraceMeta,
                                  validate_arrays)
 
 META_KEY = b"sempar.trace"
+# SHA-256 of the metadata block's bytes (format 3 on): a changed expert count, layer list or
+# row count in the footer is refused like a flipped bit in a page. Formats 1 and 2 predate it
+# and are read without one; a format-3 file without it is refused.
+SUM_KEY = b"sempar.trace.sha256"
+CHECKSUM_SINCE = 3
+META_BYTES_MAX = 16 << 20       # the block is a few kB; provenance (`extra`) stays small
+
+
+def block_checksum(block: bytes) -> bytes:
+    """The `SUM_KEY` value of a metadata block: "sha256:" + hex digest of its bytes."""
+    return b"sha256:" + hashlib.sha256(block).hexdigest().encode()
+
+
+def check_block_checksum(block: bytes, stored: bytes | None, version: int) -> None:
+    """Refuse a metadata block whose checksum does not match, or a format that needs one
+    (`CHECKSUM_SINCE` on) without it; older formats without one pass."""
+    if stored is None:
+        if version >= CHECKSUM_SINCE:
+            raise InputError(f"metadata: format {version} carries a '{SUM_KEY.decode()}' checksum "
+                             "of its metadata block, and this file has none (edited by hand?)")
+        return
+    if stored != block_checksum(block):
+        raise InputError("metadata: the metadata block does not match its checksum "
+                         f"'{SUM_KEY.decode()}' (changed after it was written)")
 # zstd level 1 compresses expert ids about 3x at several hundred MB/s: the 2M-token
 # deepseek-v3 synth benchmark is bound by this step.
 COMPRESSION = "zstd"
@@ -151,7 +181,9 @@ class TraceWriter:
             if exc_type is None and self.rows == 0:
                 raise InputError(f"{self.path}: no tokens to write; an empty trace is refused")
             if exc_type is None:
-                self._writer.add_key_value_metadata({META_KEY: json.dumps(self._meta_block())})
+                block = json.dumps(self._meta_block()).encode()
+                self._writer.add_key_value_metadata({META_KEY: block,
+                                                     SUM_KEY: block_checksum(block)})
             self._writer.close()
         except BaseException as err:
             self._ctx.__exit__(type(err), err, err.__traceback__)
@@ -196,16 +228,21 @@ def read_header(path: str | os.PathLike) -> tuple[pq.ParquetFile, dict[str, Any]
     if META_KEY not in kv:
         raise InputError(f"{path}: Parquet file has no '{META_KEY.decode()}' metadata block: "
                          "not a sempar trace")
+    raw = kv[META_KEY]
     try:
-        block = json.loads(kv[META_KEY])
-    except ValueError:
-        raise InputError(f"metadata: the '{META_KEY.decode()}' block is not valid JSON") from None
+        block = parse_json(raw, f"metadata: the '{META_KEY.decode()}' block",
+                           max_bytes=META_BYTES_MAX)
+    except InputError as err:
+        if "not JSON" in str(err) or "not UTF-8" in str(err):
+            raise InputError(f"metadata: the '{META_KEY.decode()}' block is not valid JSON") from None
+        raise
     if not isinstance(block, dict):
         raise InputError("metadata: the metadata block is not a JSON object")
     version = block.get("format_version")
-    if version not in SUPPORTED_VERSIONS:
+    if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
         raise InputError(f"metadata.format_version: {version!r} is not supported "
                          f"(this sempar reads {', '.join(map(str, SUPPORTED_VERSIONS))})")
+    check_block_checksum(raw, kv.get(SUM_KEY), version)
     if not isinstance(block.get("meta"), dict):
         raise InputError("metadata.meta: missing or not an object")
     try:

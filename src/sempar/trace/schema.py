@@ -26,20 +26,25 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from sempar.bounds import EXPERTS_MAX, VOCAB_MAX
 from sempar.errors import InputError
+from sempar.trace.layout import check_layer_ids, check_model_type, check_num_hidden_layers
 
 # On-disk format (trace/io.py): version 2 stores `experts` and `weights` as fixed-size binary
 # rows (L x k little-endian int16 / int32 ids, L x k float32 weights per row), which Parquet
 # decodes as one buffer; version 1 as fixed-size lists, read still (committed traces, files
-# in the wild). Both are written with `TraceWriter(format_version=...)`.
-FORMAT_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+# in the wild). Version 3 is version 2 whose metadata block must carry a SHA-256 checksum
+# (io.SUM_KEY); 1 and 2 predate the checksum and are read without one. All are written with
+# `TraceWriter(format_version=...)`.
+FORMAT_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
 
 # Shapes far beyond any real MoE (DeepSeek-V3: 61 layers, 256 experts, top-8, 129k vocabulary)
 # and far below what a reader would exhaust memory on: a file claiming more is refused.
-SHAPE_LIMITS = {"num_layers": 4096, "num_experts": 1 << 20, "top_k": 1024,
-                "vocab_size": (1 << 31) - 1, "shared_experts": 1024, "num_expert_groups": 1 << 20,
-                "topk_groups": 1 << 20, "layer_id": 1 << 16}
+# Layer ids and num_hidden_layers are bounded like `--num-hidden-layers` (trace/layout.py).
+SHAPE_LIMITS = {"num_layers": 4096, "num_experts": EXPERTS_MAX, "top_k": 1024,
+                "vocab_size": VOCAB_MAX, "shared_experts": 1024, "num_expert_groups": EXPERTS_MAX,
+                "topk_groups": EXPERTS_MAX}
 
 
 @dataclass(frozen=True)
@@ -104,32 +109,18 @@ class TraceMeta:
             raise InputError(f"metadata.has_token_ids: {self.has_token_ids!r} is not true or false")
         object.__setattr__(self, "has_token_ids", bool(self.has_token_ids))
         if self.layer_ids is not None:
-            ids = self.layer_ids
-            if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
-                raise InputError(f"metadata.layer_ids: {ids!r} is not a list of layer numbers")
-            for i in ids:
-                if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or \
-                        not 0 <= i < SHAPE_LIMITS["layer_id"]:
-                    raise InputError(f"metadata.layer_ids: {i!r} is not a layer number "
-                                     f"0..{SHAPE_LIMITS['layer_id'] - 1}")
-            ids = tuple(int(i) for i in ids)
-            if len(ids) != self.num_layers:
-                raise InputError(f"metadata.layer_ids: {len(ids)} ids for {self.num_layers} layers")
-            if len(set(ids)) != len(ids):
-                dup = next(i for i in ids if ids.count(i) > 1)
-                raise InputError(f"metadata.layer_ids: layer {dup} is listed twice")
-            object.__setattr__(self, "layer_ids", ids)
+            object.__setattr__(self, "layer_ids", check_layer_ids(
+                "metadata.layer_ids", self.layer_ids, self.num_layers))
         if self.num_hidden_layers is not None:
-            n = self.num_hidden_layers
-            if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < self.num_layers:
-                raise InputError(f"metadata.num_hidden_layers: {n!r} is not an integer >= "
-                                 f"num_layers {self.num_layers}")
+            n = check_num_hidden_layers("metadata.num_hidden_layers", self.num_hidden_layers,
+                                        self.layers)
             if self.layer_ids is None and n != self.num_layers:
                 raise InputError(f"metadata.num_hidden_layers: {n} layers but no layer_ids say "
                                  f"which {self.num_layers} of them are MoE layers")
-            if any(not 0 <= i < n for i in self.layers) or len(set(self.layers)) != self.num_layers:
-                raise InputError(f"metadata.layer_ids: {list(self.layers)} are not distinct layers "
-                                 f"of 0..{n - 1}")
+            object.__setattr__(self, "num_hidden_layers", n)
+        check_model_type("metadata.model_type", self.model_type)
+        if not isinstance(self.extra, dict):
+            raise InputError(f"metadata.extra: {type(self.extra).__name__} is not an object")
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -173,9 +164,7 @@ class TraceMeta:
         if missing:
             raise InputError(f"metadata: missing field {missing[0]!r}")
         kwargs = {k: v for k, v in d.items() if k in names}
-        if kwargs.get("layer_ids") is not None:
-            kwargs["layer_ids"] = tuple(kwargs["layer_ids"])
-        return cls(**kwargs)
+        return cls(**kwargs)        # __post_init__ checks every field's type and range
 
     def first_difference(self, other: "TraceMeta") -> str | None:
         """The first model-shape field in which the two differ (their traces cannot be

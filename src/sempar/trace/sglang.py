@@ -69,6 +69,7 @@ MAP_KEY = "last_physical_to_logical_map"
 REQUIRED = ("input_ids", "positions", "topk_ids_of_layer")
 FLUSH_ROWS = 32768
 DECODE_MODE = 2  # SGLang ForwardMode: EXTEND = 1, DECODE = 2, MIXED = 3, IDLE = 4, ...
+INT32_MAX = int(np.iinfo(np.int32).max)
 _RANK_RE = re.compile(r"_(\d+)\.pt$")
 
 
@@ -115,7 +116,10 @@ def _int_array(value: Any, where: str, ndim: int) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
             raise InputError(f"{where}: dtype {value.dtype} is not an integer type")
-        arr = value.detach().cpu().numpy().astype(np.int64)
+        arr = value.detach().cpu().numpy()
+        if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+            raise InputError(f"{where}: value {int(arr.max())} does not fit int64")
+        arr = arr.astype(np.int64)
     elif isinstance(value, (list, tuple)):
         try:
             arr = np.asarray(value, dtype=np.int64) if len(value) else np.zeros((0,) * ndim, np.int64)
@@ -171,6 +175,12 @@ def _record(rec: Any, i: int, path: Path, L: int, P: int) -> _Record:
     if (ids < 0).any():
         t = int(np.argmax(ids < 0))
         raise InputError(f"{where}: input_ids: token {t}: id {int(ids[t])} is negative")
+    # ids and positions are stored as int32 (trace/schema.py): a larger value would wrap onto
+    # another one (2**32 + 5 -> 5), so it is refused here rather than narrowed
+    for name, a in (("input_ids", ids), ("positions", pos)):
+        if (a > INT32_MAX).any():
+            t = int(np.argmax(a > INT32_MAX))
+            raise InputError(f"{where}: {name}: token {t}: value {int(a[t])} does not fit int32")
     if (pos < 0).any():
         t = int(np.argmax(pos < 0))
         raise InputError(f"{where}: positions: token {t}: value {int(pos[t])} is negative")
@@ -188,6 +198,12 @@ def _record(rec: Any, i: int, path: Path, L: int, P: int) -> _Record:
     rank = rec.get("rank")
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
         raise InputError(f"{where}: rank: {rank!r} is not a non-negative integer")
+    # SGLang writes forward_mode as ForwardMode.value and forward_pass_id as an int; anything
+    # else (a tensor) would make the decode test or the de-duplication key meaningless
+    for key in ("forward_mode", "forward_pass_id"):
+        v = rec.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+            raise InputError(f"{where}: {key}: {type(v).__name__} is not an integer")
     return _Record(ids, pos, topk, seq_lens, rec.get("forward_pass_id"),
                    rec.get("forward_mode"), rank)
 
@@ -407,6 +423,9 @@ def import_sglang(dump_paths: Sequence[str | os.PathLike], out_path: str | os.Pa
                 starts = request_starts(r.positions, r.seq_lens, r.forward_mode)
                 req = state["request"] + np.cumsum(starts) - 1
                 state["request"] += int(starts.sum())
+                if state["request"] > INT32_MAX + 1:
+                    raise InputError(f"{inf.path}: record {i}: more than {INT32_MAX + 1} requests "
+                                     "do not fit int32 request ids")
                 if not ok.all():
                     state["dropped_tokens"] += int((~ok).sum())
                 state["requests"] += int(np.unique(req[ok]).size)
