@@ -247,9 +247,13 @@ def _files_under(folder: Path) -> set[str]:
 def _owned(folder: Path, legacy: Callable[[Path], set[str]] | None) -> set[str] | None:
     """The files sempar wrote in `folder` (by its marker, else `legacy`), or None if unknown."""
     try:
+        # a forged marker may be huge or nested 10^5 deep (safe_json imports this module, so
+        # the checks are the size here and RecursionError below): then it proves nothing
+        if (folder / MARKER).stat().st_size > 16 << 20:
+            return legacy(folder) if legacy is not None else None
         listed = json.loads((folder / MARKER).read_text())["files"]
         return set(listed) | {MARKER}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return legacy(folder) if legacy is not None else None
 
 

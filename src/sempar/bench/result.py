@@ -38,7 +38,9 @@ def result_path() -> Path:
 def last_bench_result() -> dict | None:
     """The last `sempar bench` result (the --json object), or None when there is none / unreadable."""
     try:
-        return json.loads(result_path().read_text())
+        from sempar.safe_json import parse_json
+
+        return parse_json(result_path().read_bytes(), str(result_path()))
     except (OSError, ValueError):
         return None
 

@@ -39,6 +39,7 @@ from sempar.atomic import atomic_folder
 from sempar.corpus import clean
 from sempar.errors import InputError
 from sempar.registry import Registry
+from sempar.safe_json import parse_json, read_json
 from sempar.trace.record import DOC_MARKER  # the recorder splits requests at this line
 
 MANIFEST = "manifest.json"
@@ -263,8 +264,10 @@ def fetch_corpus(out_dir: Path, sources: list[str] | None = None, force: bool = 
 def _corpus_files(folder: Path) -> set[str]:
     """The files a corpus folder written before the output marker holds, by its manifest."""
     try:
-        return set(json.loads((folder / MANIFEST).read_text())["files"]) | {MANIFEST}
-    except (OSError, ValueError, KeyError, TypeError):
+        # parsed without check_input: this folder is an output here, not an input
+        raw = (folder / MANIFEST).read_bytes()
+        return set(parse_json(raw, str(folder / MANIFEST))["files"]) | {MANIFEST}
+    except (OSError, ValueError, KeyError, TypeError):     # InputError is a ValueError
         return set()
 
 
@@ -275,8 +278,10 @@ def verify_corpus(folder: Path) -> dict:
     if not mpath.is_file():
         raise InputError(f"{folder}: no {MANIFEST}; run `sempar corpus fetch --out {folder}`")
     try:
-        manifest = json.loads(mpath.read_text())
+        manifest = read_json(mpath, "corpus manifest")
         files = manifest["files"]
+        if not isinstance(files, dict):
+            raise TypeError
     except (ValueError, KeyError, TypeError):
         raise InputError(f"{mpath}: not a sempar corpus manifest") from None
     for name, entry in files.items():

@@ -15,12 +15,12 @@ the rank the policy gave that request on the split (comm.homes) is the one it ge
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from sempar.errors import InputError
+from sempar.safe_json import parse_json
 from sempar.serving.engine import Workload
 
 LENGTHS = ("fixed", "trace", "exp")
@@ -39,9 +39,10 @@ def read_arrivals(path: str | Path) -> np.ndarray:
     p = Path(path)
     if not p.is_file():
         raise InputError(f"--arrivals: {p} is not a file")
-    text = p.read_text()
+    text = p.read_text(errors="replace")
     try:
-        vals = json.loads(text) if text.lstrip().startswith("[") else [float(x) for x in text.split()]
+        vals = parse_json(text, f"--arrivals: {p}") if text.lstrip().startswith("[") \
+            else [float(x) for x in text.split()]
         a = np.asarray(vals, np.float64)
     except (ValueError, TypeError):
         raise InputError(f"--arrivals: {p} holds something that is not a number") from None
