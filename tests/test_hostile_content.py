@@ -455,6 +455,38 @@ def test_placement_field_wrong_type_or_range(d, tmp_path, field, value):
         assert any(w in line for w in (field.split(".")[-1], "placement", "phy2log")), line
 
 
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40)
+                           | st.floats(allow_nan=False) | st.text(max_size=6),
+                           lambda c: st.lists(c, max_size=4)
+                           | st.dictionaries(st.text(max_size=3), c, max_size=3), max_leaves=8)
+
+
+@FAST
+@given(field=st.sampled_from(["num_devices", "num_experts", "node_of", "method", "info.layer_ids",
+                              "info.num_hidden_layers", "info.model_type",
+                              "info.num_expert_groups", "info.model"]),
+       value=JSON_VALUES | st.lists(st.integers(-2, 12), max_size=5))
+def test_any_placement_value_is_refused_or_exported_right(tmp_path_factory, field, value):
+    """Any value in any placement field: one line exit 2, or an SGLang file whose MoE rows sit
+    exactly at the placement's layer_ids of its num_hidden_layers rows (never wrong rows)."""
+    cwd = tmp_path_factory.mktemp("pv")
+    p = json.loads(json.dumps(PLACEMENT))
+    p["phy2log"] = [np.roll(np.arange(8), s).tolist() for s in (1, 2, 3)]
+    if field.startswith("info."):
+        p["info"][field[5:]] = value
+    else:
+        p[field] = value
+    (cwd / "p.json").write_text(json.dumps(p))
+    code, _, err = run(["export", "--placement", "p.json", "--to", "sglang", "--out", "o.json"], cwd)
+    assert "Traceback" not in err and code in (0, 2), err[-2000:]
+    if code == 2:
+        assert len(err.strip().splitlines()) == 1 and not (cwd / "o.json").exists()
+        return
+    rows = json.loads((cwd / "o.json").read_text())["physical_to_logical_map"]
+    ids, n = p["info"]["layer_ids"], p["info"]["num_hidden_layers"]
+    assert len(rows) == n and [rows[i] for i in ids] == p["phy2log"]
+
+
 def test_placement_layout_puts_rows_on_their_layers(d, tmp_path):
     """The good placement's MoE rows land on layers 1..3 of 4, the dense row 0 contiguous."""
     p = json.loads(json.dumps(PLACEMENT))
@@ -489,7 +521,6 @@ def test_cheap_links_are_routes_not_missing_links(d, tmp_path, alpha, beta):
 
 # ----------------------------------------- evaluate --online on a trace not from the named model
 
-@pytest.mark.slow
 def test_online_on_token_ids_beyond_the_named_models_vocabulary(tmp_path):
     from sempar.paths import packaged_model_dir
 
