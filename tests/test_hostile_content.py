@@ -151,7 +151,7 @@ def test_nesting_is_checked_before_parsing():
     with pytest.raises(InputError, match="nested 100000 levels"):
         parse_json("[" * 100_000, "x")              # unbalanced: refused before the parser
     with pytest.raises(InputError, match="NaN is not a JSON number"):
-        parse_json("[NaN]", "x")
+        parse_json("[NaN]", "x", allow_nan=False)
     with pytest.raises(InputError, match="above the limit 10"):
         parse_json("[" + "0," * 10 + "0]", "x", max_bytes=10)
 

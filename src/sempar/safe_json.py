@@ -9,7 +9,7 @@ recursive parser (about 1,000 levels), a MemoryError, or a minutes-long parse:
   default), checked on the file's size before it is read;
 - **depth**: at most `JSON_DEPTH_MAX` nested arrays / objects, counted on the raw text (strings
   blanked out first) with numpy, before parsing;
-- **text**: UTF-8, and no NaN / Infinity literals (Python's json accepts them; JSON does not).
+- **text**: UTF-8 (NaN / Infinity literals, which Python's json writes, only where allowed).
 """
 
 from __future__ import annotations
@@ -82,8 +82,12 @@ def _reject_constant(name: str) -> Any:
 
 
 def parse_json(raw: bytes | str, what: str, max_bytes: int = JSON_BYTES_MAX,
-               max_depth: int = JSON_DEPTH_MAX) -> Any:
-    """The value of JSON text `raw`; `what` names it in errors (a path or "metadata block")."""
+               max_depth: int = JSON_DEPTH_MAX, allow_nan: bool = True) -> Any:
+    """The value of JSON text `raw`; `what` names it in errors (a path or "metadata block").
+
+    `allow_nan`: accept the NaN / Infinity literals Python's json writes (sempar's own files
+    may hold them in provenance, e.g. an ILP's gap); every numeric field a reader acts on is
+    checked finite by its own schema."""
     if isinstance(raw, str):
         raw = raw.encode("utf-8", "surrogatepass")
     if len(raw) > max_bytes:
@@ -92,7 +96,8 @@ def parse_json(raw: bytes | str, what: str, max_bytes: int = JSON_BYTES_MAX,
     if depth > max_depth:
         raise InputError(f"{what}: JSON nested {depth} levels deep is above the limit {max_depth}")
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        return json.loads(raw.decode("utf-8"),
+                          **({} if allow_nan else {"parse_constant": _reject_constant}))
     except UnicodeDecodeError as err:
         raise InputError(f"{what}: not UTF-8 text (byte {err.start})") from None
     except json.JSONDecodeError as err:
