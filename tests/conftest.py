@@ -18,7 +18,7 @@ import pytest
 from sempar.trace import RoutingTrace, TraceMeta, TraceWriter
 from sempar.trace.io import META_KEY, SUM_KEY, block_checksum
 
-pytest_plugins = ("bad_traces",)        # the `bad_file` fixture
+pytest_plugins = ("bad_traces", "hostile")   # the `bad_file`, `hostile_files` fixtures
 
 # The default trace: 200 tokens in 20 requests of 10 tokens, L=3 layers, N=8 experts, top-2.
 # Requests 0,2,...,18 are "code" (100 tokens), 1,3,...,17 are "math" (90 tokens) and request 19

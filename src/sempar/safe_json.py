@@ -101,7 +101,8 @@ def parse_json(raw: bytes | str, what: str, max_bytes: int = JSON_BYTES_MAX,
     except UnicodeDecodeError as err:
         raise InputError(f"{what}: not UTF-8 text (byte {err.start})") from None
     except json.JSONDecodeError as err:
-        raise InputError(f"{what}: not JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+        raise InputError(f"{what}: not JSON ({err.msg} at line {err.lineno} "
+                         f"column {err.colno})") from None
     except InputError as err:
         raise InputError(f"{what}: {err}") from None
     except RecursionError:      # unreachable under max_depth; kept so no parse can trace back

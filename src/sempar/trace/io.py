@@ -22,8 +22,8 @@ Key-value metadata `sempar.trace` holds JSON: `format_version`, `meta` (TraceMet
 block's bytes, verified on read (required from format 3; files of formats 1 and 2, written
 before it, are read without one, and their metadata is still checked against the rows: every
 expert id below num_experts, top-k distinct, row count, request count). The block is parsed
-with `safe_json` (size and nesting checked first). Every data page carries a CRC-32 checksum (Parquet page header
-`crc`), verified on read. Writes stream row group by row group into a temporary file that is
+with `safe_json` (size and nesting checked first). Every data page carries a CRC-32 checksum
+(Parquet page header `crc`), verified on read. Writes stream row group by row group into a temporary file that is
 renamed onto the target only when complete, so no partial trace is ever left behind. Reading
 validates every row group and reports the first bad row in file coordinates.
 """
