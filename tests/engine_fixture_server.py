@@ -108,6 +108,23 @@ class ModelBackend:
         return seq[len(prompt):], full
 
 
+class RandomBackend:
+    """Routing drawn at random for a given model shape (the refusal tests: no model to load);
+    output token i is 10 + i."""
+
+    def __init__(self, hidden_layers: int, layer_ids: list[int], top_k: int, num_experts: int):
+        self.hidden_layers, self.layer_ids = hidden_layers, layer_ids
+        self.top_k, self.num_experts = top_k, num_experts
+        self.rng = np.random.default_rng(0)
+
+    def run(self, prompt: list[int], max_new: int) -> tuple[list[int], np.ndarray]:
+        rows = len(prompt) + max_new - 1
+        full = np.zeros((rows, self.hidden_layers, self.top_k), np.int32)
+        scores = self.rng.random((rows, len(self.layer_ids), self.num_experts))
+        full[:, self.layer_ids, :] = np.argsort(scores, axis=2)[:, :, :self.top_k]
+        return [10 + i for i in range(max_new)], full
+
+
 class ReplayBackend:
     """Precomputed answers: `bodies[engine]` is a list of (prompt_len, body bytes), cycled."""
 
