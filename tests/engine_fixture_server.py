@@ -277,3 +277,35 @@ def replay_bodies(engine: str, n_distinct: int, prompt_len: int, output_len: int
                                 "routed_experts": vllm_b64(full.astype(narrow))}]}
         out.append(json.dumps(obj).encode())
     return out
+
+
+def main() -> None:
+    """`python tests/engine_fixture_server.py --replay sglang|vllm ...`: serve precomputed bodies
+    in this process until killed, printing the URL on stdout (the capture benchmark)."""
+    import argparse
+
+    import uvicorn
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--replay", choices=["sglang", "vllm"], required=True)
+    ap.add_argument("--distinct", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, required=True)
+    ap.add_argument("--output-len", type=int, required=True)
+    ap.add_argument("--hidden-layers", type=int, required=True)
+    ap.add_argument("--layer-ids", required=True, help="comma-separated MoE layer numbers")
+    ap.add_argument("--top-k", type=int, required=True)
+    ap.add_argument("--experts", type=int, required=True)
+    args = ap.parse_args()
+    bodies = replay_bodies(args.replay, args.distinct, args.prompt_len, args.output_len,
+                           args.hidden_layers, [int(x) for x in args.layer_ids.split(",")],
+                           args.top_k, args.experts)
+    app = make_app(ReplayBackend({args.replay: bodies}), Faults())
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    print(f"http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off", access_log=False)
+                   ).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -139,7 +140,7 @@ class CaptureJob:
 
     async def _one(self, client: EngineClient, i: int) -> RequestRows:
         p = i % len(self.prompts.ids)
-        ids = self.prompts.ids[p]
+        ids = self.prompts.ids[p].tolist()
         body = self.spec.build(ids, self.s.max_new_tokens, self.s.seed)
         obj = await client.post_json(self.spec.generate_path, body)
         what = f"request {i} (prompt {p})"
@@ -175,13 +176,15 @@ class CaptureJob:
                 if progress is not None:
                     progress(done_requests)
             self._w, self._progress = w, progress
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="capture-writer")
+            self._pending: Future | None = None
             self._buf: list[tuple[int, RequestRows]] = []
             self._buffered = 0
             saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
             try:
                 _run_loop(self._main(done_requests))
             except (InputError, Interrupted) as err:
-                if w.rows == 0 and not self._buf:
+                if w.rows == 0 and not self._buf and self._pending is None:
                     raise
                 self._flush()
                 self._stopped = err
@@ -189,6 +192,7 @@ class CaptureJob:
                 self._flush()
                 self._stopped = None
             finally:                     # asyncio leaves SIG_DFL behind, not what was there
+                self._drain()
                 for sig, handler in saved.items():
                     if handler is not None:
                         signal.signal(sig, handler)
@@ -271,7 +275,16 @@ class CaptureJob:
         if self._buffered >= FLUSH_ROWS:
             self._flush()
 
+    def _drain(self) -> None:
+        """Wait for the block being written (its error, if any, raised here)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+        self._writer.shutdown()
+
     def _flush(self) -> None:
+        """Hand the buffered requests to the writer thread (Parquet encoding and compression
+        release the GIL: they overlap the next responses' transfer); one block at a time."""
         if not self._buf:
             return
         rows = [r for _, r in self._buf]
@@ -282,8 +295,11 @@ class CaptureJob:
             P = len(self.prompts.ids)
             dom = np.repeat(np.asarray([self.prompts.domain[i % P] for i, _ in self._buf],
                                        np.int16), lens)
-        self._w.write(np.concatenate([r.token_id for r in rows]), rid,
-                      np.concatenate([r.position for r in rows]),
-                      np.concatenate([r.experts for r in rows]), dom)
+        block = (np.concatenate([r.token_id for r in rows]), rid,
+                 np.concatenate([r.position for r in rows]),
+                 np.concatenate([r.experts for r in rows]), dom)
+        if self._pending is not None:
+            self._pending.result()
+        self._pending = self._writer.submit(self._w.write, *block)
         self._buf.clear()
         self._buffered = 0

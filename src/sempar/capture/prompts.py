@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sempar.errors import InputError
 
 PROMPTS_MAX = 10_000_000          # lines of a prompts file
@@ -19,10 +21,10 @@ PROMPT_TOKENS_MAX = 1 << 20       # tokens of one prompt
 
 @dataclass
 class Prompts:
-    """ids[i]: the token ids of prompt i; domain[i]: index into `domains` (-1: none);
+    """ids[i]: the token ids of prompt i (int32 array); domain[i]: index into `domains` (-1: none);
     names[i]: its `id` (None when absent); sha256: the file's digest (a resumed run checks it)."""
 
-    ids: list[list[int]]
+    ids: list[np.ndarray]
     domain: list[int]
     domains: list[str]
     names: list[str | None]
@@ -55,9 +57,9 @@ def read_prompts(path: str | os.PathLike, tokenizer: Any | None) -> Prompts:
                 raise InputError(f"{where}: give exactly one of text, input_ids")
             if "input_ids" in obj:
                 ids = obj["input_ids"]
-                if not isinstance(ids, list) or not all(
-                        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 31
-                        for t in ids):
+                arr = np.asarray(ids) if isinstance(ids, list) and ids else None
+                if arr is None or arr.ndim != 1 or arr.dtype.kind != "i" or \
+                        int(arr.min()) < 0 or int(arr.max()) >= 1 << 31:
                     raise InputError(f"{where}: input_ids is not a list of token ids")
             else:
                 if not isinstance(obj["text"], str):
@@ -78,7 +80,7 @@ def read_prompts(path: str | os.PathLike, tokenizer: Any | None) -> Prompts:
             name = obj.get("id")
             if name is not None and not isinstance(name, (str, int)):
                 raise InputError(f"{where}: id is not a string or number")
-            out.ids.append([int(t) for t in ids])
+            out.ids.append(np.asarray(ids, dtype=np.int32))
             out.domain.append(out.domains.index(dom) if dom is not None else -1)
             out.names.append(None if name is None else str(name))
     if not out.ids:
