@@ -58,8 +58,10 @@ class Faults:
     flag: bool = True                     # started with --enable-return-routed-experts
     version: str | None = None            # None: the pinned version
     fail_first: int = 0                   # answer the first N generate requests with 503
-    payload: str = "ok"                   # ok | short | out_of_range | pickle | float | huge | fortran
+    payload: str = "ok"                   # ok | short | out_of_range | pickle | float | huge |
+                                          # fortran | bloat (a 4 MiB envelope)
     delay_s: float = 0.0                  # sleep before answering each generate request
+    duplicate_after: int | None = None    # from this many answers on, a row repeats an expert
     served: int = 0                       # generate requests answered (200)
     seen: int = 0
 
@@ -134,6 +136,8 @@ class ReplayBackend:
 
 
 def _hostile(arr: np.ndarray, engine: str, mode: str, num_experts: int) -> str:
+    if mode == "bloat":
+        mode = "ok"
     if mode == "short":
         arr = arr.reshape(-1)[:-1]
     elif mode == "out_of_range":
@@ -176,12 +180,13 @@ def make_app(backend: Any, faults: Faults, model_path: str | None = None):
             return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
         if faults.delay_s:
             await asyncio.sleep(faults.delay_s)
-        body = await request.json()
-        if isinstance(backend, ReplayBackend):
+        if isinstance(backend, ReplayBackend):        # the request is read, not parsed
+            await request.body()
             bodies = backend.bodies[engine]
             backend.i += 1
             faults.served += 1
             return Response(bodies[backend.i % len(bodies)], media_type="application/json")
+        body = await request.json()
         if engine == "sglang":
             prompt, max_new = body["input_ids"], body["sampling_params"]["max_new_tokens"]
             start = body.get("routed_experts_start_len", 0)
@@ -190,6 +195,9 @@ def make_app(backend: Any, faults: Faults, model_path: str | None = None):
             start = body["sampling_params"].get("routed_experts_prompt_start", 0)
         output, routed = await run_in_threadpool(backend.run, prompt, max_new)
         routed = routed[start:]
+        if faults.duplicate_after is not None and faults.served >= faults.duplicate_after:
+            routed = routed.copy()
+            routed[0, :, 1] = routed[0, :, 0]
         payload = _hostile(routed, engine, faults.payload, backend.num_experts) \
             if faults.flag else None
         faults.served += 1
@@ -198,7 +206,8 @@ def make_app(backend: Any, faults: Faults, model_path: str | None = None):
                     "finish_reason": {"type": "length", "length": max_new}}
             if payload is not None:
                 meta["routed_experts"] = payload
-            return JSONResponse({"text": "", "output_ids": output, "meta_info": meta})
+            text = "x" * (4 << 20) if faults.payload == "bloat" else ""
+            return JSONResponse({"text": text, "output_ids": output, "meta_info": meta})
         return JSONResponse({"request_id": "x", "prompt_token_ids": prompt, "choices": [
             {"index": 0, "finish_reason": "length", "token_ids": output,
              "routed_experts": payload}]})

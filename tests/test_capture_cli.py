@@ -104,6 +104,7 @@ def test_unknown_engine_version(capsys, tmp_path, prompts, engine, version):
     ("vllm", "out_of_range", "is outside 0..63"), ("vllm", "pickle", "not a plain integer"),
     ("vllm", "float", "not a plain integer"), ("vllm", "fortran", "Fortran"),
     ("vllm", "huge", "rows"),
+    ("sglang", "bloat", "larger than any answer to this request"),
 ])
 def test_hostile_or_mismatched_payloads(capsys, tmp_path, prompts, engine, mode, match):
     with serve(Faults(payload=mode)) as url:
@@ -131,6 +132,29 @@ def test_a_failure_after_some_requests_keeps_them_and_resumes(capsys, tmp_path, 
         code, err = capture(capsys, url, "sglang", prompts, out, "--concurrency", "1")
     assert code == 2 and "another requests" in one_line(err)     # settings differ: refused
     assert read_trace(out).num_requests == 3
+
+
+def test_a_bad_block_mid_run_keeps_the_prefix_and_resumes(capsys, tmp_path, prompts, monkeypatch):
+    """A response the trace's checks refuse (an expert twice in one top-k) after 2 requests were
+    written: exit 2, the trace holds exactly those 2 (its prompt lengths too), and the same
+    command completes it once the server answers right."""
+    import sempar.capture.job as job
+
+    monkeypatch.setattr(job, "FLUSH_ROWS", 1)             # one block per request
+    out = tmp_path / "t.parquet"
+    faults = Faults(duplicate_after=2)
+    with serve(faults) as url:
+        code, err = capture(capsys, url, "sglang", prompts, out, "--concurrency", "1")
+        assert code == 2 and "kept 2 of 6 requests" in one_line(err), err
+        part = read_trace(out)
+        assert part.num_requests == 2 and len(part.meta.extra["capture"]["prompt_tokens"]) == 2
+        faults.duplicate_after = None
+        code, err = capture(capsys, url, "sglang", prompts, out, "--concurrency", "1")
+    assert code == 0, err
+    whole = read_trace(out)
+    assert whole.num_requests == 6 and whole.meta.extra["capture"]["prompt_tokens"] == \
+        [7 + i for i in range(6)]
+    np.testing.assert_array_equal(np.unique(whole.request_id), np.arange(6))
 
 
 def test_out_that_is_another_trace_is_refused(capsys, tmp_path, prompts):

@@ -25,6 +25,7 @@ from sempar.errors import InputError
 # Response bodies far above the largest payload a real request returns (a 128k-token request of
 # DeepSeek-V3: 128k x 61 x 8 x 4 B = 250 MB raw, 333 MB base64) are refused while streaming.
 BODY_MAX = 1 << 30
+INFO_MAX = 1 << 24              # an info endpoint's JSON (server args, model list)
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,8 @@ class EngineClient:
     async def __aexit__(self, *exc) -> None:
         await self._client.close()
 
-    async def _once(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+    async def _once(self, method: str, path: str, body: bytes | None,
+                    limit: int) -> tuple[int, bytes]:
         import aiohttp
 
         try:
@@ -76,18 +78,18 @@ class EngineClient:
                     headers={"content-type": "application/json"} if body is not None else None
             ) as resp:
                 size = resp.content_length
-                if size is not None and size > BODY_MAX:
-                    raise InputError(f"{self.url}{path}: response of {size} bytes is above the "
-                                     f"limit {BODY_MAX}")
+                if size is not None and size > limit:
+                    raise InputError(f"{self.url}{path}: response of {size} bytes is larger "
+                                     f"than any answer to this request ({limit} bytes)")
                 if size is not None:
                     data = await resp.read()
                 else:                            # chunked: counted as it streams in
                     chunks, got = [], 0
                     async for chunk in resp.content.iter_chunked(1 << 20):
                         got += len(chunk)
-                        if got > BODY_MAX:
-                            raise InputError(f"{self.url}{path}: response larger than "
-                                             f"{BODY_MAX} bytes")
+                        if got > limit:
+                            raise InputError(f"{self.url}{path}: response larger than any "
+                                             f"answer to this request ({limit} bytes)")
                         chunks.append(chunk)
                     data = b"".join(chunks)
                 status = resp.status
@@ -98,12 +100,14 @@ class EngineClient:
             raise Transient(f"HTTP {status}: {_message(data)}")
         return status, data
 
-    async def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-        """(status, body) after retrying transient failures; InputError once tries run out."""
+    async def request(self, method: str, path: str, body: bytes | None = None,
+                      limit: int = BODY_MAX) -> tuple[int, bytes]:
+        """(status, body) after retrying transient failures; InputError once tries run out. A
+        body above `limit` bytes is refused before it is read whole."""
         wait = self.config.backoff_s
         for attempt in range(self.config.tries):
             try:
-                return await self._once(method, path, body)
+                return await self._once(method, path, body, min(limit, BODY_MAX))
             except Transient as err:
                 last = str(err)
                 if attempt + 1 == self.config.tries:
@@ -114,15 +118,15 @@ class EngineClient:
         raise InputError(f"{self.url}{path}: server unreachable or failing after "
                          f"{self.config.tries} tries ({last})")
 
-    async def post_json(self, path: str, obj: Any) -> Any:
-        status, data = await self.request("POST", path, json.dumps(obj).encode())
+    async def post_json(self, path: str, obj: Any, limit: int = BODY_MAX) -> Any:
+        status, data = await self.request("POST", path, json.dumps(obj).encode(), limit)
         if status >= 400:
             raise InputError(f"{self.url}{path}: HTTP {status}: {_message(data)}")
         return _json(data, f"{self.url}{path}")
 
     async def get_json(self, path: str) -> Any | None:
         """The JSON at `path`, or None when the server has no such endpoint (4xx)."""
-        status, data = await self.request("GET", path)
+        status, data = await self.request("GET", path, limit=INFO_MAX)
         if status >= 400:
             return None
         try:

@@ -142,11 +142,21 @@ class CaptureJob:
         p = i % len(self.prompts.ids)
         ids = self.prompts.ids[p].tolist()
         body = self.spec.build(ids, self.s.max_new_tokens, self.s.seed)
-        obj = await client.post_json(self.spec.generate_path, body)
+        obj = await client.post_json(self.spec.generate_path, body, self._body_limit(len(ids)))
         what = f"request {i} (prompt {p})"
         routed = self.spec.parse(obj, what)
         return request_rows(self.spec, routed, self.payload_shape, self.dtype, what,
                             prompt_ids=ids, start=0)
+
+    def _body_limit(self, prompt_len: int) -> int:
+        """Bytes any honest answer to a request of `prompt_len` tokens stays below: the payload
+        of prompt + max_new_tokens rows (8-byte ids, base64), the output ids (a JSON number of
+        <= 11 characters each), and 1 MiB for the rest of the envelope."""
+        from sempar.capture.payload import NPY_HEADER_MAX, b64_length
+
+        rows = prompt_len + self.s.max_new_tokens
+        return b64_length(rows * self.payload_shape.row_values * 8 + NPY_HEADER_MAX) + \
+            12 * (rows + 1) + (1 << 20)
 
     # ---- the run -------------------------------------------------------------------------
 
@@ -178,24 +188,29 @@ class CaptureJob:
             self._w, self._progress = w, progress
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="capture-writer")
             self._pending: Future | None = None
+            self._write_failed = False
             self._buf: list[tuple[int, RequestRows]] = []
             self._buffered = 0
             saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+            self._stopped = None
             try:
                 _run_loop(self._main(done_requests))
             except (InputError, Interrupted) as err:
-                if w.rows == 0 and not self._buf and self._pending is None:
-                    raise
-                self._flush()
                 self._stopped = err
-            else:
-                self._flush()
-                self._stopped = None
             finally:                     # asyncio leaves SIG_DFL behind, not what was there
-                self._drain()
                 for sig, handler in saved.items():
                     if handler is not None:
                         signal.signal(sig, handler)
+            try:
+                self._drain()            # a block that failed to write stops here
+                self._flush()
+                self._drain()
+            except InputError as err:
+                self._stopped = err
+            finally:
+                self._writer.shutdown()
+            if self._stopped is not None and w.rows == 0:
+                self._abort(self._stopped)      # nothing captured: nothing is written
         written = len(self.capture["prompt_tokens"])
         summary = {"out": str(out), "tokens": w.rows, "requests": written,
                    "requests_total": self.s.requests, "resumed_requests": done_requests,
@@ -218,10 +233,16 @@ class CaptureJob:
     async def _main(self, first: int) -> None:
         loop = asyncio.get_running_loop()
         stop: list[int] = []
+        self._stop_event = asyncio.Event()
+
+        def on_signal(signum: int) -> None:
+            stop.append(signum)
+            self._stop_event.set()
+
         installed = []
         for sig in STOP_SIGNALS:
             try:
-                loop.add_signal_handler(sig, stop.append, int(sig))
+                loop.add_signal_handler(sig, on_signal, int(sig))
                 installed.append(sig)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
@@ -244,6 +265,7 @@ class CaptureJob:
                     results[i] = await self._one(client, i)
 
             nxt, head = first, first
+            stopped = asyncio.ensure_future(self._stop_event.wait())
             try:
                 while head < n:
                     while nxt < n and nxt < head + window and not stop:
@@ -252,7 +274,7 @@ class CaptureJob:
                     if stop:
                         raise Interrupted(stop[0])
                     task = tasks[head]
-                    await asyncio.wait([task], timeout=0.2)
+                    await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
                     if not task.done():
                         continue
                     del tasks[head]
@@ -260,6 +282,7 @@ class CaptureJob:
                     self._add(head, results.pop(head))
                     head += 1
             finally:
+                stopped.cancel()
                 for t in tasks.values():
                     t.cancel()
                 await asyncio.gather(*tasks.values(), return_exceptions=True)
@@ -268,24 +291,41 @@ class CaptureJob:
     def _add(self, i: int, rows: RequestRows) -> None:
         self._buf.append((i, rows))
         self._buffered += rows.position.shape[0]
-        self.capture["prompt_tokens"].append(rows.prompt_len)
-        self._decode_count += int((rows.position >= rows.prompt_len).sum())
         if self._progress is not None:
             self._progress(1)
         if self._buffered >= FLUSH_ROWS:
             self._flush()
 
+    def _abort(self, err: Exception) -> None:
+        if isinstance(err, Interrupted):
+            sys.stderr.write(f"interrupted by signal {err.signum} before any request was "
+                             "captured: nothing written\n")
+            raise SystemExit(128 + err.signum)
+        raise err
+
     def _drain(self) -> None:
-        """Wait for the block being written (its error, if any, raised here)."""
+        """Wait for the block being written (its error, if any, raised here; the requests
+        buffered after it are then dropped, so the trace stays a prefix)."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            pending.result()
-        self._writer.shutdown()
+            try:
+                pending.result()
+            except BaseException:
+                self._write_failed = True
+                self._buf.clear()
+                raise
+
+    def _write(self, block: tuple, lens: list[int], decode: int) -> None:
+        """On the writer thread: write one block, then count its requests as written."""
+        self._w.write(*block)
+        self.capture["prompt_tokens"].extend(lens)
+        self._decode_count += decode
 
     def _flush(self) -> None:
         """Hand the buffered requests to the writer thread (Parquet encoding and compression
         release the GIL: they overlap the next responses' transfer); one block at a time."""
-        if not self._buf:
+        if not self._buf or self._write_failed:
+            self._buf.clear()
             return
         rows = [r for _, r in self._buf]
         lens = [r.position.shape[0] for r in rows]
@@ -298,8 +338,9 @@ class CaptureJob:
         block = (np.concatenate([r.token_id for r in rows]), rid,
                  np.concatenate([r.position for r in rows]),
                  np.concatenate([r.experts for r in rows]), dom)
-        if self._pending is not None:
-            self._pending.result()
-        self._pending = self._writer.submit(self._w.write, *block)
+        lens = [r.prompt_len for r in rows]
+        decode = sum(int((r.position >= r.prompt_len).sum()) for r in rows)
         self._buf.clear()
         self._buffered = 0
+        self._drain()
+        self._pending = self._writer.submit(self._write, block, lens, decode)
