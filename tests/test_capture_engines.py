@@ -245,3 +245,26 @@ def test_dense_layer_junk_is_not_read():
     rows = request_rows(spec, spec.parse(resp, "r"), SHAPE, np.dtype(np.uint8), "r",
                         prompt_ids=[1, 2, 3, 4], start=0)
     assert rows.experts.shape == (5, 26, 6)
+
+
+def route_paths(path: Path) -> set[str]:
+    """The string paths of the route decorators (`@app.api_route(...)`, `@router.post(...)`,
+    `@app.get(...)`) in an engine's server source."""
+    tree = ast.parse(path.read_text())
+    out = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for d in fn.decorator_list:
+                if isinstance(d, ast.Call) and d.args and isinstance(d.args[0], ast.Constant) \
+                        and isinstance(d.args[0].value, str):
+                    out.add(d.args[0].value)
+    return out
+
+
+def test_the_endpoints_we_call_are_the_engines(sglang_codec, vllm_root):
+    sglang_root, _, _ = sglang_codec
+    sgl = route_paths(sglang_root / "srt/entrypoints/http_server.py")
+    assert {engine("sglang").generate_path, "/server_info", "/model_info"} <= sgl
+    vll = route_paths(vllm_root / "entrypoints/scale_out/token_in_token_out/api_router.py")
+    assert engine("vllm").generate_path in vll
+    assert "/version" in route_paths(vllm_root / "entrypoints/serve/instrumentator/basic.py")
