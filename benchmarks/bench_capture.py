@@ -30,6 +30,15 @@ CONFIG = {"model_type": "deepseek_v2", "num_hidden_layers": 27, "first_k_dense_r
 PROMPT, OUTPUT = 449, 64
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (Linux /proc), NaN elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=10_000)
@@ -70,13 +79,14 @@ def main() -> None:
                 sys.exit(f"capture failed: {res.stderr.strip()[-400:]}")
             summary = json.loads(res.stdout)
             size = out.stat().st_size
+        server_cpu = _cpu_seconds(server.pid)
     finally:
         server.terminate()
         server.wait(10)
     rows = summary["tokens"]
     print(f"capture {args.engine} {summary['requests']:,} requests x {rows // summary['requests']} "
           f"routed tokens ({rows:,} rows, 26 MoE layers x top-6 of 27): {secs:.1f} s wall, "
-          f"{cpu:.1f} s CPU of the client, "
+          f"{cpu:.1f} s CPU of the client ({server_cpu:.1f} s of the replay server), "
           f"{summary['requests'] / secs:,.0f} requests/s, {rows / secs / 1e6:.2f} M rows/s "
           f"(target <= 60 s for 10,000 requests: {secs / 60 * 10_000 / summary['requests']:.2f}x "
           f"of budget); trace {size / 2**20:,.0f} MiB; concurrency {args.concurrency}; "
