@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from sempar.bounds import POSITIVE_SECONDS, bound
-from sempar.commands._options import json_option
+from sempar.commands._options import json_option, optional_seed_option
 from sempar.console import emit_json
 
 
@@ -35,8 +35,7 @@ def capture_cmd(url: str = typer.Option(..., "--url", help="the engine's base UR
                                                        callback=bound(1, 100_000_000),
                                                        help="requests to send, cycling through "
                                                             "the prompts (default: one each)"),
-                seed: Optional[int] = typer.Option(None, "--seed", callback=bound(0, 2**32 - 1),
-                                                   help="the engine's sampling seed"),
+                seed: Optional[int] = optional_seed_option("the engine's sampling seed"),
                 timeout: float = typer.Option(600.0, "--timeout", callback=POSITIVE_SECONDS,
                                               help="seconds per request"),
                 tries: int = typer.Option(5, "--tries", callback=bound(1, 100),
