@@ -52,6 +52,13 @@ def register_input(path: str | os.PathLike) -> None:
         _inputs.add(os.path.realpath(path))
 
 
+def release_input(path: str | os.PathLike) -> None:
+    """Forget `path` as an input of this run: only for a run that rewrites its own earlier output
+    after reading it (a resumed `sempar capture` copies the requests it had written)."""
+    if _inputs is not None:
+        _inputs.discard(os.path.realpath(path))
+
+
 def track_inputs(on: bool = True) -> None:
     """Start (or end) a run: while on, registered inputs are remembered (the CLI's main does).
 

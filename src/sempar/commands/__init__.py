@@ -13,7 +13,7 @@ import pkgutil
 
 # The order of `sempar --help` (commands first, then command groups, each in registration
 # order); verbs not named here follow in name order.
-ORDER = ("train_tiny", "synth", "record", "place", "export", "evaluate", "analyze", "demo",
+ORDER = ("train_tiny", "synth", "record", "capture", "place", "export", "evaluate", "analyze", "demo",
          "trace", "corpus", "importers")
 
 

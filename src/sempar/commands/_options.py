@@ -49,6 +49,11 @@ def seed_option(help: Optional[str] = None) -> Any:
     return typer.Option(0, "--seed", help=help, callback=SEED)
 
 
+def optional_seed_option(help: Optional[str] = None) -> Any:
+    """`--seed` with no default (None: the verb passes no seed on), bounded as `seed_option`."""
+    return typer.Option(None, "--seed", help=help, callback=SEED)
+
+
 def ep_option(default: Any, help: str, *, live: bool = False, also: tuple[str, ...] = ()) -> Any:
     """`--ep` (and the spellings in `also`): the EP degree G, 1..DEVICES_MAX; with `live` (one
     real process per rank) 2..HOSTS_MAX. `default` ... makes it required."""

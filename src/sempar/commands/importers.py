@@ -137,5 +137,36 @@ def import_arrays_cmd(files: list[Path] = typer.Argument(..., help=".npz / .npy 
                      f"{'' if summary['has_token_ids'] else ', no token ids'}\n")
 
 
+def _routed(engine_name: str, what: str) -> None:
+    def cmd(files: list[Path] = typer.Argument(..., help=f"JSON lines of {what} responses (or "
+                                                         '{"request", "response", "domain"} '
+                                                         "objects)"),
+            out_file: Path = typer.Option(..., "--out", help="Parquet trace to write"),
+            model_dir: str = typer.Option(..., "--model-dir",
+                                          help="model folder (config.json) or packaged name"),
+            as_json: bool = json_option()) -> None:
+        from sempar.atomic import check_output
+        from sempar.capture.responses import import_responses
+        from sempar.progress import progress_bar
+
+        check_output(out_file, *files)
+        with progress_bar(f"import {engine_name}-routed", None) as advance:
+            summary = import_responses(engine_name, files, out_file, model_dir, progress=advance)
+        if as_json:
+            emit_json(summary)
+        sys.stderr.write(f"wrote {out_file}: {summary['requests']} requests, "
+                         f"{summary['tokens']} tokens ({summary['prefill_rows']} prefill, "
+                         f"{summary['decode_rows']} decode rows), {summary['layers']} MoE layers "
+                         f"x {summary['experts']} experts, top-{summary['top_k']}\n")
+
+    cmd.__doc__ = (f"Convert {what} responses with routed experts (saved by your own client) "
+                   "into a routing trace.")
+    import_app.command(f"{engine_name}-routed")(cmd)
+
+
+_routed("sglang", "SGLang /generate")
+_routed("vllm", "vLLM token-in-token-out generate")
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(import_app, name="import")
