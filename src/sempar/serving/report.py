@@ -92,7 +92,7 @@ def answer_section(report, results: list[dict]) -> None:
         "is the ratio of the bracket ends (the deployment's rate that meets / SGLang's that "
         "misses, and the reverse). The noise is the spread of the figures over another arrival "
         "stream; deployments within it count as tied and the simpler one is recommended. "
-        + CAVEATS.removeprefix("How sure: "))
+        + "The f" + CAVEATS.removeprefix("How sure: the f"))
 
 
 def evidence_section(report, res: dict, png: Path | None) -> None:

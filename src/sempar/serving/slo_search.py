@@ -19,7 +19,8 @@ Each step is a simulation of its own: `run_at(rate)` -> the metrics of that rate
 (forecast.Forecaster.run_rate, seed-stable: one unit-rate arrival stream scaled by the rate).
 Reported per target: `rate` = `lo` (a simulated rate that meets) and the throughput there, the
 interval [lo, hi] of rates and of throughputs (hi: the nearest simulated rate that misses; None
-when none was found), and the steps spent. Bisection assumes the target is met below the
+when none was found; an overloaded run can end with less throughput than `lo`'s, so the upper
+throughput is at least `lo`'s), and the steps spent. Bisection assumes the target is met below the
 crossing and missed above it (latency grows with load); it finds a crossing within the grid's
 bracket. The curves keep the grid; the searched points are returned apart.
 """
@@ -111,7 +112,8 @@ def search(run_at: Callable[[float], dict], grid: list[dict], slos: dict,
                   "rate_interval": [None if lo is None else lo["rate"],
                                     None if hi is None else hi["rate"]],
                   "throughput_interval": [None if lo is None else lo["throughput"],
-                                          None if hi is None else hi["throughput"]],
+                                          None if hi is None else
+                                          max(hi["throughput"], lo["throughput"] if lo else 0.0)],
                   "steps": steps[t],
                   "converged": lo is not None and hi is not None
                   and hi["rate"] - lo["rate"] <= cfg.tolerance * lo["rate"]}
