@@ -153,3 +153,16 @@ def test_no_export_line_for_a_model_sglang_cannot_place(tmp_path):
     assert not any("--init-expert-location" in c for c in out if not c.startswith("#"))
     assert any(c.startswith("# no SGLang placement file") and "olmoe" in c for c in out)
     assert any(c.startswith("sempar place") and str(path) in c for c in out)
+
+
+def test_demo_serve_stage_skips_without_real_data(tmp_path):
+    from sempar.commands.demo.stages import DemoContext
+    from sempar.report.html import HtmlReport
+    from sempar.serving.demo import run_stage
+
+    ctx = DemoContext(work=tmp_path, report=HtmlReport("t"), out=tmp_path)
+    assert run_stage(ctx, None) is None
+    assert run_stage(ctx, tmp_path) is None             # a folder without the traces
+    text = ctx.report.render()
+    assert text.count("serving plan on real-model routing is skipped") == 2
+    assert not (tmp_path / "data").exists()
