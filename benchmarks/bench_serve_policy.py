@@ -19,7 +19,7 @@ import numpy as np
 
 from sempar.paths import assets_dir
 from sempar.serving.forecast import clean, default_rates
-from sempar.serving.metrics import attainment, slos_from
+from sempar.serving.metrics import slos_from
 from sempar.serving.setup import forecaster, parse_floats
 from sempar.serving.systems import resolve
 
@@ -56,10 +56,12 @@ def main() -> None:
     base = curves["sglang"]
     for k, p in runs.items():
         per_rank = np.bincount(p.request_rank, minlength=fc.G)
-        att = attainment(curves[k], slos)
+        found, _ = fc.under_slo(p, curves[k], slos, {"e2e": ("e2e",)}, a.duration, "fixed",
+                                a.input_len, a.output_len)
         out["systems"][k] = {
             "lar": p.table.lar, "requests_per_rank": [int(per_rank.min()), int(per_rank.max())],
-            "throughput_under_e2e_slo": att["throughput_under_slo"]["e2e"],
+            "throughput_under_e2e_slo": found["e2e"]["throughput"],
+            "e2e_rate_interval": found["e2e"]["rate_interval"],
             "curve": [{"rate": r, "throughput": m["throughput"], "e2e_p50": m["e2e_p50"],
                        "x_sglang": m["throughput"] / b["throughput"]}
                       for r, m, b in zip(rates, curves[k], base)]}

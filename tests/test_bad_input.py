@@ -30,6 +30,8 @@ NUMBERS = [
     ("place --trace {good} --method eplb --ep 4 --redundant 80000000 --out o.json",
      "--redundant: 80000000 is above the limit"),
     ("place --trace {good} --method vanilla --ep 0 --out o.json", "--ep: 0"),
+    ("place --trace {good} --method vanilla --ep 4 --fit-fraction 1 --out o.json",
+     "--fit-fraction: 1"),
     ("evaluate --fit {good} --split --ep 4 --seed -3", "--seed: -3"),
     ("evaluate --fit {good} --split --ep 100000", "--ep: 100000 is above the limit"),
     ("evaluate --fit {good} --split --ep 4 --chunk-slack 1", "--chunk-slack: 1.0 must be below 1"),

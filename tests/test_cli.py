@@ -113,6 +113,30 @@ def test_demo_writes_report_and_summary(tmp_path):
     if olmoe_aggregates_dir() is not None:
         assert summary["stages"]["real-aggregates"]["models"]["olmoe"]["layers"]
         assert "Real routing" in html
+    check_demo_answer(out, summary, html)
+
+
+def check_demo_answer(out, summary: dict, html: str) -> None:
+    """The report opens with the serving answer on real-model routing (skipped, and said so,
+    without shared/data/real): per case a searched figure with its interval, a ratio to
+    SGLang's launch, and commands naming the trace the demo wrote."""
+    first = html[html.index("<h2>"):]
+    assert first.startswith("<h2>Answer: what to deploy")
+    serve = summary["stages"]["serve"]
+    if serve is None:
+        assert "serving plan on real-model routing is skipped" in html
+        return
+    cases = {(c["model"], c["topology"]) for c in serve["cases"]}
+    assert {"deepseek-v2-lite", "gpt-oss-20b"} == {m for m, _ in cases} and len(cases) == 4
+    for c in serve["cases"]:
+        win, base = c["ranked"][0], c["baseline"]
+        lo, hi = win["rate_interval"]
+        assert lo == win["max_rate_under_slo"] and hi is not None and hi - lo <= 0.021 * lo
+        assert win["throughput_under_slo"] > 0 and base["throughput_under_slo"] > 0
+        place = [x for x in win["commands"] if x.startswith("sempar place")]
+        assert all(str(out / "data") in x for x in place)
+        assert all((out / "data" / f"{c['model']}.parquet").is_file() for _ in place)
+    assert "x SGLang" in html and "How sure" in html
 
 
 def test_old_spellings_still_read(tmp_path, capsys):

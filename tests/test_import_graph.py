@@ -13,10 +13,11 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 TOP = ("sempar.cli", "sempar.commands")
 # The data flow of design.md, left to right: trace -> affinity (predictors in predict/) ->
 # placement -> schedule -> comm / runtime -> report; the testbed, the serving and chiplet
-# simulators, the exports and the bench's orchestration build on them. Modules outside this
+# simulators, the exports and the bench's orchestration build on them (the exports, which
+# need only placements, before serving: `plan` asks the exporter whether its command runs). Modules outside this
 # list (errors, atomic, registry, paths, models, console, tiny, corpus, ...) are shared tools.
 LAYERS = ("trace", "affinity", "predict", "placement", "schedule", "comm", "report", "routing",
-          "runtime", "testbed", "serving", "chiplet", "export", "bench")
+          "runtime", "testbed", "export", "serving", "chiplet", "bench")
 
 
 def _modules() -> dict[str, Path]:

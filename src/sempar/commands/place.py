@@ -26,6 +26,10 @@ def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)")
           preserve_groups: bool = typer.Option(False, "--preserve-groups",
                                                help="experts stay in their expert group's slots"),
           seed: int = seed_option(),
+          fit_fraction: Optional[float] = typer.Option(
+              None, "--fit-fraction", callback=bound(0.0, 1.0, lo_open=True, hi_open=True),
+              help="solve on a seeded (--seed) random fraction of the trace's requests: the "
+                   "split serve-sim and plan fit on (their commands pass 0.2)"),
           objective: str = objective_option(),
           held_out_imbalance: float = held_out_option(),
           jobs: Optional[int] = typer.Option(None, "--jobs", callback=bound(1, 4096),
@@ -37,7 +41,12 @@ def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)")
     from sempar.trace import read_trace
 
     check_output(out_file, trace)
-    p = solve(method, read_trace(trace, optional=("domain",)), num_devices=ep, num_nodes=nodes,
+    fit = read_trace(trace, optional=("domain",))
+    if fit_fraction is not None:
+        from sempar.trace.ops import split_by_request
+
+        fit = split_by_request(fit, fit_fraction, seed=seed)[0]
+    p = solve(method, fit, num_devices=ep, num_nodes=nodes,
               redundant=redundant, seed=seed, mode=mode, max_imbalance=max_imbalance,
               preserve_groups=preserve_groups, jobs=jobs, objective=objective,
               held_out_imbalance=held_out_imbalance)

@@ -93,21 +93,25 @@ def print_plan(res: dict) -> None:
     keys = ", ".join(f"{k} {res['slos'][k] * 1e3:.1f} ms" for k in res["slo_keys"])
     base = res["baseline"]["throughput_under_slo"]
     t = Table(title=f"sempar plan: {res['model']} on {res['topology']} ({res['accelerator']}), "
-                    f"SLO {keys}; SGLang baseline {base or 0:.0f} tokens/s")
-    for c in ("rank", "pipeline", "placement", "policy", "redundant", "EP", "LAR", "req/s",
-              "tokens/s", "x SGLang"):
+                    f"SLO {keys}; SGLang baseline {base or 0:.0f} tokens/s; rates searched to "
+                    f"{res['search']['tolerance']:.0%}")
+    for c in ("rank", "pipeline", "placement", "policy", "redundant", "EP", "LAR",
+              "req/s [interval]", "tokens/s", "x SGLang"):
         t.add_column(c, justify="right")
     for i, r in enumerate(res["ranked"], 1):
         thr = r["throughput_under_slo"]
+        lo, hi = r["rate_interval"]
         t.add_row(str(i), r["pipeline"], r["placement"], r["policy"], str(r["redundant"]),
                   str(r["ep"]), "-" if r["lar"] is None else f"{r['lar']:.3f}",
-                  "-" if r["max_rate_under_slo"] is None else f"{r['max_rate_under_slo']:.3g}",
+                  "-" if lo is None else f"{lo:.3g} [{lo:.3g}, {'-' if hi is None else f'{hi:.3g}'}]",
                   "-" if thr is None else f"{thr:.0f}",
                   "-" if not (thr and base) else f"{thr / base:.2f}")
     out.print(t)
+    if res["choice"].get("text"):
+        out.print(res["choice"]["text"], soft_wrap=True)
     if res["ranked"]:
-        out.print("deploy the winner:")
+        out.print("deploy the recommended one:")
         for c in res["ranked"][0]["commands"]:
-            out.print("  " + c, soft_wrap=True)
+            out.print("  " + c, soft_wrap=True, markup=False, highlight=False)
     sys.stderr.write(f"screened {len(res['screened'])} deployments, skipped "
                      f"{len(res['skipped'])}, forecast {len(res['ranked'])} in full\n")

@@ -87,6 +87,13 @@ def _r(x, fmt="{:.3g}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def _interval(found: dict | None, rate) -> str:
+    """The rate under an SLO with the bracket the search ended on: meets [lo, hi) misses."""
+    if not found or found["rate_interval"][1] is None or rate is None:
+        return _r(rate)
+    return f"{_r(rate)} [{_r(found['rate_interval'][1])})"
+
+
 def print_result(res: dict) -> None:
     from rich.table import Table
 
@@ -96,14 +103,15 @@ def print_result(res: dict) -> None:
     from sempar.serving.report import slo_text
 
     t = Table(title=f"serve-sim: {res['model']} on {res['topology']} ({res['accelerator']} x "
-                    f"{res['ep']}), SLOs: {slo_text(res)}; max req/s and tokens/s under each SLO "
-                    "of the system's attention mode")
+                    f"{res['ep']}), SLOs: {slo_text(res)}; max req/s [the nearest that misses) and "
+                    f"tokens/s under each SLO of the system's attention mode, searched to "
+                    f"{res['search']['tolerance']:.0%}")
     for c in ("system", "placement / pipeline / policy", "LAR", *[f"{k} req/s" for k in SLO_KEYS],
               *[f"{k} tok/s" for k in SLO_KEYS]):
         t.add_column(c, justify="right")
     for name, s in res["systems"].items():
         c = s["config"]
         t.add_row(name, f"{c['placement']} / {c['pipeline']} / {c['policy']}", _r(c["lar"], "{:.3f}"),
-                  *[_r(s["max_rate_under_slo"][k]) for k in SLO_KEYS],
+                  *[_interval(s.get("search", {}).get(k), s["max_rate_under_slo"][k]) for k in SLO_KEYS],
                   *[_r(s["throughput_under_slo"][k], "{:.0f}") for k in SLO_KEYS])
     out.print(t)

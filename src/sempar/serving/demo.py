@@ -1,39 +1,124 @@
-"""The `serve` stage of `sempar demo`: plan + systems side by side on the default 64-expert
-trace, pcie-upi8, the `cpu` roofline, EP 8; a small candidate set and short runs (DEMO_DURATION
-s of arrivals at DEMO_RATES rates) so the demo stays within its time budget. The section is
-moved to the top of the report."""
+"""The `serve` stage of `sempar demo`: what to deploy for a real model's routing, on GPUs and
+their links. Each case is a real trace of shared/data/real/full-traces imported with its
+model's shape (`import arrays`: DeepSeek-V2-Lite's ESFT prefill routing, GPT-OSS-20B's MMLU
+routing), dimensions from the architecture (serving/dims.py) and the H100 roofline, at EP 8 on
+one PCIe/UPI server (`pcie-upi8`) and on two 4-GPU nodes over InfiniBand (`a100x4-ib`).
+`sempar plan` runs per case with a small candidate set and short runs (`DemoServeConfig`) so
+the demo stays within its time budget; the stage's section opens the report (report.py).
+
+The traces are written into the demo's folder (data/<model>.parquet), so the commands the
+plan prints name files that exist once the demo has finished.
+"""
 
 from __future__ import annotations
 
-from sempar.comm.pipelines import PIPELINES
+from dataclasses import dataclass, field
+from pathlib import Path
+
 from sempar.comm.topology_presets import load_topology
 from sempar.serving.dims import model_dims
-from sempar.serving.forecast import Forecaster, compare
+from sempar.serving.forecast import Forecaster
 from sempar.serving.hardware import ACCELERATORS
 from sempar.serving.plan import plan
-from sempar.serving.plots import plot_curves
-from sempar.serving.report import plan_section, systems_section
-
-DEMO_SYSTEMS = ["sglang", "semmoe-dp", "semmoe-tp", "sempar"]
-DEMO_DURATION = 2.0
-DEMO_RATES = 5          # from 5% to 120% of the best candidate's estimated capacity
+from sempar.serving.slo_search import SearchConfig
 
 
-def run_stage(ctx, name: str, trace) -> dict:
-    fc = Forecaster(trace, model_dims(trace.meta.model), load_topology("pcie-upi8"),
-                    ACCELERATORS.get("cpu"), budget=256, max_running=32)
-    io = dict(input_len=128, output_len=32)
-    p = plan(lambda G: fc, [fc.G], name, {}, n_rates=DEMO_RATES, duration=DEMO_DURATION, top=2,
-             methods=["vanilla", "semmoe", "sempar"], policies=["round-robin", "alg2"],
-             pipelines=[x for x in ("sglang-ep", "smoe-exact") if x in PIPELINES],
-             **io, progress=ctx.step)
-    rates = p["rates"]
-    res = compare(fc, DEMO_SYSTEMS, rates, DEMO_DURATION, **io, progress=ctx.step)
-    png = plot_curves(res, ctx.work / "figures" / "serve_curves.png")
+@dataclass(frozen=True)
+class DemoCase:
+    npz: str                        # file in shared/data/real/full-traces
+    model: str                      # preset name: shape on import, dimensions for the roofline
+    methods: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DemoServeConfig:
+    """The demo's plan settings. DeepSeek-V2-Lite has no token ids, so request policies other
+    than round-robin (they score tokens) are skipped for it; `sempar` placement is left out
+    for it because its rows objective takes minutes at EP 8 here (`sempar plan` tries it)."""
+
+    cases: tuple[DemoCase, ...] = (
+        DemoCase("deepseek-v2-lite-esft.npz", "deepseek-v2-lite", ("vanilla", "eplb")),
+        DemoCase("gpt-oss-20b-mmlu.npz", "gpt-oss-20b", ("vanilla", "eplb", "sempar")))
+    topologies: tuple[str, ...] = ("pcie-upi8", "a100x4-ib")
+    accelerator: str = "h100"
+    pipelines: tuple[str, ...] = ("sglang-ep", "smoe-exact")
+    policies: tuple[str, ...] = ("round-robin", "balanced")
+    duration: float = 4.0
+    n_rates: int = 5
+    top: int = 2
+    input_len: int = 512
+    output_len: int = 128
+    search: SearchConfig = field(default_factory=SearchConfig)
+
+
+def import_case(case: DemoCase, real_root: Path, out: Path) -> Path:
+    """The case's trace as Parquet at `out` (imported once)."""
+    from sempar.trace.arrays import import_arrays
+
+    if not out.is_file():
+        import_arrays([real_root / "full-traces" / case.npz], out, model=case.model)
+    return out
+
+
+def plan_case(trace_file: Path, printed: str, topology: str, cfg: DemoServeConfig,
+              methods, fc_cache: dict | None = None, progress=None) -> dict:
+    """`sempar plan` on one trace and topology; `printed` is the trace path its commands name.
+    `fc_cache` shares placements between topologies of the same devices and nodes."""
+    from sempar.comm.pipelines import PIPELINES
+    from sempar.trace import read_trace
+
+    tr = read_trace(trace_file)
+    fc = Forecaster(tr, model_dims(tr.meta.model), load_topology(topology),
+                    ACCELERATORS.get(cfg.accelerator))
+    if fc_cache is not None:
+        fc.share_placements(fc_cache.setdefault((str(trace_file), fc.G, fc.topo.num_nodes), fc))
+    return plan(lambda G: fc, [fc.G], printed, {}, n_rates=cfg.n_rates, duration=cfg.duration,
+                top=cfg.top, methods=list(methods), policies=list(cfg.policies),
+                pipelines=[p for p in cfg.pipelines if p in PIPELINES],
+                input_len=cfg.input_len, output_len=cfg.output_len, search_cfg=cfg.search,
+                attribute=True, progress=progress)
+
+
+def run_stage(ctx, real_root: Path | None, cfg: DemoServeConfig = DemoServeConfig()) -> dict | None:
+    from sempar.serving.plots import plot_curves
+    from sempar.serving.report import answer_section, evidence_section, skipped_section
+
+    if real_root is None or not all((real_root / "full-traces" / c.npz).is_file()
+                                    for c in cfg.cases):
+        skipped_section(ctx.report)
+        return None
     n0 = len(ctx.report.parts)
-    plan_section(ctx.report, p)
-    systems_section(ctx.report, res, png)
-    ctx.report.parts[:] = ctx.report.parts[n0:] + ctx.report.parts[:n0]   # the plan opens the report
-    return {"trace": name, "plan": {k: v for k, v in p.items() if k != "screened"},
-            "systems": {n: {k: s[k] for k in ("config", "max_rate_under_slo", "throughput_under_slo")}
-                        for n, s in res["systems"].items()}, "slos": res["slos"], "rates": rates}
+    results, cache = [], {}
+    for case in cfg.cases:
+        rel = Path("data") / f"{case.model}.parquet"
+        path = import_case(case, real_root, ctx.work / rel)
+        printed = str((ctx.out or ctx.work) / rel)
+        for topo in cfg.topologies:
+            ctx.step(f"plan {case.model} on {topo}")
+            res = plan_case(path, printed, topo, cfg, case.methods, cache, ctx.step)
+            png = ctx.work / "figures" / f"serve_{case.model}_{topo.replace(':', '_')}.png"
+            res["png"] = str(plot_curves(curves_of(res), png))
+            results.append(res)
+    answer_section(ctx.report, results)
+    for res in results:
+        evidence_section(ctx.report, res, Path(res["png"]))
+    ctx.report.parts[:] = ctx.report.parts[n0:] + ctx.report.parts[:n0]   # the answer opens it
+    keep = ("model", "topology", "accelerator", "slos", "slo_keys", "rates", "noise", "choice",
+            "attribution", "search", "budget", "wall_seconds")
+    return {"cases": [{**{k: r[k] for k in keep},
+                       "baseline": {k: v for k, v in r["baseline"].items() if k != "curve"},
+                       "ranked": [{k: v for k, v in x.items() if k != "curve"}
+                                  for x in r["ranked"]]} for r in results]}
+
+
+def curves_of(res: dict) -> dict:
+    """A plan result in the shape plot_curves reads: the baseline's and each ranked
+    deployment's grid curve, the SLOs of the plan's keys."""
+    from sempar.serving.metrics import SLO_KEYS
+
+    systems = {"SGLang (vanilla/sglang-ep/round-robin)": {"curve": res["baseline"]["curve"]}}
+    for r in res["ranked"]:
+        systems[f"{r['placement']}/{r['pipeline']}/{r['policy']}"] = {"curve": r["curve"]}
+    return {"systems": systems, "slos": {k: res["slos"][k] for k in SLO_KEYS},
+            "model": res["model"], "topology": res["topology"], "accelerator": res["accelerator"],
+            "ep": res["eps"][0], "slo_scale": 5.0}

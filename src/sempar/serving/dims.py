@@ -91,6 +91,10 @@ DIMS: dict[str, ModelDims] = {d.name: d for d in (
     ModelDims("qwen3-30b-a3b", 2048, 32, 4, 128, 768, 48, 0, 0, 151936, 128, 8),
     ModelDims("deepseek-v3", 7168, 128, 128, 128, 2048, 58, 3, 18432, 129280, 256, 8,
               shared_experts=1, mla=(1536, 512, 64, 128)),
+    # 24 layers, all MoE; GQA 64 heads / 8 KV heads of 64. The checkpoint's experts are MXFP4
+    # and every other layer attends to a 128-token window: here bf16 weights and full
+    # attention, so decode reads and long-context attention are over-, not under-estimated.
+    ModelDims("gpt-oss-20b", 2880, 64, 8, 64, 2880, 24, 0, 0, 201088, 32, 4),
 )}
 
 

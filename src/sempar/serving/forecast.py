@@ -4,7 +4,9 @@ finds the throughput each sustains under the SLOs (`sempar serve-sim`).
 
 Protocol (Sem-MoE §5, s-MoE §5): the trace is split by request, 20% to fit the placements and
 schedulers, 80% replayed (routing of the iterations' tokens, request ranks, `trace` lengths).
-Every system sees the same arrivals at a given rate (one seed per rate).
+Every system sees the same arrivals at a given rate: one unit-rate stream per seed, scaled by the
+rate (workload.stable_arrivals). Throughput under each SLO is searched on the rate: the grid
+brackets it, bisection narrows it to a stated tolerance (slo_search.py); the curves keep the grid.
 
 SLOs, per attention mode: each paper judges systems against the baseline of its own attention
 mode -- Sem-MoE's DP systems against SGLang (DP), s-MoE's TP systems against DeepSpeed-MoE (TP)
@@ -37,11 +39,12 @@ from sempar.errors import InputError
 from sempar.serving.dims import ModelDims
 from sempar.serving.engine import EngineConfig, run
 from sempar.serving.hardware import Accelerator
-from sempar.serving.metrics import attainment, run_metrics, slos_from
+from sempar.serving.metrics import SLO_KEYS, run_metrics, slos_from
 from sempar.serving.roofline import Roofline
 from sempar.serving.steptable import StepTable, build_step_table
 from sempar.serving.systems import Variant, resolve
-from sempar.serving.workload import make_workload, poisson_arrivals
+from sempar.serving.slo_search import SearchConfig, search
+from sempar.serving.workload import make_workload, stable_arrivals
 from sempar.trace.schema import RoutingTrace
 
 DRAIN = 2.0         # horizon = DRAIN x duration
@@ -121,6 +124,16 @@ class Forecaster:
     def G(self) -> int:
         return self.topo.num_devices
 
+    def share_placements(self, other: "Forecaster") -> None:
+        """Use `other`'s placement cache: the same trace split and seed on the same devices and
+        nodes solve to the same placements, whatever the links (a topology of equal shape)."""
+        if other is self:
+            return
+        if (other.seed, other.G, other.topo.num_nodes) != (self.seed, self.G, self.topo.num_nodes) \
+                or other.fit.num_tokens != self.fit.num_tokens:
+            raise ValueError("share_placements: another split or device layout")
+        self._placements = other._placements
+
     def placement(self, method: str, redundant: int):
         from sempar.placement import solve
 
@@ -180,14 +193,25 @@ class Forecaster:
         return self._served[key]
 
     def run_rate(self, p: Prepared, rate: float, duration: float, lengths: str, input_len: int,
-                 output_len: int, arrivals: np.ndarray | None = None) -> dict:
-        rng = np.random.default_rng([self.seed, int(round(rate * 1e6))])
-        arr = arrivals if arrivals is not None else poisson_arrivals(rate, duration, rng)
+                 output_len: int, arrivals: np.ndarray | None = None, stream: int = 0) -> dict:
+        """Metrics of `p` at `rate`: arrivals from `stream` (one unit-rate stream per seed and
+        stream, scaled by the rate: workload.stable_arrivals), or the given `arrivals`."""
+        arr = (arrivals if arrivals is not None
+               else stable_arrivals(rate, duration, [self.seed, stream]))
+        rng = np.random.default_rng([self.seed, stream, 1])         # lengths (`exp`)
         w = make_workload(arr, lengths, input_len, output_len, p.request_tokens, p.request_rank, rng)
         log = run(w, p.cfg, p.step_seconds, DRAIN * duration)
         m = run_metrics(w, log, duration)
         m["rate"] = float(rate)
         return m
+
+    def under_slo(self, p: Prepared, grid: list[dict], slos: dict, targets: dict, duration: float,
+                  lengths: str, input_len: int, output_len: int,
+                  cfg: SearchConfig = SearchConfig(), stream: int = 0) -> tuple[dict, list[dict]]:
+        """Throughput under each target's SLOs: the grid `grid` (this deployment's curve)
+        bracketed, then bisected on the rate (slo_search.search)."""
+        return search(lambda r: self.run_rate(p, r, duration, lengths, input_len, output_len,
+                                              stream=stream), grid, slos, targets, cfg)
 
 
 def default_rates(prepared: list[Prepared], input_len: int, output_len: int, n: int = 10) -> list[float]:
@@ -226,8 +250,10 @@ def mode_baselines(plans: dict[str, list[Prepared]], curves: dict[str, list[list
 def compare(fc: Forecaster, systems: list[str], rates: list[float] | None, duration: float,
             lengths: str = "fixed", input_len: int = 512, output_len: int = 128,
             slo_scale: float = 5.0, slo_given: dict | None = None,
-            arrivals: np.ndarray | None = None, progress=None) -> dict:
-    """Curves, SLOs and throughput under each SLO for every system (serve-sim's JSON)."""
+            arrivals: np.ndarray | None = None, progress=None,
+            search_cfg: SearchConfig = SearchConfig()) -> dict:
+    """Curves, SLOs and throughput under each SLO for every system (serve-sim's JSON): each
+    system's grid curve, then the rate searched per SLO key (slo_search.py)."""
     t0 = time.perf_counter()
     if duration <= 0:
         raise InputError(f"--duration: {duration} is not positive")
@@ -266,7 +292,18 @@ def compare(fc: Forecaster, systems: list[str], rates: list[float] | None, durat
     for name, ps in plans.items():
         scored = []
         for p, pts in zip(ps, curves[name]):
-            att = attainment(pts, by_mode[attention(p)])
+            slos = by_mode[attention(p)]
+            if arrivals is None:            # the rate is ours to vary: search it
+                if progress:
+                    progress(f"{name} ({p.variant.label()}): search the rate under each SLO")
+                found, extra = fc.under_slo(p, pts, slos, {k: (k,) for k in SLO_KEYS}, duration,
+                                            lengths, input_len, output_len, search_cfg)
+            else:                           # one given arrival file: its one point
+                found, extra = search(lambda r: {}, pts, slos, {k: (k,) for k in SLO_KEYS},
+                                      SearchConfig(max_steps=0, extend=0)), []
+            att = {"max_rate_under_slo": {k: f["rate"] for k, f in found.items()},
+                   "throughput_under_slo": {k: f["throughput"] for k, f in found.items()},
+                   "search": found, "search_points": extra}
             key = tuple((att["throughput_under_slo"][k] or 0.0) for k in ("e2e", "ttft"))
             scored.append((key, p, pts, att))
         _, p, pts, att = max(scored, key=lambda s: s[0])
@@ -283,4 +320,5 @@ def compare(fc: Forecaster, systems: list[str], rates: list[float] | None, durat
                   "light_load": base[first][1][0], "slo_scale": slo_scale, "slos": by_mode[first],
                   "slo_baselines": {m: b[0] for m, b in base.items()}, "slos_by_attention": by_mode,
                   "slos_given": sorted(slo_given or {}),
+                  "search": {"tolerance": search_cfg.tolerance, "max_steps": search_cfg.max_steps},
                   "systems": out, "wall_seconds": time.perf_counter() - t0})

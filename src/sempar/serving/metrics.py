@@ -13,7 +13,8 @@ time"); `output_throughput` counts generated tokens only.
 SLO statistics (one per SLO key): `ttft` -> p99 TTFT and `e2e` -> median E2E (Sem-MoE Table 2's
 figures), `tpot` -> mean TPOT (s-MoE: "average time to generate an output token"), `p90_tbt` ->
 p90 TBT. The SLO is `slo_scale` (5) x that statistic under the lightest load (both papers), or
-given. A rate meets an SLO when the statistic is within it.
+given. A rate meets an SLO when the statistic is within it; the highest rate that does is
+searched in slo_search.py.
 """
 
 from __future__ import annotations
@@ -77,30 +78,3 @@ def slos_from(light: dict, scale: float, given: dict | None = None) -> dict:
     """SLO per key: given, else scale x the lightest-load statistic."""
     given = given or {}
     return {k: float(given[k]) if k in given else scale * light[SLO_STAT[k]] for k in SLO_KEYS}
-
-
-def attainment(curve: list[dict], slos: dict) -> dict:
-    """Per key: the largest swept rate such that it and every lower rate meet the SLO, and the
-    throughput there (None when the lowest rate already misses it)."""
-    pts = sorted(curve, key=lambda p: p["rate"])
-    rate, thr = {}, {}
-    for k in SLO_KEYS:
-        best = None
-        for p in pts:
-            if not p[SLO_STAT[k]] <= slos[k]:
-                break
-            best = p
-        rate[k] = None if best is None else best["rate"]
-        thr[k] = None if best is None else best["throughput"]
-    return {"max_rate_under_slo": rate, "throughput_under_slo": thr}
-
-
-def joint_attainment(curve: list[dict], slos: dict, keys) -> tuple[float | None, float | None]:
-    """(rate, throughput) at the largest swept rate meeting every SLO in `keys`, it and every
-    lower rate (None, None when the lowest rate misses one)."""
-    best = None
-    for p in sorted(curve, key=lambda p: p["rate"]):
-        if not all(p[SLO_STAT[k]] <= slos[k] for k in keys):
-            break
-        best = p
-    return (None, None) if best is None else (best["rate"], best["throughput"])

@@ -6,9 +6,14 @@ Two stages, because a full rate sweep per candidate is the expensive part:
 1. screen: every candidate that fits memory is prepared with a coarse step table (SCREEN_TOKENS
    tokens per bucket) and scored by its saturated capacity (forecast.Prepared.capacity);
 2. forecast: the `top` best are prepared in full and swept over the same rates; each one's
-   throughput under the SLO is the throughput at the largest rate meeting every SLO key given
-   (default: TTFT and E2E, Sem-MoE's pair), with the SLOs at 5x the lightest load of SGLang's
-   baseline (vanilla placement, round-robin, sglang-ep) on the first EP size unless given.
+   throughput under the SLO is searched on the rate (slo_search.py: the grid brackets it,
+   bisection narrows it) for every SLO key given together (default: TTFT and E2E, Sem-MoE's
+   pair), with the SLOs at 5x the lightest load of SGLang's baseline (vanilla placement,
+   round-robin, sglang-ep) on the first EP size unless given;
+3. choose: ranked by that figure; the forecast's noise is the spread of the leader's and the
+   baseline's figure over `noise_streams` other arrival streams (at least the search's
+   tolerance), and among the deployments within it of the leader the simplest is recommended
+   (choose.py), which the result says.
 
 Candidates come from the registries (placement SOLVERS, comm PIPELINES, REQUEST_POLICIES), so a
 solver or pipeline registered later is planned for without a change here. Attention-DP pipelines
@@ -22,9 +27,14 @@ import time
 
 from sempar.comm.pipelines import PIPELINES
 from sempar.errors import InputError
+from sempar.serving.choose import choose
+from sempar.serving.deploy import commands, complexity
 from sempar.serving.forecast import clean, default_rates
-from sempar.serving.metrics import joint_attainment, slos_from
+from sempar.serving.metrics import slos_from
+from sempar.serving.slo_search import SearchConfig
 from sempar.serving.systems import Variant
+
+BASELINE = Variant("vanilla", "sglang-ep")      # SGLang's EP launch: id-order experts, round-robin
 
 SCREEN_TOKENS = 2048
 DEFAULT_METHODS = ("vanilla", "eplb", "moetuner", "exflow", "semmoe", "smoe-cem", "sempar")
@@ -56,38 +66,16 @@ def candidates(methods=None, pipelines=None, policies=None, redundant=(0,)) -> l
     return out
 
 
-def commands(v: Variant, G: int, nodes: int, trace: str, cfg: dict, hidden_layers: int) -> list[str]:
-    """How to deploy: sempar's placement and export commands, then the engine's flags."""
-    r = v.redundant_slots(G)
-    pipe = PIPELINES.get(v.pipeline)
-    out = [f"sempar place --trace {trace} --method {v.placement} --ep {G} --nodes {nodes} "
-           f"--redundant {r} --out placement.json",
-           f"sempar export --placement placement.json --to sglang --out expert-location.json "
-           f"--num-hidden-layers {hidden_layers}"]
-    flags = [f"--tp-size {G}", f"--ep-size {G}", "--init-expert-location expert-location.json",
-             f"--chunked-prefill-size {cfg['token_budget'] // cfg['instances']}",
-             f"--max-running-requests {cfg['max_running'] * cfg['instances']}"]
-    if pipe.attention == "dp":
-        flags[1:1] = ["--enable-dp-attention", f"--dp-size {G}"]
-    if v.pipeline == "sglang-ep":
-        flags.append("--moe-a2a-backend deepep")
-    if r:
-        flags.append(f"--ep-num-redundant-experts {r}")
-    out.append("python -m sglang.launch_server --model-path MODEL " + " ".join(flags))
-    if v.pipeline not in ("sglang-ep", "attn-dp"):
-        out.append(f"# pipeline {v.pipeline} is not an upstream SGLang mode: it needs an engine "
-                   "that runs it (sempar's runtime measures it with `sempar bench`)")
-    if pipe.attention == "dp" and v.policy != "round-robin":
-        out.append(f"# request policy {v.policy}: a router in front of the DP ranks sends each "
-                   "request to the rank sempar.schedule.requests picks (not an SGLang flag)")
-    return out
-
-
 def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("ttft", "e2e"),
          slo_scale: float = 5.0, rates=None, duration: float = 60.0, input_len: int = 512,
          output_len: int = 128, top: int = 4, methods=None, pipelines=None, policies=None,
-         redundant=(0,), n_rates: int = 10, progress=None) -> dict:
-    """make_fc(ep) -> Forecaster for that EP size. Returns the ranked deployments."""
+         redundant=(0,), n_rates: int = 10, progress=None,
+         search_cfg: SearchConfig = SearchConfig(), noise_streams: int = 1,
+         attribute: bool = False) -> dict:
+    """make_fc(ep) -> Forecaster for that EP size. Returns the ranked deployments: each one's
+    throughput under the SLO searched on the rate (slo_search.py), the forecast's noise, and
+    the choice (choose.py); with `attribute`, what the recommended deployment's gain is made
+    of (`attribution`)."""
     t0 = time.perf_counter()
     fcs = {G: make_fc(G) for G in eps}
     served = ("fixed", input_len, output_len)      # DP policies rank by the served lengths
@@ -112,33 +100,110 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
             progress(f"forecast EP {G}: {v.label()}")
         full.append((G, v, fcs[G].prepare(v, served=served)))
     base_fc = fcs[eps[0]]
-    base = base_fc.prepare(Variant("vanilla", "sglang-ep"))
+    base = base_fc.prepare(BASELINE, served=served)
     rates = sorted(rates or default_rates([p for _, _, p in full] + [base], input_len, output_len,
                                           n_rates))
     light = base_fc.run_rate(base, rates[0], duration, "fixed", input_len, output_len)
     slos = slos_from(light, slo_scale, slo_given)
     keys = tuple(slo_given) or slo_keys
-    ranked = []
+    io = ("fixed", input_len, output_len)
+
+    def forecast(fc, p, stream=0):
+        return _forecast(fc, p, rates, slos, keys, duration, io, search_cfg, stream)
+
+    entries = []
     for G, v, p in full:
         if progress:
-            progress(f"sweep EP {G}: {v.label()}")
-        curve = [fcs[G].run_rate(p, r, duration, "fixed", input_len, output_len) for r in rates]
-        rate, thr = joint_attainment(curve, slos, keys)
-        cfg = p.config()
-        ranked.append({**_row(v, G), "lar": cfg["lar"], "max_rate_under_slo": rate,
-                       "throughput_under_slo": thr, "capacity_estimate": p.capacity(input_len, output_len),
-                       "commands": commands(v, G, fcs[G].topo.num_nodes, trace_path, cfg,
-                                            fcs[G].dims.layers), "curve": curve})
-    ranked.sort(key=lambda r: -(r["throughput_under_slo"] or 0.0))
-    base_curve = [base_fc.run_rate(base, r, duration, "fixed", input_len, output_len) for r in rates]
-    b_rate, b_thr = joint_attainment(base_curve, slos, keys)
+            progress(f"sweep and search EP {G}: {v.label()}")
+        curve, found, extra = forecast(fcs[G], p)
+        entries.append(({**_row(v, G), "lar": p.config()["lar"], **found,
+                         "capacity_estimate": p.capacity(input_len, output_len),
+                         "complexity": complexity(v, G),
+                         "commands": commands(v, G, fcs[G].topo.num_nodes, trace_path,
+                                              fcs[G].dims.name, fcs[G].placement(
+                                                  v.placement, v.redundant_slots(G)),
+                                              fcs[G].seed),
+                         "curve": curve, "search_points": extra}, G, v, p))
+    entries.sort(key=lambda e: -(e[0]["throughput_under_slo"] or 0.0))
+    ranked = [e[0] for e in entries]
+    if progress:
+        progress("sweep and search: SGLang's baseline")
+    base_curve, bf, base_extra = forecast(base_fc, base)
+    # the forecast's noise: the leader's and the baseline's figures on other arrival streams
+    spread = []
+    _, lead_G, _, lead_p = entries[0]
+    for s in range(1, noise_streams + 1):
+        for fc, p, ref in ((base_fc, base, bf["throughput_under_slo"]),
+                           (fcs[lead_G], lead_p, ranked[0]["throughput_under_slo"])):
+            if progress:
+                progress(f"noise: arrival stream {s}")
+            other = forecast(fc, p, s)[1]["throughput_under_slo"]
+            if ref and other:
+                spread.append(abs(other - ref) / ref)
+    noise = max([search_cfg.tolerance] + spread)
+    ranked, choice = choose(ranked, noise)
+    parts = []
+    if attribute and ranked and ranked[0]["throughput_under_slo"]:
+        _, G, v, _ = next(e for e in entries if e[0] is ranked[0])
+        parts = attribution(fcs[G], v, ranked[0], bf, forecast, served, progress)
     return clean({"model": base_fc.dims.name, "topology": base_fc.topo.name,
                   "accelerator": base_fc.acc.name, "eps": eps, "slos": slos, "slo_keys": list(keys),
-                  "rates": rates, "ranked": ranked,
-                  "baseline": {"system": "sglang", "ep": eps[0], "throughput_under_slo": b_thr,
-                               "max_rate_under_slo": b_rate},
+                  "rates": rates, "ranked": ranked, "noise": noise, "noise_spread": spread,
+                  "choice": choice,
+                  "search": {"tolerance": search_cfg.tolerance, "max_steps": search_cfg.max_steps},
+                  "budget": {"token_budget": base_fc.budget, "max_running": base_fc.max_running},
+                  "attribution": parts,
+                  "baseline": {"system": "sglang", "ep": eps[0], **bf,
+                               "curve": base_curve, "search_points": base_extra},
                   "screened": [{**_row(v, G), "capacity_estimate": c} for c, G, v in screened],
                   "skipped": skipped, "wall_seconds": time.perf_counter() - t0})
+
+
+def _forecast(fc, p, rates, slos, keys, duration, io, cfg, stream=0):
+    """(grid curve, figures under the SLOs of `keys` together and of each key, searched
+    points) of one deployment."""
+    curve = [fc.run_rate(p, r, duration, *io, stream=stream) for r in rates]
+    targets = {"slo": tuple(keys), **{k: (k,) for k in keys}}
+    found, extra = fc.under_slo(p, curve, slos, targets, duration, *io, cfg, stream=stream)
+    return curve, {**_found(found["slo"]), "under_each": {k: _found(found[k]) for k in keys}}, extra
+
+
+def _found(f: dict) -> dict:
+    return {"max_rate_under_slo": f["rate"], "throughput_under_slo": f["throughput"],
+            "rate_interval": f["rate_interval"], "throughput_interval": f["throughput_interval"],
+            "search_steps": f["steps"], "converged": f["converged"]}
+
+
+def attribution(fc, v: Variant, final: dict, base: dict, forecast, served, progress=None
+                ) -> list[dict]:
+    """What the gain of deployment `v` (figures `final`) over the baseline (`base`) is made
+    of: SGLang's launch changed one part at a time -- the placement (with its replica slots),
+    then the request policy (Attention DP), then the pipeline -- each step forecast like the
+    plan's deployments; `gain` = its throughput under the SLO / the previous step's."""
+    G = fc.G
+    steps = []
+    if v.placement != "vanilla" or v.redundant_slots(G):
+        steps.append(("placement", Variant(v.placement, "sglang-ep", redundant=v.redundant)))
+    pipe = PIPELINES.get(v.pipeline)
+    if pipe.attention == "dp" and v.policy != "round-robin":
+        steps.append(("request policy", Variant(v.placement, "sglang-ep", v.policy, v.schedule,
+                                                v.redundant)))
+    if v.pipeline != "sglang-ep":
+        steps.append(("pipeline", v))
+    out, prev = [], base
+    for i, (part, step) in enumerate(steps):
+        if i == len(steps) - 1:
+            fig = final
+        else:
+            if progress:
+                progress(f"attribution: {part} ({step.label()})")
+            fig = forecast(fc, fc.prepare(step, served=served))[1]
+        t, t0 = fig["throughput_under_slo"], prev["throughput_under_slo"]
+        out.append({"part": part, "deployment": f"{step.label()} r={step.redundant_slots(G)}",
+                    "throughput_under_slo": t, "throughput_interval": fig["throughput_interval"],
+                    "gain": t / t0 if t and t0 else None})
+        prev = fig
+    return out
 
 
 def _row(v: Variant, G: int) -> dict:

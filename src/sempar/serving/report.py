@@ -1,12 +1,12 @@
-"""The serving forecast as a report section (`sempar demo`): the plan first -- what to deploy,
-what it buys against SGLang's baseline, how sure the forecast is -- then the systems side by
-side (throughput under each SLO) and the latency-throughput curves."""
+"""The serving forecast as report sections (`sempar demo`): the answer first -- what to deploy,
+what it buys against SGLang's launch under each SLO with its interval, what the gain is made of,
+how sure the forecast is -- then the evidence per model and topology: every deployment beside
+the baseline with the ratio to it, the commands and the latency-throughput curves."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sempar.serving.metrics import SLO_KEYS
 
 CAVEATS = ("How sure: the forecast is a model, not a measurement. Compute is a roofline at 60% "
            "of peak FLOP/s and 80% of peak bandwidth (serving/hardware.py), communication is "
@@ -27,35 +27,95 @@ def slo_text(res: dict) -> str:
                      for m, slos in by_mode.items())
 
 
-def plan_section(report, plan_res: dict) -> None:
-    ranked, base = plan_res["ranked"], plan_res["baseline"]["throughput_under_slo"]
-    report.heading("Plan: what to deploy (forecast)")
-    if not ranked:
-        report.paragraph("No deployment met the SLO at the lowest swept rate.")
-        return
-    win = ranked[0]
-    thr = win["throughput_under_slo"]
-    gain = f"{thr / base:.2f}x SGLang's baseline ({base:.0f} tokens/s)" if thr and base else "n/a"
-    slos = ", ".join(f"{k} {plan_res['slos'][k] * 1e3:.1f} ms" for k in plan_res["slo_keys"])
-    report.paragraph(f"Deploy {win['pipeline']} with the {win['placement']} placement, request "
-                     f"policy {win['policy']}, {win['redundant']} redundant slots, EP {win['ep']} "
-                     f"on {plan_res['topology']} ({plan_res['accelerator']}): "
-                     f"{thr or 0:.0f} tokens/s under the SLO ({slos}), {gain}.")
-    report.table(["rank", "pipeline", "placement", "policy", "EP", "LAR", "tokens/s under SLO"],
-                 [[i, r["pipeline"], r["placement"], r["policy"], r["ep"], r["lar"],
-                   r["throughput_under_slo"]] for i, r in enumerate(ranked, 1)])
-    report.paragraph("Commands: " + " && ".join(c for c in win["commands"] if not c.startswith("#")))
-    report.paragraph(CAVEATS, note=True)
+def _ratio_interval(r: dict, base: dict) -> tuple[float | None, float | None, float | None]:
+    """(ratio, low, high) of throughputs under the SLO: the figures' ratio, and the ratio of
+    the intervals' far ends (deployment's low / baseline's high, and the reverse)."""
+    t, b = r["throughput_under_slo"], base["throughput_under_slo"]
+    (lo, hi), (blo, bhi) = r["throughput_interval"], base["throughput_interval"]
+    ratio = t / b if t and b else None
+    low = lo / bhi if lo and bhi else None
+    high = hi / blo if hi and blo else None
+    return ratio, low, high
 
 
-def systems_section(report, res: dict, png: Path | None) -> None:
-    report.heading(f"Serving forecast: systems side by side ({res['model']}, {res['topology']}, "
-                   f"{res['accelerator']} x {res['ep']})")
-    report.paragraph("Max request rate and token throughput meeting each SLO; each system is "
-                     "judged against its attention mode's SLOs: " + slo_text(res), note=True)
-    report.table(["system", "placement", "pipeline", "LAR"] + [f"{k} tok/s" for k in SLO_KEYS],
-                 [[n, s["config"]["placement"], s["config"]["pipeline"], s["config"]["lar"]]
-                  + [s["throughput_under_slo"][k] for k in SLO_KEYS]
-                  for n, s in res["systems"].items()])
+def gain_text(r: dict, base: dict) -> str:
+    ratio, low, high = _ratio_interval(r, base)
+    if ratio is None:
+        return "n/a"
+    return (f"{ratio:.2f}x [{'-' if low is None else f'{low:.2f}'}, "
+            f"{'-' if high is None else f'{high:.2f}'}]")
+
+
+def _made_of(res: dict) -> str:
+    parts = res.get("attribution") or []
+    if not parts:
+        return "nothing: it is SGLang's own launch"
+    return ", ".join(f"{p['part']} {p['gain']:.2f}x" for p in parts if p["gain"]) or "n/a"
+
+
+def skipped_section(report) -> None:
+    report.heading("Answer: what to deploy (forecast)")
+    report.paragraph("shared/data/real/full-traces was not found (set SEMPAR_REAL_DATA): the "
+                     "serving plan on real-model routing is skipped.")
+
+
+def answer_section(report, results: list[dict]) -> None:
+    """The report's opening: per model and topology, the recommended deployment, its gain over
+    SGLang's launch under each SLO with its interval, what the gain is made of; then how sure."""
+    report.heading("Answer: what to deploy (forecast, H100 roofline)")
+    rows = []
+    for res in results:
+        base, win = res["baseline"], res["ranked"][0] if res["ranked"] else None
+        if win is None or not win["throughput_under_slo"]:
+            report.paragraph(f"{res['model']} on {res['topology']}: no deployment met the SLO.")
+            continue
+        each = "; ".join(f"{k} SLO {gain_text(win['under_each'][k], base['under_each'][k])}"
+                         for k in res["slo_keys"])
+        report.paragraph(
+            f"{res['model']} on {res['topology']} (EP {win['ep']}): deploy {win['pipeline']} with "
+            f"the {win['placement']} placement, request policy {win['policy']}, "
+            f"{win['redundant']} redundant slots: {win['throughput_under_slo']:,.0f} tokens/s "
+            f"under the SLO ({', '.join(res['slo_keys'])} together), "
+            f"{gain_text(win, base)} SGLang's launch ({base['throughput_under_slo'] or 0:,.0f} "
+            f"tokens/s); {each}. Made of: {_made_of(res)}. {res['choice'].get('text', '')}")
+        ratio, low, high = _ratio_interval(win, base)
+        rows.append([res["model"], res["topology"], f"{win['placement']}/{win['pipeline']}/"
+                     f"{win['policy']}", win["throughput_under_slo"],
+                     base["throughput_under_slo"], ratio, low, high, res["noise"]])
+    if rows:
+        report.table(["model", "topology", "deploy", "tokens/s under SLO", "SGLang tokens/s",
+                      "x SGLang", "x low", "x high", "noise"], rows)
+    tol = results[0]["search"]["tolerance"] if results else 0.02
+    report.paragraph(
+        "How sure: each figure is the highest request rate meeting the SLO, searched on the rate "
+        f"(the grid brackets it, bisection narrows it to {tol:.0%}); the interval [x low, x high] "
+        "is the ratio of the bracket ends (the deployment's rate that meets / SGLang's that "
+        "misses, and the reverse). The noise is the spread of the figures over another arrival "
+        "stream; deployments within it count as tied and the simpler one is recommended. "
+        + "The f" + CAVEATS.removeprefix("How sure: the f"))
+
+
+def evidence_section(report, res: dict, png: Path | None) -> None:
+    """One plan's ranked deployments beside SGLang's launch, with the ratio to it, the
+    attribution, the commands and the latency curves."""
+    base = res["baseline"]
+    slos = ", ".join(f"{k} {res['slos'][k] * 1e3:.1f} ms" for k in res["slo_keys"])
+    report.heading(f"Plan: {res['model']} on {res['topology']} ({res['accelerator']} x "
+                   f"{res['eps'][0]}), SLO {slos}", 3)
+    rows = [["SGLang launch (baseline)", "vanilla", "sglang-ep", "round-robin",
+             base["max_rate_under_slo"], base["throughput_under_slo"], 1.0, "-"]]
+    for r in res["ranked"]:
+        rows.append([f"#{len(rows)}", r["placement"], r["pipeline"], r["policy"],
+                     r["max_rate_under_slo"], r["throughput_under_slo"],
+                     _ratio_interval(r, base)[0], gain_text(r, base)])
+    report.table(["deployment", "placement", "pipeline", "policy", "req/s under SLO",
+                  "tokens/s under SLO", "x SGLang", "x SGLang [interval]"], rows)
+    if res.get("attribution"):
+        report.table(["part changed", "deployment", "tokens/s under SLO", "x previous step"],
+                     [[p["part"], p["deployment"], p["throughput_under_slo"], p["gain"]]
+                      for p in res["attribution"]])
+    if res["ranked"]:
+        report.table(["commands for the recommended deployment, as printed by `sempar plan`"],
+                     [[c] for c in res["ranked"][0]["commands"]])
     if png is not None:
-        report.image(png, "latency-throughput curves")
+        report.image(png, "latency-throughput curves (grid rates; the SLO dashed)")

@@ -1,7 +1,8 @@
 """Requests for the serving loop: arrival times, input / output lengths and the trace request
 each one replays (whose tokens decide its Attention-DP rank under the system's request policy).
 
-Arrivals: Poisson at `rate` requests/s over `duration` s, or times read from a file (one number
+Arrivals: Poisson at `rate` requests/s over `duration` s (`stable_arrivals`: one unit-rate stream
+scaled by the rate, the same for every rate), or times read from a file (one number
 of seconds per line, or a JSON list). Lengths (`lengths`):
 
 - `fixed`: every request `input_len` in and `output_len` out (Sem-MoE §5 fixes both);
@@ -32,6 +33,26 @@ def poisson_arrivals(rate: float, duration: float, rng: np.random.Generator) -> 
         raise InputError(f"rate {rate} and duration {duration} must be positive")
     n = rng.poisson(rate * duration)
     return np.sort(rng.uniform(0.0, duration, n))
+
+
+ARRIVAL_BLOCK = 4096     # gaps drawn per block: a fixed size, so the stream is one prefix for all rates
+
+
+def stable_arrivals(rate: float, duration: float, seed) -> np.ndarray:
+    """float64[R]: a Poisson process of `rate` on [0, duration) as one unit-rate process (drawn
+    from `seed`) scaled by 1 / rate, so every rate sees the same arrivals compressed or
+    stretched (common random numbers: a search on the rate compares like with like, and the
+    SLO statistics do not jump with a new draw at every rate)."""
+    if not (rate > 0 and duration > 0):
+        raise InputError(f"rate {rate} and duration {duration} must be positive")
+    rng = np.random.default_rng(seed)
+    end, parts, t = rate * duration, [], 0.0
+    while t < end:
+        gaps = np.cumsum(rng.standard_exponential(ARRIVAL_BLOCK)) + t
+        parts.append(gaps)
+        t = float(gaps[-1])
+    unit = np.concatenate(parts)
+    return unit[unit < end] / rate
 
 
 def read_arrivals(path: str | Path) -> np.ndarray:

@@ -39,6 +39,8 @@ for _shape in (
     # at most 4 of 8 expert groups; 129,280 tokens.
     _preset("deepseek-v3", "deepseek_v3", 61, 3, 256, 8, 129280, shared_experts=1,
             num_expert_groups=8, topk_groups=4),
+    # GPT-OSS-20B: 24 layers, all MoE; 32 experts, top-4; 201,088 tokens.
+    _preset("gpt-oss-20b", "gpt_oss", 24, 0, 32, 4, 201088),
 ):
     PRESETS.add(_shape.model, _shape)
 
@@ -46,4 +48,4 @@ for _shape in (
 # state weighs in the communication model. Kept beside the presets rather than in the trace
 # metadata, so synthetic traces stay as they were.
 HIDDEN_SIZES = {"mixtral-8x7b": 4096, "deepseek-v2-lite": 2048, "olmoe-1b-7b": 2048,
-                "qwen3-30b-a3b": 2048, "deepseek-v3": 7168}
+                "qwen3-30b-a3b": 2048, "deepseek-v3": 7168, "gpt-oss-20b": 2880}

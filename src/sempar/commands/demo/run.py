@@ -24,7 +24,7 @@ def run_demo(out_dir: Path, force: bool = False) -> dict:
     folder sempar did not write is refused (or moved aside with `force`), never deleted."""
     summary: dict = {"stages": {}, "seconds": {}}
     with atomic_folder(out_dir, "demo", force=force) as tmp:
-        ctx = DemoContext(work=Path(tmp), report=HtmlReport("sempar demo"))
+        ctx = DemoContext(work=Path(tmp), report=HtmlReport("sempar demo"), out=Path(out_dir))
         with steps("demo", len(STAGES)) as step:
             for name in STAGES:
                 step(name)

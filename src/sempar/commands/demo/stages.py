@@ -26,6 +26,7 @@ DEFAULT_SEED = 2026
 class DemoContext:
     work: Path                      # temporary folder; moved onto the --out folder at the end
     report: HtmlReport
+    out: Path | None = None         # the --out folder: where printed commands find its files
     results: dict = field(default_factory=dict)
     step: Callable[[str], None] = lambda _m: None
 

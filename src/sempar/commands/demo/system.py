@@ -146,9 +146,10 @@ def stage_bench(ctx: DemoContext) -> dict | None:
 
 
 @STAGES.register("serve")
-@on_moe64
-def stage_serve(ctx: DemoContext, name: str, trace) -> dict:
-    """Serving forecast and plan (sempar.serving); its section opens the report."""
+def stage_serve(ctx: DemoContext) -> dict | None:
+    """Serving plan on real-model routing (sempar.serving.demo); its answer opens the report.
+    Skipped (said in the report) without shared/data/real."""
+    from sempar.paths import real_data_dir
     from sempar.serving.demo import run_stage
 
-    return run_stage(ctx, name, trace)
+    return run_stage(ctx, real_data_dir())
