@@ -89,6 +89,8 @@ class RequestPolicy:
     def reset(self) -> None:
         """Forget the streaming state: empty queues, a fresh round."""
         self.queued = [0] * self.num_ranks          # tokens submitted and not completed, per rank
+        self._allowed: Sequence[bool] | None = None
+        self.last_row: list[float] = []
         self._state_reset()
 
     def _state_reset(self) -> None:
@@ -127,11 +129,21 @@ class RequestPolicy:
         sc = self.scores(tok, off) if self.needs_scores else np.empty((lens.size, 0), np.float32)
         return np.asarray(self._assign(sc, lens), np.int32)
 
-    def submit(self, token_ids: np.ndarray) -> int:
-        """The rank of one newly arrived request (token_ids int[n]); its tokens join that queue."""
+    def submit(self, token_ids: np.ndarray, allowed: Sequence[bool] | None = None) -> int:
+        """The rank of one newly arrived request (token_ids int[n]); its tokens join that queue.
+
+        `allowed` bool[G] (the router's per-rank in-flight bound): ranks marked False are not
+        chosen by the policies that read it (round-robin, least-inflight, expert, expert+prefix);
+        at least one must be True. The last request's score row stays in `last_row` (float[G]).
+        """
         tok = np.asarray(token_ids, np.int64).ravel()
         row = self.scores(tok, np.array([0, tok.size]))[0].tolist() if self.needs_scores else []
-        g = self._choose(row, tok.size)
+        self.last_row = row
+        self._allowed = allowed if allowed is not None and not all(allowed) else None
+        try:
+            g = self._choose(row, tok.size)
+        finally:
+            self._allowed = None
         self.queued[g] += tok.size
         return g
 
@@ -163,7 +175,11 @@ class RoundRobin(RequestPolicy):
         self._next = 0
 
     def _choose(self, row: list[float], n: int) -> int:
-        g, self._next = self._next, (self._next + 1) % self.num_ranks
+        G, ok = self.num_ranks, self._allowed
+        g = self._next
+        if ok is not None:                          # the next rank in turn that may take one
+            g = next((h % G for h in range(g, g + G) if ok[h % G]), g)
+        self._next = (g + 1) % G
         return g
 
     def _assign(self, scores: np.ndarray, lens: np.ndarray) -> np.ndarray:

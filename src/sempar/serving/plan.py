@@ -31,12 +31,13 @@ DEFAULT_METHODS = ("vanilla", "eplb", "moetuner", "exflow", "semmoe", "smoe-cem"
 
 
 DEFAULT_PIPELINES = ("sglang-ep", "exflow", "ds-moe", "smoe", "smoe-exact")
+# The request policies tried by default: the ones plan ranked before the router's load-aware
+# policies joined the registry (`--policies` names any registered one).
+DEFAULT_POLICIES = ("round-robin", "alg2", "balanced")
 
 
 def candidates(methods=None, pipelines=None, policies=None, redundant=(0,)) -> list[Variant]:
     from sempar.placement import SOLVERS
-    from sempar.schedule.requests import REQUEST_POLICIES
-
     methods = [m for m in (methods or DEFAULT_METHODS) if m in SOLVERS]
     pipes = pipelines or [p for p in DEFAULT_PIPELINES if p in PIPELINES]
     for p in pipes:
@@ -46,7 +47,7 @@ def candidates(methods=None, pipelines=None, policies=None, redundant=(0,)) -> l
         pipe = PIPELINES.get(pname)
         if pipe.attention == "dp":
             pols = [(p, "none" if p == "round-robin" else "online")
-                    for p in (policies or REQUEST_POLICIES.names())]
+                    for p in (policies or DEFAULT_POLICIES)]
         else:
             pols = [("alg2", "online" if pipe.scheduled else "none")]
         for m in methods:
