@@ -50,7 +50,7 @@ def test_expert_keeps_stream_totals_within_slack_and_follows_affinity():
     assert (r == dom).mean() > 0.8                       # random domains: affinity mostly wins
 
 
-@pytest.mark.parametrize("name", ("round-robin",) + NEW)
+@pytest.mark.parametrize("name", ("round-robin", "alg2", "balanced") + NEW)
 def test_the_in_flight_mask_is_obeyed(name):
     G = 4
     pol = make_router_policy(name, G, random_table(np.random.default_rng(1), G))
@@ -100,3 +100,16 @@ def test_router_command_only_when_the_policy_is_not_the_engines():
         "--dp-size 4 --model-dir m --policy expert --port 30080")
     assert router_command("p.json", "http://h:1", "sglang", 4, "m", policy="round-robin") is None
     assert router_command("p.json", "http://h:1", "vllm", 4, "m", policy="least-inflight") is None
+
+
+def test_plan_prints_the_router_command_unless_the_policy_is_sglangs():
+    from sempar.serving.plan import commands
+    from sempar.serving.systems import Variant
+
+    cfg = {"token_budget": 4096, "instances": 1, "max_running": 64}
+    for policy, want in (("alg2", True), ("expert", True), ("round-robin", False)):
+        lines = commands(Variant("sempar", "sglang-ep", policy, "online"), 4, 1, "t.parquet", cfg, 6)
+        routers = [x for x in lines if x.startswith("sempar router ")]
+        assert bool(routers) == want
+        if want:
+            assert f"--policy {policy}" in routers[0] and "--dp-size 4" in routers[0]

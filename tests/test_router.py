@@ -237,3 +237,18 @@ def test_start_up_refusals(placement_file, tmp_path):
     for kw in ({"upstream": "ftp://x"}, {"upstream": "http://h:1/v1"}, {"dp_size": 0}):
         with pytest.raises(InputError):
             RouterConfig(**{"upstream": "http://127.0.0.1:1", "engine": "sglang", "dp_size": G, **kw})
+
+
+def test_cli_refuses_bad_start_up_in_one_line_exit_2(placement_file, tmp_path):
+    from conftest import run_cli
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1]")
+    base = ["router", "--upstream", "http://127.0.0.1:1", "--engine", "sglang", "--dp-size", "4",
+            "--model-dir", str(MODEL)]
+    for extra, what in [(["--placement", str(bad)], "not a placement"),
+                        (["--placement", str(placement_file), "--policy", "nope"], "router policy"),
+                        (["--placement", str(placement_file), "--engine", "tgi"], "engine")]:
+        r = run_cli(*base, *extra)
+        assert r.returncode == 2 and what in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert r.stdout == ""

@@ -20,6 +20,8 @@ import json
 import logging
 import time
 
+import asyncio
+
 import anyio
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -83,6 +85,12 @@ class RouterState:
         _, infl_req, infl_tok = self.metrics.by_rank[g]
         infl_req.dec()
         infl_tok.dec(n)
+
+
+async def _disconnected(receive) -> None:
+    """Returns when the client has gone (the body is already read: nothing else arrives)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class Routed(StreamingResponse):
@@ -189,12 +197,42 @@ def build_app(cfg: RouterConfig, policy, tokenizer: PromptTokenizer) -> Starlett
             extra = {st.engine.header: str(g)}
         headers = forward_headers(request.headers.items(), extra)
         try:
-            return await relay(request, route, headers, raw, rid, g, n, release)
+            return await relay(request, route, headers, raw, rid, g, n, release,
+                               bool(body.get("stream")))
         except BaseException:                      # cancelled before a response existed
             release()
             raise
 
-    async def relay(request, path, headers, raw, rid, g, n, release) -> Response:
+    async def whole(request, up, out_headers, rid, g, n, t0, path, release) -> Response:
+        """A non-streamed answer: read whole (fewer writes than a stream), the client's
+        disconnect watched meanwhile so a gone client still cancels the upstream."""
+        read = asyncio.ensure_future(up.read())
+        gone = asyncio.ensure_future(_disconnected(request.receive))
+        try:
+            await asyncio.wait((read, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():
+                st.metrics.errors.labels("client_gone").inc()
+                return Response(status_code=499)
+            try:
+                data = read.result()
+            except Exception as err:            # noqa: BLE001 - cut mid-body: nothing sent yet
+                timeout = isinstance(err, TimeoutError)
+                kind = "upstream_timeout" if timeout else "upstream_down"
+                st.metrics.errors.labels(kind).inc()
+                return error(504 if timeout else 502, f"upstream {kind.split('_')[1]} mid-answer",
+                             kind)
+        finally:
+            for t in (read, gone):
+                t.cancel()
+            up.close() if not read.done() or read.cancelled() else up.release()
+            release()
+            dt = time.perf_counter() - t0
+            st.metrics.total.observe(dt)
+            log.info(json.dumps({"event": "done", "request": rid, "path": path, "rank": g,
+                                 "tokens": n, "status": up.status, "seconds": round(dt, 6)}))
+        return Response(data, status_code=up.status, headers=out_headers)
+
+    async def relay(request, path, headers, raw, rid, g, n, release, stream=True) -> Response:
         t0 = time.perf_counter()
         try:
             up = await st.upstream.open(request.method, path, headers, raw)
@@ -208,6 +246,8 @@ def build_app(cfg: RouterConfig, policy, tokenizer: PromptTokenizer) -> Starlett
                          f": {str(err).splitlines()[0]}", kind)
         st.metrics.first_byte.observe(time.perf_counter() - t0)
         out_headers = {k: v for k, v in up.headers.items() if k.lower() not in RESPONSE_DROP}
+        if not stream:
+            return await whole(request, up, out_headers, rid, g, n, t0, path, release)
 
         ok = cut = False
 

@@ -30,6 +30,9 @@ ROUTER_POLICIES.add("least-inflight", RouterPolicy("least-inflight", False,
                                                    "fewest in-flight tokens"))
 ROUTER_POLICIES.add("expert+prefix", RouterPolicy("expert+prefix", True,
                                                   "expert plus a prefix-cache affinity term"))
+ROUTER_POLICIES.add("alg2", RouterPolicy("alg2", True, "Sem-MoE Alg. 2 as written (rounds of G)"))
+ROUTER_POLICIES.add("balanced", RouterPolicy("balanced", True,
+                                             "Alg. 2's scores within in-flight token bounds"))
 
 
 def make_router_policy(name: str, dp_size: int, table):

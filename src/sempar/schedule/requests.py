@@ -133,8 +133,7 @@ class RequestPolicy:
         """The rank of one newly arrived request (token_ids int[n]); its tokens join that queue.
 
         `allowed` bool[G] (the router's per-rank in-flight bound): ranks marked False are not
-        chosen by the policies that read it (round-robin, least-inflight, expert, expert+prefix);
-        at least one must be True. The last request's score row stays in `last_row` (float[G]).
+        chosen; at least one must be True. The last request's score row stays in `last_row` (float[G]).
         """
         tok = np.asarray(token_ids, np.int64).ravel()
         row = self.scores(tok, np.array([0, tok.size]))[0].tolist() if self.needs_scores else []
@@ -194,10 +193,12 @@ class Alg2(RequestPolicy):
         self._mask = [True] * self.num_ranks      # True = the rank may still take one this round
 
     def _choose(self, row: list[float], n: int) -> int:
-        best, bs = -1, -np.inf
+        best, bs, ok = -1, -np.inf, self._allowed
         for g, (m, s) in enumerate(zip(self._mask, row)):
-            if m and s > bs:                       # first maximum wins, as np.argmax
+            if m and s > bs and (ok is None or ok[g]):   # first maximum wins, as np.argmax
                 best, bs = g, s
+        if best < 0:                               # every unmasked rank is at its bound
+            best = ok.index(True)
         self._mask[best] = False
         if not any(self._mask):
             self._mask = [True] * self.num_ranks
@@ -244,12 +245,14 @@ class Balanced(RequestPolicy):
         self.assigned = [0] * self.num_ranks       # tokens ever submitted, per rank
 
     def _choose(self, row: list[float], n: int) -> int:
-        q = self.queued
+        q, ok = self.queued, self._allowed
         if max(row) <= 0.0:                        # nothing known about it: balance only
             g = q.index(min(q))
         else:
             g = self._pick(sorted(range(self.num_ranks), key=row.__getitem__, reverse=True),
                            q, self.assigned, n, sum(q), sum(self.assigned))
+        if ok is not None and not ok[g]:           # at the router's bound: least loaded allowed
+            g = min((h for h in range(self.num_ranks) if ok[h]), key=q.__getitem__)
         self.assigned[g] += n
         return g
 

@@ -78,9 +78,12 @@ def commands(v: Variant, G: int, nodes: int, trace: str, cfg: dict, hidden_layer
     if v.pipeline not in ("sglang-ep", "attn-dp"):
         out.append(f"# pipeline {v.pipeline} is not an upstream SGLang mode: it needs an engine "
                    "that runs it (sempar's runtime measures it with `sempar bench`)")
-    if pipe.attention == "dp" and v.policy != "round-robin":
-        out.append(f"# request policy {v.policy}: a router in front of the DP ranks sends each "
-                   "request to the rank sempar.schedule.requests picks (not an SGLang flag)")
+    if pipe.attention == "dp":                  # `sempar router` when not SGLang's own policy
+        from sempar.router.policies import router_command
+
+        cmd = router_command("placement.json", "http://127.0.0.1:30000", "sglang", G,
+                             "MODEL", policy=v.policy)
+        out += [cmd] if cmd else []
     return out
 
 
