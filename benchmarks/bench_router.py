@@ -104,6 +104,23 @@ def quality(routers: list[int], ep: int = 4) -> dict:
                 "requests_max_mean": cnt.max() / cnt.mean(), "requests_min_mean": cnt.min() / cnt.mean(),
                 "tokens_max_mean": tk.max() / tk.mean(), "tokens_min_mean": tk.min() / tk.mean(),
                 "prefix_hit_share": prefix_hits(tok, off, r, G)}
+    # Shared prefixes, as system prompts give: request i starts with system prompt i mod 8 of
+    # 256 ids the table does not know (so the experts' scores are unchanged, only the prefix
+    # term can act).
+    rng = np.random.default_rng(0)
+    sys_prompts = [rng.integers(1 << 30, (1 << 30) + 1000, 256) for _ in range(8)]
+    ptok = np.concatenate([np.concatenate([sys_prompts[i % 8], tok[off[i]:off[i + 1]]])
+                           for i in range(lens.size)])
+    poff = np.concatenate([[0], np.cumsum(lens + 256)])
+    for name in ("round-robin", "least-inflight", "expert", "expert+prefix"):
+        pol = make_policy(name, G, p.token_table)
+        r = replay(pol, ptok, poff, pol.window)
+        cnt, tk = np.bincount(r, minlength=G), np.bincount(r, weights=lens + 256, minlength=G)
+        out["policies"][f"{name} +sys"] = {
+            "lar": lar(r), "share_of_ceiling": lar(r) / ceiling,
+            "requests_max_mean": cnt.max() / cnt.mean(), "requests_min_mean": cnt.min() / cnt.mean(),
+            "tokens_max_mean": tk.max() / tk.mean(), "tokens_min_mean": tk.min() / tk.mean(),
+            "prefix_hit_share": prefix_hits(ptok, poff, r, G)}
     base = out["policies"]["round-robin x1"]["lar"]
     for v in out["policies"].values():
         v["ratio_to_round_robin"] = v["lar"] / base
