@@ -116,6 +116,8 @@ class RequestPolicy:
         else:
             pos, seen = self.table.index(tok)
             idx = np.where(seen, pos, self.S.shape[0] - 1)
+        if R == 1:                                 # one request (the router's submit): a gather
+            return self.S[idx].sum(axis=0, dtype=np.float32).reshape(1, self.num_ranks)
         itype = np.int32 if tok.size < 2**31 else np.int64
         A = sp.csr_matrix((np.ones(tok.size, np.float32), idx.astype(itype, copy=False),
                            off.astype(itype)), shape=(R, self.S.shape[0]))
