@@ -252,3 +252,29 @@ def test_cli_refuses_bad_start_up_in_one_line_exit_2(placement_file, tmp_path):
         r = run_cli(*base, *extra)
         assert r.returncode == 2 and what in r.stderr and len(r.stderr.strip().splitlines()) == 1
         assert r.stdout == ""
+
+
+def test_graceful_shutdown_finishes_the_stream_in_flight(placement_file):
+    import threading
+
+    fake = FakeEngine(gated=True)
+    up_url, up_stop = serve_in_thread(fake.app)
+    cfg = RouterConfig(upstream=up_url, engine="sglang", dp_size=G)
+    url, stop = serve_in_thread(load_router(cfg, str(placement_file), str(MODEL)), graceful_s=5)
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=chat("cat", stream=True),
+                          timeout=10) as r:
+            it = r.iter_raw()
+            first = next(it)
+            stopper = threading.Thread(target=stop)
+            stopper.start()                               # shutdown begins mid-stream
+            time.sleep(0.3)
+            with pytest.raises(httpx.TransportError):     # no new requests meanwhile
+                httpx.post(url + "/v1/completions", json={"prompt": "cat"}, timeout=2)
+            fake.go._loop.call_soon_threadsafe(fake.go.set)
+            rest = b"".join(it)
+        assert first + rest == b"".join(sse_events(3))   # the stream ran to its end
+        stopper.join(10)
+        assert not stopper.is_alive()
+    finally:
+        up_stop()
