@@ -40,7 +40,9 @@ RESPONSE_DROP = frozenset({"connection", "keep-alive", "transfer-encoding", "con
 
 
 def error(status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:
-    """An OpenAI-style error body: {"error": {"message", "type", "code"}} (one line)."""
+    """An OpenAI-style error body: {"error": {"message", "type", "code"}} (one line), logged
+    (the message names no header and carries no prompt text)."""
+    log.info(json.dumps({"event": "refused", "status": status, "kind": kind}))
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}},
                         status_code=status, headers=headers)
 
@@ -323,6 +325,7 @@ def build_app(cfg: RouterConfig, policy, tokenizer: PromptTokenizer) -> Starlett
         try:
             yield
         finally:
+            log.info(json.dumps({"event": "stop", "inflight_requests": st.inflight}))
             await st.upstream.close()
             if st.routing_log is not None:
                 st.routing_log.close()
