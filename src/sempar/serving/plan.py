@@ -10,10 +10,11 @@ Two stages, because a full rate sweep per candidate is the expensive part:
    (default: TTFT and E2E, Sem-MoE's pair), with the SLOs at 5x the lightest load of SGLang's
    baseline (vanilla placement, round-robin, sglang-ep) on the first EP size unless given.
 
-Candidates come from the registries (placement SOLVERS, comm PIPELINES, REQUEST_POLICIES), so a
-solver or pipeline registered later is planned for without a change here. Attention-DP pipelines
-take every request policy (round-robin with vanilla homes, the others with the online
-schedulers); Attention-TP pipelines re-batch when they can (`pipeline.scheduled`).
+Candidates come from the registries (placement SOLVERS, comm PIPELINES), so a solver or pipeline
+registered later is planned for without a change here. Attention-DP pipelines take the request
+policies `DEFAULT_POLICIES` or any of REQUEST_POLICIES named by `--policies` (round-robin with
+vanilla homes, the others with the online schedulers; the printed deployment then includes the
+`sempar router` line); Attention-TP pipelines re-batch when they can (`pipeline.scheduled`).
 """
 
 from __future__ import annotations
