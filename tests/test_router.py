@@ -278,3 +278,31 @@ def test_graceful_shutdown_finishes_the_stream_in_flight(placement_file):
         assert not stopper.is_alive()
     finally:
         up_stop()
+
+
+@pytest.mark.slow                                      # ~10 s on the loaded 2-core machine
+@pytest.mark.parametrize("stack", [{"max_inflight_per_rank": 3}], indirect=True)
+def test_load_bounded_count_every_request_answered_and_counters_back_to_zero(stack):
+    import asyncio
+
+    url, fake, st, log = stack
+    N, C = 200, 24                                       # bounded: 200 requests, 24 at a time
+    prompts = ["cat dog cat", "sun moon sun", "hello there", "cat sun"]
+
+    async def run() -> list[int]:
+        async with httpx.AsyncClient(timeout=20) as c:
+            sem = asyncio.Semaphore(C)
+
+            async def one(i: int) -> int:
+                async with sem:
+                    body = {"model": "m", "prompt": prompts[i % 4], "stream": i % 3 == 0}
+                    r = await c.post(url + "/v1/completions", json=body)
+                    return r.status_code
+            return await asyncio.gather(*[one(i) for i in range(N)])
+    codes = asyncio.run(asyncio.wait_for(run(), 60))
+    assert set(codes) <= {200, 429} and codes.count(200) == len(fake.received)
+    assert settled(st)
+    m = httpx.get(url + "/metrics", timeout=10).text
+    routed = sum(float(x.split()[-1]) for x in m.splitlines()
+                 if x.startswith("sempar_router_requests_total{"))
+    assert routed == codes.count(200) == len(log.read_text().splitlines())
