@@ -140,11 +140,16 @@ def test_bad_input_is_4xx_in_one_line(stack):
     url, fake, st, _ = stack
     cases = [(b"{not json", 400, "bad_json"), (b"[1, 2]", 400, "bad_json"),
              (json.dumps({"model": "m"}).encode(), 400, "no_prompt"),
-             (json.dumps({"messages": "hi"}).encode(), 400, "no_prompt")]
+             (json.dumps({"messages": "hi"}).encode(), 400, "no_prompt"),
+             (b"[" * 100000, 400, "bad_json"),
+             (json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(), 400,
+              "no_prompt")]
     for body, code, kind in cases:
         r = httpx.post(url + "/v1/chat/completions", content=body, timeout=10)
         assert r.status_code == code and r.json()["error"]["type"] == kind
         assert "\n" not in r.text
+    r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2**70]}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "no_prompt"
     r = httpx.post(url + "/v1/nope", json={}, timeout=10)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
     assert httpx.get(url + "/v1/chat/completions", timeout=10).status_code == 405

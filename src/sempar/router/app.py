@@ -165,7 +165,7 @@ def build_app(cfg: RouterConfig, policy, tokenizer: PromptTokenizer) -> Starlett
             body = json.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("the body is not a JSON object")
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:
             st.metrics.errors.labels("bad_json").inc()
             return error(400, f"invalid JSON body: {str(err).splitlines()[0]}", "bad_json")
         route = request.url.path

@@ -67,7 +67,10 @@ class PromptTokenizer:
         else:                                          # SGLang /generate: text or input_ids
             src = "input_ids" if body.get("input_ids") is not None else "text"
             ids = self._prompt(body.get(src), src)
-        return np.asarray(ids, np.int64)
+        try:
+            return np.asarray(ids, np.int64)
+        except OverflowError:
+            raise PromptError("a token id is outside the 64-bit range") from None
 
     def _prompt(self, p, name: str) -> list[int]:
         """A prompt as text, a list of texts, token ids or a list of token-id lists (a batch
