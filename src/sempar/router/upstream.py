@@ -1,7 +1,7 @@
 """`Upstream`: the engine's HTTP server, reached through one pooled aiohttp client session.
 
 aiohttp rather than httpx: on this 2-core machine one process posting 512-token prompts to a
-loopback upstream, 16 at a time, made 3,121 requests/s with aiohttp and 385 with httpx
+loopback upstream, 16 at a time, made ~7,000 requests/s with aiohttp and ~640 with httpx
 (benchmarks/bench_router.py measures both; docs/router.md). Responses are not decompressed
 (`auto_decompress=False`), so the bytes the client gets are the engine's.
 """
