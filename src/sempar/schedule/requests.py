@@ -89,6 +89,8 @@ class RequestPolicy:
     def reset(self) -> None:
         """Forget the streaming state: empty queues, a fresh round."""
         self.queued = [0] * self.num_ranks          # tokens submitted and not completed, per rank
+        self._allowed: Sequence[bool] | None = None
+        self.last_row: list[float] = []
         self._state_reset()
 
     def _state_reset(self) -> None:
@@ -114,6 +116,8 @@ class RequestPolicy:
         else:
             pos, seen = self.table.index(tok)
             idx = np.where(seen, pos, self.S.shape[0] - 1)
+        if R == 1:                                 # one request (the router's submit): a gather
+            return self.S[idx].sum(axis=0, dtype=np.float32).reshape(1, self.num_ranks)
         itype = np.int32 if tok.size < 2**31 else np.int64
         A = sp.csr_matrix((np.ones(tok.size, np.float32), idx.astype(itype, copy=False),
                            off.astype(itype)), shape=(R, self.S.shape[0]))
@@ -127,11 +131,20 @@ class RequestPolicy:
         sc = self.scores(tok, off) if self.needs_scores else np.empty((lens.size, 0), np.float32)
         return np.asarray(self._assign(sc, lens), np.int32)
 
-    def submit(self, token_ids: np.ndarray) -> int:
-        """The rank of one newly arrived request (token_ids int[n]); its tokens join that queue."""
+    def submit(self, token_ids: np.ndarray, allowed: Sequence[bool] | None = None) -> int:
+        """The rank of one newly arrived request (token_ids int[n]); its tokens join that queue.
+
+        `allowed` bool[G] (the router's per-rank in-flight bound): ranks marked False are not
+        chosen; at least one must be True. The last request's score row stays in `last_row` (float[G]).
+        """
         tok = np.asarray(token_ids, np.int64).ravel()
         row = self.scores(tok, np.array([0, tok.size]))[0].tolist() if self.needs_scores else []
-        g = self._choose(row, tok.size)
+        self.last_row = row
+        self._allowed = allowed if allowed is not None and not all(allowed) else None
+        try:
+            g = self._choose(row, tok.size)
+        finally:
+            self._allowed = None
         self.queued[g] += tok.size
         return g
 
@@ -163,7 +176,11 @@ class RoundRobin(RequestPolicy):
         self._next = 0
 
     def _choose(self, row: list[float], n: int) -> int:
-        g, self._next = self._next, (self._next + 1) % self.num_ranks
+        G, ok = self.num_ranks, self._allowed
+        g = self._next
+        if ok is not None:                          # the next rank in turn that may take one
+            g = next((h % G for h in range(g, g + G) if ok[h % G]), g)
+        self._next = (g + 1) % G
         return g
 
     def _assign(self, scores: np.ndarray, lens: np.ndarray) -> np.ndarray:
@@ -178,10 +195,12 @@ class Alg2(RequestPolicy):
         self._mask = [True] * self.num_ranks      # True = the rank may still take one this round
 
     def _choose(self, row: list[float], n: int) -> int:
-        best, bs = -1, -np.inf
+        best, bs, ok = -1, -np.inf, self._allowed
         for g, (m, s) in enumerate(zip(self._mask, row)):
-            if m and s > bs:                       # first maximum wins, as np.argmax
+            if m and s > bs and (ok is None or ok[g]):   # first maximum wins, as np.argmax
                 best, bs = g, s
+        if best < 0:                               # every unmasked rank is at its bound
+            best = ok.index(True)
         self._mask[best] = False
         if not any(self._mask):
             self._mask = [True] * self.num_ranks
@@ -228,12 +247,14 @@ class Balanced(RequestPolicy):
         self.assigned = [0] * self.num_ranks       # tokens ever submitted, per rank
 
     def _choose(self, row: list[float], n: int) -> int:
-        q = self.queued
+        q, ok = self.queued, self._allowed
         if max(row) <= 0.0:                        # nothing known about it: balance only
             g = q.index(min(q))
         else:
             g = self._pick(sorted(range(self.num_ranks), key=row.__getitem__, reverse=True),
                            q, self.assigned, n, sum(q), sum(self.assigned))
+        if ok is not None and not ok[g]:           # at the router's bound: least loaded allowed
+            g = min((h for h in range(self.num_ranks) if ok[h]), key=q.__getitem__)
         self.assigned[g] += n
         return g
 

@@ -85,7 +85,10 @@ def commands(v: Variant, G: int, nodes: int, trace: str, model: str, placement, 
     r = v.redundant_slots(G)
     pipe = PIPELINES.get(v.pipeline)
     out, notes, location = [], [], None
-    if v.placement != "vanilla" or r:
+    # SGLang places requests round-robin; any other policy is `sempar router` in front of the DP
+    # ranks, reading the placement file's token tables (so the file is written even if vanilla).
+    routed = pipe.attention == "dp" and v.policy != "round-robin"
+    if v.placement != "vanilla" or r or routed:
         out.append(shlex.join(["sempar", "place", "--trace", trace, "--fit-fraction",
                                str(FIT_FRACTION), "--seed", str(seed), "--method", v.placement,
                                "--ep", str(G), "--nodes", str(nodes), "--redundant", str(r),
@@ -113,9 +116,10 @@ def commands(v: Variant, G: int, nodes: int, trace: str, model: str, placement, 
     if v.pipeline not in UPSTREAM_PIPELINES:
         out.append(f"# pipeline {v.pipeline} is not an upstream SGLang mode: it needs an engine "
                    "that runs it (sempar's runtime measures it with `sempar bench`)")
-    if pipe.attention == "dp" and v.policy != "round-robin":
-        # ROUTER LINE (#29): `router_command(...)` goes here, in place of this note, when the
-        # request policy is not the engine's own.
-        out.append(f"# request policy {v.policy}: a router in front of the DP ranks sends each "
-                   "request to the rank sempar.schedule.requests picks (not an SGLang flag)")
+    if routed:
+        from sempar.router.policies import router_command
+
+        line = router_command("placement.json", "http://127.0.0.1:30000", "sglang", G,
+                              model_path(model), policy=v.policy)
+        out += [line] if line else []
     return out

@@ -15,10 +15,11 @@ Two stages, because a full rate sweep per candidate is the expensive part:
    tolerance), and among the deployments within it of the leader the simplest is recommended
    (choose.py), which the result says.
 
-Candidates come from the registries (placement SOLVERS, comm PIPELINES, REQUEST_POLICIES), so a
-solver or pipeline registered later is planned for without a change here. Attention-DP pipelines
-take every request policy (round-robin with vanilla homes, the others with the online
-schedulers); Attention-TP pipelines re-batch when they can (`pipeline.scheduled`).
+Candidates come from the registries (placement SOLVERS, comm PIPELINES), so a solver or pipeline
+registered later is planned for without a change here. Attention-DP pipelines take the request
+policies `DEFAULT_POLICIES` or any of REQUEST_POLICIES named by `--policies` (round-robin with
+vanilla homes, the others with the online schedulers; the printed deployment then includes the
+`sempar router` line); Attention-TP pipelines re-batch when they can (`pipeline.scheduled`).
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ DEFAULT_METHODS = ("vanilla", "eplb", "moetuner", "exflow", "semmoe", "smoe-cem"
 
 
 DEFAULT_PIPELINES = ("sglang-ep", "exflow", "ds-moe", "smoe", "smoe-exact")
+# The request policies tried by default: the ones plan ranked before the router's load-aware
+# policies joined the registry (`--policies` names any registered one).
+DEFAULT_POLICIES = ("round-robin", "alg2", "balanced")
 
 
 def candidates(methods=None, pipelines=None, policies=None, redundant=(0,)) -> list[Variant]:
     from sempar.placement import SOLVERS
-    from sempar.schedule.requests import REQUEST_POLICIES
-
     methods = [m for m in (methods or DEFAULT_METHODS) if m in SOLVERS]
     pipes = pipelines or [p for p in DEFAULT_PIPELINES if p in PIPELINES]
     for p in pipes:
@@ -56,7 +58,7 @@ def candidates(methods=None, pipelines=None, policies=None, redundant=(0,)) -> l
         pipe = PIPELINES.get(pname)
         if pipe.attention == "dp":
             pols = [(p, "none" if p == "round-robin" else "online")
-                    for p in (policies or REQUEST_POLICIES.names())]
+                    for p in (policies or DEFAULT_POLICIES)]
         else:
             pols = [("alg2", "online" if pipe.scheduled else "none")]
         for m in methods:

@@ -1,0 +1,342 @@
+"""Benchmark: `sempar router` (issue 29). Reports figures; asserts nothing.
+
+(a) quality: GPT-OSS-20B's real routing (shared/data/real/full-traces/gpt-oss-20b-mmlu.npz,
+    imported with `import_arrays`), split 20/80 by request as `evaluate --split` does (seed 0),
+    `sempar` placement solved on the fit part in dp mode at EP 4, the held-out requests replayed
+    in arrival order through each policy's streaming form (`submit` / `complete`, the router's
+    code path; completions FIFO after 8 G requests in flight). Per policy: dp LAR, its share of
+    the balanced request-level ceiling (`oracle_home_dp`: each round of G requests matched to
+    the ranks knowing the real routing), its ratio to round-robin, per-rank requests and tokens
+    max / mean and min / mean, and the prefix-cache hit share (each rank an LRU of 32-token
+    block prefixes, 8,192 blocks, as `PrefixCache`). Then K routers side by side behind a
+    round-robin balancer (each its own policy state, seeing every K-th request): the same.
+(b) overhead, on loopback: an upstream answering at once (this file, `--serve-upstream`, a raw
+    ASGI app under uvicorn in its own process), the router as `sempar router` in its own
+    process (tiny-moe64's tokenizer, a random token table of 8,000 tokens), prompts of 512
+    tokens as text: closed-loop requests/s through the router and direct; open-loop latency at
+    a fixed rate (router minus direct, p50 / p99); time to the first streamed byte (router minus
+    direct, median); and the upstream clients (aiohttp, httpx) forwarding alone.
+
+    python benchmarks/bench_router.py [--part quality|overhead|all] [--routers 1,2,4]
+        [--rate 200] [--seconds 5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+MODEL = Path(__file__).resolve().parents[1] / "src/sempar/assets/models/tiny-moe64"
+POLICIES = ("round-robin", "least-inflight", "alg2", "balanced", "expert", "expert+prefix")
+
+
+# -- (a) quality ------------------------------------------------------------------------------
+
+def replay(pol, tok, off, window, routers: int = 1, make=None) -> np.ndarray:
+    """int32[R]: ranks from the streaming form; with `routers` K > 1, request i goes to router
+    i mod K, each with its own state (`make()` builds one) and its own FIFO window."""
+    pols = [pol] + [make() for _ in range(routers - 1)]
+    mine: list[list[int]] = [[] for _ in pols]
+    out = np.empty(off.size - 1, np.int32)
+    for i in range(off.size - 1):
+        k = i % len(pols)
+        p, own = pols[k], mine[k]
+        if len(own) >= window:
+            j = own[-window]
+            p.complete(int(out[j]), int(off[j + 1] - off[j]))
+        out[i] = p.submit(tok[off[i]:off[i + 1]])
+        own.append(i)
+    return out
+
+
+def prefix_hits(tok, off, ranks, G) -> float:
+    from sempar.schedule.load_policies import PrefixCache
+
+    cache, hit, tot = PrefixCache(G), 0, 0
+    for i in range(off.size - 1):
+        h = cache.hashes(tok[off[i]:off[i + 1]])
+        hit += cache.match(int(ranks[i]), h) * cache.block
+        tot += int(off[i + 1] - off[i])
+        cache.insert(int(ranks[i]), h)
+    return hit / max(tot, 1)
+
+
+def quality(routers: list[int], ep: int = 4) -> dict:
+    from bench_placement_real import load_real
+    from sempar.placement import solve
+    from sempar.placement.metrics import placement_figures
+    from sempar.schedule.homes import home_from_ranks, oracle_home_dp
+    from sempar.schedule.requests import make_policy, request_arrays
+    from sempar.trace import split_by_request
+
+    with tempfile.TemporaryDirectory() as d:
+        traces = load_real(["gpt-oss-20b-mmlu"], d)
+    if not traces:
+        return {"skipped": "gpt-oss-20b-mmlu.npz is absent"}
+    fit, ev = split_by_request(traces["gpt-oss-20b-mmlu"], seed=0)
+    p = solve("sempar", fit, num_devices=ep, mode="dp")
+    L, G = ev.meta.num_layers, ep
+    tok, off, _ = request_arrays(ev.request_id, ev.token_id)
+    lens = np.diff(off)
+    lar = lambda r: placement_figures(p, ev.experts, home_from_ranks(ev.request_id, r, L))["lar_mean"]  # noqa: E731
+    ceiling = placement_figures(p, ev.experts, oracle_home_dp(p, ev))["lar_mean"]
+    out = {"requests": int(lens.size), "tokens": int(lens.sum()), "ceiling": ceiling, "policies": {}}
+    for k in routers:
+        for name in POLICIES:
+            make = lambda: make_policy(name, G, p.token_table)   # noqa: E731
+            pol = make()
+            r = replay(pol, tok, off, pol.window, k, make)
+            if k == 1:
+                assert np.array_equal(r, pol.assign(tok, off)), name      # = evaluate's form
+            cnt, tk = np.bincount(r, minlength=G), np.bincount(r, weights=lens, minlength=G)
+            out["policies"][f"{name} x{k}"] = {
+                "lar": lar(r), "share_of_ceiling": lar(r) / ceiling,
+                "requests_max_mean": cnt.max() / cnt.mean(), "requests_min_mean": cnt.min() / cnt.mean(),
+                "tokens_max_mean": tk.max() / tk.mean(), "tokens_min_mean": tk.min() / tk.mean(),
+                "prefix_hit_share": prefix_hits(tok, off, r, G)}
+    # Shared prefixes, as system prompts give: request i starts with system prompt i mod 8 of
+    # 256 ids the table does not know (so the experts' scores are unchanged, only the prefix
+    # term can act).
+    rng = np.random.default_rng(0)
+    sys_prompts = [rng.integers(1 << 30, (1 << 30) + 1000, 256) for _ in range(8)]
+    ptok = np.concatenate([np.concatenate([sys_prompts[i % 8], tok[off[i]:off[i + 1]]])
+                           for i in range(lens.size)])
+    poff = np.concatenate([[0], np.cumsum(lens + 256)])
+    for name in ("round-robin", "least-inflight", "expert", "expert+prefix"):
+        pol = make_policy(name, G, p.token_table)
+        r = replay(pol, ptok, poff, pol.window)
+        cnt, tk = np.bincount(r, minlength=G), np.bincount(r, weights=lens + 256, minlength=G)
+        out["policies"][f"{name} +sys"] = {
+            "lar": lar(r), "share_of_ceiling": lar(r) / ceiling,
+            "requests_max_mean": cnt.max() / cnt.mean(), "requests_min_mean": cnt.min() / cnt.mean(),
+            "tokens_max_mean": tk.max() / tk.mean(), "tokens_min_mean": tk.min() / tk.mean(),
+            "prefix_hit_share": prefix_hits(ptok, poff, r, G)}
+    base = out["policies"]["round-robin x1"]["lar"]
+    for v in out["policies"].values():
+        v["ratio_to_round_robin"] = v["lar"] / base
+    return out
+
+
+# -- (b) overhead -----------------------------------------------------------------------------
+
+def random_placement(G: int, L: int = 6, U: int = 8000, seed: int = 0):
+    """A dp placement for the overhead runs: tiny-moe64's shape, a random token table of U ids."""
+    from sempar.placement.placement import Placement
+    from sempar.predict.token_table import TokenTable
+
+    rng = np.random.default_rng(seed)
+    table = TokenTable(np.sort(rng.choice(16384, U, replace=False)), rng.integers(0, G, (L, U)),
+                       rng.random((L, U)).astype(np.float32))
+    return Placement(np.tile(np.arange(64), (L, 1)), 64, G, method="random", token_table=table)
+
+
+def upstream_app():
+    """A raw ASGI app answering at once: JSON, or 3 SSE events when the body says stream."""
+    body = json.dumps({"id": "x", "object": "text_completion", "choices": [{"text": "ok"}]}).encode()
+    events = [b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n'] * 2 + [b"data: [DONE]\n\n"]
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        raw = b""
+        while True:
+            m = await receive()
+            raw += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        if b'"stream": true' in raw:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            for e in events:
+                await send({"type": "http.response.body", "body": e, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+    return app
+
+
+def wait_port(port: int, proc, timeout: float = 60.0) -> None:
+    import socket
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited: {proc.args}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"port {port} did not open")
+
+
+async def closed_loop(url: str, payload: bytes, n: int, conc: int) -> float:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s:
+        left = iter(range(n))
+
+        async def worker():
+            for _ in left:
+                async with s.post(url, data=payload, headers={"content-type": "application/json"}) as r:
+                    await r.read()
+        t0 = time.perf_counter()
+        await asyncio.gather(*[worker() for _ in range(conc)])
+        return n / (time.perf_counter() - t0)
+
+
+async def open_loop(url: str, payload: bytes, rate: float, seconds: float) -> np.ndarray:
+    import aiohttp
+
+    lat = []
+    async with aiohttp.ClientSession() as s:
+        async def one(t_sched):
+            await asyncio.sleep(max(0.0, t_sched - time.perf_counter()))
+            t = time.perf_counter()
+            async with s.post(url, data=payload, headers={"content-type": "application/json"}) as r:
+                await r.read()
+            lat.append(time.perf_counter() - t)
+        t0 = time.perf_counter() + 0.2
+        await asyncio.gather(*[one(t0 + i / rate) for i in range(int(rate * seconds))])
+    return np.array(lat)
+
+
+async def ttfb(url: str, payload: bytes, n: int) -> np.ndarray:
+    import aiohttp
+
+    out = []
+    async with aiohttp.ClientSession() as s:
+        for _ in range(n):
+            t = time.perf_counter()
+            async with s.post(url, data=payload, headers={"content-type": "application/json"}) as r:
+                await r.content.readany()
+                out.append(time.perf_counter() - t)
+                await r.read()
+    return np.array(out)
+
+
+async def client_rate(kind: str, url: str, payload: bytes, n: int, conc: int = 16) -> float:
+    """Requests/s of one upstream client library forwarding alone (what the router spends)."""
+    if kind == "httpx":
+        import httpx
+
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=conc)) as c:
+            async def go():
+                r = await c.post(url, content=payload, headers={"content-type": "application/json"})
+                await r.aread()
+            return await _rate(go, n, conc)
+    return await closed_loop(url, payload, n, conc)
+
+
+async def _rate(go, n: int, conc: int) -> float:
+    left = iter(range(n))
+
+    async def worker():
+        for _ in left:
+            await go()
+    t0 = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(conc)])
+    return n / (time.perf_counter() - t0)
+
+
+def overhead(rate: float, seconds: float) -> dict:
+    from sempar.router.prompt import PromptTokenizer
+
+    tok = PromptTokenizer(MODEL)
+    words = " ".join(f"w{i} the {i % 97}" for i in range(400))
+    ids = tok.encode(words)[:512]
+    text = tok.tok.decode(ids)
+    payload = json.dumps({"model": "m", "prompt": text, "max_tokens": 1}).encode()
+    stream_payload = json.dumps({"model": "m", "prompt": text, "stream": True}).encode()
+    up_port, r_port = 31811, 31812
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    procs = []
+    with tempfile.TemporaryDirectory() as d:
+        pl = Path(d) / "p.json"
+        random_placement(4).save(pl)
+        try:
+            procs.append(subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(up_port)],
+                                          env=env))
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "sempar.cli", "router", "--placement", str(pl), "--upstream",
+                 f"http://127.0.0.1:{up_port}", "--engine", "sglang", "--dp-size", "4",
+                 "--model-dir", str(MODEL), "--port", str(r_port)], env=env,
+                stderr=subprocess.DEVNULL))
+            wait_port(up_port, procs[0])
+            wait_port(r_port, procs[1])
+            direct = f"http://127.0.0.1:{up_port}/v1/completions"
+            routed = f"http://127.0.0.1:{r_port}/v1/completions"
+            run = asyncio.run
+            run(closed_loop(routed, payload, 200, 8))                      # warm both
+            out = {"prompt_tokens": len(tok.encode(text))}
+            out["req_per_s_direct"] = run(closed_loop(direct, payload, 3000, 32))
+            out["req_per_s_router"] = run(closed_loop(routed, payload, 3000, 32))
+            ld, lr = run(open_loop(direct, payload, rate, seconds)), run(open_loop(routed, payload, rate, seconds))
+            for q in (50, 99):
+                out[f"latency_p{q}_direct_ms"] = float(np.percentile(ld, q) * 1e3)
+                out[f"latency_p{q}_router_ms"] = float(np.percentile(lr, q) * 1e3)
+                out[f"added_p{q}_ms"] = out[f"latency_p{q}_router_ms"] - out[f"latency_p{q}_direct_ms"]
+            fd, fr = run(ttfb(direct, stream_payload, 300)), run(ttfb(routed, stream_payload, 300))
+            out["ttfb_median_direct_ms"] = float(np.median(fd) * 1e3)
+            out["ttfb_median_router_ms"] = float(np.median(fr) * 1e3)
+            out["ttfb_added_ms"] = out["ttfb_median_router_ms"] - out["ttfb_median_direct_ms"]
+            for kind in ("aiohttp", "httpx"):
+                out[f"client_{kind}_req_per_s"] = run(client_rate(kind, direct, payload, 2000))
+        finally:
+            for p in procs:
+                p.terminate()
+                p.wait(30)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--part", default="all", choices=("quality", "overhead", "all"))
+    ap.add_argument("--routers", default="1,2,4")
+    ap.add_argument("--rate", type=float, default=200.0)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.serve_upstream:
+        import uvicorn
+
+        uvicorn.run(upstream_app(), host="127.0.0.1", port=a.serve_upstream, log_level="error",
+                    access_log=False)
+        return
+    res = {"load_average": os.getloadavg()}
+    if a.part in ("quality", "all"):
+        res["quality"] = quality([int(k) for k in a.routers.split(",")])
+    if a.part in ("overhead", "all"):
+        res["overhead"] = overhead(a.rate, a.seconds)
+    if a.json:
+        print(json.dumps(res, indent=1))
+        return
+    print(f"load average {res['load_average']}")
+    q = res.get("quality", {})
+    if "policies" in q:
+        print(f"GPT-OSS-20B held out, EP 4: {q['requests']} requests, {q['tokens']} tokens, "
+              f"balanced request-level ceiling {q['ceiling']:.4f}")
+        print(f"{'policy':<22}{'LAR':>8}{'/ceil':>8}{'/rr':>7}{'req max':>9}{'req min':>9}"
+              f"{'tok max':>9}{'tok min':>9}{'prefix':>8}")
+        for k, v in q["policies"].items():
+            print(f"{k:<22}{v['lar']:>8.4f}{v['share_of_ceiling']:>8.3f}{v['ratio_to_round_robin']:>7.3f}"
+                  f"{v['requests_max_mean']:>9.3f}{v['requests_min_mean']:>9.3f}"
+                  f"{v['tokens_max_mean']:>9.3f}{v['tokens_min_mean']:>9.3f}{v['prefix_hit_share']:>8.4f}")
+    for k, v in res.get("overhead", {}).items():
+        print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
+
+
+if __name__ == "__main__":
+    main()

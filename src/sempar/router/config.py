@@ -1,0 +1,50 @@
+"""`RouterConfig`: every knob of one router process, typed and checked once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from sempar.errors import InputError
+
+MAX_BODY_BYTES = 16 << 20        # 16 MiB: a 128k-token prompt as text is ~0.5 MiB
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """upstream: base URL of the engine's HTTP server (http://host:port, no path); engine: a
+    name of `engines.ENGINES`; dp_size: the engine's data-parallel ranks G; policy: a name of
+    `policies.ROUTER_POLICIES`; max_inflight_per_rank: requests a rank may hold before the
+    router stops sending it more (all ranks full -> 429); max_body_bytes: the request body limit;
+    connect_timeout_s / read_timeout_s: to the upstream (read: between two received chunks);
+    api_key: when set, clients must send `Authorization: Bearer KEY`; log_routing: a JSONL file
+    of (request, tokens, rank); graceful_s: how long shutdown waits for in-flight streams."""
+
+    upstream: str
+    engine: str
+    dp_size: int
+    host: str = "127.0.0.1"
+    port: int = 30080
+    policy: str = "expert"
+    max_inflight_per_rank: int = 256
+    max_body_bytes: int = MAX_BODY_BYTES
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 600.0
+    api_key: str | None = None
+    log_routing: Path | None = None
+    graceful_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        u = urlsplit(self.upstream)
+        if u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/"):
+            raise InputError(f"--upstream: {self.upstream!r} is not http(s)://host:port")
+        object.__setattr__(self, "upstream", self.upstream.rstrip("/"))
+        for name, lo in (("dp_size", 1), ("max_inflight_per_rank", 1), ("max_body_bytes", 1)):
+            if getattr(self, name) < lo:
+                raise InputError(f"--{name.replace('_', '-')}: {getattr(self, name)} (need >= {lo})")
+        if not 0 <= self.port <= 65535:
+            raise InputError(f"--port: {self.port} is not in 0..65535")
+        for name in ("connect_timeout_s", "read_timeout_s", "graceful_s"):
+            if not getattr(self, name) > 0:
+                raise InputError(f"{name}: {getattr(self, name)} (need > 0)")

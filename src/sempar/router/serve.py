@@ -1,0 +1,80 @@
+"""`load_router` checks every input once (placement, tokenizer, policy) and builds the app;
+`serve` runs it under uvicorn (uvloop and httptools when installed) with a graceful shutdown:
+on SIGTERM / SIGINT the listening socket closes, in-flight streams run to their end for up to
+`graceful_s` seconds, then the process exits."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from sempar.errors import InputError
+from sempar.router.config import RouterConfig
+
+
+class JsonLines(logging.Formatter):
+    """A log record as one JSON object: time, level, logger and the message (already JSON for
+    the router's own events, which carry no header and no prompt text)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        try:
+            body = json.loads(msg) if msg.startswith("{") else {"message": msg}
+        except ValueError:
+            body = {"message": msg}
+        return json.dumps({"time": round(record.created, 6), "level": record.levelname.lower(),
+                           "logger": record.name, **body})
+
+
+def load_router(cfg: RouterConfig, placement_path: str, model_dir: str):
+    """The app for `cfg`, or InputError naming the first bad input."""
+    from sempar.placement.placement import Placement
+    from sempar.router.app import build_app
+    from sempar.router.engines import ENGINES
+    from sempar.router.policies import ROUTER_POLICIES, make_router_policy
+    from sempar.router.prompt import PromptTokenizer
+
+    ENGINES.get(cfg.engine)
+    spec = ROUTER_POLICIES.get(cfg.policy)
+    try:
+        placement = Placement.load(placement_path)
+    except InputError:
+        raise
+    except Exception as err:                       # any malformed file: one line, which file
+        raise InputError(f"--placement: {placement_path} is not a sempar placement: "
+                         f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                         ) from None
+    if spec.reads_table and placement.token_table is None:
+        raise InputError(f"--placement: {placement_path} has no token table; policy "
+                         f"{cfg.policy!r} needs one (place with --method sempar --mode dp)")
+    if placement.num_devices != cfg.dp_size:
+        raise InputError(f"--dp-size: {cfg.dp_size}, but the placement is for "
+                         f"{placement.num_devices} ranks")
+    tokenizer = PromptTokenizer(model_dir)
+    policy = make_router_policy(cfg.policy, cfg.dp_size, placement.token_table)
+    if cfg.log_routing is not None:
+        try:
+            open(cfg.log_routing, "a").close()
+        except OSError as err:
+            raise InputError(f"--log-routing: {cfg.log_routing}: {err.strerror}") from None
+    return build_app(cfg, policy, tokenizer)
+
+
+def serve(cfg: RouterConfig, app) -> None:
+    """Run `app` until SIGTERM / SIGINT (uvicorn's handlers), JSON-line logs on stderr."""
+    import uvicorn
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines())
+    log = logging.getLogger("sempar.router")
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    log.info(json.dumps({"event": "start", "host": cfg.host, "port": cfg.port,
+                         "upstream": cfg.upstream, "engine": cfg.engine, "dp_size": cfg.dp_size,
+                         "policy": cfg.policy}))
+    # uvicorn's access log would print request lines; ours (above) are the structured ones.
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False,
+                timeout_graceful_shutdown=cfg.graceful_s, loop="auto", http="auto",
+                limit_concurrency=None, server_header=False, date_header=False)

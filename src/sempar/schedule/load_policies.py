@@ -1,0 +1,208 @@
+"""Request policies for a live router (issue 29): each rank's in-flight load is an input.
+
+Registered in `schedule.requests.REQUEST_POLICIES` beside Alg. 2 and `balanced`, so
+`sempar evaluate --mode dp --online --policy NAME`, `serve-sim` and `sempar router` run the same
+class: the router calls the streaming form (`submit` / `complete` with the real completions), the
+evaluator the batch form (`assign`, completions FIFO after `window` requests), and the two agree
+(tests/test_load_policies.py).
+
+- `least-inflight`: the rank holding the fewest in-flight tokens (ties: the lowest rank). What
+  SGLang's and vLLM's own balancers approximate; the table is not read.
+- `expert` (ours, the router's default): Alg. 2's affinity (the request's row of the score
+  matrix S, `requests.score_matrix`), one request at a time, no round mask. The request goes to
+  its best-scoring *admissible* rank. Rank g is admissible when taking the request keeps, within
+  `slack` of their mean (as `balanced` bounds them: max(current largest, (1 + slack) x the mean
+  after taking it)), (a) the tokens and (b) the requests each rank took since the start, and
+  (c) within `inflight_slack` the tokens each rank holds in flight (the load term: a rank whose
+  requests run long takes no more until they finish); and while some rank's request count is
+  below (1 - slack) x the mean, only such ranks are candidates. None admissible: the least loaded
+  in flight.
+- `expert+prefix` (ours): `expert` with a prefix-cache affinity term. Each rank keeps a bounded
+  LRU of the block-prefix hashes it was sent (`PrefixCache`, blocks of `block` tokens, a stand-in
+  for the engine's radix cache); a rank's preference is its score divided by the best rank's
+  score plus `prefix_weight` x the share of the request's tokens already cached there, under the
+  same admission bounds.
+
+Measured on GPT-OSS-20B's held-out requests at EP 4 (benchmarks/bench_router.py, docs/router.md).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from sempar.errors import InputError
+from sempar.predict.token_table import TokenTable
+from sempar.schedule.requests import REQUEST_POLICIES, RequestPolicy
+
+
+def _least(q: Sequence[int], ok: Sequence[bool] | None, pref: Sequence[int] | None = None) -> int:
+    """The rank with the smallest q among the allowed ones (ties: first in `pref`, else lowest)."""
+    order = pref if pref is not None else range(len(q))
+    cand = [g for g in order if ok is None or ok[g]] or list(order)
+    low = min(q[g] for g in cand)
+    return next(g for g in cand if q[g] == low)
+
+
+def _fifo_assign(policy: RequestPolicy, scores: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """The batch form by replaying the streaming one: request i - W completes before request i
+    (W = policy.window) on a fresh state, restored afterwards."""
+    saved = policy.__dict__.copy()
+    policy.reset()
+    W, out, lens_l = policy.window, [], lens.tolist()
+    try:
+        for i, n in enumerate(lens_l):
+            if i >= W:
+                policy.complete(out[i - W], lens_l[i - W])
+            row = scores[i].tolist() if policy.needs_scores else []
+            g = policy._choose(row, n)
+            policy.queued[g] += n
+            out.append(g)
+    finally:
+        policy.__dict__.update(saved)
+    return np.asarray(out, np.int32)
+
+
+@REQUEST_POLICIES.register("least-inflight")
+class LeastInflight(RequestPolicy):
+    """The rank with the fewest in-flight tokens (ties: lowest); the table is not read."""
+
+    needs_scores = False
+
+    def _choose(self, row: list[float], n: int) -> int:
+        return _least(self.queued, self._allowed)
+
+    def _assign(self, scores: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        return _fifo_assign(self, scores, lens)
+
+
+@REQUEST_POLICIES.register("expert")
+class Expert(RequestPolicy):
+    """Best-scoring rank within the stream and in-flight bounds (module docstring).
+
+    slack: the stream totals' bound (tokens and requests per rank within (1 + slack) x the
+    mean); inflight_slack: the in-flight tokens' bound; window W: requests in flight in the
+    batch form (default 8 G)."""
+
+    def __init__(self, num_ranks: int, table: TokenTable | None = None, window: int | None = None,
+                 slack: float = 0.05, inflight_slack: float = 0.5):
+        if slack < 0 or inflight_slack < 0:
+            raise InputError(f"slack {slack}, inflight_slack {inflight_slack}: need >= 0")
+        self.slack, self.inflight_slack = float(slack), float(inflight_slack)
+        super().__init__(num_ranks, table, window)
+
+    def _state_reset(self) -> None:
+        self.assigned = [0] * self.num_ranks       # tokens ever submitted, per rank
+        self.taken = [0] * self.num_ranks          # requests ever submitted, per rank
+
+    def _preference(self, row: list[float], n: int) -> list[int]:
+        """Ranks best first (ties: lowest rank)."""
+        return sorted(range(self.num_ranks), key=lambda g: -row[g])
+
+    def _choose(self, row: list[float], n: int) -> int:
+        q, c, k, ok = self.queued, self.assigned, self.taken, self._allowed
+        if not row or max(row) <= 0.0:             # nothing known about it: balance only
+            g = _least(q, ok)
+        else:
+            pref = self._preference(row, n)
+            G = self.num_ranks
+            qcap = max(max(q), (1.0 + self.inflight_slack) * (sum(q) + n) / G) - n
+            ccap = max(max(c), (1.0 + self.slack) * (sum(c) + n) / G) - n
+            kcap = max(max(k), (1.0 + self.slack) * (sum(k) + 1) / G) - 1
+            # a rank whose request count fell below (1 - slack) x the mean must catch up (on
+            # GPT-OSS-20B this also raised LAR, 0.291 -> 0.297: fewer late forced choices)
+            kl = (1.0 - self.slack) * (sum(k) + 1) / G - 1
+            low = [g for g in pref if k[g] < kl]
+            g = next((g for g in (low or pref) if (ok is None or ok[g]) and q[g] <= qcap
+                      and c[g] <= ccap and k[g] <= kcap), None)
+            if g is None:
+                g = _least(q, ok, pref)
+        c[g] += n
+        k[g] += 1
+        return g
+
+    def _assign(self, scores: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        return _fifo_assign(self, scores, lens)
+
+
+class PrefixCache:
+    """A bounded LRU of block-prefix hashes per rank (a stand-in for each engine rank's radix
+    cache): `hashes(tokens)` the chained hash of each full block of `block` tokens,
+    `match(g, hashes)` how many leading blocks rank g holds, `insert(g, hashes)`."""
+
+    def __init__(self, num_ranks: int, block: int = 32, capacity: int = 8192):
+        if block < 1 or capacity < 1:
+            raise InputError(f"prefix cache: block {block}, capacity {capacity} (need >= 1)")
+        self.block, self.capacity = int(block), int(capacity)
+        self.ranks: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(num_ranks)]
+
+    def hashes(self, tokens: np.ndarray) -> list[int]:
+        tok = np.ascontiguousarray(tokens, np.int64).ravel()
+        B, h, out = self.block, 0, []
+        for i in range(tok.size // B):
+            h = hash((h, tok[i * B:(i + 1) * B].tobytes()))
+            out.append(h)
+        return out
+
+    def match(self, g: int, hashes: list[int]) -> int:
+        cache, m = self.ranks[g], 0
+        for h in hashes:
+            if h not in cache:
+                break
+            m += 1
+        return m
+
+    def insert(self, g: int, hashes: list[int]) -> None:
+        cache = self.ranks[g]
+        for h in hashes:
+            cache[h] = None
+            cache.move_to_end(h)
+        while len(cache) > self.capacity:
+            cache.popitem(last=False)
+
+
+@REQUEST_POLICIES.register("expert+prefix")
+class ExpertPrefix(Expert):
+    """`expert` plus a prefix-cache affinity term (module docstring); the batch form replays the
+    streaming one, since the caches need the tokens."""
+
+    def __init__(self, num_ranks: int, table: TokenTable | None = None, window: int | None = None,
+                 slack: float = 0.05, inflight_slack: float = 0.5, prefix_weight: float = 1.0,
+                 block: int = 32, capacity: int = 8192):
+        self.prefix_weight, self.block, self.capacity = float(prefix_weight), block, capacity
+        super().__init__(num_ranks, table, window, slack, inflight_slack)
+
+    def _state_reset(self) -> None:
+        super()._state_reset()
+        self.cache = PrefixCache(self.num_ranks, self.block, self.capacity)
+        self._hashes: list[int] = []
+
+    def submit(self, token_ids: np.ndarray, allowed: Sequence[bool] | None = None) -> int:
+        self._hashes = self.cache.hashes(token_ids)
+        g = super().submit(token_ids, allowed)
+        self.cache.insert(g, self._hashes)
+        return g
+
+    def _preference(self, row: list[float], n: int) -> list[int]:
+        top = max(row)
+        hit = [self.cache.match(g, self._hashes) * self.block / max(n, 1)
+               for g in range(self.num_ranks)]
+        v = [row[g] / top + self.prefix_weight * hit[g] for g in range(self.num_ranks)]
+        return sorted(range(self.num_ranks), key=lambda g: -v[g])
+
+    def assign(self, token_ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        tok, off = self._check(token_ids, offsets)
+        saved = self.__dict__.copy()
+        self.reset()
+        out: list[int] = []
+        try:
+            for i in range(off.size - 1):
+                if i >= self.window:
+                    j = i - self.window
+                    self.complete(out[j], int(off[j + 1] - off[j]))
+                out.append(self.submit(tok[off[i]:off[i + 1]]))
+        finally:
+            self.__dict__.update(saved)
+        return np.asarray(out, np.int32)
