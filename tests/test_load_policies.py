@@ -103,12 +103,17 @@ def test_router_command_only_when_the_policy_is_not_the_engines():
 
 
 def test_plan_prints_the_router_command_unless_the_policy_is_sglangs():
-    from sempar.serving.plan import commands
+    import numpy as np
+
+    from sempar.placement.placement import Placement
+    from sempar.serving.deploy import commands
     from sempar.serving.systems import Variant
 
-    cfg = {"token_budget": 4096, "instances": 1, "max_running": 64}
+    p = Placement(phy2log=np.arange(16, dtype=np.int32).reshape(1, 16), num_experts=16, num_devices=4,
+                  method="sempar")
     for policy, want in (("alg2", True), ("expert", True), ("round-robin", False)):
-        lines = commands(Variant("sempar", "sglang-ep", policy, "online"), 4, 1, "t.parquet", cfg, 6)
+        lines = commands(Variant("sempar", "sglang-ep", policy, "online"), 4, 1, "t.parquet",
+                         "tiny-moe64", p)
         routers = [x for x in lines if x.startswith("sempar router ")]
         assert bool(routers) == want
         if want:
