@@ -201,10 +201,10 @@ def atomic_folder(target: str | os.PathLike, kind: str, *inputs: str | os.PathLi
             _swap_in(build, real, holder)
         made = []
     finally:
-        _remove_made(made)
         with contextlib.suppress(OSError):
             shutil.rmtree(holder)           # our own temporary folder (and the replaced output)
         _live.discard(holder)
+        _remove_made(made)                  # after the holder, which sat in them
 
 
 def _swap_in(build: Path, real: Path, holder: Path) -> None:

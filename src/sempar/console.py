@@ -73,6 +73,8 @@ class _EscapingStream:
         self._raw = raw
 
     def write(self, s: str) -> int:
+        if not isinstance(s, str):      # click probes with b"": a text stream must refuse it
+            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
         self._raw.write(printable(s, lines=True))
         return len(s)
 
