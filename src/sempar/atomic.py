@@ -158,8 +158,10 @@ def scratch_folder(prefix: str) -> Iterator[Path]:
 
 
 def write_text_atomic(target: str | os.PathLike, text: str, option: str = "--out") -> None:
+    """Write `text` as UTF-8 atomically. A non-UTF-8 file name quoted in it (a surrogate escape)
+    is written as `\\udcff`: the file stays valid UTF-8 and the write never fails on a name."""
     with atomic_path(target, option=option) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
 
 
 # ---- folders -------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ import numpy as np
 
 from sempar.atomic import MARKER, atomic_folder
 from sempar.errors import InputError
+from sempar.native_path import utf8_path
 from sempar.placement.placement import Placement, cross_group_slots
 
 _PER_EXPERT = re.compile(r"^(?P<pre>.*\blayers\.(?P<layer>\d+)\.[^.]+\.experts)\.(?P<j>\d+)\.(?P<rest>.+)$")
@@ -120,7 +121,9 @@ def permute_checkpoint(model_dir: str | os.PathLike, placement: Placement,
         for f in files:
             # each tensor keeps its shard; per-expert tensors change name (possibly to a name
             # another shard held before), which the rewritten index records
-            new = dict(_permute(key, t, perm, N, found) for key, t in load_file(f).items())
+            with utf8_path(f) as name:      # safetensors takes UTF-8 names only
+                tensors = load_file(name)
+            new = dict(_permute(key, t, perm, N, found) for key, t in tensors.items())
             save_file(new, work / f.name, metadata={"format": "pt"})
             weight_map.update((key, f.name) for key in new)
         missing = sorted(set(perm) - found["experts"])

@@ -44,6 +44,8 @@ def load_input_embedding(model_dir: str | Path) -> np.ndarray:
     """
     from safetensors import safe_open
 
+    from sempar.native_path import utf8_path
+
     d = Path(model_dir)
     index = d / "model.safetensors.index.json"
     if index.is_file():
@@ -52,7 +54,7 @@ def load_input_embedding(model_dir: str | Path) -> np.ndarray:
     else:
         files = {}
         for f in sorted(d.glob("*.safetensors")):
-            with safe_open(str(f), "pt") as h:
+            with utf8_path(f) as name, safe_open(name, "pt") as h:
                 files.update({k: f for k in h.keys()})
     if not files:
         raise InputError(f"{d}: no safetensors checkpoint")
@@ -63,7 +65,7 @@ def load_input_embedding(model_dir: str | Path) -> np.ndarray:
     if key is None:
         raise InputError(f"{d}: no input-embedding tensor (looked for {', '.join(EMBEDDING_KEYS)})")
     # torch reads bf16, which numpy cannot.
-    with safe_open(str(files[key]), "pt") as h:
+    with utf8_path(files[key]) as name, safe_open(name, "pt") as h:
         return h.get_tensor(key).float().numpy()
 
 
