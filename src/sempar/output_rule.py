@@ -14,12 +14,12 @@ naming the option when it
   folder is moved aside, never deleted); but `force` never moves a symlink's target aside.
 
 What sempar wrote is known by the `.sempar-output.json` marker of the folder: each file's
-SHA-256 and an HMAC over the list under a per-user key (`$XDG_STATE_HOME/sempar/output-key`,
-made on first use, mode 0600). A file counts as sempar's own only while the marker's HMAC is
-valid and the file's content still has the listed hash: a forged or copied marker, or a file
-edited since, makes the folder foreign (refused, or moved aside with `force`), so nothing is
-ever deleted on a marker's word. Legacy outputs (from before the marker, recognised by their own
-manifest) pass the check but are moved aside, not emptied.
+SHA-256 and an HMAC over the list under a per-user key (`$XDG_STATE_HOME/sempar/output-key`, else
+`$TMPDIR/sempar-UID/output-key`; made on first use, mode 0600). A file counts as sempar's own only
+while the marker's HMAC is valid and the file's content still has the listed hash: a forged or
+copied marker, or a file edited since, makes the folder foreign (refused, or moved aside with
+`force`), so nothing is ever deleted on a marker's word. Legacy outputs (from before the marker,
+recognised by their own manifest) pass the check but are moved aside, not emptied.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import json
 import os
 import secrets
 import stat
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -151,33 +152,52 @@ def check_output(target: str | os.PathLike, *inputs: str | os.PathLike | None,
 
 # ---- what sempar wrote: the signed marker ----------------------------------------------------
 
-def _key_path() -> Path:
+def _key_paths() -> list[Path]:
+    """Where this user's marker key lives: the state folder, else (a read-only home) a private
+    folder in the temporary directory."""
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state) / "sempar" / "output-key"
+    return [Path(state) / "sempar" / "output-key",
+            Path(tempfile.gettempdir()) / f"sempar-{os.getuid()}" / "output-key"]
+
+
+def _read_key(path: Path) -> bytes | None:
+    """The key at `path`, if it is a regular file of ours no one else can read or write."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd) as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return None
+        try:
+            key = bytes.fromhex(f.read().strip())
+        except ValueError:
+            return None
+    return key if len(key) >= 16 else None
 
 
 def _key(create: bool) -> bytes | None:
     """This user's marker key (32 random bytes), made on first use; None when unavailable."""
-    path = _key_path()
-    try:
-        return bytes.fromhex(path.read_text().strip())
-    except (OSError, ValueError):
-        pass
-    if not create:
-        return None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32) + "\n")
-    except FileExistsError:
-        pass                            # another run made it meanwhile: read theirs
-    except OSError:
-        return None                     # read-only home: markers go unsigned (never trusted)
-    try:
-        return bytes.fromhex(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
+    for path in _key_paths():
+        key = _read_key(path)
+        if key is not None or not create:
+            if key is not None:
+                return key
+            continue
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+        except FileExistsError:
+            pass                        # another run made it meanwhile: read theirs
+        except OSError:
+            continue                    # read-only home: try the next place
+        key = _read_key(path)
+        if key is not None:
+            return key
+    return None                         # markers go unsigned, and are never trusted
 
 
 _hash_memo: dict[tuple, str] = {}
