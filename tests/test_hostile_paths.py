@@ -363,3 +363,31 @@ def test_file_output_through_a_broken_link_is_refused(tmp_path, kind):
     with pytest.raises(InputError, match="symlink"):
         write_text_atomic(link, "x")
     assert os.readlink(link) and sorted(os.listdir(tmp_path)) == ["o.json"]
+
+
+# ---- kind 2 for the native readers (safetensors, tokenizers, HF): utf8_path ------------------
+
+def test_non_utf8_model_folder_exports_and_tokenizes(tmp_path):
+    if not (MODEL / "model.safetensors").is_file():
+        pytest.skip("tiny models not built")
+    from sempar.models import FileTokenizer
+
+    base = os.fsencode(tmp_path)
+    model = os.fsdecode(os.path.join(base, b"m\xff\x1b"))
+    shutil.copytree(MODEL, model, ignore=shutil.ignore_patterns("*.png"))
+    assert FileTokenizer(os.path.join(model, "tokenizer.json")).tokenizer.get_vocab_size() > 0
+    code, _, err = cli("place", "--trace", TRACE, "--method", "vanilla", "--ep", "4",
+                       "--out", tmp_path / "p.json")
+    assert code == 0, err
+    out = os.fsdecode(os.path.join(base, b"ck\xfe"))
+    code, _, err = cli("export", "--placement", tmp_path / "p.json", "--to", "hf-checkpoint",
+                       "--model", model, "--out", out)
+    assert code == 0, err
+    assert not RAW_CONTROL.search(err) and "ck\\xfe" in err
+    assert (Path(out) / "model.safetensors").is_file()
+
+
+def test_text_output_quoting_a_non_utf8_name_stays_utf8(tmp_path):
+    target = tmp_path / "report.html"
+    write_text_atomic(target, "trace: " + os.fsdecode(b"\xff.parquet"))
+    assert target.read_bytes().decode("utf-8") == "trace: \\udcff.parquet"
