@@ -270,10 +270,11 @@ def check_folder_output(target: str | os.PathLike, *inputs: str | os.PathLike | 
     (its target is not a place sempar made)."""
     real = check_output(target, *inputs, option=option, folder=True)
     if real.is_dir():
-        unverified = sorted(files_under(real) - verified_files(real))
+        # the marker is named last: the message should name a file of the user's
+        unverified = sorted(files_under(real) - verified_files(real), key=lambda f: (f == MARKER, f))
         if unverified:
             named = legacy(real) if legacy is not None else set()
-            unnamed = sorted(set(unverified) - named)
+            unnamed = [f for f in unverified if f not in named]
             legacy_ok = legacy is not None and not unnamed
             unverified = unnamed or unverified     # name a file neither marker nor legacy knows
             if os.path.islink(target):
