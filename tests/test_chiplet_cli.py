@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from sempar.atomic import MARKER
+
 TRACE = Path(__file__).resolve().parents[1] / "src/sempar/assets/traces/tiny-moe64.parquet"
 
 
@@ -38,7 +40,8 @@ def test_stream_json_contract_and_plots(tmp_path):
     got = sorted(p.name for p in plots.iterdir())
     assert {"fig11_utilization_timeline.png", "fig12_peak_memory.png", "fig13_activity.png",
             "fig14_e2e.png"} <= set(got)
-    assert not [p for p in got if p.startswith(".")]
+    assert MARKER in got        # the folder is a sempar output (swapped in whole) ...
+    assert not [p for p in got if p.startswith(".") and p != MARKER]    # ... with no temporary
 
 
 @pytest.mark.parametrize("args,needle", [

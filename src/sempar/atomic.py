@@ -1,20 +1,21 @@
-"""The one output rule of sempar: nothing the user owns is ever modified or deleted by a run.
+"""Atomic outputs: a run's result appears whole at its path, or not at all.
+
+The checks of the output rule (what may be written where, what sempar may replace) are in
+`sempar.output_rule` and re-exported here; this module writes.
 
 Files (`atomic_path`): the result is written to a temporary beside the target and renamed over
-it only when the target is absent or a regular file. A symlink is followed: its final target is
-written (so a link into a shared folder stays a link). Anything else (a folder, a device node
-such as /dev/null, a FIFO, a socket) is refused with one line before any work.
+it only when the target is absent or a regular file. A symlink to a regular file is followed:
+its final target is written (so a link into a shared folder stays a link). Anything else (a
+folder, a device node such as /dev/null, a FIFO, a socket, a dangling or looping symlink) is
+refused with one line before any work. Folders the write had to make are removed again when it
+fails (a full disk leaves no empty folder).
 
 Folders (`atomic_folder`): the result is built in a temporary folder beside the target and
-swapped in. An absent target is one rename. An existing empty folder, or one sempar wrote
-(it holds the `.sempar-output.json` marker listing every file sempar put there, and nothing
-else), is emptied into a hidden sibling and refilled, so the folder itself (its inode, owner,
-mode, a mount or a shell's working directory on it) is kept. Any other non-empty folder is
-refused, or with `force` renamed aside to `NAME.sempar-old-TIMESTAMP` (never deleted).
-
-Inputs: every reader registers what it opens (`register_input`); an output that is an input,
-or a folder output that holds one, is refused. `check_output` runs all of these checks up
-front, so a command can refuse before it does any work.
+swapped in. An absent target is one rename. An existing empty folder, or one whose every file
+sempar provably wrote (its signed `.sempar-output.json` marker lists each file's hash), is
+emptied into a hidden sibling and refilled, so the folder itself (its inode, owner, mode, a
+mount or a shell's working directory on it) is kept. Any other non-empty folder is refused, or
+with `force` renamed aside to `NAME.sempar-old-TIMESTAMP` (never deleted).
 
 Signals: SIGTERM and SIGHUP (like SIGINT) remove every live temporary before the process
 exits with 128 + signal, so a killed run leaves nothing behind (design.md, Conventions).
@@ -23,7 +24,6 @@ exits with 128 + signal, so a killed run leaves nothing behind (design.md, Conve
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -35,114 +35,30 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from sempar.errors import InputError
-
-MARKER = ".sempar-output.json"
+from sempar.output_rule import (MARKER, check_folder_output, check_input, check_output,  # noqa: F401
+                                files_under, register_input, release_input, track_inputs,
+                                verified_files, write_marker)
 
 _live: set[Path] = set()          # temporaries of this process (files or folders we created)
-_inputs: set[str] | None = None   # realpaths of the inputs opened, while tracking is on
 _handlers_installed = False
 
 
-# ---- inputs --------------------------------------------------------------------------------
-
-def register_input(path: str | os.PathLike) -> None:
-    """Remember `path` as an input of this run; no output may then be written over it."""
-    if _inputs is not None:
-        _inputs.add(os.path.realpath(path))
-
-
-def release_input(path: str | os.PathLike) -> None:
-    """Forget `path` as an input of this run: only for a run that rewrites its own earlier output
-    after reading it (a resumed `sempar capture` copies the requests it had written)."""
-    if _inputs is not None:
-        _inputs.discard(os.path.realpath(path))
+def _make_parents(real: Path) -> list[Path]:
+    """mkdir -p `real.parent`; the folders this call made, deepest first (to undo on failure)."""
+    made = []
+    d = real.parent
+    while not d.exists():
+        made.append(d)
+        d = d.parent
+    real.parent.mkdir(parents=True, exist_ok=True)
+    return made
 
 
-def track_inputs(on: bool = True) -> None:
-    """Start (or end) a run: while on, registered inputs are remembered (the CLI's main does).
-
-    Library callers (tests, notebooks) that read and rewrite a file on purpose are unaffected
-    unless they call it."""
-    global _inputs
-    _inputs = set() if on else None
-
-
-def check_input(path: str | os.PathLike, what: str = "input file", folder: bool = False) -> Path:
-    """`path` after checking it is an existing regular file (or folder); registers it as input.
-
-    A FIFO, socket or device is refused: reading one would hang or never end."""
-    p = Path(path)
-    if str(path).strip() == "":
-        raise InputError(f"{what}: the path is empty")
-    if not p.exists():
-        raise InputError(f"{p}: no such file")
-    wrong = _wrong_kind(p, folder)
-    if wrong:
-        raise InputError(f"{p}: {wrong}, not a {what}")
-    register_input(p)
-    return p
-
-
-def _wrong_kind(p: Path, folder: bool) -> str | None:
-    """Why `p` (existing) is not a folder / a regular file, or None when it is."""
-    mode = p.stat().st_mode
-    if folder:
-        return None if stat.S_ISDIR(mode) else "exists and is not a folder"
-    if stat.S_ISREG(mode):
-        return None
-    return "is a folder" if stat.S_ISDIR(mode) else "is not a regular file"
-
-
-def _refuse_inputs(real: str, option: str, folder: bool, extra: tuple = ()) -> None:
-    inputs = (_inputs or set()) | {os.path.realpath(p) for p in extra if p is not None}
-    for inp in inputs:
-        if inp == real or (folder and inp.startswith(real.rstrip(os.sep) + os.sep)):
-            what = "is" if inp == real else "holds"
-            raise InputError(f"{option}: {real} {what} an input of this run ({inp}); "
-                             "choose another output")
-
-
-# ---- checks --------------------------------------------------------------------------------
-
-def _resolve(target: str | os.PathLike, option: str) -> Path:
-    if str(target).strip() == "":
-        raise InputError(f"{option}: the path is empty")
-    return Path(os.path.realpath(target))   # follows every symlink: the link's target is written
-
-
-def _check_parent(real: Path, option: str) -> None:
-    parent = real.parent
-    existing = parent
-    while not existing.exists():
-        if existing.is_symlink():
-            raise InputError(f"{option}: {existing} is a dangling symlink")
-        existing = existing.parent
-    if not existing.is_dir():
-        raise InputError(f"{option}: {existing} is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise InputError(f"{option}: {existing} is not writable")
-
-
-def check_output(target: str | os.PathLike, *inputs: str | os.PathLike | None,
-                 option: str = "--out", folder: bool = False) -> Path:
-    """The real path `target` will be written at, after every check of the output rule.
-
-    Raises InputError (one line naming `option`) when the target is not a regular file (or, for
-    `folder`, a folder), when it is one of `inputs` or a registered input, or when its parent
-    cannot be made or written."""
-    real = _resolve(target, option)
-    _refuse_inputs(str(real), option, folder, inputs)
-    if real.exists():
-        wrong = _wrong_kind(real, folder)
-        if wrong:
-            raise InputError(f"{option}: {target} {wrong}; sempar writes "
-                             f"{'folders' if folder else 'only regular files'} there")
-        if not os.access(real if folder else real.parent, os.W_OK | os.X_OK):
-            raise InputError(f"{option}: {real if folder else real.parent} is not writable")
-    else:
-        _check_parent(real, option)
-    return real
+def _remove_made(made: list[Path]) -> None:
+    """Remove the folders `_make_parents` made, if still empty: a failed run leaves none."""
+    for d in made:
+        with contextlib.suppress(OSError):
+            d.rmdir()
 
 
 # ---- temporaries and signals -------------------------------------------------------------
@@ -204,7 +120,7 @@ def atomic_path(target: str | os.PathLike, suffix: str = "", option: str = "--ou
     temporary file is removed and `target` is left untouched."""
     install_signal_cleanup()
     real = check_output(target, option=option)
-    real.parent.mkdir(parents=True, exist_ok=True)
+    made = _make_parents(real)
     with _signals_held():
         fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=suffix + ".tmp", dir=real.parent)
         os.close(fd)
@@ -220,6 +136,7 @@ def atomic_path(target: str | os.PathLike, suffix: str = "", option: str = "--ou
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
+        _remove_made(made)
         raise
     finally:
         _live.discard(tmp_path)
@@ -241,52 +158,13 @@ def scratch_folder(prefix: str) -> Iterator[Path]:
 
 
 def write_text_atomic(target: str | os.PathLike, text: str, option: str = "--out") -> None:
+    """Write `text` as UTF-8 atomically. A non-UTF-8 file name quoted in it (a surrogate escape)
+    is written as `\\udcff`: the file stays valid UTF-8 and the write never fails on a name."""
     with atomic_path(target, option=option) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
 
 
 # ---- folders -------------------------------------------------------------------------------
-
-def _files_under(folder: Path) -> set[str]:
-    return {str(p.relative_to(folder)) for p in folder.rglob("*") if not p.is_dir() or p.is_symlink()}
-
-
-def _owned(folder: Path, legacy: Callable[[Path], set[str]] | None) -> set[str] | None:
-    """The files sempar wrote in `folder` (by its marker, else `legacy`), or None if unknown."""
-    try:
-        # a forged marker may be huge or nested 10^5 deep (safe_json imports this module, so
-        # the checks are the size here and RecursionError below): then it proves nothing
-        if (folder / MARKER).stat().st_size > 16 << 20:
-            return legacy(folder) if legacy is not None else None
-        listed = json.loads((folder / MARKER).read_text())["files"]
-        return set(listed) | {MARKER}
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        return legacy(folder) if legacy is not None else None
-
-
-def check_folder_output(target: str | os.PathLike, *inputs: str | os.PathLike | None,
-                        option: str = "--out", force: bool = False,
-                        legacy: Callable[[Path], set[str]] | None = None) -> Path:
-    """`check_output` for a folder, plus: an existing folder must be empty or sempar's own.
-
-    `legacy(folder)` names the files sempar wrote in a folder from before the marker existed."""
-    real = check_output(target, *inputs, option=option, folder=True)
-    if real.is_dir() and not force:
-        present = _files_under(real)
-        if present:
-            foreign = sorted(present - (_owned(real, legacy) or set()))
-            if foreign:
-                raise InputError(f"{option}: {target} is a non-empty folder sempar did not write "
-                                 f"(it holds {foreign[0]}); give a new or empty folder, or "
-                                 "--force to move it aside")
-    return real
-
-
-def _write_marker(build: Path, kind: str) -> None:
-    files = sorted(_files_under(build) - {MARKER})
-    (build / MARKER).write_text(json.dumps({"written_by": "sempar", "kind": kind,
-                                            "files": files}, indent=1) + "\n")
-
 
 def _prune_empty_dirs(folder: Path, files: set[str]) -> None:
     """Remove the folders that held `files` (relative to `folder`) once they are empty."""
@@ -301,17 +179,17 @@ def _prune_empty_dirs(folder: Path, files: set[str]) -> None:
 @contextlib.contextmanager
 def atomic_folder(target: str | os.PathLike, kind: str, *inputs: str | os.PathLike | None,
                   option: str = "--out", force: bool = False,
-                  legacy: Callable[[Path], set[str]] | None = None,
-                  marker: bool = True) -> Iterator[Path]:
+                  legacy: Callable[[Path], set[str]] | None = None) -> Iterator[Path]:
     """Yield an empty temporary folder beside `target`; swap it in on success.
 
-    See the module docstring for the rule. `kind` names the output in the marker file; outputs
-    whose own manifest names their files (`legacy`) may go without a marker (`marker=False`).
+    See the module docstring for the rule. `kind` names the output in the marker file;
+    `legacy(folder)` names the files of an output from before the marker (recognised, then
+    moved aside rather than emptied).
     On any exception, SIGTERM or SIGHUP the temporary folder is removed and `target` is
     untouched."""
     install_signal_cleanup()
     real = check_folder_output(target, *inputs, option=option, force=force, legacy=legacy)
-    real.parent.mkdir(parents=True, exist_ok=True)
+    made = _make_parents(real)
     with _signals_held():
         holder = Path(tempfile.mkdtemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent))
         _live.add(holder)
@@ -319,32 +197,32 @@ def atomic_folder(target: str | os.PathLike, kind: str, *inputs: str | os.PathLi
         build = holder / "out"
         build.mkdir()
         yield build
-        if marker:
-            _write_marker(build, kind)
-        real = check_folder_output(real, option=option, force=force, legacy=legacy)
+        write_marker(build, kind)
+        real = check_folder_output(target, *inputs, option=option, force=force, legacy=legacy)
         with _signals_held():           # a half-swapped folder would mix old and new files
-            _swap_in(build, real, holder, force, legacy)
+            _swap_in(build, real, holder)
+        made = []
     finally:
         with contextlib.suppress(OSError):
             shutil.rmtree(holder)           # our own temporary folder (and the replaced output)
         _live.discard(holder)
+        _remove_made(made)                  # after the holder, which sat in them
 
 
-def _swap_in(build: Path, real: Path, holder: Path, force: bool,
-             legacy: Callable[[Path], set[str]] | None) -> None:
-    if real.is_dir() and force and _files_under(real):
-        owned = _owned(real, legacy)
-        if owned is None or _files_under(real) - owned:
-            aside = real.with_name(f"{real.name}.sempar-old-{time.strftime('%Y%m%d-%H%M%S')}")
-            os.rename(real, aside)          # moved aside, never deleted
-            sys.stderr.write(f"moved the existing {real} aside to {aside}\n")
+def _swap_in(build: Path, real: Path, holder: Path) -> None:
+    """Put `build`'s files at `real`. Only files sempar provably wrote (`verified_files`) are
+    replaced; a folder holding anything else (forced, or a legacy output) is moved aside whole."""
+    if real.is_dir() and files_under(real) - verified_files(real):
+        aside = real.with_name(f"{real.name}.sempar-old-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.rename(real, aside)          # moved aside, never deleted
+        sys.stderr.write(f"moved the existing {real} aside to {aside}\n")
     if not real.exists():
         os.rename(build, real)
         return
     old = holder / "old"
     old.mkdir()
-    # Only the files sempar listed (checked just now) are moved out; they go with `holder`.
-    owned = (_owned(real, legacy) or set()) & _files_under(real)
+    # Only the files sempar wrote (checked just now) are moved out; they go with `holder`.
+    owned = verified_files(real) & files_under(real)
     for rel in sorted(owned):
         dst = old / rel
         dst.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from typer.exceptions import TyperException
 
 from sempar.atomic import install_signal_cleanup, track_inputs
 from sempar.commands import register_all
+from sempar.console import escaped_std_streams
 from sempar.errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -22,7 +23,15 @@ register_all(app)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """Entry point: run the app; bad input is one line on stderr and exit code 2."""
+    """Entry point: run the app; bad input is one line on stderr and exit code 2.
+
+    Everything written to stdout / stderr meanwhile has its control characters escaped
+    (`sempar.console.printable`): names from files never reach the terminal raw."""
+    with escaped_std_streams():
+        _main(argv)
+
+
+def _main(argv: Optional[list[str]]) -> None:
     track_inputs()
     install_signal_cleanup()
     try:

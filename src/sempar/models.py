@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sempar.errors import InputError, check_choice
+from sempar.native_path import utf8_path
 from sempar.paths import assets_dir
 
 ASSETS_DIR = assets_dir()
@@ -72,8 +73,9 @@ def load_model(name_or_dir: str | os.PathLike, dtype: str = "float32") -> Any:
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(src.model_dir, local_files_only=True,
-                                                     dtype=getattr(torch, dtype))
+        with utf8_path(src.model_dir) as folder:    # safetensors takes UTF-8 names only
+            model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
+                                                         dtype=getattr(torch, dtype))
     except Exception as err:  # noqa: BLE001 - transformers/safetensors raise many kinds
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputError(f"--model {name_or_dir}: {src.model_dir} cannot be loaded "
@@ -89,7 +91,8 @@ class FileTokenizer:
         from tokenizers import Tokenizer
 
         try:
-            self.tokenizer = Tokenizer.from_file(str(path))
+            with utf8_path(path) as name:
+                self.tokenizer = Tokenizer.from_file(name)
         except Exception as err:  # tokenizers raises a bare Exception on bad JSON
             raise InputError(f"{path}: not a readable tokenizer.json "
                              f"({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None

@@ -11,6 +11,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
                            TimeElapsedColumn, TimeRemainingColumn)
 
 from sempar.console import err as stderr  # the same console the verbs write stderr with
+from sempar.console import printable  # descriptions may name files: no raw control characters
 
 
 @contextlib.contextmanager
@@ -34,27 +35,27 @@ def _shown(columns: list) -> Iterator[Progress]:
 @contextlib.contextmanager
 def progress_bar(description: str, total: int | None) -> Iterator:
     """Yield `advance(n)`; a bar with ETA on stderr (a spinner when total is None)."""
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+    columns = [SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
     with _shown(columns) as prog:
-        task = prog.add_task(description, total=total)
+        task = prog.add_task(printable(description), total=total)
         yield lambda n=1: prog.advance(task, n)
 
 
 @contextlib.contextmanager
 def steps(description: str, total: int) -> Iterator:
     """Yield `step(message)` for work made of `total` named steps."""
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+    columns = [SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn()]
     with _shown(columns) as prog:
-        task = prog.add_task(description, total=total)
+        task = prog.add_task(printable(description), total=total)
         first = [True]
 
         def step(message: str) -> None:
             if not first[0]:
                 prog.advance(task)
             first[0] = False
-            prog.update(task, description=f"{description}: {message}")
+            prog.update(task, description=printable(f"{description}: {message}"))
 
         yield step
-        prog.update(task, completed=total, description=f"{description}: done")
+        prog.update(task, completed=total, description=printable(f"{description}: done"))

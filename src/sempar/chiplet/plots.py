@@ -1,15 +1,14 @@
-"""Figures of the simulator, named after the paper's (FSE-DP Figs. 11-18). Written into a temporary
-folder and moved into place one file at a time, so a failed run leaves no partial figure."""
+"""Figures of the simulator, named after the paper's (FSE-DP Figs. 11-18). Built in a temporary
+folder beside the target and swapped in whole (`sempar.atomic.atomic_folder`): a failed run (a
+full disk after two of four figures) leaves no figure and no folder."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from sempar.atomic import atomic_path
+from sempar.atomic import atomic_folder
 
 
 def _plt():
@@ -19,13 +18,15 @@ def _plt():
     return plt
 
 
-def write_plots(out_dir: str | Path, results: dict, sweeps: dict | None, title: str) -> list[str]:
-    """results: name -> StrategyResult; sweeps: the dict of sweeps.py results (or None)."""
+def write_plots(out_dir: str | Path, results: dict, sweeps: dict | None, title: str,
+                option: str = "--plot") -> list[str]:
+    """results: name -> StrategyResult; sweeps: the dict of sweeps.py results (or None).
+
+    Returns the paths written; `out_dir` follows the folder output rule (`option` names it)."""
     plt = _plt()
     out_dir = Path(out_dir)
     written: list[str] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
+    with atomic_folder(out_dir, "stream-plots", option=option) as tmp:
         names = list(results)
 
         fig, ax = plt.subplots(figsize=(7, 3.5))                       # Fig. 11
@@ -88,9 +89,5 @@ def write_plots(out_dir: str | Path, results: dict, sweeps: dict | None, title: 
                 ax.set(ylabel="utilization", title="Fig. 18 - scaling"); ax.legend(fontsize=7)
                 fig.tight_layout(); fig.savefig(tmp / "fig18_scaling.png", dpi=120); plt.close(fig)
 
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for f in sorted(tmp.iterdir()):
-            with atomic_path(out_dir / f.name) as dst:
-                shutil.copyfile(f, dst)
-            written.append(str(out_dir / f.name))
+        written = [str(out_dir / f.name) for f in sorted(tmp.iterdir())]
     return written

@@ -65,7 +65,6 @@ def register(app: typer.Typer) -> None:
 
 
 def print_table(res: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from sempar.bench import TABLE_HEADER, bench_table_rows
@@ -78,7 +77,9 @@ def print_table(res: dict) -> None:
         t.add_column(h, justify="left" if i < 2 else "right")
     for row in bench_table_rows(res):
         t.add_row(*row)
-    con = Console()
+    from sempar.console import SafeConsole
+
+    con = SafeConsole()
     con.width = max(con.width, 150)
     con.print(t)
     for m, why in res.get("skipped", {}).items():

@@ -122,7 +122,6 @@ def stream(
     if json_out:
         emit_json(out)
         return
-    from rich.console import Console
     from rich.table import Table
     t = Table(title=f"sempar stream: {m.name}, {tokens_per_iter} tokens/iter, {iterations} iterations, {rows}x{cols}")
     for c in ("strategy", "layer latency (us)", "speedup vs EP", "e2e latency (s)", "utilization", "peak on-chip (MiB)"):
@@ -131,6 +130,8 @@ def stream(
         sp = f"{base.layer_latency_s / r.layer_latency_s:.2f}x" if base else "-"
         t.add_row(n, f"{r.layer_latency_s * 1e6:.1f}", sp, f"{r.e2e_latency_s:.3f}", f"{r.utilization:.3f}",
                   f"{r.peak_bytes / MB:.1f}")
-    Console(width=140).print(t)
+    from sempar.console import SafeConsole
+
+    SafeConsole(width=140).print(t)
     for p in written:
         typer.echo(f"wrote {p}")

@@ -225,7 +225,7 @@ def fetch_corpus(out_dir: Path, sources: list[str] | None = None, force: bool = 
         except InputError:
             pass  # stale or corrupt cache: rebuild it
     step = progress or (lambda _m: None)
-    with atomic_folder(out_dir, "corpus", legacy=_corpus_files, marker=False,
+    with atomic_folder(out_dir, "corpus", legacy=_corpus_files,
                        force=force) as build, \
             tempfile.TemporaryDirectory(dir=build.parent) as tmp:
         work = Path(tmp)

@@ -36,6 +36,7 @@ from sempar.atomic import MARKER, atomic_folder
 from sempar.bounds import EXPERTS_MAX
 from sempar.errors import InputError
 from sempar.models import SAFETENSORS_INDEX as INDEX, checkpoint_shards
+from sempar.native_path import utf8_path
 from sempar.placement.placement import Placement, cross_group_slots
 from sempar.safe_json import read_json_object
 
@@ -72,7 +73,8 @@ def _load_shard(path: Path) -> dict:
     from safetensors.torch import load_file
 
     try:
-        return load_file(path)
+        with utf8_path(path) as name:      # safetensors takes UTF-8 names only
+            return load_file(name)
     except Exception as err:     # SafetensorError (no OSError subclass), a header not JSON
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise InputError(f"{path}: not a readable safetensors file ({reason[:200]})") from None

@@ -65,8 +65,10 @@ def _read_shard(path: Path, read):
     """read(handle) on safetensors file `path`; a corrupt or truncated file is InputError."""
     from safetensors import safe_open
 
+    from sempar.native_path import utf8_path
+
     try:
-        with safe_open(str(path), "pt") as h:
+        with utf8_path(path) as name, safe_open(name, "pt") as h:   # UTF-8 names only
             return read(h)
     except Exception as err:     # SafetensorError, OSError, a header that is not JSON
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__

@@ -73,7 +73,10 @@ def heldout_sequences(corpus: Path, tokenizer_path: Path, tokens_per_domain: int
     from sempar.tiny.data import split_corpus
     from sempar.tiny.tokenizer import EOS
 
-    tok = Tokenizer.from_file(str(tokenizer_path))
+    from sempar.native_path import utf8_path
+
+    with utf8_path(tokenizer_path) as name:
+        tok = Tokenizer.from_file(name)
     splits = split_corpus(Path(corpus), tok, heldout_tokens=tokens_per_domain)
     streams = {s.domain: [e.ids for e in tok.encode_batch(s.heldout, add_special_tokens=False)]
                for s in splits}
@@ -87,7 +90,10 @@ def text_sequences(pairs: Sequence[tuple[str, str]], tokenizer_path: Path, token
 
     from sempar.tiny.tokenizer import EOS
 
-    tok = Tokenizer.from_file(str(tokenizer_path))
+    from sempar.native_path import utf8_path
+
+    with utf8_path(tokenizer_path) as name:
+        tok = Tokenizer.from_file(name)
     streams: dict[str, list[list[int]]] = {}
     for text, domain in pairs:
         streams.setdefault(domain, []).append(tok.encode(text, add_special_tokens=False).ids)

@@ -60,4 +60,7 @@ def load_tokenizer(path: Path | None = None):
     path = Path(path) if path else default_tokenizer_path()
     if not path.is_file():
         raise InputError(f"{path}: no tokenizer file")
-    return Tokenizer.from_file(str(path))
+    from sempar.native_path import utf8_path
+
+    with utf8_path(path) as name:         # tokenizers takes UTF-8 names only
+        return Tokenizer.from_file(name)

@@ -136,8 +136,7 @@ def train_tiny(name: str, corpus: Path, out_dir: Path, minutes: float = 25.0,
             "heldout_lm_loss": heldout, "train_tokens_per_domain": stream.tokens(),
             "heldout_documents": {s.domain: len(s.heldout) for s in splits},
             "torch_threads": torch.get_num_threads(), "seed": seed}
-    with atomic_folder(out_dir, "tiny-model", corpus, legacy=_model_files,
-                       marker=False) as work:
+    with atomic_folder(out_dir, "tiny-model", corpus, legacy=_model_files) as work:
         model.to(torch.bfloat16).save_pretrained(work, safe_serialization=True)
         shutil.copy(default_tokenizer_path(), work / "tokenizer.json")
         plot_loss(losses, aux, work / "loss.png", f"{name}: {step} steps, {seconds / 60:.0f} min")

@@ -126,11 +126,15 @@ class TraceWriter:
         self._request_count = 0
         self._ctx = None
         self._writer: pq.ParquetWriter | None = None
+        self._sink: pa.NativeFile | None = None
 
     def __enter__(self) -> "TraceWriter":
         self._ctx = atomic_path(self.path, suffix=".parquet")
         tmp = self._ctx.__enter__()
-        self._writer = pq.ParquetWriter(tmp, self.schema, compression=COMPRESSION,
+        # An opened file, not a str path: pyarrow encodes str paths as UTF-8 and cannot name a
+        # file whose name the OS gave as bytes (os.fsencode keeps those bytes as they were).
+        self._sink = pa.OSFile(os.fsencode(tmp), "wb")
+        self._writer = pq.ParquetWriter(self._sink, self.schema, compression=COMPRESSION,
                                         compression_level=COMPRESSION_LEVEL,
                                         use_dictionary=["domain"] if self.has_domain else False,
                                         write_page_checksum=True,
@@ -185,7 +189,9 @@ class TraceWriter:
                 self._writer.add_key_value_metadata({META_KEY: block,
                                                      SUM_KEY: block_checksum(block)})
             self._writer.close()
+            self._sink.close()
         except BaseException as err:
+            self._sink.close()
             self._ctx.__exit__(type(err), err, err.__traceback__)
             raise
         self._ctx.__exit__(exc_type, exc, tb)
@@ -215,7 +221,9 @@ def _open(path: str | os.PathLike) -> pq.ParquetFile:
     try:
         # Page CRCs are verified when present (every trace sempar writes has them): a flipped
         # bit in a page is an error, not silently changed expert ids.
-        return pq.ParquetFile(p, page_checksum_verification=True)
+        # Opened by bytes path (os.fsencode): pyarrow's own str-path opening fails on file names
+        # that are not UTF-8 (`$'\\xff.parquet'`).
+        return pq.ParquetFile(pa.OSFile(os.fsencode(p)), page_checksum_verification=True)
     except (pa.ArrowException, OSError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise InputError(f"{p}: not a readable Parquet trace (truncated or another format: {reason})") from None
