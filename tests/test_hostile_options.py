@@ -214,6 +214,19 @@ def test_unknown_name_is_refused_naming_the_known(case):
         refused([*path, opt, f"{first},magic"], opt, "'magic'")
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["simulate", "--trace", "none.parquet", "--placement", "magic"], "--placement: 'magic' is neither"),
+    (["simulate", "--trace", "none.parquet", "--placement", "vanilla,magic", "--compare"],
+     "--placement: 'magic'"),
+    (["simulate", "--trace", "none.parquet", "--topology", "magic"], "unknown topology 'magic'"),
+    (["simulate", "--trace", "none.parquet", "--pipeline", "smoe,attn-dp"], "give --compare"),
+    (["place", "--trace", "none.parquet", "--method", "magic"], "--method: unknown placement method"),
+], ids=lambda x: x if isinstance(x, str) else " ".join(x[3:5]))
+def test_name_or_file_options_refuse_unknown_names(args, needle):
+    """Options taking a registered name or a file: an unknown name is refused before any work."""
+    refused(args, needle)
+
+
 KNOB_FLAGS = {"dedup": ["--dedup"], "one_shot": ["--one-shot"], "schedule": ["--schedule", "online"],
               "policy": ["--policy", "balanced"], "count_sag": ["--no-count-sag"],
               "logit_bytes": ["--logit-bytes", "2"]}

@@ -86,6 +86,13 @@ def register(app: typer.Typer) -> None:
                       f"--pipeline {pipeline}")
         if given(ctx, "policy") and schedule == "none":
             raise InputError("--policy: does not apply with --schedule none (vanilla homes)")
+        from sempar.placement import SOLVERS
+
+        for m in _list(placement):      # a method name or a placement JSON: known before work
+            if m not in SOLVERS and not Path(m).exists():
+                raise InputError(f"--placement: {m!r} is neither a placement method "
+                                 f"({', '.join(SOLVERS.names())}) nor a file")
+        topos = [load_topology(t, nodes) for t in (_list(topology) if compare else [topology])]
         if compare:
             from sempar.atomic import check_output
 
@@ -108,8 +115,7 @@ def register(app: typer.Typer) -> None:
                 _print_rows(rows)
                 sys.stderr.write(f"wrote {png}\n")
             return
-        topo = load_topology(topology, nodes)
-        res = single(study, placement, pipeline, topo)
+        res = single(study, placement, pipeline, topos[0])
         if as_json:
             emit_json(res)
             return
