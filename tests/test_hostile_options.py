@@ -272,12 +272,15 @@ def _no_constants(name):
     raise AssertionError(f"{name} in --json output")
 
 
+def _nested(kids):
+    return st.one_of(st.lists(kids, max_size=4), st.tuples(kids, kids),
+                     st.dictionaries(st.text(max_size=4), kids, max_size=4))
+
+
 JSONABLE = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5),
               st.floats().map(np.float64), st.floats(width=32).map(np.float32)),
-    lambda kids: st.one_of(st.lists(kids, max_size=4), st.tuples(kids, kids),
-                           st.dictionaries(st.text(max_size=4), kids, max_size=4)),
-    max_leaves=10)
+    _nested, max_leaves=10)
 
 
 @settings(max_examples=100, deadline=None)

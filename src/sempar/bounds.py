@@ -165,5 +165,5 @@ def check_micro_slice_work(iterations: int, micro_slices: int, option: str = "--
         most = MICRO_SLICE_WORK_MAX // micro_slices**3
         raise InputError(f"{option} x --micro-slices^3: {iterations} x {micro_slices}^3 = {work} is "
                          f"above the limit {MICRO_SLICE_WORK_MAX} (" + (
-                             f"at most {most} iterations at {micro_slices} micro-slices)" if most
+                             f"at most {most} iteration{'s' * (most > 1)} at {micro_slices} micro-slices)" if most
                              else f"{micro_slices} micro-slices is too many for one iteration)"))
