@@ -203,18 +203,22 @@ def test_no_arguments_is_a_usage_error(tmp_path, capsys):
     assert ex.value.code == 2
 
 
+SHARED = ("seed", "ep", "nodes", "json", "rates", "duration", "input-len", "output-len",
+          "token-budget", "max-running", "slo", "slo-scale")
+
+
 def test_shared_options_are_declared_once():
-    """`--seed`, `--ep`, `--nodes` and `--json` come from commands/_options.py, so one bound holds
-    for every verb."""
+    """`--seed`, `--ep`, `--nodes`, `--json` and the serving workload's options come from
+    commands/_options.py, so one bound holds for every verb."""
     import re
 
     commands = Path(__file__).parents[1] / "src" / "sempar" / "commands"
-    declared = re.compile(r'typer\.Option\([^()]*"--(seed|ep|nodes|json)"')
+    declared = re.compile(r'typer\.Option\([^()]*"--(' + "|".join(SHARED) + ')"')
     stray = [f"{p.name}: --{m.group(1)}" for p in commands.rglob("*.py") if p.name != "_options.py"
              for m in declared.finditer(p.read_text())]
     assert stray == []
     shared = {m.group(1) for m in declared.finditer((commands / "_options.py").read_text())}
-    assert shared == {"seed", "ep", "nodes", "json"}
+    assert shared == set(SHARED)
 
 
 def test_check_bound_messages():

@@ -6,7 +6,9 @@ else. `--json` prints one JSON object on stdout and nothing else there; progress
 
 from __future__ import annotations
 
+import functools
 import sys
+import warnings
 from typing import Any, Optional
 
 import typer
@@ -26,7 +28,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app; bad input is one line on stderr and exit code 2.
 
     Everything written to stdout / stderr meanwhile has its control characters escaped
-    (`sempar.console.printable`): names from files never reach the terminal raw."""
+    (`sempar.console.printable`): names from files never reach the terminal raw. A library's
+    warnings (torch's, numpy's) are held back during the run: after a refusal the error line is
+    all stderr says; after a success each distinct one is a `note:` line."""
     with escaped_std_streams():
         _main(argv)
 
@@ -34,8 +38,37 @@ def main(argv: Optional[list[str]] = None) -> None:
 def _main(argv: Optional[list[str]]) -> None:
     track_inputs()
     install_signal_cleanup()
+    with warnings.catch_warnings(record=True) as held:
+        try:
+            rv = _run(argv)
+        except BaseException as e:
+            if not _refusal(e):
+                _show(held)         # a crash or a success by exit: the warnings may matter
+            _exit(e)
+    _show(held)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _refusal(e: BaseException) -> bool:
+    """Whether `e` ends the run with the one-line refusal (or a non-zero exit) of the contract."""
+    if isinstance(e, (SystemExit, typer.Exit)):
+        return getattr(e, "exit_code", getattr(e, "code", 0)) not in (0, None)
+    return isinstance(e, (InputError, OSError, TyperException, typer.Abort, KeyboardInterrupt))
+
+
+def _show(held: list) -> None:
+    seen = set()
+    for w in held:
+        line = f"note: {w.category.__name__}: {' '.join(str(w.message).split())}"
+        if line not in seen:
+            seen.add(line)
+            sys.stderr.write(line + "\n")
+
+
+def _exit(exc: BaseException) -> None:
+    """Exit as the command-line contract says for `exc`; anything unexpected is re-raised."""
     try:
-        rv = _run(argv)
+        raise exc
     except InputError as e:
         _fail(str(e))
     except OSError as e:        # the environment refused: missing folder, read-only, full disk
@@ -49,12 +82,18 @@ def _main(argv: Optional[list[str]]) -> None:
         if type(e).__name__ == "NoArgsIsHelpError":  # the help is printed; still a usage error
             sys.exit(2)
         _fail(e.format_message())
-    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@functools.cache
+def _command() -> Any:
+    """The click command of `app`, built once per process (typer's own `app()` rebuilds it on
+    every call: 25 ms, which the in-process tests would pay per case)."""
+    return typer.main.get_command(app)
 
 
 def _run(argv: Optional[list[str]]) -> Any:
     try:
-        return app(args=argv, standalone_mode=False, prog_name="sempar")
+        return _command().main(args=argv, standalone_mode=False, prog_name="sempar")
     finally:
         track_inputs(False)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import sys
 import warnings
@@ -117,9 +118,34 @@ def json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def finite(obj: Any) -> Any:
+    """`obj` with every non-finite float (NaN, +-Infinity; numpy's too) replaced by None, dicts,
+    lists and tuples rebuilt, numpy arrays as lists: what JSON can say (RFC 8259 has no NaN)."""
+    import numpy as np
+
+    if isinstance(obj, float):          # np.float64 is a float
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return finite(obj.tolist())
+    if isinstance(obj, np.floating):
+        return finite(float(obj))
+    return obj
+
+
+def json_text(obj: Any, indent: int | None = 1) -> str:
+    """The one JSON writer of sempar's reports (`--json`, analysis.json, summary.json, bench
+    results): strict JSON, non-finite numbers written as null (`finite`)."""
+    return json.dumps(finite(obj), indent=indent, default=json_default, allow_nan=False)
+
+
 def emit_json(obj: Any) -> None:
-    """Print `obj` as the one JSON object of `--json` on stdout (indent 1) and flush."""
-    sys.stdout.write(json.dumps(obj, indent=1, default=json_default) + "\n")
+    """Print `obj` as the one JSON object of `--json` on stdout (indent 1; NaN and Infinity as
+    null, `json_text`) and flush."""
+    sys.stdout.write(json_text(obj) + "\n")
     sys.stdout.flush()
 
 

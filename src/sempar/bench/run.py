@@ -3,7 +3,6 @@ simulator's prediction, the summary, the saved last result) and `execute`, the r
 
 from __future__ import annotations
 
-import json
 import pickle
 
 
@@ -11,6 +10,7 @@ from sempar.atomic import scratch_folder
 from sempar.bench.inputs import load_dev, model_config, prefill_batches
 from sempar.bench.plan import BASELINE, METHODS, plan_specs, predicted
 from sempar.bench.result import result_path, run_figures, summarise
+from sempar.console import json_text
 from sempar.errors import InputError
 
 MODEL = "tiny-moe64"
@@ -89,5 +89,6 @@ def run_bench(G: int = 4, preset: str | None = "pcie-upi8", scale: float = 1 / 8
     if save:
         from sempar.atomic import write_text_atomic
 
-        write_text_atomic(result_path(), json.dumps(result, indent=1) + "\n")
+        write_text_atomic(result_path(), json_text(result, indent=1) + "\n",
+                          option="$SEMPAR_BENCH_RESULT")
     return result

@@ -34,6 +34,12 @@ class Strategy:
     double_buffer: bool = False   # EP / Hydra: two whole-expert buffers per die (ours)
 
     @property
+    def knobs(self) -> tuple[str, ...]:
+        """The options that change this strategy's result beyond the package and workload:
+        only the FSE-DP flow streams experts in micro-slices (`--micro-slices`)."""
+        return ("micro_slices",) if self.kind == "flow" else ()
+
+    @property
     def label(self) -> str:
         return f"{self.name} ({self.ablation})" if self.ablation else self.name
 

@@ -65,6 +65,25 @@ class Pipeline:
     chained: bool = False       # ExFlow: a token's home at layer l + 1 is its top-1 expert's device
 
     @property
+    def knobs(self) -> tuple[str, ...]:
+        """The options (SimOptions fields and Homes' choices) that change this pipeline's result;
+        `sempar simulate` refuses the others when given. dedup / one_shot: the all-to-alls';
+        schedule: token placement by the online schedulers (not ds-moe's contiguous chunks, not
+        smoe-exact's pre-routed homes); policy: the request policy of attention-DP homes;
+        count_sag: the closing shuffled all-gather of an RS ... AG pipeline; logit_bytes: the
+        router-logit all-reduce."""
+        out = ["dedup", "one_shot"] if self.expert_parallel else []
+        if self.scheduled and "AR-logits" not in self.steps:
+            out.append("schedule")
+            if self.attention == "dp":
+                out.append("policy")
+        if "RS" in self.steps and "AG" in self.steps:
+            out.append("count_sag")
+        if "AR-logits" in self.steps:
+            out.append("logit_bytes")
+        return tuple(out)
+
+    @property
     def expert_parallel(self) -> bool:
         return "A2A-dispatch" in self.steps
 

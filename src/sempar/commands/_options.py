@@ -1,14 +1,19 @@
 """Options shared by several verbs, each declared and bounded here once: `--seed`, `--ep`,
-`--nodes`, `--json`; the old spelling of a renamed option, still read; the collective model a
+`--nodes`, `--json`, the serving forecast's workload (`--rates`, `--duration`, `--input-len`,
+`--output-len`, `--token-budget`, `--max-running`, `--slo`, `--slo-scale`); name lists checked
+against their registry (`names_option`); options that apply to some pipelines only (`given`,
+`refuse_unused`); the old spelling of a renamed option, still read; the collective model a
 forecast prices with."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import typer
 
-from sempar.bounds import DEVICES, DEVICES_MAX, HOSTS, SEED, bound, check_bound
+from sempar.bounds import (BUDGET_MAX, DEVICES, DEVICES_MAX, HOSTS, RATE_MAX,
+                           REQUEST_TOKENS_MAX, RUNNING_MAX, SCALE_MAX, SECONDS_MAX, SEED, Bounds,
+                           NumberList, bound)
 from sempar.errors import InputError
 
 T = TypeVar("T")
@@ -60,23 +65,19 @@ def ep_option(default: Any, help: str, *, live: bool = False, also: tuple[str, .
     return typer.Option(default, "--ep", *also, help=help, callback=HOSTS if live else DEVICES)
 
 
+EP_LIST = NumberList("--ep", Bounds(1, DEVICES_MAX, integer=True))
+
+
 def ep_values(text: Optional[str]) -> list[Optional[int]]:
     """A comma-separated `--ep` list as EP degrees, each bounded as `ep_option`'s; [None] (the
     topology's devices) when not given."""
-    if not text:
-        return [None]
-    from sempar.serving.setup import parse_floats
-
-    return [check_bound("--ep", int(x), 1, DEVICES_MAX) for x in parse_floats(text, "--ep") or []]
+    return EP_LIST.parse(text) if text else [None]
 
 
 def ep_list_option(help: str) -> Any:
-    """`--ep` as a comma-separated list of EP degrees (read with `ep_values`), checked on parsing."""
-    def check(value: Optional[str]) -> Optional[str]:
-        ep_values(value)
-        return value
-
-    return typer.Option(None, "--ep", help=help, callback=check)
+    """`--ep` as a comma-separated list of EP degrees (read with `ep_values`), checked on parsing;
+    `8.9` is refused, not truncated."""
+    return typer.Option(None, "--ep", help=help, callback=EP_LIST.callback)
 
 
 def nodes_option(default: Any, help: Optional[str] = None) -> Any:
@@ -102,3 +103,158 @@ def held_out_option() -> Any:
     return typer.Option(1.10, "--held-out-imbalance", callback=bound(1.0, 100.0),
                         help="rows objective: the imbalance on new requests to stay within (the "
                              "fit cap is lowered while a request bootstrap predicts more)")
+
+
+# ---- the serving forecast's workload (serve-sim, plan) -------------------------------------
+
+RATES = NumberList("--rates", Bounds(0, RATE_MAX, lo_open=True))
+
+
+def rates_option(help: str) -> Any:
+    """`--rates`: requests/s, comma-separated (read with `RATES.parse`); rate x `--duration` is
+    bounded by `bounds.check_requests` once the rates are known."""
+    return typer.Option(None, "--rates", help=help, callback=RATES.callback)
+
+
+def duration_option(default: float) -> Any:
+    """`--duration`: seconds of arrivals per rate, (0, SECONDS_MAX]."""
+    return typer.Option(default, "--duration", help="seconds of arrivals per rate (rate x "
+                        "duration: at most bounds.REQUESTS_MAX requests)",
+                        callback=bound(0, SECONDS_MAX, lo_open=True))
+
+
+def input_len_option() -> Any:
+    """`--input-len`: prompt tokens per request, 1..REQUEST_TOKENS_MAX."""
+    return typer.Option(512, "--input-len", help="prompt tokens per request",
+                        callback=bound(1, REQUEST_TOKENS_MAX))
+
+
+def output_len_option() -> Any:
+    """`--output-len`: generated tokens per request, 1..REQUEST_TOKENS_MAX."""
+    return typer.Option(128, "--output-len", help="generated tokens per request",
+                        callback=bound(1, REQUEST_TOKENS_MAX))
+
+
+def budget_option() -> Any:
+    """`--token-budget`: tokens per iteration per device, 1..BUDGET_MAX."""
+    return typer.Option(2048, "--token-budget", help="tokens per iteration per device",
+                        callback=bound(1, BUDGET_MAX))
+
+
+def max_running_option() -> Any:
+    """`--max-running`: requests in flight per device, 1..RUNNING_MAX."""
+    return typer.Option(128, "--max-running", help="running requests per device",
+                        callback=bound(1, RUNNING_MAX))
+
+
+def slo_scale_option() -> Any:
+    """`--slo-scale`: SLO = this x the lightest-load latency, (0, SCALE_MAX]."""
+    return typer.Option(5.0, "--slo-scale", help="SLO = this x the lightest-load latency",
+                        callback=bound(0, SCALE_MAX, lo_open=True))
+
+
+def slo_option(help: str) -> Any:
+    """`--slo KEY=SECONDS,...` (serving.setup.parse_slo: each finite, in (0, SECONDS_MAX])."""
+    def check(value: Optional[str]) -> Optional[str]:
+        from sempar.serving.setup import parse_slo
+
+        parse_slo(value)
+        return value
+
+    return typer.Option(None, "--slo", help=help, callback=check)
+
+
+# ---- names checked against their registry --------------------------------------------------
+
+def check_names(option: str, text: Optional[str], registry: Any,
+                words: tuple[str, ...] = (), single: bool = False) -> Optional[list[str]]:
+    """The names of a comma-separated option value, each registered in `registry` (or one of
+    `words`, e.g. "all"); an unknown one is refused naming the known ones; with `single`, one
+    name only. None for None."""
+    if text is None:
+        return None
+    names = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not names:
+        raise InputError(f"{option}: {text!r} names nothing")
+    if single and len(names) > 1:
+        raise InputError(f"{option}: {text!r} names {len(names)}; give one")
+    for n in names:
+        if n not in registry and n not in words:
+            known = ", ".join([*words, *registry.names()])
+            raise InputError(f"{option}: unknown {registry.kind} {n!r}; choose one of: {known}")
+    return names
+
+
+class WithAliases:
+    """A registry seen with extra spellings (`aliases`: alias -> name, matched case-insensitively),
+    for `names_option` where the verb resolves aliases itself (stream's strategies)."""
+
+    def __init__(self, registry: Any, aliases: dict[str, str]):
+        self.registry, self.aliases, self.kind = registry, aliases, registry.kind
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.registry or str(name).lower() in self.aliases
+
+    def names(self) -> list[str]:
+        return [*self.registry.names(), *self.aliases]
+
+
+def names_option(default: Optional[str], option: str, registry: Callable[[], Any], help: str,
+                 words: tuple[str, ...] = (), single: bool = False) -> Any:
+    """An option naming one or more (comma-separated) items of the registry `registry()` returns
+    (imported when the option is given, not when the CLI is built); checked on parsing. The
+    callback's `registry` attribute lets the tests try an unknown name on every such option."""
+    def check(value: Optional[str]) -> Optional[str]:
+        check_names(option, value, registry(), words, single)
+        return value
+
+    check.registry = registry                                # type: ignore[attr-defined]
+    check.words = words                                      # type: ignore[attr-defined]
+    check.single = single                                    # type: ignore[attr-defined]
+    return typer.Option(default, option, help=help, callback=check)
+
+
+# ---- options that apply to some choices only ----------------------------------------------
+
+def given(ctx: typer.Context, name: str) -> bool:
+    """Whether the parameter `name` (its Python name) was given on the command line."""
+    src = ctx.get_parameter_source(name)
+    return src is not None and src.name == "COMMANDLINE"
+
+
+def refuse_unused(ctx: typer.Context, knobs: dict[str, str], takes: Callable[[str], bool],
+                  chosen: str) -> None:
+    """Refuse an option given on the command line that none of the choices takes.
+
+    knobs: {python parameter name: knob name in the registry}; takes(knob): whether any chosen
+    item (pipeline, strategy) declares it; chosen: the choices as the user named them."""
+    for param, knob in knobs.items():
+        if given(ctx, param) and not takes(knob):
+            opt = next(("/".join([max(p.opts, key=len), *p.secondary_opts])
+                        for p in ctx.command.params if p.name == param), param)
+            raise InputError(f"{opt}: does not apply to {chosen}")
+
+
+def solvers() -> Any:
+    """The placement methods' registry (each solver module registers itself on import)."""
+    from sempar.placement import SOLVERS
+
+    return SOLVERS
+
+
+def pipelines() -> Any:
+    from sempar.comm.pipelines import PIPELINES
+
+    return PIPELINES
+
+
+def request_policies() -> Any:
+    from sempar.schedule.requests import REQUEST_POLICIES
+
+    return REQUEST_POLICIES
+
+
+def serving_systems() -> Any:
+    from sempar.serving.systems import SYSTEMS
+
+    return SYSTEMS

@@ -8,7 +8,6 @@ non-empty folder sempar did not write is refused, or moved aside with `force`).
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -17,7 +16,7 @@ import typer
 from sempar.atomic import atomic_folder, check_folder_output, write_text_atomic
 from sempar.bounds import DEVICES_MAX, TOKENS_MAX, bound
 from sempar.commands._options import ep_option, json_option, renamed, seed_option
-from sempar.console import emit_json, err
+from sempar.console import emit_json, err, json_text
 from sempar.errors import InputError
 
 
@@ -98,7 +97,7 @@ def run_analyze(trace_path: Path | None, out_dir: Path | None, devices: int = 8,
             if real is not None:
                 add_aggregates(report, real, real_plots or [])
             report.write(tmp / "report.html")
-            write_text_atomic(tmp / "analysis.json", json.dumps(result, indent=1) + "\n")
+            write_text_atomic(tmp / "analysis.json", json_text(result, indent=1) + "\n")
     if not quiet and trace_path is not None:
         from sempar.report.sections import analysis_table
 

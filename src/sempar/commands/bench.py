@@ -9,8 +9,13 @@ import sys
 import typer
 
 from sempar.bounds import POSITIVE_SECONDS, bound
-from sempar.commands._options import ep_option, json_option
-from sempar.errors import InputError
+from sempar.commands._options import ep_option, json_option, names_option
+
+
+def _methods():
+    from sempar.bench.plan import METHODS
+
+    return METHODS
 
 
 def register(app: typer.Typer) -> None:
@@ -31,9 +36,9 @@ def register(app: typer.Typer) -> None:
         seq: int = typer.Option(128, "--seq", help="tokens per request", callback=bound(1, 65536)),
         repeats: int = typer.Option(3, "--repeats", help="timed forwards per batch (min)",
                                      callback=bound(1, 1000)),
-        methods: str | None = typer.Option(None, "--methods", help="comma-separated subset of "
-                                           "vanilla, vanilla-tp, exflow, sempar-dp, sempar-tp, "
-                                           "sempar-tp-exact"),
+        methods: str | None = names_option(None, "--methods", _methods,
+                                           help="comma-separated subset of vanilla, vanilla-tp, "
+                                           "exflow, sempar-dp, sempar-tp, sempar-tp-exact"),
         timeout: float = typer.Option(600.0, "--timeout", help="hard limit of the run, seconds",
                                       callback=POSITIVE_SECONDS),
         as_json: bool = json_option(),
@@ -49,8 +54,11 @@ def register(app: typer.Typer) -> None:
         from sempar.runtime.dist import RankFailure
         from sempar.testbed.netns import TestbedError
 
-        if timeout <= 0:
-            raise InputError("--timeout must be positive")
+        from sempar.atomic import check_output
+        from sempar.bench.result import result_path
+
+        # the result is saved for `sempar demo`: its path is checked now, not after the run
+        check_output(result_path(), option="$SEMPAR_BENCH_RESULT")
         ms = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
         progress = None if as_json else (lambda s: sys.stderr.write(s + "\n"))
         try:

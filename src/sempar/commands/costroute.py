@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from sempar.bounds import bound
+from sempar.bounds import Bounds, NumberList, bound
 from sempar.commands._options import ep_option, json_option
 from sempar.console import emit_json, out
 from sempar.errors import InputError, check_choice
@@ -23,14 +23,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Cost-aware routing (CAMoE): gate bias from the topology, lambda sweep.")
 
 
+LAMBDAS = NumberList("--lambdas", Bounds(0, 1e6))      # a gate-bias weight; each one a pass
+
+
 def _lambdas(text: str) -> tuple[float, ...]:
-    try:
-        vals = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise InputError(f"--lambdas: {text!r} is not a comma-separated list of numbers") from None
-    if not vals:
-        raise InputError("--lambdas: give at least one value")
-    return vals
+    return tuple(LAMBDAS.parse(text) or ())
 
 
 def _config(model, topology, ep, lambdas, corpus, text, tokens_per_domain, seq_len, batch_size,
@@ -49,7 +46,8 @@ def _config(model, topology, ep, lambdas, corpus, text, tokens_per_domain, seq_l
 _MODEL = typer.Option("tiny-moe64", "--model", help="model folder or packaged name")
 _TOPO = typer.Option("hetero-cloud", "--topology", help="preset(s) or JSON, comma-separated")
 _EP = ep_option(8, "EP degree G (= the topology's devices)")
-_LAMS = typer.Option("0,0.05,0.1,0.15,0.2,0.25", "--lambdas", help="lambda_cost values")
+_LAMS = typer.Option("0,0.05,0.1,0.15,0.2,0.25", "--lambdas", help="lambda_cost values",
+                     callback=LAMBDAS.callback)
 _CORPUS = typer.Option(None, "--corpus", help="corpus folder (held-out text); or $SEMPAR_CORPUS")
 _TEXT = typer.Option(None, "--text", help="FILE[:DOMAIN] instead of the corpus (repeatable)")
 _TPD = typer.Option(4096, "--tokens-per-domain", help="cap on held-out tokens per domain",
@@ -88,6 +86,10 @@ def sweep(model: str = _MODEL, topology: str = _TOPO, ep: int = _EP, lambdas: st
     cfg = _config(model, topology, ep, lambdas, corpus, text, tokens_per_domain, seq_len,
                   batch_size, placement, dedup, mode, token_bytes, max_acc_loss)
     validate_config(cfg)
+    if plot is not None:
+        from sempar.atomic import check_output
+
+        check_output(Path(plot) / "pareto.png", corpus, option="--plot")
     n = 3 + (len(cfg.checked_lambdas()) - 1) * len(cfg.topologies)
     with steps("cost-route", n) as step:
         results = run_sweeps(cfg, progress=step)

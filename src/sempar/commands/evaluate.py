@@ -9,8 +9,9 @@ from typing import Optional
 import typer
 
 from sempar.bounds import CHUNK_SLACK, REDUNDANT_MAX, bound
-from sempar.commands._options import (ep_option, held_out_option, json_option,
-                                      nodes_option, objective_option, seed_option)
+from sempar.commands._options import (ep_option, held_out_option, json_option, names_option,
+                                      nodes_option, objective_option, request_policies,
+                                      seed_option, solvers)
 from sempar.console import emit_json, out
 from sempar.errors import InputError
 
@@ -19,7 +20,8 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
              eval_file: Optional[Path] = typer.Option(None, "--eval", help="held-out trace"),
              ep: int = ep_option(..., "EP degree G"),
              nodes: int = nodes_option(1),
-             methods: str = typer.Option("all", "--methods", help="comma-separated, or all"),
+             methods: str = names_option("all", "--methods", solvers, words=("all",),
+                                         help="comma-separated, or all"),
              mode: str = typer.Option("tp", "--mode", help="dp or tp"),
              redundant: int = typer.Option(0, "--redundant", callback=bound(0, REDUNDANT_MAX)),
              max_imbalance: float = typer.Option(1.05, "--max-imbalance",
@@ -34,7 +36,8 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
                                         help="also fit on each domain of --fit, evaluate on the others"),
              online: bool = typer.Option(False, "--online",
                                          help="also place eval tokens with the online schedulers"),
-             policy: str = typer.Option("alg2", "--policy", help="dp request policy for --online"),
+             policy: str = names_option("alg2", "--policy", request_policies, single=True,
+                                        help="dp request policy for --online"),
              lookback: int = typer.Option(2, "--lookback", help="n-gram look-back for --online",
                                      callback=bound(0, 64)),
              chunk_slack: float = typer.Option(0.0, "--chunk-slack", callback=CHUNK_SLACK,

@@ -9,10 +9,9 @@ from typing import Optional
 
 import typer
 
-from sempar.bounds import TOKENS_MAX, bound
+from sempar.bounds import LAYERS_MAX, TOKENS_MAX, Bounds, NumberList, bound
 from sempar.commands._options import json_option
 from sempar.console import emit_json
-from sempar.errors import InputError
 
 import_app = typer.Typer(add_completion=False, no_args_is_help=True,
                          help="Convert routing recorded by serving engines into traces.")
@@ -67,14 +66,11 @@ def _key(role: str) -> Optional[str]:
                              "'' = none)")
 
 
+LAYER_IDS = NumberList("--layer-ids", Bounds(0, LAYERS_MAX - 1, integer=True), max_items=LAYERS_MAX)
+
+
 def _layer_ids(value: Optional[str]) -> Optional[tuple[int, ...]]:
-    if value is None:
-        return None
-    try:
-        return tuple(int(x) for x in value.split(","))
-    except ValueError:
-        raise InputError(f"--layer-ids: {value!r} is not a comma-separated list of layer "
-                         "numbers") from None
+    return None if value is None else tuple(LAYER_IDS.parse(value) or ())
 
 
 @import_app.command("arrays")
@@ -96,7 +92,8 @@ def import_arrays_cmd(files: list[Path] = typer.Argument(..., help=".npz / .npy 
                                                                callback=bound(1, TOKENS_MAX)),
                       layer_ids: Optional[str] = typer.Option(None, "--layer-ids",
                                                               help="model layer of each column, "
-                                                                   "e.g. 1,2,3"),
+                                                                   "e.g. 1,2,3",
+                                                              callback=LAYER_IDS.callback),
                       num_hidden_layers: Optional[int] = typer.Option(None, "--num-hidden-layers",
                                                                       callback=bound(1, 1 << 16)),
                       experts_key: Optional[str] = _key("experts"),

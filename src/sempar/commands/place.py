@@ -9,12 +9,13 @@ from typing import Optional
 import typer
 
 from sempar.bounds import REDUNDANT_MAX, bound
-from sempar.commands._options import (ep_option, held_out_option, nodes_option,
-                                      objective_option, seed_option)
+from sempar.commands._options import (ep_option, held_out_option, names_option, nodes_option,
+                                      objective_option, seed_option, solvers)
 
 
 def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)"),
-          method: str = typer.Option("sempar", "--method", help="placement method (see `evaluate`)"),
+          method: str = names_option("sempar", "--method", solvers, single=True,
+                                     help="placement method (see `evaluate`)"),
           ep: int = ep_option(..., "EP degree G (devices)"),
           nodes: int = nodes_option(1, "nodes the devices are grouped into"),
           redundant: int = typer.Option(0, "--redundant", help="replica slots per layer",

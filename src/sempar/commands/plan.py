@@ -9,14 +9,20 @@ from typing import Optional
 
 import typer
 
-from sempar.commands._options import (COLLECTIVES_HELP, ep_list_option, ep_values, json_option,
-                                      seed_option)
+from sempar.commands._options import (COLLECTIVES_HELP, RATES, budget_option, duration_option,
+                                      ep_list_option, ep_values, input_len_option, json_option,
+                                      max_running_option, names_option, output_len_option,
+                                      pipelines, rates_option, request_policies, seed_option,
+                                      slo_option, solvers)
+from sempar.bounds import REDUNDANT_MAX, Bounds, NumberList, bound
 from sempar.commands._options import collectives as check_collectives
-from sempar.errors import InputError
 
 
 def _names(s: Optional[str]) -> Optional[list[str]]:
     return None if s is None else [x.strip() for x in s.split(",") if x.strip()] or None
+
+
+REDUNDANT = NumberList("--redundant", Bounds(0, REDUNDANT_MAX, integer=True, words=("G",)))
 
 
 def register(app: typer.Typer) -> None:
@@ -29,20 +35,25 @@ def register(app: typer.Typer) -> None:
         accelerator: str = typer.Option("h100", "--accelerator"),
         ep: Optional[str] = ep_list_option("EP sizes to try, comma-separated (default: "
                                                  "the topology's devices)"),
-        slo: Optional[str] = typer.Option(None, "--slo", help="SLOs in seconds, e.g. e2e=10,ttft=0.5 "
-                                          "(default: ttft and e2e at 5x SGLang's lightest load)"),
-        methods: Optional[str] = typer.Option(None, "--methods", help="placement methods to try"),
-        pipelines: Optional[str] = typer.Option(None, "--pipelines", help="pipelines to try"),
-        policies: Optional[str] = typer.Option(None, "--policies", help="DP request policies to try"),
-        redundant: str = typer.Option("0", "--redundant", help="redundant slots per layer to try "
-                                      "(comma-separated; G = one per device)"),
-        rates: Optional[str] = typer.Option(None, "--rates", help="requests/s to sweep"),
-        duration: float = typer.Option(30.0, "--duration", help="seconds of arrivals per rate"),
-        input_len: int = typer.Option(512, "--input-len"),
-        output_len: int = typer.Option(128, "--output-len"),
-        top: int = typer.Option(4, "--top", help="candidates forecast in full after screening"),
-        budget: int = typer.Option(2048, "--token-budget", help="tokens per iteration per device"),
-        max_running: int = typer.Option(128, "--max-running", help="running requests per device"),
+        slo: Optional[str] = slo_option("SLOs in seconds, e.g. e2e=10,ttft=0.5 (default: ttft "
+                                        "and e2e at 5x SGLang's lightest load)"),
+        methods: Optional[str] = names_option(None, "--methods", solvers,
+                                              help="placement methods to try"),
+        pipes: Optional[str] = names_option(None, "--pipelines", pipelines,
+                                            help="pipelines to try"),
+        policies: Optional[str] = names_option(None, "--policies", request_policies,
+                                               help="DP request policies to try"),
+        redundant: str = typer.Option("0", "--redundant", callback=REDUNDANT.callback,
+                                      help="redundant slots per layer to try (comma-separated; "
+                                      "G = one per device)"),
+        rates: Optional[str] = rates_option("requests/s to sweep"),
+        duration: float = duration_option(30.0),
+        input_len: int = input_len_option(),
+        output_len: int = output_len_option(),
+        top: int = typer.Option(4, "--top", help="candidates forecast in full after screening",
+                                callback=bound(1, 1000)),
+        budget: int = budget_option(),
+        max_running: int = max_running_option(),
         seed: int = seed_option(),
         collectives: Optional[str] = typer.Option(None, "--collectives", help=COLLECTIVES_HELP,
                                                   callback=check_collectives),
@@ -51,18 +62,15 @@ def register(app: typer.Typer) -> None:
         """Rank deployments (pipeline x placement x policy x redundancy x EP) by throughput under an SLO."""
         from sempar.progress import steps
         from sempar.serving.plan import plan
-        from sempar.serving.setup import forecaster, parse_floats, parse_slo
+        from sempar.bounds import check_requests
+        from sempar.serving.setup import forecaster, parse_slo
 
         given = parse_slo(slo)
         eps = ep_values(ep)
-        red = []
-        for r in _names(redundant) or ["0"]:
-            if r != "G" and not r.isdigit():
-                raise InputError(f"--redundant: {r!r} is not a count or G")
-            red.append(r)
-        if top < 1:
-            raise InputError(f"--top: {top} is not positive")
-        rate_list = parse_floats(rates, "--rates")
+        red = [str(r) for r in REDUNDANT.parse(redundant)]
+        rate_list = RATES.parse(rates)
+        if rate_list:
+            check_requests(rate_list, duration)
         fcs = {}
 
         def make_fc(G):
@@ -75,7 +83,7 @@ def register(app: typer.Typer) -> None:
             res = plan(lambda G: fcs.get(G) or make_fc(G), eps, str(trace), given,
                        rates=rate_list, duration=duration, input_len=input_len,
                        output_len=output_len, top=top, methods=_names(methods),
-                       pipelines=_names(pipelines), policies=_names(policies), redundant=red,
+                       pipelines=_names(pipes), policies=_names(policies), redundant=red,
                        progress=step)
         if as_json:
             from sempar.console import emit_json

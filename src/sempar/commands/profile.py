@@ -12,20 +12,13 @@ from typing import Any, Optional
 import numpy as np
 import typer
 
-from sempar.bounds import HOSTS, POSITIVE_SECONDS, bound
+from sempar.bounds import HOSTS, POSITIVE_SECONDS, Bounds, NumberList, bound
 from sempar.commands._options import ep_option, json_option, renamed
 from sempar.console import emit_json
 from sempar.errors import InputError
 
 
-def _ints(s: str, what: str) -> list[int]:
-    try:
-        out = [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"{what}: {s!r} is not a comma-separated list of integers") from None
-    if not out or min(out) < 1:
-        raise InputError(f"{what}: give positive integers, got {s!r}")
-    return out
+SIZES = NumberList("--sizes", Bounds(1, 1 << 28, integer=True))    # message bytes, <= 256 MiB
 
 
 def run_profile(hosts: int, testbed: str | None = None, scale: float = 1 / 8000,
@@ -99,7 +92,8 @@ def register(app: typer.Typer) -> None:
                                     "preset bytes/s (1/8000: 64 GB/s -> 64 Mbit/s)",
                                     callback=bound(0, 1.0, lo_open=True)),
         sizes: str | None = typer.Option(None, "--sizes", help="message sizes in bytes, "
-                                            "comma-separated (default 4096,65536,262144,786432)"),
+                                            "comma-separated (default 4096,65536,262144,786432)",
+                                         callback=SIZES.callback),
         repeats: Optional[int] = typer.Option(None, "--repeats", help="repeats per measurement "
                                               "(median; --reps: the same, still read) \\[default: 3]",
                                               callback=bound(1, 1000)),
@@ -130,7 +124,7 @@ def register(app: typer.Typer) -> None:
         check_output(out)
         if plot is not None:
             check_output(plot, out, option="--plot")
-        sz = _ints(sizes, "--sizes") if sizes else None
+        sz = SIZES.parse(sizes)
         try:
             topo, res = run_profile(ranks, testbed, scale, sz, repeat, fidelity, method=method,
                                     timeout_s=timeout, op_timeout_s=op_timeout)

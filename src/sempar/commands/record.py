@@ -33,8 +33,8 @@ def record_cmd(model: str = typer.Option(..., "--model",
     from sempar.progress import progress_bar
     from sempar.trace.record import RecordJob
 
-    job = RecordJob.prepare(model, texts, max_tokens=max_tokens, dtype=dtype)
-    check_output(out_file)      # the texts and the model folder are registered inputs by now
+    job = RecordJob.prepare(model, texts, max_tokens=max_tokens, dtype=dtype, out=out_file)
+    check_output(out_file)      # again: the model's own files are registered inputs by now
     with progress_bar(f"record {job.source.name}", job.total_tokens) as advance:
         summary = job.run(out_file, batch_size=batch_size, progress=advance, weights=weights)
     if as_json:

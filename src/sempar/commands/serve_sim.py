@@ -9,10 +9,12 @@ from typing import Optional
 
 import typer
 
-from sempar.commands._options import (COLLECTIVES_HELP, ep_option, json_option, nodes_option,
-                                      seed_option)
+from sempar.commands._options import (COLLECTIVES_HELP, RATES, budget_option, duration_option,
+                                      ep_option, input_len_option, json_option,
+                                      max_running_option, names_option, nodes_option,
+                                      output_len_option, rates_option, seed_option,
+                                      serving_systems, slo_option, slo_scale_option)
 from sempar.commands._options import collectives as check_collectives
-from sempar.errors import InputError
 
 
 def register(app: typer.Typer) -> None:
@@ -27,21 +29,22 @@ def register(app: typer.Typer) -> None:
         accelerator: str = typer.Option("h100", "--accelerator", help="a100, h100, h200, smoe-a, "
                                         "smoe-b, cpu"),
         ep: Optional[int] = ep_option(None, "EP degree G (default: the topology's devices)"),
-        systems: str = typer.Option("all", "--systems", help="all, or a comma-separated list; the "
-                                    "first of each attention mode (DP, TP) is the baseline whose "
-                                    "lightest load sets that mode's SLOs"),
-        rates: Optional[str] = typer.Option(None, "--rates", help="requests/s, comma-separated "
-                                            "(default: 10 rates up to 1.2 x the estimated capacity)"),
+        systems: str = names_option("all", "--systems", serving_systems, words=("all",),
+                                    help="all, or a comma-separated list; the first of each "
+                                    "attention mode (DP, TP) is the baseline whose lightest load "
+                                    "sets that mode's SLOs"),
+        rates: Optional[str] = rates_option("requests/s, comma-separated (default: 10 rates up "
+                                            "to 1.2 x the estimated capacity)"),
         arrivals: Optional[Path] = typer.Option(None, "--arrivals", help="arrival times (s) file "
                                                 "instead of Poisson rates"),
-        duration: float = typer.Option(60.0, "--duration", help="seconds of arrivals per rate"),
+        duration: float = duration_option(60.0),
         lengths: str = typer.Option("fixed", "--lengths", help="fixed, trace or exp"),
-        input_len: int = typer.Option(512, "--input-len"),
-        output_len: int = typer.Option(128, "--output-len"),
-        slo_scale: float = typer.Option(5.0, "--slo-scale", help="SLO = this x the lightest-load latency"),
-        slo: Optional[str] = typer.Option(None, "--slo", help="given SLOs in seconds, e.g. e2e=10,ttft=0.5"),
-        budget: int = typer.Option(2048, "--token-budget", help="tokens per iteration per device"),
-        max_running: int = typer.Option(128, "--max-running", help="running requests per device"),
+        input_len: int = input_len_option(),
+        output_len: int = output_len_option(),
+        slo_scale: float = slo_scale_option(),
+        slo: Optional[str] = slo_option("given SLOs in seconds, e.g. e2e=10,ttft=0.5"),
+        budget: int = budget_option(),
+        max_running: int = max_running_option(),
         seed: int = seed_option(),
         collectives: Optional[str] = typer.Option(None, "--collectives", help=COLLECTIVES_HELP,
                                                   callback=check_collectives),
@@ -49,20 +52,25 @@ def register(app: typer.Typer) -> None:
         as_json: bool = json_option(),
     ) -> None:
         """Forecast serving throughput under latency SLOs for several systems side by side."""
+        from sempar.bounds import check_requests
         from sempar.progress import steps
         from sempar.serving.forecast import compare
-        from sempar.serving.setup import forecaster, parse_floats, parse_slo
+        from sempar.serving.setup import forecaster, parse_slo
         from sempar.serving.systems import SYSTEMS
         from sempar.serving.workload import read_arrivals
 
         names = SYSTEMS.names() if systems == "all" else [s.strip() for s in systems.split(",") if s.strip()]
-        if not names:
-            raise InputError("--systems: empty list")
-        for n in names:
-            SYSTEMS.get(n)
-        rate_list = parse_floats(rates, "--rates")
+        rate_list = RATES.parse(rates)
+        if rate_list:
+            check_requests(rate_list, duration)
         given = parse_slo(slo)
+        if plot is not None:
+            from sempar.atomic import check_output
+
+            check_output(Path(plot) / "serve-sim-curves.png", trace, option="--plot")
         arr = read_arrivals(arrivals) if arrivals is not None else None
+        if arr is not None:
+            check_requests([float(arr.size)], 1.0, "--arrivals")
         fc = forecaster(trace, preset, topology, accelerator, ep, nodes, budget, max_running, seed,
                         collectives)
         n_steps = len(names) * (1 + (len(rate_list) if rate_list else 10))

@@ -11,7 +11,9 @@ import typer
 
 from sempar.bounds import bound
 from sempar.console import emit_json, out
-from sempar.commands._options import COLLECTIVES_HELP, json_option, nodes_option, seed_option
+from sempar.commands._options import (COLLECTIVES_HELP, given, json_option, names_option,
+                                      nodes_option, pipelines, refuse_unused, request_policies,
+                                      seed_option)
 from sempar.commands._options import collectives as check_collectives
 from sempar.errors import InputError
 
@@ -26,13 +28,15 @@ def _list(s: str) -> list[str]:
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate_cmd(
+        ctx: typer.Context,
         trace: Path = typer.Option(..., "--trace", help="routing trace (Parquet); split by request, "
                                    "20% fit (solvers, schedulers), 80% simulated"),
         placement: str = typer.Option("vanilla", "--placement",
                                       help="placement JSON or a method name solved on the fit split "
                                       "(--compare: comma-separated list, the first is the baseline)"),
-        pipeline: str = typer.Option("sglang-ep", "--pipeline", help="ds-moe, sglang-tp, smoe "
-                                     "(= semmoe-tp), smoe-exact, attn-dp, sglang-ep, exflow (--compare: list)"),
+        pipeline: str = names_option("sglang-ep", "--pipeline", pipelines,
+                                     help="ds-moe, sglang-tp, smoe (= semmoe-tp), smoe-exact, "
+                                     "attn-dp, sglang-ep, exflow (--compare: list)"),
         topology: str = typer.Option("pcie-upi8", "--topology", help="preset (nvlink8, pcie-upi8, "
                                      "a100x4-ib[:N], hetero-cloud[:N]) or topology JSON (--compare: list)"),
         nodes: Optional[int] = nodes_option(None, "nodes of a scalable preset"),
@@ -45,7 +49,8 @@ def register(app: typer.Typer) -> None:
         schedule: str = typer.Option("auto", "--schedule", help="auto: online schedulers when the "
                                      "placement has a token table (co-clustering methods); online: "
                                      "always; none: vanilla homes"),
-        policy: str = typer.Option("alg2", "--policy", help="request policy for attention-DP homes"),
+        policy: str = names_option("alg2", "--policy", request_policies, single=True,
+                                   help="request policy for attention-DP homes (DP pipelines)"),
         dedup: Optional[bool] = typer.Option(None, "--dedup/--no-dedup",
                                              help="override the pipeline's de-duplication"),
         one_shot: Optional[bool] = typer.Option(None, "--one-shot/--separate-metadata",
@@ -68,8 +73,26 @@ def register(app: typer.Typer) -> None:
         from sempar.comm.simulate import SimOptions, resolve_hidden
         from sempar.comm.topology_presets import load_topology
         from sempar.progress import steps
+        from sempar.comm.pipelines import PIPELINES
         from sempar.trace import read_trace
 
+        pipes = _list(pipeline) if compare else [pipeline]
+        if not compare and len(_list(pipeline)) > 1:
+            raise InputError(f"--pipeline: {pipeline!r} names several; give --compare for a list")
+        # options some pipelines do not take (their registered knobs): refused, not ignored
+        refuse_unused(ctx, {k: k for k in ("dedup", "one_shot", "schedule", "policy", "count_sag",
+                                           "logit_bytes")},
+                      lambda knob: any(knob in PIPELINES.get(p).knobs for p in pipes),
+                      f"--pipeline {pipeline}")
+        if given(ctx, "policy") and schedule == "none":
+            raise InputError("--policy: does not apply with --schedule none (vanilla homes)")
+        from sempar.placement import SOLVERS
+
+        for m in _list(placement):      # a method name or a placement JSON: known before work
+            if m not in SOLVERS and not Path(m).exists():
+                raise InputError(f"--placement: {m!r} is neither a placement method "
+                                 f"({', '.join(SOLVERS.names())}) nor a file")
+        topos = [load_topology(t, nodes) for t in (_list(topology) if compare else [topology])]
         if compare:
             from sempar.atomic import check_output
 
@@ -79,10 +102,6 @@ def register(app: typer.Typer) -> None:
         opts = SimOptions(hidden=resolve_hidden(tr.meta.model, tr.meta.extra, hidden),
                           dtype_bytes=dtype_bytes, batch=batch, dedup=dedup, one_shot=one_shot,
                           count_sag=count_sag, logit_bytes=logit_bytes, collectives=collectives)
-        if dtype_bytes < 1:
-            raise InputError(f"--dtype-bytes: {dtype_bytes} is not a positive integer")
-        if logit_bytes < 1:
-            raise InputError(f"--logit-bytes: {logit_bytes} is not a positive integer")
         study = Study.from_trace(tr, opts, schedule=schedule, policy=policy, seed=seed)
         if compare:
             methods, pipes, topos = _list(placement), _list(pipeline), _list(topology)
@@ -96,8 +115,7 @@ def register(app: typer.Typer) -> None:
                 _print_rows(rows)
                 sys.stderr.write(f"wrote {png}\n")
             return
-        topo = load_topology(topology, nodes)
-        res = single(study, placement, pipeline, topo)
+        res = single(study, placement, pipeline, topos[0])
         if as_json:
             emit_json(res)
             return

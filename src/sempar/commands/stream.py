@@ -8,8 +8,18 @@ from typing import Optional
 
 import typer
 
-from sempar.commands._options import json_option, seed_option
+from sempar.bounds import MICRO_SLICES_MAX, bound
+from sempar.commands._options import WithAliases, json_option, names_option, seed_option
 from sempar.console import emit_json
+
+
+def _strategies() -> WithAliases:
+    from sempar.chiplet.strategies import ALIASES, STRATEGIES
+
+    return WithAliases(STRATEGIES, ALIASES)
+
+
+_POSITIVE = bound(0, 1e6, lo_open=True)     # buffer MiB, GB/s: far beyond any package
 
 
 def register(app: typer.Typer) -> None:
@@ -42,19 +52,28 @@ def load_workload(model: str, trace: Optional[Path], tokens_per_iter: int, itera
 
 
 def stream(
+    ctx: typer.Context,
     model: str = typer.Option("qwen3-30b-a3b", help="model shape of FSE-DP Table I: phi-3.5-moe, yuan2.0-m32, deepseek-moe-16b, qwen3-30b-a3b"),
     trace: Optional[Path] = typer.Option(None, help="routing trace (Parquet); default a synthetic trace of the model"),
-    tokens_per_iter: int = typer.Option(64, help="input tokens per iteration (paper: 16, 64, 256, 1024)"),
-    iterations: int = typer.Option(100, help="forward iterations (paper: 100)"),
-    strategy: str = typer.Option("all", help="'all' or comma-separated: ep, ep-db, hydra, hydra-db, fsedp-naive, fsedp, fsedp+paired-load, ..."),
+    tokens_per_iter: int = typer.Option(64, help="input tokens per iteration (paper: 16, 64, 256, 1024)",
+                                        callback=bound(1, 1_000_000)),
+    iterations: int = typer.Option(100, help="forward iterations (paper: 100)",
+                                   callback=bound(1, 100_000)),
+    strategy: str = names_option("all", "--strategy", _strategies, words=("all",),
+                                 help="'all' or comma-separated: ep, ep-db, hydra, hydra-db, "
+                                 "fsedp-naive, fsedp, fsedp+paired-load, ..."),
     mesh: str = typer.Option("2x2", help="die mesh ROWSxCOLS"),
-    buffer_mb: float = typer.Option(16.0, help="on-chip expert buffer per die (MiB)"),
-    ddr_gbps: float = typer.Option(25.6, help="DDR bandwidth per die (GB/s)"),
-    d2d_gbps: float = typer.Option(288.0, help="D2D bandwidth per mesh link (GB/s)"),
+    buffer_mb: float = typer.Option(16.0, help="on-chip expert buffer per die (MiB)", callback=_POSITIVE),
+    ddr_gbps: float = typer.Option(25.6, help="DDR bandwidth per die (GB/s)", callback=_POSITIVE),
+    d2d_gbps: float = typer.Option(288.0, help="D2D bandwidth per mesh link (GB/s)", callback=_POSITIVE),
     precision: str = typer.Option("int8", help="weight precision: fp32, bf16, fp16, int8, fp8, int4"),
-    micro_slices: int = typer.Option(0, help="micro-slices per expert (0: 8, more when the buffer holds fewer than 8)"),
+    micro_slices: int = typer.Option(0, help="micro-slices per expert, FSE-DP strategies only (0: "
+                                     "8, more when the buffer holds fewer than 8; iterations x "
+                                     "micro-slices^3 is bounded: bounds.MICRO_SLICE_WORK_MAX)",
+                                     callback=bound(0, MICRO_SLICES_MAX)),
     sweeps: bool = typer.Option(False, "--sweeps", help="also run the design-space sweeps (Figs. 16-18)"),
-    sweep_iterations: int = typer.Option(3, help="iterations per sweep point"),
+    sweep_iterations: int = typer.Option(3, help="iterations per sweep point (each sweep runs 89 points)",
+                                         callback=bound(1, 100)),
     seed: int = seed_option("seed of the synthetic trace"),
     plot: Optional[Path] = typer.Option(None, help="write the figures into this folder"),
     json_out: bool = json_option(),
@@ -69,18 +88,20 @@ def stream(
     from sempar.errors import InputError
     from sempar.progress import progress_bar, steps
 
+    from sempar.bounds import check_bound, check_micro_slice_work
+    from sempar.commands._options import refuse_unused
+
     rows, cols = parse_mesh(mesh)
-    from sempar.bounds import check_bound
-    for opt, v in (("--buffer-mb", buffer_mb), ("--ddr-gbps", ddr_gbps), ("--d2d-gbps", d2d_gbps)):
-        check_bound(opt, v, 0, 1e6, lo_open=True)
-    check_bound("--sweep-iterations", sweep_iterations, 1, 1000)
     strategies = resolve(strategy)
-    check_bound("--tokens-per-iter", tokens_per_iter, 1, 1_000_000)
-    check_bound("--iterations", iterations, 1, 100_000)
+    refuse_unused(ctx, {"micro_slices": "micro_slices"},
+                  lambda knob: any(knob in s.knobs for s in strategies), f"--strategy {strategy}")
     check_bound("--tokens-per-iter x --iterations", tokens_per_iter * iterations, 1, 50_000_000)
-    check_bound("--micro-slices", micro_slices, 0, 4096)
     if trace is not None and not Path(trace).exists():
         raise InputError(f"--trace: {trace} does not exist")
+    if plot is not None:
+        from sempar.atomic import check_output
+
+        check_output(plot, trace, option="--plot", folder=True)
     cfg = ChipletConfig(rows=rows, cols=cols, buffer_bytes=int(buffer_mb * MB), ddr_bw_per_die=ddr_gbps * 1e9,
                         d2d_bw=d2d_gbps * 1e9)
     wb = precision_bytes(precision)
@@ -88,6 +109,9 @@ def stream(
     micro_slices = micro_slices or auto_micro_slices(cfg, m.expert_params * wb)
     if any(s.kind == "flow" for s in strategies):
         micro_slice_slots(cfg, m.expert_params * wb, micro_slices)
+        check_micro_slice_work(iterations, micro_slices, "--iterations")
+        if sweeps:
+            check_micro_slice_work(sweep_iterations, max(micro_slices, 32), "--sweep-iterations")
     m, wl = load_workload(model, trace, tokens_per_iter, iterations, seed)
     with steps("stream", len(strategies)) as step:
         results = simulate(wl, cfg, strategies, precision, micro_slices, progress=step)

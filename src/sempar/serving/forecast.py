@@ -35,6 +35,7 @@ from sempar.comm.homes import Homes
 from sempar.comm.pipelines import PIPELINES
 from sempar.comm.simulate import SimOptions
 from sempar.comm.topology import Topology
+from sempar.bounds import check_requests
 from sempar.errors import InputError
 from sempar.serving.dims import ModelDims
 from sempar.serving.engine import EngineConfig, run
@@ -274,6 +275,7 @@ def compare(fc: Forecaster, systems: list[str], rates: list[float] | None, durat
         rates = default_rates([p for ps in plans.values() for p in ps], input_len, output_len)
     if any(r <= 0 for r in rates):
         raise InputError("--rates must be positive")
+    check_requests(rates, duration)         # default rates too: before any rate is simulated
     rates = sorted(rates)
     curves = {}
     for name, ps in plans.items():

@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 
 from sempar.comm.pipelines import PIPELINES
+from sempar.bounds import check_requests
 from sempar.errors import InputError
 from sempar.serving.choose import choose
 from sempar.serving.deploy import commands, complexity
@@ -92,6 +93,9 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
                 skipped.append({"ep": G, **_row(v, G), "reason": str(e)})
                 continue
             screened.append((p.capacity(input_len, output_len), G, v))
+    if not screened and not skipped:
+        raise InputError("plan: --methods x --pipelines x --policies x --redundant name no "
+                         "deployment")
     if not screened:
         raise InputError("plan: no deployment fits: " + "; ".join(s["reason"] for s in skipped[:3]))
     screened.sort(key=lambda s: -s[0])
@@ -105,6 +109,7 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
     base = base_fc.prepare(BASELINE, served=served)
     rates = sorted(rates or default_rates([p for _, _, p in full] + [base], input_len, output_len,
                                           n_rates))
+    check_requests(rates, duration)         # default rates too: before any rate is simulated
     light = base_fc.run_rate(base, rates[0], duration, "fixed", input_len, output_len)
     slos = slos_from(light, slo_scale, slo_given)
     keys = tuple(slo_given) or slo_keys

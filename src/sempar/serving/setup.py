@@ -31,19 +31,19 @@ def topology_for(name: str, ep: int | None, nodes: int | None = None) -> Topolog
 
 
 def parse_floats(s: str | None, what: str) -> list[float] | None:
+    """Comma-separated positive finite numbers (None for None); the options' own bounds are
+    checked when the command line is parsed (commands/_options.py)."""
     if s is None:
         return None
-    try:
-        vals = [float(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"{what}: {s!r} is not a comma-separated list of numbers") from None
-    if not vals or any(not v > 0 for v in vals):
-        raise InputError(f"{what}: {s!r} must list positive numbers")
-    return vals
+    from sempar.bounds import Bounds, NumberList
+
+    return NumberList(what, Bounds(0, None, lo_open=True)).parse(s)
 
 
 def parse_slo(s: str | None) -> dict:
-    """"e2e=10,ttft=0.5" -> {"e2e": 10.0, "ttft": 0.5} (seconds)."""
+    """"e2e=10,ttft=0.5" -> {"e2e": 10.0, "ttft": 0.5} (seconds, each finite in (0, a week])."""
+    from sempar.bounds import SECONDS_MAX, check_bound
+
     out: dict = {}
     for part in (s or "").split(","):
         if not part.strip():
@@ -56,8 +56,7 @@ def parse_slo(s: str | None) -> dict:
             out[key] = float(val)
         except ValueError:
             raise InputError(f"--slo: {part!r} is not KEY=SECONDS") from None
-        if not out[key] > 0:
-            raise InputError(f"--slo: {part!r} must be positive")
+        check_bound(f"--slo {key}", out[key], 0, SECONDS_MAX, lo_open=True)
     return out
 
 

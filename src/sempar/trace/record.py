@@ -295,7 +295,9 @@ class RecordJob:
 
     @classmethod
     def prepare(cls, model: str | os.PathLike, texts: Sequence[str], max_tokens: int = 512,
-                dtype: str = "float32") -> "RecordJob":
+                dtype: str = "float32", out: str | os.PathLike | None = None) -> "RecordJob":
+        """Read and tokenize the texts, check `out` (the output rule, the texts and the model
+        folder being inputs), then load the model: every refusal comes before the slow load."""
         if not texts:
             raise InputError("--text: give at least one FILE[:DOMAIN]")
         check_choice("--dtype", dtype, DTYPES)
@@ -304,6 +306,10 @@ class RecordJob:
         requests = tokenize_requests(FileTokenizer(source.tokenizer_path), pairs, max_tokens)
         if not requests.tokens:
             raise InputError("--text: no tokens to record: every request is empty")
+        if out is not None:
+            from sempar.atomic import check_output
+
+            check_output(out, source.model_dir)
         return cls(source, load_model(source.model_dir, dtype=dtype), requests, max_tokens)
 
     @property

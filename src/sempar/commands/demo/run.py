@@ -6,7 +6,6 @@ The data and scheduling stages (`demo.stages`) register before the downstream on
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from sempar.atomic import atomic_folder, write_text_atomic
 from sempar.commands.demo import system  # noqa: F401  (registers the downstream stages)
 from sempar.commands.demo.stages import STAGES, DemoContext
 from sempar.progress import steps
+from sempar.console import json_text
 from sempar.report.html import HtmlReport
 
 
@@ -33,5 +33,5 @@ def run_demo(out_dir: Path, force: bool = False) -> dict:
                 summary["seconds"][name] = round(time.perf_counter() - t0, 2)
         summary["stages"] = ctx.results
         ctx.report.write(ctx.work / "report.html")
-        write_text_atomic(ctx.work / "summary.json", json.dumps(summary, indent=1) + "\n")
+        write_text_atomic(ctx.work / "summary.json", json_text(summary, indent=1) + "\n")
     return summary
