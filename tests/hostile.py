@@ -24,13 +24,13 @@ FAST = settings(max_examples=25, deadline=None,
                                        HealthCheck.too_slow])
 
 
-def run(args: list[Any], cwd: Path) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of `sempar ARGS` run in-process in `cwd`."""
+def run(args: list[Any], cwd: Path | None = None) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `sempar ARGS` run in-process (in `cwd` when given)."""
     from sempar.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     old = os.getcwd()
-    os.chdir(cwd)
+    os.chdir(cwd or old)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:

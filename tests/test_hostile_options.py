@@ -11,8 +11,6 @@ parsed, so none starts work. test_bad_input.py holds the one-case-per-class list
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import os
@@ -26,7 +24,8 @@ import typer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sempar.cli import app, main
+from hostile import run
+from sempar.cli import app
 from sempar.paths import assets_dir
 
 TRACE = assets_dir() / "traces" / "tiny-moe64.parquet"
@@ -90,18 +89,6 @@ def _in_empty_folder(tmp_path_factory):
     os.chdir(tmp_path_factory.mktemp("hostile"))
     yield
     os.chdir(old)
-
-
-def run(args: list[str]) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of `sempar ARGS` in-process."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main([str(a) for a in args])
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
 
 
 def refused(args: list[str], *needles: str) -> str:
