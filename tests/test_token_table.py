@@ -35,8 +35,8 @@ def test_rejects_unsorted_and_misshaped() -> None:
 
 
 def test_round_trip_through_placement_json() -> None:
-    p = Placement(np.array([[0, 1, 2, 3], [3, 2, 1, 0]]), 4, 2, np.zeros(2, int), "x",
-                  token_table=table())
+    p = Placement(np.array([[0, 1, 2, 3], [3, 2, 1, 0]]), 4, 4, np.zeros(4, int), "x",
+                  token_table=table())           # the table names devices 0..2
     d = p.to_json()
     assert "token_table" in d["info"]          # on disk inside "info", where files have it
     q = Placement.from_json(d)

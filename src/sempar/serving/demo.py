@@ -83,11 +83,12 @@ def run_stage(ctx, real_root: Path | None, cfg: DemoServeConfig = DemoServeConfi
     from sempar.serving.plots import plot_curves
     from sempar.serving.report import answer_section, evidence_section, skipped_section
 
+    n0 = len(ctx.report.parts)
     if real_root is None or not all((real_root / "full-traces" / c.npz).is_file()
                                     for c in cfg.cases):
         skipped_section(ctx.report)
+        ctx.report.parts[:] = ctx.report.parts[n0:] + ctx.report.parts[:n0]   # still the opening
         return None
-    n0 = len(ctx.report.parts)
     results, cache = [], {}
     for case in cfg.cases:
         rel = Path("data") / f"{case.model}.parquet"
