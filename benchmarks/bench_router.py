@@ -37,7 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 MODEL = Path(__file__).resolve().parents[1] / "src/sempar/assets/models/tiny-moe64"
-POLICIES = ("round-robin", "least-inflight", "alg2", "balanced", "expert", "expert+prefix")
+POLICIES = ("round-robin", "least-inflight", "alg2", "balanced", "expert", "expert+prefix",
+            "expert-idf")
 
 
 # -- (a) quality ------------------------------------------------------------------------------
@@ -112,7 +113,7 @@ def quality(routers: list[int], ep: int = 4) -> dict:
     ptok = np.concatenate([np.concatenate([sys_prompts[i % 8], tok[off[i]:off[i + 1]]])
                            for i in range(lens.size)])
     poff = np.concatenate([[0], np.cumsum(lens + 256)])
-    for name in ("round-robin", "least-inflight", "expert", "expert+prefix"):
+    for name in ("round-robin", "least-inflight", "expert", "expert+prefix", "expert-idf"):
         pol = make_policy(name, G, p.token_table)
         r = replay(pol, ptok, poff, pol.window)
         cnt, tk = np.bincount(r, minlength=G), np.bincount(r, weights=lens + 256, minlength=G)
