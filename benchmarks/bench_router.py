@@ -9,7 +9,8 @@
     the ranks knowing the real routing), its ratio to round-robin, per-rank requests and tokens
     max / mean and min / mean, and the prefix-cache hit share (each rank an LRU of 32-token
     block prefixes, 8,192 blocks, as `PrefixCache`). Then K routers side by side behind a
-    round-robin balancer (each its own policy state, seeing every K-th request): the same.
+    round-robin balancer (each its own policy state, seeing every K-th request): the same. Then
+    `expert` and `expert-idf` on the fit split's state-confidence table (`evaluate --online`'s).
 (b) overhead, on loopback: an upstream answering at once (this file, `--serve-upstream`, a raw
     ASGI app under uvicorn in its own process), the router as `sempar router` in its own
     process (tiny-moe64's tokenizer, a random token table of 8,000 tokens), prompts of 512
@@ -18,7 +19,7 @@
     direct, median); and the upstream clients (aiohttp, httpx) forwarding alone.
 
     python benchmarks/bench_router.py [--part quality|overhead|all] [--routers 1,2,4]
-        [--rate 200] [--seconds 5] [--json]
+        [--seed 0] [--rate 200] [--seconds 5] [--json]
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 MODEL = Path(__file__).resolve().parents[1] / "src/sempar/assets/models/tiny-moe64"
-POLICIES = ("round-robin", "least-inflight", "alg2", "balanced", "expert", "expert+prefix")
+POLICIES = ("round-robin", "least-inflight", "alg2", "balanced", "expert", "expert+prefix",
+            "expert-idf")
 
 
 # -- (a) quality ------------------------------------------------------------------------------
@@ -71,7 +73,7 @@ def prefix_hits(tok, off, ranks, G) -> float:
     return hit / max(tot, 1)
 
 
-def quality(routers: list[int], ep: int = 4) -> dict:
+def quality(routers: list[int], ep: int = 4, seed: int = 0) -> dict:
     from bench_placement_real import load_real
     from sempar.placement import solve
     from sempar.placement.metrics import placement_figures
@@ -83,7 +85,7 @@ def quality(routers: list[int], ep: int = 4) -> dict:
         traces = load_real(["gpt-oss-20b-mmlu"], d)
     if not traces:
         return {"skipped": "gpt-oss-20b-mmlu.npz is absent"}
-    fit, ev = split_by_request(traces["gpt-oss-20b-mmlu"], seed=0)
+    fit, ev = split_by_request(traces["gpt-oss-20b-mmlu"], seed=seed)
     p = solve("sempar", fit, num_devices=ep, mode="dp")
     L, G = ev.meta.num_layers, ep
     tok, off, _ = request_arrays(ev.request_id, ev.token_id)
@@ -104,6 +106,20 @@ def quality(routers: list[int], ep: int = 4) -> dict:
                 "requests_max_mean": cnt.max() / cnt.mean(), "requests_min_mean": cnt.min() / cnt.mean(),
                 "tokens_max_mean": tk.max() / tk.mean(), "tokens_min_mean": tk.min() / tk.mean(),
                 "prefix_hit_share": prefix_hits(tok, off, r, G)}
+    # The same classes on the table `evaluate --online` fits on the fit split (state
+    # confidences, predict.TokenDevice) instead of the placement's own.
+    from sempar.schedule.online import OnlineScheduler
+
+    fit_table = OnlineScheduler().fit(fit, p).token_device_.table_
+    for name in ("expert", "expert-idf"):
+        pol = make_policy(name, G, fit_table)
+        r = replay(pol, tok, off, pol.window)
+        cnt, tk = np.bincount(r, minlength=G), np.bincount(r, weights=lens, minlength=G)
+        out["policies"][f"{name} fit-table"] = {
+            "lar": lar(r), "share_of_ceiling": lar(r) / ceiling,
+            "requests_max_mean": cnt.max() / cnt.mean(), "requests_min_mean": cnt.min() / cnt.mean(),
+            "tokens_max_mean": tk.max() / tk.mean(), "tokens_min_mean": tk.min() / tk.mean(),
+            "prefix_hit_share": prefix_hits(tok, off, r, G)}
     # Shared prefixes, as system prompts give: request i starts with system prompt i mod 8 of
     # 256 ids the table does not know (so the experts' scores are unchanged, only the prefix
     # term can act).
@@ -112,7 +128,7 @@ def quality(routers: list[int], ep: int = 4) -> dict:
     ptok = np.concatenate([np.concatenate([sys_prompts[i % 8], tok[off[i]:off[i + 1]]])
                            for i in range(lens.size)])
     poff = np.concatenate([[0], np.cumsum(lens + 256)])
-    for name in ("round-robin", "least-inflight", "expert", "expert+prefix"):
+    for name in ("round-robin", "least-inflight", "expert", "expert+prefix", "expert-idf"):
         pol = make_policy(name, G, p.token_table)
         r = replay(pol, ptok, poff, pol.window)
         cnt, tk = np.bincount(r, minlength=G), np.bincount(r, weights=lens + 256, minlength=G)
@@ -304,6 +320,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", default="all", choices=("quality", "overhead", "all"))
     ap.add_argument("--routers", default="1,2,4")
+    ap.add_argument("--seed", type=int, default=0, help="the fit/held-out split's seed")
     ap.add_argument("--rate", type=float, default=200.0)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--json", action="store_true")
@@ -317,7 +334,7 @@ def main() -> None:
         return
     res = {"load_average": os.getloadavg()}
     if a.part in ("quality", "all"):
-        res["quality"] = quality([int(k) for k in a.routers.split(",")])
+        res["quality"] = quality([int(k) for k in a.routers.split(",")], seed=a.seed)
     if a.part in ("overhead", "all"):
         res["overhead"] = overhead(a.rate, a.seconds)
     if a.json:

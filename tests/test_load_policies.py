@@ -12,7 +12,7 @@ from sempar.schedule.load_policies import PrefixCache
 from sempar.schedule.requests import REQUEST_POLICIES, make_policy
 from test_request_policies import random_requests, random_table, stream, two_domain_table
 
-NEW = ("least-inflight", "expert", "expert+prefix")
+NEW = ("least-inflight", "expert", "expert+prefix", "expert-idf")
 
 
 def test_router_policies_are_request_policies():
@@ -118,3 +118,20 @@ def test_plan_prints_the_router_command_unless_the_policy_is_sglangs():
         assert bool(routers) == want
         if want:
             assert f"--policy {policy}" in routers[0] and "--dp-size 4" in routers[0]
+
+
+def test_expert_idf_stops_a_shared_frame_from_voting():
+    """Every request carries the same 40-token frame (ids the table sends to rank 0) and 10
+    tokens of its own domain: `expert` follows the frame, `expert-idf` the domain."""
+    G, R = 2, 200
+    rng = np.random.default_rng(3)
+    dom = rng.integers(0, 2, R)
+    frame = np.tile(np.arange(10), 4)
+    reqs = [np.concatenate([frame, rng.integers(10, 100, 10) + 90 * d]) for d in dom]
+    off = np.concatenate([[0], np.cumsum([r.size for r in reqs])])
+    tok = np.concatenate(reqs)
+    loose = dict(slack=10.0, inflight_slack=10.0)
+    plain = make_policy("expert", G, two_domain_table(G), **loose).assign(tok, off)
+    idf = make_policy("expert-idf", G, two_domain_table(G), **loose).assign(tok, off)
+    assert (plain == 0).all()
+    assert (idf[20:] == dom[20:]).mean() > 0.9

@@ -91,6 +91,15 @@ def test_chat_goes_to_the_rank_of_its_experts_with_the_sglang_header(stack):
     assert [r["rank"] for r in rows] == [2, 1] and all(r["tokens"] for r in rows)
 
 
+def test_encode_gives_the_plain_encode_ids():
+    """The fast path (`encode_batch_fast`, no offsets) yields what `Tokenizer.encode` does."""
+    tok = PromptTokenizer(MODEL)
+    assert tok._fast is not None
+    for text in ("", " sun moon sun moon", "Ünïcode — 漢字 🙂\n\ttabs  and   spaces",
+                 " ".join(f"w{i} the {i % 97}" for i in range(300))):
+        assert tok.encode(text) == tok.tok.encode(text, add_special_tokens=False).ids
+
+
 def test_generate_gets_routed_dp_rank_in_its_body(stack):
     url, fake, _, _ = stack
     ids = PromptTokenizer(MODEL).encode(" sun moon sun moon")

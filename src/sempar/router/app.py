@@ -168,7 +168,7 @@ def build_app(cfg: RouterConfig, policy, tokenizer: PromptTokenizer) -> Starlett
         except (ValueError, RecursionError) as err:
             st.metrics.errors.labels("bad_json").inc()
             return error(400, f"invalid JSON body: {str(err).splitlines()[0]}", "bad_json")
-        route = request.url.path
+        route = request.scope["path"]                # what the route matched (no URL object)
         try:
             tokens = st.tokenizer.tokens(route, body)
         except PromptError as err:

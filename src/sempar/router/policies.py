@@ -30,6 +30,8 @@ ROUTER_POLICIES.add("least-inflight", RouterPolicy("least-inflight", False,
                                                    "fewest in-flight tokens"))
 ROUTER_POLICIES.add("expert+prefix", RouterPolicy("expert+prefix", True,
                                                   "expert plus a prefix-cache affinity term"))
+ROUTER_POLICIES.add("expert-idf", RouterPolicy("expert-idf", True,
+                                               "expert on idf-weighted, rank-debiased scores"))
 ROUTER_POLICIES.add("alg2", RouterPolicy("alg2", True, "Sem-MoE Alg. 2 as written (rounds of G)"))
 ROUTER_POLICIES.add("balanced", RouterPolicy("balanced", True,
                                              "Alg. 2's scores within in-flight token bounds"))

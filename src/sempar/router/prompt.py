@@ -35,6 +35,7 @@ class PromptTokenizer:
             raise InputError(f"--model-dir: {d / 'tokenizer.json'} does not load: "
                              f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
                              ) from None
+        self._fast = getattr(self.tok, "encode_batch_fast", None)
         self.template = _chat_template(d)
         self._renderer = None
         if self.template is not None:              # transformers renders the template (jinja)
@@ -43,7 +44,11 @@ class PromptTokenizer:
             self._renderer = PreTrainedTokenizerFast(tokenizer_object=self.tok)
 
     def encode(self, text: str) -> list[int]:
-        # the Rust tokenizer directly: the transformers wrapper adds ~0.5 ms per 512 tokens
+        # The Rust tokenizer directly (the transformers wrapper adds ~0.5 ms per 512 tokens),
+        # through `encode_batch_fast` where it exists (tokenizers >= 0.20): the same ids without
+        # the character offsets, ~0.26 ms instead of ~0.35-0.40 ms for 512 tokens.
+        if self._fast is not None:
+            return self._fast([text], add_special_tokens=False)[0].ids
         return self.tok.encode(text, add_special_tokens=False).ids
 
     def chat(self, messages: list) -> list[int]:

@@ -106,16 +106,20 @@ class RequestPolicy:
                              "(the number of tokens)")
         return tok, off
 
+    def rows_of(self, tok: np.ndarray) -> np.ndarray:
+        """int[n]: each token's row of S (U, the zero row, for ids the table does not know);
+        tok int64[n], contiguous."""
+        if self._row is not None:
+            # Negative ids become huge as uint64 and clip to the unknown slot with the large ones.
+            return self._row[np.minimum(tok.view(np.uint64), self._row.size - 1)]
+        pos, seen = self.table.index(tok)
+        return np.where(seen, pos, self.S.shape[0] - 1)
+
     def scores(self, token_ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """float32[R, G]: each request's score per rank (sum of its tokens' rows of S)."""
         tok, off = self._check(token_ids, offsets)
         R = off.size - 1
-        if self._row is not None:
-            # Negative ids become huge as uint64 and clip to the unknown slot with the large ones.
-            idx = self._row[np.minimum(tok.view(np.uint64), self._row.size - 1)]
-        else:
-            pos, seen = self.table.index(tok)
-            idx = np.where(seen, pos, self.S.shape[0] - 1)
+        idx = self.rows_of(tok)
         if R == 1:                                 # one request (the router's submit): a gather
             return self.S[idx].sum(axis=0, dtype=np.float32).reshape(1, self.num_ranks)
         itype = np.int32 if tok.size < 2**31 else np.int64
@@ -137,8 +141,10 @@ class RequestPolicy:
         `allowed` bool[G] (the router's per-rank in-flight bound): ranks marked False are not
         chosen; at least one must be True. The last request's score row stays in `last_row` (float[G]).
         """
-        tok = np.asarray(token_ids, np.int64).ravel()
-        row = self.scores(tok, np.array([0, tok.size]))[0].tolist() if self.needs_scores else []
+        tok = np.ascontiguousarray(token_ids, np.int64).ravel()
+        # scores() of one request, without its offsets checks (the router's hot path)
+        row = (self.S[self.rows_of(tok)].sum(axis=0, dtype=np.float32).tolist()
+               if self.needs_scores else [])
         self.last_row = row
         self._allowed = allowed if allowed is not None and not all(allowed) else None
         try:
