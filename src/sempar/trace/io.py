@@ -30,6 +30,7 @@ validates every row group and reports the first bad row in file coordinates.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
@@ -191,6 +192,12 @@ class TraceWriter:
             self._writer.close()
             self._sink.close()
         except BaseException as err:
+            # The writer is finished here, and marked closed even if finishing fails (a full
+            # disk): otherwise its __del__ retries on the closed sink and prints a traceback
+            # after our one-line error.
+            with contextlib.suppress(Exception):
+                self._writer.close()
+            self._writer.is_open = False
             self._sink.close()
             self._ctx.__exit__(type(err), err, err.__traceback__)
             raise
