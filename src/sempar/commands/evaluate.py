@@ -68,8 +68,11 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
     if online:
         from sempar.trace.schema import require_token_ids
 
-        for t in (fit_trace, eval_trace):
+        from sempar.schedule.agreement import check_vocabulary
+
+        for t in (fit_trace, eval_trace):       # before any placement work
             require_token_ids(t.meta, "--online")
+            check_vocabulary(t)
         from sempar.schedule.online import OnlineHomes, model_embedding, online_figures
         from sempar.schedule.requests import REQUEST_POLICIES
 

@@ -91,6 +91,31 @@ def selection_agreement(model: Any, input_ids: torch.Tensor, world: int) -> dict
 _MEASURED: dict[tuple, dict] = {}
 
 
+def check_vocabulary(trace: Any) -> int | None:
+    """The attention heads of the trace's model (one of ours on disk), after refusing a trace
+    whose token ids lie beyond that model's vocabulary; None when the model is not on disk.
+
+    The model is run on the trace's own tokens: an id beyond its vocabulary (a trace that names
+    the model but was not recorded from it) cannot be embedded."""
+    from sempar.paths import packaged_model_dir
+    from sempar.safe_json import read_json_object
+
+    d = packaged_model_dir(trace.meta.model)
+    if d is None or not any(d.glob("*.safetensors")):
+        return None
+    cfg = read_json_object(d / "config.json", "model config.json")
+    heads, vocab = cfg.get("num_attention_heads"), cfg.get("vocab_size")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (heads, vocab)):
+        raise InputError(f"{d / 'config.json'}: num_attention_heads / vocab_size are not "
+                         "positive integers")
+    top = int(trace.token_id.max()) if trace.num_tokens else -1
+    if top >= vocab:
+        raise InputError(f"metadata.model: the trace names {trace.meta.model}, whose vocabulary "
+                         f"has {vocab} tokens, but holds token id {top}: it was not recorded "
+                         "from that model")
+    return heads
+
+
 def trace_agreement(trace: Any, world: int, requests: int = 16) -> dict | None:
     """{"agreement", "tokens", "world"} of the trace's model (one of ours on disk, else None) on
     the first `requests` requests of `trace` in arrival order, each as one prefill sequence as
@@ -99,27 +124,15 @@ def trace_agreement(trace: Any, world: int, requests: int = 16) -> dict | None:
     Cached per (model, trace content, world)."""
     import math
 
-    from sempar.paths import packaged_model_dir
-    from sempar.safe_json import read_json_object
     from sempar.models import load_model
+    from sempar.paths import packaged_model_dir
 
     d = packaged_model_dir(trace.meta.model)
     if d is None or not any(d.glob("*.safetensors")):
         return None
     _, first = np.unique(trace.request_id, return_index=True)
     reqs = trace.request_id[np.sort(first)[:requests]]
-    cfg = read_json_object(d / "config.json", "model config.json")
-    heads, vocab = cfg.get("num_attention_heads"), cfg.get("vocab_size")
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (heads, vocab)):
-        raise InputError(f"{d / 'config.json'}: num_attention_heads / vocab_size are not "
-                         "positive integers")
-    # The model is run on the trace's own tokens: an id beyond its vocabulary (a trace that
-    # names the model but was not recorded from it) cannot be embedded.
-    top = int(trace.token_id.max()) if trace.num_tokens else -1
-    if top >= vocab:
-        raise InputError(f"metadata.model: the trace names {trace.meta.model}, whose vocabulary "
-                         f"has {vocab} tokens, but holds token id {top}: it was not recorded "
-                         "from that model")
+    heads = check_vocabulary(trace)
     w = math.gcd(world, heads)
     key = (str(trace.meta.model), int(trace.num_tokens), tuple(int(r) for r in reqs), w)
     if key not in _MEASURED:
