@@ -242,7 +242,7 @@ def test_start_up_refusals(placement_file, tmp_path):
     (broken / "tokenizer.json").write_text("{}")
     for args, what in [((str(bad), str(MODEL)), "not JSON"),
                        ((str(placement_file), str(no_tok)), "no tokenizer.json"),
-                       ((str(placement_file), str(broken)), "does not load")]:
+                       ((str(placement_file), str(broken)), "not a readable tokenizer.json")]:
         with pytest.raises(InputError, match=what):
             load_router(cfg, *args)
     with pytest.raises(InputError, match="placement is for 4 ranks"):

@@ -24,17 +24,12 @@ class PromptTokenizer:
     """tokens(route, body) -> int64[n]: the prompt's token ids for `route`'s body (a dict)."""
 
     def __init__(self, model_dir: str | Path):
+        from sempar.models import FileTokenizer
+
         d = Path(model_dir)
         if not (d / "tokenizer.json").is_file():
             raise InputError(f"--model-dir: {d} has no tokenizer.json")
-        try:
-            from tokenizers import Tokenizer
-
-            self.tok = Tokenizer.from_file(str(d / "tokenizer.json"))
-        except Exception as err:                   # a broken file: say which, in one line
-            raise InputError(f"--model-dir: {d / 'tokenizer.json'} does not load: "
-                             f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
-                             ) from None
+        self.tok = FileTokenizer(d / "tokenizer.json").tokenizer   # a broken file: one line
         self._fast = getattr(self.tok, "encode_batch_fast", None)
         self.template = _chat_template(d)
         self._renderer = None

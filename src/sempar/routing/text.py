@@ -68,15 +68,11 @@ def chunk_streams(streams: dict[str, list[list[int]]], eos: int, seq_len: int,
 def heldout_sequences(corpus: Path, tokenizer_path: Path, tokens_per_domain: int,
                       seq_len: int) -> Sequences:
     """Held-out text of every domain of a `sempar corpus fetch` folder (see module docstring)."""
-    from tokenizers import Tokenizer
-
+    from sempar.models import FileTokenizer
     from sempar.tiny.data import split_corpus
     from sempar.tiny.tokenizer import EOS
 
-    from sempar.native_path import utf8_path
-
-    with utf8_path(tokenizer_path) as name:
-        tok = Tokenizer.from_file(name)
+    tok = FileTokenizer(tokenizer_path).tokenizer
     splits = split_corpus(Path(corpus), tok, heldout_tokens=tokens_per_domain)
     streams = {s.domain: [e.ids for e in tok.encode_batch(s.heldout, add_special_tokens=False)]
                for s in splits}
@@ -86,14 +82,10 @@ def heldout_sequences(corpus: Path, tokenizer_path: Path, tokens_per_domain: int
 def text_sequences(pairs: Sequence[tuple[str, str]], tokenizer_path: Path, tokens_per_domain: int,
                    seq_len: int) -> Sequences:
     """(text, domain) pairs -> sequences (each text one document of its domain)."""
-    from tokenizers import Tokenizer
-
+    from sempar.models import FileTokenizer
     from sempar.tiny.tokenizer import EOS
 
-    from sempar.native_path import utf8_path
-
-    with utf8_path(tokenizer_path) as name:
-        tok = Tokenizer.from_file(name)
+    tok = FileTokenizer(tokenizer_path).tokenizer
     streams: dict[str, list[list[int]]] = {}
     for text, domain in pairs:
         streams.setdefault(domain, []).append(tok.encode(text, add_special_tokens=False).ids)

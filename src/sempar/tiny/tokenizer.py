@@ -53,14 +53,10 @@ def train_tokenizer(corpus: Path, out_file: Path, vocab_size: int = VOCAB_SIZE,
 
 def load_tokenizer(path: Path | None = None):
     """A `tokenizers.Tokenizer` (the committed one by default)."""
-    from tokenizers import Tokenizer
-
     from sempar.errors import InputError
+    from sempar.models import FileTokenizer
 
     path = Path(path) if path else default_tokenizer_path()
     if not path.is_file():
         raise InputError(f"{path}: no tokenizer file")
-    from sempar.native_path import utf8_path
-
-    with utf8_path(path) as name:         # tokenizers takes UTF-8 names only
-        return Tokenizer.from_file(name)
+    return FileTokenizer(path).tokenizer
