@@ -92,6 +92,17 @@ def quality(routers: list[int], ep: int = 4, seed: int = 0) -> dict:
     lens = np.diff(off)
     lar = lambda r: placement_figures(p, ev.experts, home_from_ranks(ev.request_id, r, L))["lar_mean"]  # noqa: E731
     ceiling = placement_figures(p, ev.experts, oracle_home_dp(p, ev))["lar_mean"]
+
+    def figures(r: np.ndarray) -> dict:
+        """LAR, its share of the ceiling, per-rank request / token spread, prefix hits of the
+        request -> rank assignment `r` (int[R])."""
+        cnt, tk = np.bincount(r, minlength=G), np.bincount(r, weights=lens, minlength=G)
+        x = lar(r)
+        return {"lar": x, "share_of_ceiling": x / ceiling,
+                "requests_max_mean": cnt.max() / cnt.mean(), "requests_min_mean": cnt.min() / cnt.mean(),
+                "tokens_max_mean": tk.max() / tk.mean(), "tokens_min_mean": tk.min() / tk.mean(),
+                "prefix_hit_share": prefix_hits(tok, off, r, G)}
+
     out = {"requests": int(lens.size), "tokens": int(lens.sum()), "ceiling": ceiling, "policies": {}}
     for k in routers:
         for name in POLICIES:
@@ -100,12 +111,7 @@ def quality(routers: list[int], ep: int = 4, seed: int = 0) -> dict:
             r = replay(pol, tok, off, pol.window, k, make)
             if k == 1:
                 assert np.array_equal(r, pol.assign(tok, off)), name      # = evaluate's form
-            cnt, tk = np.bincount(r, minlength=G), np.bincount(r, weights=lens, minlength=G)
-            out["policies"][f"{name} x{k}"] = {
-                "lar": lar(r), "share_of_ceiling": lar(r) / ceiling,
-                "requests_max_mean": cnt.max() / cnt.mean(), "requests_min_mean": cnt.min() / cnt.mean(),
-                "tokens_max_mean": tk.max() / tk.mean(), "tokens_min_mean": tk.min() / tk.mean(),
-                "prefix_hit_share": prefix_hits(tok, off, r, G)}
+            out["policies"][f"{name} x{k}"] = figures(r)
     # The same classes on the table `evaluate --online` fits on the fit split (state
     # confidences, predict.TokenDevice) instead of the placement's own.
     from sempar.schedule.online import OnlineScheduler
@@ -114,12 +120,7 @@ def quality(routers: list[int], ep: int = 4, seed: int = 0) -> dict:
     for name in ("expert", "expert-idf"):
         pol = make_policy(name, G, fit_table)
         r = replay(pol, tok, off, pol.window)
-        cnt, tk = np.bincount(r, minlength=G), np.bincount(r, weights=lens, minlength=G)
-        out["policies"][f"{name} fit-table"] = {
-            "lar": lar(r), "share_of_ceiling": lar(r) / ceiling,
-            "requests_max_mean": cnt.max() / cnt.mean(), "requests_min_mean": cnt.min() / cnt.mean(),
-            "tokens_max_mean": tk.max() / tk.mean(), "tokens_min_mean": tk.min() / tk.mean(),
-            "prefix_hit_share": prefix_hits(tok, off, r, G)}
+        out["policies"][f"{name} fit-table"] = figures(r)
     # Shared prefixes, as system prompts give: request i starts with system prompt i mod 8 of
     # 256 ids the table does not know (so the experts' scores are unchanged, only the prefix
     # term can act).

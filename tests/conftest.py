@@ -141,3 +141,30 @@ def moe64_split():
     if "tiny-moe64" not in paths:
         pytest.skip("tiny-moe64 dev trace not committed")
     return split_by_request(read_trace(paths["tiny-moe64"]), 0.2, seed=0)
+
+
+# ---- serving forecasts -----------------------------------------------------------------------
+
+TINY = Path(__file__).resolve().parents[1] / "src" / "sempar" / "assets" / "traces" / "tiny-moe64.parquet"
+
+
+def _slow_accelerator():
+    from sempar.serving.hardware import Accelerator
+
+    return Accelerator("test", 2e10, 2e9, 16e9, flops_eff=1.0, bw_eff=1.0)
+
+
+# a slow device, so that the tiny model saturates at a few hundred requests/s
+SLOW = _slow_accelerator()
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory) -> Path:
+    """The first 400 requests of tiny-moe64's dev trace (serving forecasts and rate searches)."""
+    from sempar.trace import read_trace, write_trace
+
+    tr = read_trace(TINY)
+    keep = np.isin(tr.request_id, np.unique(tr.request_id)[:400])
+    p = tmp_path_factory.mktemp("serve") / "small.parquet"
+    write_trace(tr.take(keep), p)
+    return p

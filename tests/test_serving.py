@@ -13,31 +13,16 @@ import pytest
 
 from sempar.comm.topology import Topology
 from sempar.comm.topology_presets import load_topology
-from sempar.paths import assets_dir
 from sempar.serving.dims import model_dims
 from sempar.serving.engine import EngineConfig, Workload, run
 from sempar.serving.forecast import Forecaster, compare
-from sempar.serving.hardware import Accelerator
 from sempar.serving.metrics import SLO_KEYS, run_metrics, weighted_quantile
 from sempar.serving.roofline import Roofline
 from sempar.serving.systems import SYSTEMS, resolve
 from sempar.serving.workload import poisson_arrivals
-from sempar.trace import read_trace, write_trace
+from sempar.trace import read_trace
 
-TINY = assets_dir() / "traces" / "tiny-moe64.parquet"
-
-
-@pytest.fixture(scope="module")
-def small_trace(tmp_path_factory) -> Path:
-    tr = read_trace(TINY)
-    keep = np.isin(tr.request_id, np.unique(tr.request_id)[:400])
-    p = tmp_path_factory.mktemp("serve") / "small.parquet"
-    write_trace(tr.take(keep), p)
-    return p
-
-
-# a slow device, so that the tiny model saturates at a few hundred requests/s
-SLOW = Accelerator("test", 2e10, 2e9, 16e9, flops_eff=1.0, bw_eff=1.0)
+from conftest import SLOW
 
 
 def _forecaster(path: Path, topo: Topology) -> Forecaster:

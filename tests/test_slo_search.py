@@ -5,25 +5,21 @@ proportion under every SLO, and the plan's choice within the forecast's noise (c
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from sempar.comm.topology_presets import load_topology
-from sempar.paths import assets_dir
 from sempar.serving.choose import choose
 from sempar.serving.dims import model_dims
 from sempar.serving.forecast import Forecaster, default_rates
-from sempar.serving.hardware import Accelerator
 from sempar.serving.metrics import SLO_KEYS, SLO_STAT, slos_from
 from sempar.serving.slo_search import SearchConfig, search
 from sempar.serving.systems import resolve
 from sempar.serving.workload import stable_arrivals
-from sempar.trace import read_trace, write_trace
+from sempar.trace import read_trace
 
-TINY = assets_dir() / "traces" / "tiny-moe64.parquet"
-SLOW = Accelerator("test", 2e10, 2e9, 16e9, flops_eff=1.0, bw_eff=1.0)
+from conftest import SLOW
 
 
 def _point(rate: float, crossing: float) -> dict:
@@ -75,15 +71,6 @@ def test_stable_arrivals_are_one_stream_scaled_by_the_rate():
     assert (a < 30.0).all() and (np.diff(a) >= 0).all()
     assert a.size == pytest.approx(1200, rel=0.1)
     assert not np.array_equal(stable_arrivals(40.0, 30.0, [0, 1]), a)
-
-
-@pytest.fixture(scope="module")
-def small_trace(tmp_path_factory) -> Path:
-    tr = read_trace(TINY)
-    keep = np.isin(tr.request_id, np.unique(tr.request_id)[:400])
-    p = tmp_path_factory.mktemp("search") / "small.parquet"
-    write_trace(tr.take(keep), p)
-    return p
 
 
 @pytest.mark.slow
