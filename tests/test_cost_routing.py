@@ -341,15 +341,16 @@ def test_select_mode_keeps_unbiased_weights(tiny):
     """mode="select": the bias picks the experts, the weights are the unbiased softmax at them."""
     import torch
 
-    from sempar.routing.hook import FAMILIES, router_sites
+    from sempar.families import MIXTRAL
+    from sempar.routing.hook import route, router_sites
 
     _, sites = router_sites(tiny["tiny-mixtral"])
     router = sites[0].module
     h = torch.randn(10, router.hidden_dim, generator=torch.Generator().manual_seed(0))
     bias = torch.zeros(10, router.num_experts)
     bias[:, 7] = 50.0                                   # force expert 7 into every top-2
-    logits_b, w_sel, idx_sel = FAMILIES["mixtral"](router, h, lambda z: bias, "select")
-    _, w_log, idx_log = FAMILIES["mixtral"](router, h, lambda z: bias, "logits")
+    logits_b, w_sel, idx_sel = route(MIXTRAL, router, h, lambda z: bias, "select")
+    _, w_log, idx_log = route(MIXTRAL, router, h, lambda z: bias, "logits")
     assert torch.equal(idx_sel, idx_log) and (idx_sel == 7).any(dim=1).all()
     probs = torch.softmax(torch.nn.functional.linear(h, router.weight).float(), dim=-1)
     want = probs.gather(1, idx_sel)

@@ -41,6 +41,7 @@ import numpy as np
 
 from sempar.atomic import write_text_atomic
 from sempar.errors import InputError
+from sempar.families import refused_by
 from sempar.placement.placement import Placement
 from sempar.registry import Registry
 
@@ -171,17 +172,18 @@ class EngineFormat:
     versions: str                               # which engine versions load it
     ep_size_note: str = ""                      # how the engine's EP size must be set
     cannot_place: frozenset[str] = field(default_factory=frozenset)  # HF model_types
+    # (declared per family: sempar.families, Family.no_placement_in)
 
 
 ENGINES: Registry[EngineFormat] = Registry("export engine")
 ENGINES.add("sglang", EngineFormat(
     to_sglang, (".json",), _sglang_flags, "SGLang >= 0.4.7 (checked: 0.5.23)",
-    cannot_place=frozenset({"mixtral", "olmoe"})))
+    cannot_place=refused_by("sglang")))
 ENGINES.add("vllm", EngineFormat(
     to_vllm, (".json",), _vllm_flags,
     "vLLM with PR #49572 (open; no release up to 0.33.0 loads an initial placement)",
     ep_size_note="EP size = tensor-parallel-size x data-parallel-size must be {G}",
-    cannot_place=frozenset({"olmoe", "qwen2_moe", "gpt_oss"})))
+    cannot_place=refused_by("vllm")))
 ENGINES.add("vllm-maps", EngineFormat(
     to_vllm_maps, (".json",), None, "none: vLLM's EPLB state maps, a debugging aid"))
 ENGINES.add("vllm-ascend", EngineFormat(

@@ -5,16 +5,9 @@ module found by `sempar.trace.routers.find_routers` (an instance attribute shado
 method); on exit it removes it again, so the model is exactly as before (also when the forward
 raised). Inside, each router computes its logits Z exactly as transformers does, adds row
 `home[i]` of its layer's table (`S G^(l)`, float32[G, E] cast to the logits' dtype) and then
-selects the top-k with the family's own rule (table below, copied from transformers 5.x): no
-retraining, no change to parameters or FLOPs.
-
-| model_type                     | logits                      | selection after the bias           |
-| ------------------------------ | --------------------------- | ---------------------------------- |
-| mixtral, qwen2_moe, qwen3_moe, | linear(h, W)                | top-k of softmax(Z'), renormalised |
-| olmoe                          |                             | (qwen/olmoe: if norm_topk_prob)    |
-| gpt_oss                        | linear(h, W, b)             | top-k of Z', softmax over the k    |
-| deepseek_v3                    | linear(h.float, W.float)    | sigmoid(Z') + e_score_correction,  |
-|                                |                             | group-limited top-k                |
+selects the top-k with the family's own rule (`sempar.families`: its `logits` and `topk`, copied
+from transformers 5.x, the same rule exact pre-routing uses): no retraining, no change to
+parameters or FLOPs.
 
 `mode="logits"` (CAMoE: Z' replaces Z, so the bias moves both the choice and the mixing
 weights) or `mode="select"` (ours, like DeepSeek-V3's correction bias: Z' chooses the experts,
@@ -37,97 +30,32 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from sempar.errors import InputError, check_choice
+from sempar.families import FAMILIES, Family, supporting
 from sempar.trace.routers import RouterSite, find_routers
 
 BIAS_MODES = ("logits", "select")
 
 
-# --------------------------------------------------------------------------- family routers
+# --------------------------------------------------------------------------- biased routing
 
-def _softmax_family(always_norm: bool, fp32_via_cast: bool, cast_back: bool) -> Callable:
-    def route(module: Any, hidden_states: Any, bias_fn: Callable, mode: str):
-        import torch
-        import torch.nn.functional as F
-
-        hidden_states = hidden_states.reshape(-1, module.hidden_dim)
-        logits = F.linear(hidden_states, module.weight)
-        biased = logits + bias_fn(logits)
-
-        def probs_of(z):
-            if fp32_via_cast:
-                return torch.nn.functional.softmax(z.float(), dim=-1)
-            return torch.nn.functional.softmax(z, dtype=torch.float, dim=-1)
-
-        probs = probs_of(biased)
-        top_value, indices = torch.topk(probs, module.top_k, dim=-1)
-        if mode == "select":
-            top_value = probs_of(logits).gather(1, indices)
-        if always_norm or module.norm_topk_prob:
-            top_value /= top_value.sum(dim=-1, keepdim=True)
-        if cast_back:
-            top_value = top_value.to(logits.dtype)
-        return biased, top_value, indices
-
-    return route
-
-
-def _gpt_oss(module: Any, hidden_states: Any, bias_fn: Callable, mode: str):
-    import torch
-    import torch.nn.functional as F
-
-    logits = F.linear(hidden_states, module.weight, module.bias)
+def route(fam: Family, module: Any, hidden_states: Any, bias_fn: Callable, mode: str):
+    """One router's forward with the gate bias: Z as the family computes it, Z' = Z + bias, then
+    the family's own top-k rule on Z' (weights from Z at the chosen experts in `select` mode).
+    Returns (Z', weights float[T, k], indices int64[T, k]) like the router module."""
+    logits = fam.logits(module, hidden_states)
     biased = logits + bias_fn(logits)
-    top_value, indices = torch.topk(biased, module.top_k, dim=-1)
-    if mode == "select":
-        top_value = logits.gather(-1, indices)
-    scores = torch.nn.functional.softmax(top_value, dim=1, dtype=top_value.dtype)
-    return biased, scores, indices
-
-
-def _deepseek_v3(module: Any, hidden_states: Any, bias_fn: Callable, mode: str):
-    import torch
-    import torch.nn.functional as F
-
-    hidden_states = hidden_states.view(-1, module.hidden_dim)
-    logits = F.linear(hidden_states.type(torch.float32), module.weight.type(torch.float32))
-    biased = logits + bias_fn(logits)
-    scores = biased.sigmoid()
-    scores_for_choice = scores + module.e_score_correction_bias
-    group_scores = (scores_for_choice.view(-1, module.num_group, module.num_experts // module.num_group)
-                    .topk(2, dim=-1)[0].sum(dim=-1))
-    group_idx = torch.topk(group_scores, k=module.topk_group, dim=-1, sorted=False)[1]
-    group_mask = torch.zeros_like(group_scores)
-    group_mask.scatter_(1, group_idx, 1)
-    score_mask = (group_mask.unsqueeze(-1)
-                  .expand(-1, module.num_group, module.num_experts // module.num_group)
-                  .reshape(-1, module.num_experts))
-    scores_for_choice = scores_for_choice.masked_fill(~score_mask.bool(), float("-inf"))
-    indices = torch.topk(scores_for_choice, k=module.top_k, dim=-1, sorted=False)[1]
-    weights = (logits.sigmoid() if mode == "select" else scores).gather(1, indices)
-    if module.norm_topk_prob:
-        weights /= weights.sum(dim=-1, keepdim=True) + 1e-20
-    weights = weights * module.routed_scaling_factor
+    weights, indices = fam.topk(module, biased, logits if mode == "select" else None)
     return biased, weights, indices
 
 
-FAMILIES: dict[str, Callable] = {
-    "mixtral": _softmax_family(always_norm=True, fp32_via_cast=True, cast_back=False),
-    "qwen2_moe": _softmax_family(always_norm=False, fp32_via_cast=False, cast_back=True),
-    "qwen3_moe": _softmax_family(always_norm=False, fp32_via_cast=False, cast_back=True),
-    "olmoe": _softmax_family(always_norm=False, fp32_via_cast=False, cast_back=True),
-    "gpt_oss": _gpt_oss,
-    "deepseek_v3": _deepseek_v3,
-}
-
-
 def supported_model_types() -> list[str]:
-    return sorted(FAMILIES)
+    return supporting("cost_routing")
 
 
 def router_sites(model: Any) -> tuple[str, list[RouterSite]]:
     """(model_type, routers in layer order); InputError for an unsupported family."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in FAMILIES:
+    if model_type not in supported_model_types():
         raise InputError(f"model type {model_type!r}: cost-aware routing supports "
                          f"{', '.join(supported_model_types())}")
     return model_type, find_routers(model)
@@ -151,7 +79,7 @@ class CostRoutingHook:
         check_choice("--mode", mode, BIAS_MODES)
         self.model = model
         self.model_type, self.sites = router_sites(model)
-        self.route = FAMILIES[self.model_type]
+        self.family = FAMILIES[self.model_type]
         self.mode = mode
         self.passthrough_at_zero = passthrough_at_zero
         self._sources: Any = None
@@ -245,11 +173,11 @@ class CostRoutingHook:
         return bias
 
     def _make_forward(self, l: int, module: Any, original: Callable) -> Callable:
-        route, bias_fn = self.route, self._bias_fn(l)
+        fam, bias_fn = self.family, self._bias_fn(l)
 
         def forward(hidden_states):
             if self._zero and self.passthrough_at_zero:
                 return original(hidden_states)
-            return route(module, hidden_states, bias_fn, self.mode)
+            return route(fam, module, hidden_states, bias_fn, self.mode)
 
         return forward

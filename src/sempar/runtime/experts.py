@@ -2,7 +2,8 @@
 
 transformers 5 stores the routed experts of Qwen3-MoE / Mixtral / Qwen2-MoE / OLMoE as one
 module `mlp.experts` with 3-D parameters `gate_up_proj` float[N, 2I, H] and `down_proj`
-float[N, H, I], next to the router `mlp.gate` (see trace/routers.py). `LocalExperts` keeps the
+float[N, H, I], next to the router `mlp.gate` (the families whose record declares `runtime`,
+`sempar.families`). `LocalExperts` keeps the
 slices of the experts a device hosts at one layer (its S slots: `Placement.slots(l)[g]`) and
 computes exactly what `Qwen3MoeExperts.forward` / `MixtralExperts.forward` compute for them:
 act(x W_gate) * (x W_up) W_down times the routing weight, summed with `index_add_` in increasing
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from sempar.errors import InputError
+from sempar.families import of_model, supporting
 
 
 class LocalExperts:
@@ -64,11 +66,21 @@ class LocalExperts:
 
 
 def moe_blocks(model: Any) -> list[Any]:
-    """The sparse MoE block (`mlp` with `gate` and `experts`) of every decoder layer."""
+    """The sparse MoE block (`mlp` with its router and `experts`) of every decoder layer.
+
+    The model's family must declare `runtime` support (`sempar.families`); an unregistered
+    model type is taken when its blocks have the structure (`mlp.gate`, `mlp.experts`)."""
+    fam = of_model(model)
+    mt = getattr(model.config, "model_type", None)
+    if fam is not None and not fam.runtime:
+        raise InputError(f"model type {mt!r}: the runtime serves "
+                         f"{', '.join(supporting('runtime'))} (routed experts only, SwiGLU "
+                         "without biases)")
+    router = fam.router_attr if fam is not None else "gate"
     blocks = []
     for i, layer in enumerate(model.model.layers):
         mlp = getattr(layer, "mlp", None)
-        if mlp is None or not hasattr(mlp, "gate") or not hasattr(mlp, "experts"):
+        if mlp is None or not hasattr(mlp, router) or not hasattr(mlp, "experts"):
             raise InputError(f"layer {i}: {type(mlp).__name__} is not a sparse MoE block "
                              "(dense layers are not supported by the runtime yet)")
         if getattr(mlp, "shared_expert", None) is not None:

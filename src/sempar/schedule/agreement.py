@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from sempar.errors import InputError
-from sempar.schedule.prerouter import PreRouter, _mlp_router
+from sempar.families import family
+from sempar.schedule.prerouter import PreRouter
 
 
 def _split_columns(width: int, heads: int, world: int) -> list[slice]:
@@ -41,8 +42,8 @@ def selection_agreement(model: Any, input_ids: torch.Tensor, world: int) -> dict
     (small gaps are float ties)}.
     """
     mt = model.config.model_type
-    layers = [ly for ly in model.model.layers if _mlp_router(ly) is not None
-              and hasattr(_mlp_router(ly), "weight")]
+    fam = family(mt, "pre-routing")
+    layers = [ly for ly in model.model.layers if fam.router_of(ly) is not None]
     if not layers:
         raise InputError("pre-routing: the model has no MoE layer")
     heads = int(model.config.num_attention_heads)
@@ -54,7 +55,7 @@ def selection_agreement(model: Any, input_ids: torch.Tensor, world: int) -> dict
             lambda m, a, box=box: box.__setitem__("h", a[0].reshape(-1, a[0].shape[-1]))))
         handles.append(ly.self_attn.o_proj.register_forward_pre_hook(
             lambda m, a, box=box: box.__setitem__("A", a[0].reshape(-1, a[0].shape[-1]))))
-        handles.append(_mlp_router(ly).register_forward_hook(
+        handles.append(fam.router_of(ly).register_forward_hook(
             lambda m, a, out, box=box: box.update(logits=out[0].reshape(-1, out[0].shape[-1]),
                                                   ids=out[2].reshape(out[2].shape[0], -1))))
     try:
@@ -83,7 +84,7 @@ def selection_agreement(model: Any, input_ids: torch.Tensor, world: int) -> dict
     same = (P == R).all(dim=2)
     return {"agreement": float(same.float().mean()),
             "per_layer": same.float().mean(dim=0).tolist(),
-            "exact": mt in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2"),
+            "exact": fam.prerouting == "exact",
             "prerouted": P.numpy(), "router": R.numpy(),
             "margin": torch.stack(margin, 1).numpy().astype(np.float32)}
 

@@ -10,14 +10,16 @@ sees RMSNorm(r) = s * (w ⊙ r) with r = h + Σ_g p_g and a per-token scalar s =
 
 Every rank computes its partial logits float32[T, N] (rank 0 adds the residual's), one all-reduce
 of [T, N] gives z = W(w ⊙ r) on every rank (bitwise the same there), and for routers whose choice
-is a monotone function of s * z the top-k of z is the router's own choice:
+is a monotone function of s * z the top-k of z is the router's own choice. The selection is the
+family's own top-k rule (`sempar.families`, `Family.topk`, the rule the cost-aware hook uses), and
+the record declares whether it is exact (`Family.prerouting`):
 
-| model_type | selection on z | exact? |
+| family | selection on z | exact? |
 | --- | --- | --- |
-| mixtral, qwen2_moe, qwen3_moe, olmoe | top-k of softmax(s z) = top-k of z | yes |
-| deepseek_v2 (greedy, group_limited_greedy) | groups by max softmax, then top-k | yes |
-| deepseek_v3 | sigmoid(s z) + bias, groups by sum of top-2, top-k | no: s moves the bias' weight |
-| gpt_oss | top-k of s z + b | no |
+| Mixtral, Qwen2/3-MoE, OLMoE | top-k of softmax(s z) = top-k of softmax(z) | yes |
+| DeepSeek-V2 (greedy, group_limited_greedy) | groups by max softmax, then top-k | yes |
+| DeepSeek-V3 | sigmoid(s z) + bias, groups by sum of top-2, top-k | no: s moves the bias' weight |
+| GPT-OSS | top-k of s z + b | no |
 
 Where it is not exact we choose (ours) s from the replicated residual alone,
 s ≈ rsqrt(mean(h²) + eps), the only scale every rank knows without another collective; the
@@ -41,65 +43,53 @@ from typing import Any
 import torch
 
 from sempar.errors import InputError
+from sempar.families import Family, RouterParams, family, supporting
 from sempar.placement import capacity
-
-SOFTMAX_TOPK = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
-EXACT_FAMILIES = SOFTMAX_TOPK + ("deepseek_v2",)
-APPROX_FAMILIES = ("deepseek_v3", "gpt_oss")
-
-
-def _mlp_router(layer: Any) -> Any:
-    mlp = layer.mlp
-    return getattr(mlp, "gate", None) if hasattr(mlp, "gate") else getattr(mlp, "router", None)
-
 
 @dataclass
 class PreRouter:
     """The pre-router of one MoE layer.
 
     weight: float32[N, H] the gate's W times the post-attention RMSNorm's w (column-wise), so
-    that partial logits are one matmul; bias: float32[N] or None (gpt_oss' router bias,
-    deepseek_v3's e_score_correction_bias); model_type: the selection rule (table above);
-    top_k, n_group, topk_group, topk_method: the router's settings; eps: the RMSNorm's epsilon
-    (used only by the approximate families' residual scale).
+    that partial logits are one matmul; family: the model family (`sempar.families`, its top-k
+    rule and whether pre-routing is exact); params: the router's settings (top-k, groups,
+    deepseek_v3's e_score_correction_bias); bias: float32[N] or None, gpt_oss' router linear
+    bias (added after the scale); eps: the RMSNorm's epsilon (used only by the approximate
+    families' residual scale).
     """
 
     weight: torch.Tensor
-    model_type: str
-    top_k: int
+    family: Family
+    params: RouterParams
     bias: torch.Tensor | None = None
-    n_group: int = 1
-    topk_group: int = 1
-    topk_method: str = "greedy"
     eps: float = 1e-6
     norm_weight: torch.Tensor | None = None
 
     @classmethod
     def from_layer(cls, layer: Any, model_type: str) -> "PreRouter":
         """From an HF decoder layer (its `post_attention_layernorm` and its MoE router)."""
-        if model_type not in EXACT_FAMILIES + APPROX_FAMILIES:
+        fam = family(model_type, "pre-routing")
+        if fam.prerouting is None:
             raise InputError(f"pre-routing: model_type {model_type!r} is not one of "
-                             f"{', '.join(EXACT_FAMILIES + APPROX_FAMILIES)}")
-        gate, norm = _mlp_router(layer), layer.post_attention_layernorm
+                             f"{', '.join(supporting('prerouting'))}")
+        gate, norm = fam.router_of(layer), layer.post_attention_layernorm
         if gate is None:
             raise InputError("pre-routing: the layer has no MoE router (a dense layer)")
         w = norm.weight.detach().float()
         W = gate.weight.detach().float() * w[None, :]
-        bias = getattr(gate, "e_score_correction_bias", None)
-        if model_type == "gpt_oss":
-            bias = gate.bias
         eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
-        return cls(weight=W, model_type=model_type, top_k=int(gate.top_k),
-                   bias=None if bias is None else bias.detach().float(),
-                   n_group=int(getattr(gate, "num_group", getattr(gate, "n_group", 1)) or 1),
-                   topk_group=int(getattr(gate, "topk_group", 1) or 1),
-                   topk_method=str(getattr(gate, "topk_method", "greedy")), eps=float(eps),
-                   norm_weight=w)
+        return cls(weight=W, family=fam, params=RouterParams.of(gate),
+                   bias=gate.bias.detach().float() if fam.linear_bias else None,
+                   eps=float(eps), norm_weight=w)
 
     @property
     def exact(self) -> bool:
         """True when the pre-routed top-k is the router's own choice (up to float ties)."""
-        return self.model_type in EXACT_FAMILIES
+        return self.family.prerouting == "exact"
+
+    @property
+    def top_k(self) -> int:
+        return self.params.top_k
 
     @property
     def num_experts(self) -> int:
@@ -116,34 +106,15 @@ class PreRouter:
 
     def select(self, logits: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         """logits: float32[T, N] the all-reduced z = W(w ⊙ r); scale: float32[T, 1], the
-        approximate families' s (None: 1). Returns int64[T, k], the pre-routed experts."""
+        approximate families' s (None: 1). Returns int64[T, k], the pre-routed experts: the
+        family's own top-k rule (`Family.topk`) on z (exact families: any s > 0 gives the same
+        choice), or on s z + b (approximate ones)."""
         z = logits.float()
-        k = self.top_k
-        if self.model_type in SOFTMAX_TOPK or (self.model_type == "deepseek_v2"
-                                               and self.topk_method == "greedy"):
-            return torch.topk(z, k, dim=-1).indices
-        if self.model_type == "deepseek_v2":                      # group_limited_greedy
-            return _grouped_topk(z, z.view(z.shape[0], self.n_group, -1).max(-1).values,
-                                 self.topk_group, k, self.n_group)
-        sz = z * (scale.to(z.device) if scale is not None else 1.0)
-        if self.model_type == "gpt_oss":
-            return torch.topk(sz + self._bias(z), k, dim=-1).indices
-        choice = torch.sigmoid(sz) + self._bias(z)                # deepseek_v3
-        groups = choice.view(z.shape[0], self.n_group, -1).topk(2, dim=-1).values.sum(-1)
-        return _grouped_topk(choice, groups, self.topk_group, k, self.n_group)
-
-    def _bias(self, z: torch.Tensor) -> torch.Tensor:
-        return self.bias.to(z.device) if self.bias is not None else torch.zeros_like(z[0])
-
-
-def _grouped_topk(score: torch.Tensor, group_score: torch.Tensor, topk_group: int, k: int,
-                  n_group: int) -> torch.Tensor:
-    """Top-k of `score` float[T, N] inside the `topk_group` best of `n_group` groups."""
-    T, N = score.shape
-    keep = torch.zeros_like(group_score, dtype=torch.bool)
-    keep.scatter_(1, torch.topk(group_score, topk_group, dim=-1).indices, True)
-    mask = keep[:, :, None].expand(T, n_group, N // n_group).reshape(T, N)
-    return torch.topk(score.masked_fill(~mask, float("-inf")), k, dim=-1).indices
+        if not self.exact:
+            z = z * (scale.to(z.device) if scale is not None else 1.0)
+            if self.bias is not None:
+                z = z + self.bias.to(z.device)
+        return self.family.topk(self.params.to(z.device), z)[1]
 
 
 def prerouters(model: Any) -> list[PreRouter]:

@@ -8,7 +8,7 @@ differently:
 | num_experts          | n_routed_experts (DeepSeek), num_local_experts (Mixtral, GPT-OSS),  |
 |                      | num_experts (Qwen-MoE, OLMoE)                                       |
 | top_k                | num_experts_per_tok, experts_per_token (GPT-OSS)                    |
-| shared_experts       | the model type's rule in `routers.ROUTERS` (n_shared_experts;       |
+| shared_experts       | the model type's rule in `families.FAMILIES` (n_shared_experts;     |
 |                      | Qwen2-MoE: 1 when shared_expert_intermediate_size > 0)              |
 | num_expert_groups    | n_group, topk_group (DeepSeek group-limited routing), else 1 / 1    |
 | layer_ids            | the MoE layers of num_hidden_layers: DeepSeek's first_k_dense_replace |
@@ -52,7 +52,7 @@ def config_shape(model_dir: str | Path) -> dict[str, Any]:
     """{num_experts, top_k, shared_experts, num_expert_groups, topk_groups, vocab_size,
     num_hidden_layers, model_type, layer_ids}: those of DIR/config.json's model it names."""
     from sempar.safe_json import read_json_object
-    from sempar.trace.routers import ROUTERS, _n_shared_experts
+    from sempar.families import FAMILIES, n_shared_experts
 
     path = Path(model_dir) / "config.json"
     cfg = read_json_object(path, "--model-dir config.json")
@@ -73,8 +73,8 @@ def config_shape(model_dir: str | Path) -> dict[str, Any]:
     model_type = cfg.get("model_type")
     if isinstance(model_type, str):
         out["model_type"] = model_type
-    spec = ROUTERS.get(model_type) if isinstance(model_type, str) else None
-    out["shared_experts"] = int((spec.shared_experts if spec else _n_shared_experts)(
+    spec = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    out["shared_experts"] = int((spec.shared_experts if spec else n_shared_experts)(
         SimpleNamespace(**cfg)))
     groups = _int(cfg, ("n_group",), str(path)) or 1
     topk_groups = _int(cfg, ("topk_group",), str(path)) or groups

@@ -19,7 +19,7 @@ import numpy as np
 from sempar.bounds import EXPERTS_MAX, LAYERS_MAX
 from sempar.errors import InputError
 
-MODEL_TYPE_MAX = 128        # characters of an HF model_type ("deepseek_v3", "qwen3_moe")
+MODEL_TYPE_MAX = 128        # characters of an HF model_type (sempar.families names them)
 
 
 def is_int(v: Any) -> bool:

@@ -14,16 +14,19 @@ transformers 5.x every supported family has a router module returning
 | deepseek_v3   | DeepseekV3TopkRouter    | sigmoid + e_score_correction_bias, best        | sigmoid scores WITHOUT the bias, gathered |
 |               |                         | topk_group of n_group groups (group score =    | at the indices, renormalised if           |
 |               |                         | sum of its top-2), then top-k, `sorted=False`  | norm_topk_prob, x routed_scaling_factor   |
+| deepseek_v2   | DeepseekV2TopkRouter    | softmax, greedy or group-limited top-k,        | softmax probs at the indices,             |
+|               |                         | `sorted=False`                                 | x routed_scaling_factor                   |
 | gpt_oss       | GptOssTopKRouter        | top-k of logits (+ router bias), sorted        | softmax over the k selected logits        |
 
-All six return top-k weights aligned with the indices (none returns a dense [tokens, N]
-matrix; a router that did would be gathered at the indices). DeepSeek-V3 selects with
-`sorted=False`, and its choice order (bias-corrected scores) differs from its weight order, so
+The families and their rules are declared once, in `sempar.families`. All seven return top-k
+weights aligned with the indices (none returns a dense [tokens, N] matrix; a router that did
+would be gathered at the indices). DeepSeek-V2/V3 select with
+`sorted=False`, and V3's choice order (bias-corrected scores) differs from its weight order, so
 every row is re-sorted here by decreasing weight, ties broken by expert id: slot 0 is always
 the highest weight, as the trace convention requires.
 
-Routers are found by class name (a small registry keyed by `model_type`, see
-`register_router`; otherwise any module whose class name ends in "TopKRouter"/"TopkRouter").
+Routers are found by class name (the family record of `model_type`, `sempar.families`;
+otherwise any module whose class name ends in "TopKRouter"/"TopkRouter").
 Each is mapped to its decoder layer from its module name (`...layers.<i>...`); dense layers
 (DeepSeek-V3's `first_k_dense_replace`, Qwen2-MoE's `decoder_sparse_step`/`mlp_only_layers`)
 have no router and are not in the trace: `TraceMeta.layer_ids` lists the model layers the L
@@ -39,50 +42,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from sempar.errors import InputError
+from sempar.families import FAMILIES, n_shared_experts
 from sempar.trace.schema import TraceMeta
 
-# --------------------------------------------------------------------------- router registry
-
-def _no_shared(config: Any) -> int:
-    return 0
-
-
-def _qwen2_moe_shared(config: Any) -> int:
-    return 1 if (getattr(config, "shared_expert_intermediate_size", 0) or 0) > 0 else 0
-
-
-def _n_shared_experts(config: Any) -> int:
-    return int(getattr(config, "n_shared_experts", 0) or 0)
-
-
-@dataclass(frozen=True)
-class RouterSpec:
-    """How to find the routers of one `model_type` and how many shared experts it has."""
-
-    model_type: str
-    router_class: str
-    shared_experts: Callable[[Any], int] = _no_shared
-
-
-ROUTERS: dict[str, RouterSpec] = {}
-
-
-def register_router(model_type: str, router_class: str,
-                    shared_experts: Callable[[Any], int] = _n_shared_experts) -> None:
-    """Register the router module class (by name) of a transformers `model_type`.
-
-    The router's forward must return `(router_logits, weights, indices)` with `indices`
-    int[tokens, k] and `weights` float[tokens, k] (aligned) or float[tokens, N] (dense).
-    """
-    ROUTERS[model_type] = RouterSpec(model_type, router_class, shared_experts)
-
-
-register_router("mixtral", "MixtralTopKRouter", _no_shared)
-register_router("qwen2_moe", "Qwen2MoeTopKRouter", _qwen2_moe_shared)
-register_router("qwen3_moe", "Qwen3MoeTopKRouter", _no_shared)
-register_router("olmoe", "OlmoeTopKRouter", _no_shared)
-register_router("deepseek_v3", "DeepseekV3TopkRouter", _n_shared_experts)
-register_router("gpt_oss", "GptOssTopKRouter", _no_shared)
+# --------------------------------------------------------------------------- finding routers
 
 _GENERIC_SUFFIXES = ("TopKRouter", "TopkRouter")
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
@@ -103,7 +66,7 @@ def find_routers(model: Any) -> list[RouterSite]:
     Raises `InputError` if none is found, or if two routers claim the same layer.
     """
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    spec = ROUTERS.get(model_type)
+    spec = FAMILIES.get(model_type)
 
     def is_router(module: Any) -> bool:
         cls = type(module).__name__
@@ -115,7 +78,7 @@ def find_routers(model: Any) -> list[RouterSite]:
     if not found:
         wanted = spec.router_class if spec else "a class ending in " + "/".join(_GENERIC_SUFFIXES)
         raise InputError(f"model type {model_type!r}: no MoE router module found ({wanted}); "
-                         "register its router with sempar.trace.record.register_router")
+                         "add its record to sempar.families")
     sites = []
     for order, (name, m) in enumerate(found):
         match = _LAYER_RE.search(name)
@@ -139,8 +102,8 @@ def trace_meta_for(model: Any, sites: Sequence[RouterSite], model_name: str,
         if int(s.module.num_experts) != num_experts or int(s.module.top_k) != top_k:
             raise InputError(f"{s.name}: {s.module.num_experts} experts top-{s.module.top_k} "
                              f"differs from layer {sites[0].layer_id} ({num_experts}, top-{top_k})")
-    spec = ROUTERS.get(config.model_type)
-    shared = (spec.shared_experts if spec else _n_shared_experts)(config)
+    spec = FAMILIES.get(config.model_type)
+    shared = (spec.shared_experts if spec else n_shared_experts)(config)
     groups = int(getattr(first, "num_group", 1) or 1)
     topk_groups = int(getattr(first, "topk_group", groups) or groups)
     return TraceMeta(model=model_name, num_layers=len(sites), num_experts=num_experts,
