@@ -43,6 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_placement_figures import FIGURES, OURS  # noqa: E402  (shared with the real-trace part)
 from sempar.paths import dev_trace_paths
 from sempar.placement import SOLVERS
 from sempar.placement.sempar import SemparConfig
@@ -50,7 +52,6 @@ from sempar.schedule.evaluate import evaluate_modes
 from sempar.trace import read_trace, split_by_request
 from sempar.trace.synth import synthesize
 
-OURS = "sempar"
 BALANCE = 1.10
 MARGIN = 0.005          # LAR by which ours must lead the next method within the balance budget
 REAL_MARGIN = 0.01      # the same lead on the real traces (issue 26)
@@ -59,10 +60,6 @@ LAR_TARGETS = {("tiny-moe64", 4): 0.40, ("tiny-moe64", 8): 0.25,      # tp mode,
                ("gpt-oss-20b-mmlu", 4): 0.60, ("gpt-oss-20b-mmlu", 8): 0.43}
 REPLICA_RATIO, REPLICA_BALANCE = 1.15, 1.05
 REPLICA_GAIN = 0.03     # real traces: sempar's LAR at R = G over its own at R = 0
-# Which figure a verdict judges: a method's own homes (its token table, else vanilla's), or
-# exact pre-routing (the capacity-bound oracle's homes of the same placement, evaluate.figures_for).
-FIGURES = {"method": ("lar_mean", "imbalance_max_mean"),
-           "exact": ("oracle_lar_mean", "oracle_imbalance_max_mean")}
 FLOOR_SLACK = 1.02      # x the balance floor: the budget of a case where BALANCE is unreachable
 FLOOR_GROUPINGS = 20_000  # equal-slot groupings searched per layer at most (else no floor)
 
@@ -255,7 +252,6 @@ def main() -> None:
                     help="folder for the real traces' imports (default: a temporary one)")
     ap.add_argument("--json", action="store_true", help="print one JSON list of cases")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_placement_real as real
 
     methods = args.methods.split(",")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_placement import FIGURES, OURS
+from bench_placement_figures import FIGURES, OURS
 from sempar.errors import InputError
 from sempar.paths import real_data_dir
 from sempar.schedule.evaluate import ceiling_refs, evaluate_modes

@@ -11,13 +11,15 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TOP = ("sempar.cli", "sempar.commands")
-# The data flow of design.md, left to right: trace -> affinity (predictors in predict/) ->
+# The data flow of design.md, left to right: trace (capture/ writes traces from a running
+# engine, so it sits right after) -> affinity (predictors in predict/) ->
 # placement -> schedule -> comm / runtime -> report; the testbed, the serving and chiplet
-# simulators, the exports and the bench's orchestration build on them (the exports, which
+# simulators, the exports and the bench's orchestration build on them (the HTTP router runs the
+# request policies of schedule/ on placements, and `plan` prints its command; the exports, which
 # need only placements, before serving: `plan` asks the exporter whether its command runs). Modules outside this
 # list (errors, atomic, registry, paths, models, console, tiny, corpus, ...) are shared tools.
-LAYERS = ("trace", "affinity", "predict", "placement", "schedule", "comm", "report", "routing",
-          "runtime", "testbed", "export", "serving", "chiplet", "bench")
+LAYERS = ("trace", "capture", "affinity", "predict", "placement", "schedule", "comm", "report",
+          "routing", "runtime", "testbed", "router", "export", "serving", "chiplet", "bench")
 
 
 def _modules() -> dict[str, Path]:
@@ -61,24 +63,52 @@ def graph() -> dict[str, set[str]]:
     return {m: _imports(m, f, set(mods)) for m, f in mods.items()}
 
 
-def test_no_import_circle(graph):
+def _find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of `graph` (module -> modules it imports), None when there is none."""
     state: dict[str, int] = {}
     stack: list[str] = []
 
-    def visit(m: str) -> None:
+    def visit(m: str) -> list[str] | None:
         state[m] = 1
         stack.append(m)
         for d in sorted(graph.get(m, ())):
             if state.get(d) == 1:
-                pytest.fail("import circle: " + " -> ".join(stack[stack.index(d):] + [d]))
-            if d not in state:
-                visit(d)
+                return stack[stack.index(d):] + [d]
+            if d not in state and (found := visit(d)):
+                return found
         stack.pop()
         state[m] = 2
+        return None
 
     for m in sorted(graph):
-        if m not in state:
-            visit(m)
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_no_import_circle(graph):
+    circle = _find_circle(graph)
+    assert circle is None, "import circle: " + " -> ".join(circle or [])
+
+
+def test_no_import_circle_among_benchmarks():
+    """The benchmark scripts import each other by bare name (benchmarks/ on sys.path); shared
+    figures live in a small module both import, never in one of the scripts."""
+    bench = SRC.parent / "benchmarks"
+    names = {f.stem for f in bench.glob("*.py")}
+    graph = {}
+    for f in bench.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                deps.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                deps.add(node.module.split(".")[0])
+        graph[f.stem] = {d for d in deps if d in names and d != f.stem}
+    assert graph, bench
+    assert _find_circle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]     # the check can fail
+    circle = _find_circle(graph)
+    assert circle is None, "import circle: " + " -> ".join(circle or [])
 
 
 def test_nothing_below_imports_the_cli(graph):
@@ -118,3 +148,14 @@ def test_every_imported_name_exists():
                     except ImportError:
                         missing.append(f"{name}:{node.lineno} {node.module}.{a.name}")
     assert missing == []
+
+
+# Packages that are tools shared by every stage rather than a stage of the data flow.
+SHARED_PACKAGES = ("commands", "corpus", "tiny")
+
+
+def test_every_package_has_a_place():
+    """A new package is put in LAYERS (where the data flow says) or named a shared tool."""
+    pkgs = {p.name for p in (SRC / "sempar").iterdir() if (p / "__init__.py").is_file()
+            or (p.is_dir() and any(p.glob("*.py")))}
+    assert sorted(pkgs - set(LAYERS) - set(SHARED_PACKAGES)) == []

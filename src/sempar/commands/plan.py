@@ -16,6 +16,7 @@ from sempar.commands._options import (COLLECTIVES_HELP, RATES, budget_option, du
                                       slo_option, solvers)
 from sempar.bounds import REDUNDANT_MAX, Bounds, NumberList, bound
 from sempar.commands._options import collectives as check_collectives
+from sempar.model_presets import names as preset_names
 
 
 def _names(s: Optional[str]) -> Optional[list[str]]:
@@ -29,8 +30,9 @@ def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
         trace: Path = typer.Option(..., "--trace", help="routing trace (Parquet)"),
-        preset: Optional[str] = typer.Option(None, "--preset", help="model dimensions (default: "
-                                             "the trace's model)"),
+        preset: Optional[str] = typer.Option(None, "--preset", help="model dimensions: "
+                                             + ", ".join(preset_names()) + ", or a packaged "
+                                             "tiny model (default: the trace's model)"),
         topology: str = typer.Option("pcie-upi8", "--topology", help="preset or topology JSON"),
         accelerator: str = typer.Option("h100", "--accelerator"),
         ep: Optional[str] = ep_list_option("EP sizes to try, comma-separated (default: "

@@ -15,6 +15,7 @@ from sempar.commands._options import (COLLECTIVES_HELP, RATES, budget_option, du
                                       output_len_option, rates_option, seed_option,
                                       serving_systems, slo_option, slo_scale_option)
 from sempar.commands._options import collectives as check_collectives
+from sempar.model_presets import names as preset_names
 
 
 def register(app: typer.Typer) -> None:
@@ -22,8 +23,9 @@ def register(app: typer.Typer) -> None:
     def serve_sim_cmd(
         trace: Path = typer.Option(..., "--trace", help="routing trace (Parquet): 20% fits the "
                                    "placements and schedulers, 80% is replayed"),
-        preset: Optional[str] = typer.Option(None, "--preset", help="model dimensions (default: "
-                                             "the trace's model)"),
+        preset: Optional[str] = typer.Option(None, "--preset", help="model dimensions: "
+                                             + ", ".join(preset_names()) + ", or a packaged "
+                                             "tiny model (default: the trace's model)"),
         topology: str = typer.Option("pcie-upi8", "--topology", help="preset or topology JSON"),
         nodes: Optional[int] = nodes_option(None, "nodes of a scalable preset"),
         accelerator: str = typer.Option("h100", "--accelerator", help="a100, h100, h200, smoe-a, "

@@ -21,18 +21,14 @@ import shlex
 
 from sempar.comm.pipelines import PIPELINES
 from sempar.errors import InputError
+from sempar.model_presets import MODEL_PRESETS
 from sempar.serving.systems import Variant
 
 FIT_FRACTION = 0.2          # forecast.Forecaster's split: placements fit on 20% of the requests
 UPSTREAM_PIPELINES = ("sglang-ep", "attn-dp")     # modes an upstream SGLang launch runs
 
 # --model-path per model: the checkpoints' Hugging Face repositories (SGLang downloads them)
-MODEL_PATHS = {"deepseek-v2-lite": "deepseek-ai/DeepSeek-V2-Lite",
-               "deepseek-v3": "deepseek-ai/DeepSeek-V3",
-               "gpt-oss-20b": "openai/gpt-oss-20b",
-               "olmoe-1b-7b": "allenai/OLMoE-1B-7B-0924",
-               "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
-               "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1"}
+MODEL_PATHS = {name: p.model_path for name, p in MODEL_PRESETS.items()}
 
 
 def model_path(model: str) -> str:

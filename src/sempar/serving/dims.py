@@ -1,9 +1,8 @@
-"""Model dimensions the serving roofline needs, keyed by the model preset's name (trace/presets.py).
+"""Model dimensions the serving roofline needs, keyed by the model preset's name.
 
-From each checkpoint's published config.json (hidden_size, num_attention_heads,
-num_key_value_heads, head_dim, moe_intermediate_size / intermediate_size, first_k_dense_replace,
-n_shared_experts, vocab_size); the tiny models' from their config.json in assets/models. Kept here,
-beside the one consumer, rather than widening `TraceMeta`: the routing trace stays routing only.
+The presets' read from the one table of real models, `sempar.model_presets` (each checkpoint's
+published config.json); the tiny models' from their config.json in assets/models. Kept out of
+`TraceMeta`: the routing trace stays routing only.
 
 Attention, per layer and token: `attn_params` weights (Q, K, V, O projections; for MLA the
 down/up projections of DeepSeek-V2 §2.1), `kv_elems` cached elements per token (GQA: 2 x KV heads
@@ -17,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sempar.errors import InputError
+from sempar.model_presets import MODEL_PRESETS, ModelPreset
 
 
 @dataclass(frozen=True)
@@ -82,20 +82,16 @@ class ModelDims:
         return self.kv_elems * self.layers * self.dtype_bytes
 
 
-DIMS: dict[str, ModelDims] = {d.name: d for d in (
-    ModelDims("mixtral-8x7b", 4096, 32, 8, 128, 14336, 32, 0, 0, 32000, 8, 2),
-    # 27 layers, the first dense (intermediate 10944); MLA without q compression.
-    ModelDims("deepseek-v2-lite", 2048, 16, 16, 128, 1408, 26, 1, 10944, 102400, 64, 6,
-              shared_experts=2, mla=(0, 512, 64, 128)),
-    ModelDims("olmoe-1b-7b", 2048, 16, 16, 128, 1024, 16, 0, 0, 50304, 64, 8),
-    ModelDims("qwen3-30b-a3b", 2048, 32, 4, 128, 768, 48, 0, 0, 151936, 128, 8),
-    ModelDims("deepseek-v3", 7168, 128, 128, 128, 2048, 58, 3, 18432, 129280, 256, 8,
-              shared_experts=1, mla=(1536, 512, 64, 128)),
-    # 24 layers, all MoE; GQA 64 heads / 8 KV heads of 64. The checkpoint's experts are MXFP4
-    # and every other layer attends to a 128-token window: here bf16 weights and full
-    # attention, so decode reads and long-context attention are over-, not under-estimated.
-    ModelDims("gpt-oss-20b", 2880, 64, 8, 64, 2880, 24, 0, 0, 201088, 32, 4),
-)}
+def _dims(p: ModelPreset) -> ModelDims:
+    return ModelDims(p.name, p.hidden, p.heads, p.kv_heads, p.head_dim, p.moe_intermediate,
+                     p.moe_layers, p.dense_layers, p.dense_intermediate, p.vocab, p.experts,
+                     p.top_k, shared_experts=p.shared_experts, mla=p.mla)
+
+
+# GPT-OSS-20B's experts are MXFP4 and every other layer attends to a 128-token window: here bf16
+# weights and full attention, so decode reads and long-context attention are over-, not
+# under-estimated.
+DIMS: dict[str, ModelDims] = {name: _dims(p) for name, p in MODEL_PRESETS.items()}
 
 
 def model_dims(model: str) -> ModelDims:
