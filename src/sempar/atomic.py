@@ -73,9 +73,29 @@ def _remove_live() -> None:
         _live.discard(p)
 
 
+# Seconds the unwinding after SIGTERM / SIGHUP may take before the process exits anyway.
+EXIT_GRACE_S = 10
+
+
 def _on_signal(signum, frame) -> None:
+    """Remove the live temporaries, then exit with 128 + signum by unwinding (SystemExit: every
+    `finally`, pool and writer cleans up), with a hard exit as a backstop.
+
+    Why the backstop: a Python signal handler runs at whatever bytecode the main thread reaches
+    next, and an exception it raises can be discarded by C code that clears errors. Seen in
+    `sempar synth` about one run in ten under load: the signal landed while numpy.random's
+    Cython modules were being initialised (imported lazily at the first `np.random` use, right
+    after the temporary is made), Cython's module set-up cleared the pending SystemExit, and the
+    run went on to the end with its temporary already gone. So the handler also arms SIGALRM:
+    if the process is still alive `EXIT_GRACE_S` seconds later (the exit was lost, or the
+    unwinding hangs), it leaves by `os._exit` with the same code; the temporaries are already
+    removed. No lock is taken here (a handler may interrupt a thread's start)."""
     _remove_live()
-    raise SystemExit(128 + signum)
+    code = 128 + signum
+    with contextlib.suppress(ValueError, OSError):
+        signal.signal(signal.SIGALRM, lambda *_: os._exit(code))
+        signal.alarm(EXIT_GRACE_S)
+    raise SystemExit(code)
 
 
 def install_signal_cleanup() -> None:
