@@ -74,6 +74,14 @@ def test_placement_json_topology_json_and_errors(small_trace, tmp_path):
         assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_compare_json_writes_no_png_unasked(small_trace, tmp_path):
+    r = sempar("simulate", "--trace", str(small_trace), "--placement", "vanilla",
+               "--pipeline", "sglang-ep", "--topology", "pcie-upi8", "--compare", "--json",
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["png"] is None and list(tmp_path.glob("*.png")) == []
+
+
 def test_compare_table_and_png(small_trace, tmp_path):
     png = tmp_path / "cmp.png"
     r = sempar("simulate", "--trace", str(small_trace), "--placement", "vanilla,semmoe",

@@ -65,7 +65,8 @@ def register(app: typer.Typer) -> None:
                                                   callback=check_collectives),
         compare: bool = typer.Option(False, "--compare", help="every placement x pipeline x "
                                      "topology in one table and one PNG"),
-        png: Path = typer.Option(Path("simulate-compare.png"), "--png", help="--compare: plot path"),
+        png: Optional[Path] = typer.Option(None, "--png", help="--compare: plot path (default: "
+                                           "simulate-compare.png; with --json none unless given)"),
         as_json: bool = json_option(),
     ) -> None:
         """Bytes per directed pair and all-to-all time (CAMoE eq. 9) per layer and in total."""
@@ -93,7 +94,9 @@ def register(app: typer.Typer) -> None:
                 raise InputError(f"--placement: {m!r} is neither a placement method "
                                  f"({', '.join(SOLVERS.names())}) nor a file")
         topos = [load_topology(t, nodes) for t in (_list(topology) if compare else [topology])]
-        if compare:
+        if compare and png is None and not as_json:
+            png = Path("simulate-compare.png")      # the table's plot; --json writes none unasked
+        if compare and png is not None:
             from sempar.atomic import check_output
 
             files = [f for f in _list(placement) + _list(topology) if Path(f).exists()]
@@ -107,10 +110,11 @@ def register(app: typer.Typer) -> None:
             methods, pipes, topos = _list(placement), _list(pipeline), _list(topology)
             with steps("simulate", len(methods) * len(pipes) * len(topos)) as step:
                 rows = run_grid(study, methods, pipes, topos, nodes, progress=step)
-            plot_grid(rows, png, title=f"{tr.meta.model}: {', '.join(topos)}")
+            if png is not None:
+                plot_grid(rows, png, title=f"{tr.meta.model}: {', '.join(topos)}")
             if as_json:
                 emit_json({"trace": str(trace), "hidden": opts.hidden, "batch": opts.batch,
-                           "png": str(png), "rows": rows})
+                           "png": None if png is None else str(png), "rows": rows})
             else:
                 _print_rows(rows)
                 sys.stderr.write(f"wrote {png}\n")
