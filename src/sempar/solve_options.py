@@ -47,7 +47,9 @@ HOME_RULES.add("table", HomeRule(
     "tokens", "homes predicted from the placement's token table (smoe's re-batching, "
     "Attention-DP's expert-aware request policies): what counts is which experts a token id "
     "activates on average"))
-# `sglang-ep`, the pipeline `sempar plan` recommends most often: position homes
+# The command line's `--homes` (place, evaluate): `sglang-ep`'s position homes, the pipeline
+# `sempar plan` recommends most often. A library call that names no rule (`homes=None`) keeps
+# the trace's own choice (`items`).
 DEFAULT_HOMES = "positions"
 
 
@@ -61,7 +63,8 @@ class SolveOptions:
     num_nodes: nodes the devices are grouped into (contiguous device ranges);
     seed: every random choice of the solvers;
     preserve_groups: expert e stays in its expert group's slot range (DeepSeek-V3 groups);
-    homes: how the deployment will choose homes (`HOME_RULES`: positions, exact, table);
+    homes: how the deployment will choose homes (`HOME_RULES`: positions, exact, table), or
+        None when the caller does not say (the command line always does: `DEFAULT_HOMES`);
     objective: sempar's items, "tokens" (token ids), "rows" (fit rows) or "auto": the home
         rule's objective ("rows" on a trace without token ids), see `items`;
     held_out_imbalance: the held-out imbalance sempar's rows objective aims at;
@@ -74,7 +77,7 @@ class SolveOptions:
     num_nodes: int = 1
     seed: int = 0
     preserve_groups: bool = False
-    homes: str = DEFAULT_HOMES
+    homes: str | None = None
     objective: str = "auto"
     held_out_imbalance: float = 1.10
     jobs: int | None = None
@@ -82,7 +85,8 @@ class SolveOptions:
     def __post_init__(self) -> None:
         check_choice("--mode", self.mode, MODES)
         check_choice("--objective", self.objective, OBJECTIVES)
-        check_choice("--homes", self.homes, HOME_RULES.names())
+        if self.homes is not None:
+            check_choice("--homes", self.homes, HOME_RULES.names())
         if not 1.0 <= self.held_out_imbalance < 100:
             raise InputError(f"--held-out-imbalance: {self.held_out_imbalance} is not in [1, 100)")
         if not 1.0 <= self.max_imbalance < 100:
@@ -94,11 +98,14 @@ class SolveOptions:
 
     def items(self, has_token_ids: bool) -> str:
         """The objective `sempar` solves on, "tokens" or "rows": the one named, or for `auto`
-        the home rule's (rows for position and exact homes, tokens for token-table homes), rows
-        on a trace without token ids (`rows.resolve_objective` refuses "tokens" named there)."""
+        the home rule's (rows for position and exact homes, tokens for token-table homes; with
+        no rule named, tokens: the co-clustering solver), rows on a trace without token ids
+        (`rows.resolve_objective` refuses "tokens" named there)."""
         if self.objective != "auto":
             return self.objective
-        return HOME_RULES.get(self.homes).objective if has_token_ids else "rows"
+        if not has_token_ids:
+            return "rows"
+        return "tokens" if self.homes is None else HOME_RULES.get(self.homes).objective
 
     def knobs(self) -> dict:
         """{field: value} of these options alone (a `PlacementProblem`'s without its trace and

@@ -17,7 +17,7 @@ from sempar.bounds import (BUDGET_MAX, DEVICES, DEVICES_MAX, HOSTS, RATE_MAX, RE
                            REQUEST_TOKENS_MAX, RUNNING_MAX, SCALE_MAX, SECONDS_MAX, SEED, Bounds,
                            NumberList, bound)
 from sempar.errors import InputError
-from sempar.solve_options import SolveOptions
+from sempar.solve_options import DEFAULT_HOMES, HOME_RULES, SolveOptions
 
 T = TypeVar("T")
 
@@ -96,6 +96,7 @@ def json_option(help: str = "print one JSON object") -> Any:
 # ---- the user's options of a placement solve (place, evaluate): SolveOptions' fields -----
 
 SOLVE = SolveOptions()      # the defaults: each declared once, in sempar/solve_options.py
+# (--homes: DEFAULT_HOMES there, the deployment the command line assumes unless told)
 
 
 def mode_option(help: str = "mode the placement serves: dp or tp") -> Any:
@@ -121,12 +122,27 @@ def preserve_groups_option() -> Any:
                         help="experts stay in their expert group's slots")
 
 
+def home_rules() -> Any:
+    """The home rules' registry (sempar/solve_options.py)."""
+    return HOME_RULES
+
+
+def homes_option() -> Any:
+    """`--homes`: how the deployment will choose each token's home (SolveOptions.homes); the
+    help lists the registered rules with the objective each gets."""
+    rules = ", ".join(f"{n} ({HOME_RULES.get(n).objective})" for n in HOME_RULES.names())
+    return names_option(DEFAULT_HOMES, "--homes", home_rules, single=True,
+                        help=f"how the deployment homes tokens, which --objective auto follows: "
+                             f"{rules}; default {DEFAULT_HOMES}: sglang-ep's, the pipeline "
+                             f"`sempar plan` recommends most often")
+
+
 def objective_option() -> Any:
     """`--objective`: the items `sempar` solves on (placement/sempar/rows.py)."""
     return typer.Option(SOLVE.objective, "--objective",
                         help="sempar's items: tokens (token ids: homes from a token table), rows "
-                             "(fit rows: homes from exact pre-routing), auto (rows without token "
-                             "ids)")
+                             "(fit rows: exact or position homes), auto (the --homes rule's; "
+                             "rows without token ids)")
 
 
 def held_out_option() -> Any:

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from sempar.bounds import CHUNK_SLACK, bound
-from sempar.commands._options import (ep_option, held_out_option, json_option,
+from sempar.commands._options import (ep_option, held_out_option, homes_option, json_option,
                                       max_imbalance_option, mode_option, names_option,
                                       nodes_option, objective_option, preserve_groups_option,
                                       redundant_option, request_policies, seed_option,
@@ -30,7 +30,8 @@ def evaluate(ctx: typer.Context,
              max_imbalance: float = max_imbalance_option(),
              preserve_groups: bool = preserve_groups_option(),
              split: bool = typer.Option(False, "--split", help="split --fit 20/80 by request"),
-             objective: str = objective_option(),
+             homes: str = homes_option(),
+          objective: str = objective_option(),
              held_out_imbalance: float = held_out_option(),
              cross: bool = typer.Option(False, "--cross-dataset",
                                         help="also fit on each domain of --fit, evaluate on the others"),

@@ -9,10 +9,10 @@ from typing import Optional
 import typer
 
 from sempar.bounds import bound
-from sempar.commands._options import (ep_option, held_out_option, jobs_option, max_imbalance_option,
-                                      mode_option, names_option, nodes_option, objective_option,
-                                      preserve_groups_option, redundant_option, seed_option,
-                                      solve_options, solvers)
+from sempar.commands._options import (ep_option, held_out_option, homes_option, jobs_option,
+                                      max_imbalance_option, mode_option, names_option,
+                                      nodes_option, objective_option, preserve_groups_option,
+                                      redundant_option, seed_option, solve_options, solvers)
 
 
 def place(ctx: typer.Context,
@@ -30,6 +30,7 @@ def place(ctx: typer.Context,
               None, "--fit-fraction", callback=bound(0.0, 1.0, lo_open=True, hi_open=True),
               help="solve on a seeded (--seed) random fraction of the trace's requests: the "
                    "split serve-sim and plan fit on (their commands pass 0.2)"),
+          homes: str = homes_option(),
           objective: str = objective_option(),
           held_out_imbalance: float = held_out_option(),
           jobs: Optional[int] = jobs_option(),

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -94,6 +94,16 @@ class Prepared:
                 "kv_capacity_tokens": self.cfg.kv_capacity, "lar": self.table.lar}
 
 
+def home_rule(pipe, v: Variant) -> str:
+    """How deployment `v` on pipeline `pipe` homes tokens (`solve_options.HOME_RULES`), which
+    its placement is solved for: `smoe-exact`'s pre-routing -> exact; the online schedulers
+    (`comm.homes.Homes`: tp re-batching, an Attention-DP request policy) -> table; otherwise
+    the request's DP rank or the batch chunk -> positions."""
+    if pipe.name == "smoe-exact":
+        return "exact"
+    return "table" if pipe.scheduled and v.schedule != "none" else "positions"
+
+
 class Forecaster:
     """Caches the split, placements and homes for one trace, topology and accelerator."""
 
@@ -142,15 +152,24 @@ class Forecaster:
             raise ValueError("share_placements: another split or device layout")
         self._placements = other._placements
 
-    def placement(self, method: str, redundant: int):
+    def placement(self, method: str, redundant: int, homes: str | None = None):
+        """`method`'s placement with `redundant` replica slots, solved with the forecaster's
+        options for the home rule `homes` (None: the options' own; `home_rule` of a variant),
+        so that `sempar`'s objective serves the deployment (`SolveOptions.items`); solves that
+        come out the same (same objective) are shared."""
         from sempar.placement import solve
 
-        key = (method, redundant)
+        options = replace(self.options, num_nodes=self.topo.num_nodes, redundant=redundant,
+                          homes=homes or self.options.homes)
+        key = (method, redundant, options.items(self.fit.meta.has_token_ids))
         if key not in self._placements:
-            self._placements[key] = solve(method, self.fit, num_devices=self.G,
-                                          options=self.options, num_nodes=self.topo.num_nodes,
-                                          redundant=redundant)
+            self._placements[key] = solve(method, self.fit, num_devices=self.G, options=options)
         return self._placements[key]
+
+    def placement_for(self, v: Variant):
+        """The placement deployment `v` runs: its method and replicas, solved for its homes."""
+        return self.placement(v.placement, v.redundant_slots(self.G),
+                              home_rule(PIPELINES.get(v.pipeline), v))
 
     def prepare(self, v: Variant, sample_tokens: int | None = None,
                 served: tuple[str, int, int] | None = None) -> Prepared:
@@ -161,7 +180,7 @@ class Forecaster:
         the policy sees the trace's lengths."""
         pipe = PIPELINES.get(v.pipeline)
         G = self.G
-        pl = self.placement(v.placement, v.redundant_slots(G))
+        pl = self.placement_for(v)
         hk = (v.placement, v.redundant_slots(G), v.schedule, v.policy)
         if hk not in self._homes:
             self._homes[hk] = Homes(pl, self.eval, self.fit, v.schedule, v.policy)
