@@ -242,6 +242,7 @@ def test_evaluate_skips_token_table_methods(tmp_path, capsys):
 
 def test_evaluate_with_ids_fit_and_id_less_eval(tmp_path, capsys):
     """A token table fitted with ids cannot place eval tokens without them."""
+    from sempar.placement.base import solve
     from sempar.schedule.evaluate import evaluate
     from sempar.solve_options import SolveOptions
     from sempar.schedule.homes import method_home
