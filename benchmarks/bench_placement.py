@@ -49,6 +49,7 @@ from sempar.paths import dev_trace_paths
 from sempar.placement import SOLVERS
 from sempar.placement.sempar import SemparConfig
 from sempar.schedule.evaluate import evaluate_modes
+from sempar.solve_options import SolveOptions
 from sempar.trace import read_trace, split_by_request
 from sempar.trace.synth import synthesize
 
@@ -292,7 +293,8 @@ def main() -> None:
                 both = real.evaluate_each(fit, ev, ep, nodes, methods, modes, 0, objective,
                                           f"{name[:8]} {shape} R 0")
             else:
-                both = evaluate_modes(fit, ev, ep, nodes, methods, modes, objective=objective)
+                both = evaluate_modes(fit, ev, ep, SolveOptions(num_nodes=nodes, objective=objective),
+                                      methods=methods, modes=modes)
             floor = balance_floor(ev, ep)
             margin = REAL_MARGIN if name in is_real else MARGIN
             for res in both.values():
@@ -309,8 +311,9 @@ def main() -> None:
                     rep = real.evaluate_each(fit, ev, ep, nodes, methods, modes, ep, objective,
                                              f"{name[:8]} {shape} R G")
                 else:
-                    rep = evaluate_modes(fit, ev, ep, nodes, ["eplb", "sempar"], modes,
-                                         redundant=ep, objective=objective)
+                    rep = evaluate_modes(fit, ev, ep, SolveOptions(num_nodes=nodes, redundant=ep,
+                                                                   objective=objective),
+                                         methods=["eplb", "sempar"], modes=modes)
                 for mode, res in rep.items():
                     emit(res, shape, replica_verdict(res, homes, both[mode] if name in is_real
                                                      else None), homes)

@@ -33,6 +33,7 @@ from bench_placement_figures import FIGURES, OURS
 from sempar.errors import InputError
 from sempar.paths import real_data_dir
 from sempar.schedule.evaluate import ceiling_refs, evaluate_modes
+from sempar.solve_options import SolveOptions
 from sempar.schedule.transfer import DEFAULT_METHODS as CROSS_METHODS
 from sempar.trace import read_trace, split_by_request
 from sempar.trace.arrays import import_arrays
@@ -86,8 +87,9 @@ def evaluate_each(fit: RoutingTrace, ev: RoutingTrace, ep: int, nodes: int, meth
     for name in methods:
         t0 = time.perf_counter()
         try:
-            res = evaluate_modes(fit, ev, ep, nodes, [name], modes, redundant=redundant,
-                                 objective=objective)
+            res = evaluate_modes(fit, ev, ep, SolveOptions(num_nodes=nodes, redundant=redundant,
+                                                           objective=objective),
+                                 methods=[name], modes=modes)
         except InputError as err:
             for mode in modes:
                 out[mode].setdefault("skipped", {})[name] = str(err)

@@ -14,6 +14,7 @@ from conftest import build_trace
 from sempar.errors import InputError
 from sempar.placement import SOLVERS, Placement, solve
 from sempar.schedule.evaluate import evaluate, evaluate_modes
+from sempar.solve_options import SolveOptions
 from sempar.placement.nodes import device_affinity, group_devices, relabel_devices
 from sempar.placement.placement import RequestClusters
 from sempar.schedule.transfer import cross_dataset_matrix
@@ -65,7 +66,7 @@ def test_node_grouping_raises_node_local_rate(trace) -> None:
 def test_oracle_is_the_ceiling(trace) -> None:
     fit, ev = split_by_request(trace, seed=0)
     for mode in ("tp", "dp"):
-        r = evaluate(fit, ev, 4, methods=["vanilla", "semmoe", "oracle"], mode=mode)
+        r = evaluate(fit, ev, 4, SolveOptions(mode=mode), methods=["vanilla", "semmoe", "oracle"])
         o = r["methods"]["oracle"]
         assert o["lar_mean"] == pytest.approx(o["oracle_lar_mean"])
         for name in ("vanilla", "semmoe"):
@@ -87,6 +88,44 @@ def test_cross_dataset_matrix_diagonal_beats_transfer() -> None:
     assert abs(m["methods"]["vanilla"]["retention"] - 1) < 0.05      # vanilla ignores routing
 
 
+def test_cross_dataset_solves_with_the_users_options(monkeypatch, tmp_path) -> None:
+    """`evaluate --cross-dataset --mode dp --redundant 4`: the matrix's placements are dp
+    placements with replicas at the given cap (it used to solve tp ones at the default cap,
+    without replicas, while labelling the matrix "dp"); the methods that place no replicas are
+    listed under `skipped`."""
+    from typer.testing import CliRunner
+
+    import sempar.schedule.transfer as transfer
+    from sempar.cli import app
+
+    t = synthesize("olmoe-1b-7b", 24000, requests=120, seed=5)
+    write_trace(t, tmp_path / "t.parquet")
+    solved = []
+
+    def spy(method, trace, *, num_devices, options=None, **knobs):
+        p = solve(method, trace, num_devices=num_devices, options=options, **knobs)
+        solved.append((method, options, p))
+        return p
+
+    monkeypatch.setattr(transfer, "solve", spy)
+    r = CliRunner().invoke(app, ["evaluate", "--fit", str(tmp_path / "t.parquet"), "--split",
+                                 "--ep", "4", "--methods", "all", "--cross-dataset", "--mode", "dp",
+                                 "--max-imbalance", "1.2", "--redundant", "4", "--json"])
+    assert r.exit_code == 0, r.output
+    m = json.loads(r.stdout)["cross_dataset"]
+    assert m["mode"] == "dp" and m["redundant"] == 4
+    placers = {n for n in transfer.DEFAULT_METHODS if SOLVERS.get(n).replicas}
+    assert {"eplb", "sempar"} <= placers and set(m["methods"]) == placers
+    assert "--redundant 4" in m["skipped"]["semmoe"]
+    assert {name for name, _, _ in solved} == placers
+    slots = t.meta.num_experts // 4 + 1                   # 4 replicas over 4 devices
+    for name, options, p in solved:
+        assert (options.mode, options.redundant, options.max_imbalance) == ("dp", 4, 1.2)
+        assert p.slots_per_device == slots
+        if name == "sempar":
+            assert p.info["mode"] == "dp" and p.info["max_imbalance"] == 1.2
+
+
 def test_evaluate_json_contract_and_skips(tmp_path, trace) -> None:
     write_trace(trace, tmp_path / "t.parquet")
     run = lambda *a: subprocess.run([sys.executable, "-m", "sempar.cli", *a],  # noqa: E731
@@ -106,7 +145,7 @@ def test_evaluate_json_contract_and_skips(tmp_path, trace) -> None:
 
 def test_all_methods_skip_what_they_do_not_declare() -> None:
     fit, ev = split_by_request(build_trace(), seed=0)
-    out = evaluate_modes(fit, ev, 4, redundant=4)
+    out = evaluate_modes(fit, ev, 4, SolveOptions(redundant=4))
     no_replicas = {n for n in SOLVERS.names() if not SOLVERS.get(n).replicas}
     assert no_replicas and {"sempar", "eplb"} <= set(SOLVERS.names()) - no_replicas
     for mode in ("tp", "dp"):
@@ -115,4 +154,4 @@ def test_all_methods_skip_what_they_do_not_declare() -> None:
         assert out[mode]["skipped"]["semmoe"] == \
             "--redundant 4: semmoe places every expert once (no replicas)"
     with pytest.raises(InputError, match="semmoe places every expert once"):
-        evaluate_modes(fit, ev, 4, methods=["semmoe"], redundant=4)
+        evaluate_modes(fit, ev, 4, SolveOptions(redundant=4), methods=["semmoe"])

@@ -244,13 +244,14 @@ def test_evaluate_with_ids_fit_and_id_less_eval(tmp_path, capsys):
     """A token table fitted with ids cannot place eval tokens without them."""
     from sempar.placement.base import solve
     from sempar.schedule.evaluate import evaluate
+    from sempar.solve_options import SolveOptions
     from sempar.schedule.homes import method_home
     from sempar.trace.ops import without_token_ids
 
     import_arrays([_npz(tmp_path / "a.npz", **_arrays())], tmp_path / "a.parquet")
     fit = read_trace(tmp_path / "a.parquet")
     ev = without_token_ids(fit)
-    res = evaluate(fit, ev, 2, methods=None, mode="dp")
+    res = evaluate(fit, ev, 2, SolveOptions(mode="dp"), methods=None)
     assert "semmoe" in res["skipped"] and "semmoe" not in res["methods"]
     placement = solve("semmoe", fit, num_devices=2)
     with pytest.raises(InputError, match="semmoe's token table needs token ids"):

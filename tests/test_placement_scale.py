@@ -44,7 +44,7 @@ def stats(split):
 def test_deepseek_v3_shape_solves_within_bounds(split, stats, method):
     fit, ev = split
     N = fit.meta.num_experts
-    problem = PlacementProblem(fit, G, NODES)
+    problem = PlacementProblem(fit, G, num_nodes=NODES)
     # memory of the solver alone (solve() may relabel devices by node afterwards); smoe-cem's
     # peak does not grow with its steps, so a short run there (tracing slows numpy down ~3x)
     kw = {"n_iter": 8} if method == "smoe-cem" else {}

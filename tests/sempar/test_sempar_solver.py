@@ -154,7 +154,7 @@ def test_evaluate_solves_per_mode_and_reports_ceilings(planted_split):
     from sempar.schedule.evaluate import evaluate_modes
 
     fit, ev, _ = planted_split
-    out = evaluate_modes(fit, ev, G, 1, ["vanilla", "sempar"], ("tp", "dp"))
+    out = evaluate_modes(fit, ev, G, methods=["vanilla", "sempar"], modes=("tp", "dp"))
     for mode in ("tp", "dp"):
         r = out[mode]["methods"]["sempar"]
         assert 0 < r["share_of_oracle"] <= 1.0 + 1e-9

@@ -25,6 +25,7 @@ import torch
 from sempar.bench.inputs import batch_trace, load_dev, reference, tp_ok
 from sempar.registry import Registry
 from sempar.runtime.modes import DISPATCHERS
+from sempar.solve_options import SolveOptions
 
 
 @dataclass(frozen=True)
@@ -79,10 +80,12 @@ def predicted(spec, experts: np.ndarray, hidden: int) -> tuple[float, float, flo
 
 
 def plan_specs(G: int, batches: list[torch.Tensor], methods: list[str], model: str,
-               repeats: int = 3, timeout: float = 60.0, progress=None):
+               repeats: int = 3, timeout: float = 60.0, progress=None,
+               options: SolveOptions | None = None):
     """(specs, per-spec context {"method", "batch", "experts", "logits"}, fitted placements,
     skipped {method: why}) of a benchmark: placements and online schedulers fitted on the dev
-    trace's fit split, one RunSpec per (batch, method)."""
+    trace's fit split, one RunSpec per (batch, method); `options`: the solve options, passed
+    whole to every placement solve (None: the defaults)."""
     from sempar.placement import solve
     from sempar.runtime.run import RunSpec
     from sempar.schedule.online import OnlineScheduler, model_embedding
@@ -100,7 +103,7 @@ def plan_specs(G: int, batches: list[torch.Tensor], methods: list[str], model: s
         solver = METHODS.get(m).placement
         if solver not in placements:
             say(f"placement {solver} at G={G}")
-            placements[solver] = solve(solver, fit, num_devices=G)
+            placements[solver] = solve(solver, fit, num_devices=G, options=options)
         if METHODS.get(m).scheduling in ("alg2", "online") and solver not in scheds:
             say(f"online schedulers for {solver}")
             scheds[solver] = OnlineScheduler(oov=model_embedding(model)).fit(fit,

@@ -1,5 +1,6 @@
 """Options shared by several verbs, each declared and bounded here once: `--seed`, `--ep`,
-`--nodes`, `--json`, the serving forecast's workload (`--rates`, `--duration`, `--input-len`,
+`--nodes`, `--json`, the user's options of a placement solve (`--mode`, `--max-imbalance`,
+`--redundant`, ..., gathered into one `SolveOptions` by `solve_options`), the serving forecast's workload (`--rates`, `--duration`, `--input-len`,
 `--output-len`, `--token-budget`, `--max-running`, `--slo`, `--slo-scale`); name lists checked
 against their registry (`names_option`); options that apply to some pipelines only (`given`,
 `refuse_unused`); the old spelling of a renamed option, still read; the collective model a
@@ -7,14 +8,16 @@ forecast prices with."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any, Callable, Optional, TypeVar
 
 import typer
 
-from sempar.bounds import (BUDGET_MAX, DEVICES, DEVICES_MAX, HOSTS, RATE_MAX,
+from sempar.bounds import (BUDGET_MAX, DEVICES, DEVICES_MAX, HOSTS, RATE_MAX, REDUNDANT_MAX,
                            REQUEST_TOKENS_MAX, RUNNING_MAX, SCALE_MAX, SECONDS_MAX, SEED, Bounds,
                            NumberList, bound)
 from sempar.errors import InputError
+from sempar.solve_options import DEFAULT_HOMES, HOME_RULES, SolveOptions
 
 T = TypeVar("T")
 
@@ -90,19 +93,79 @@ def json_option(help: str = "print one JSON object") -> Any:
     return typer.Option(False, "--json", help=help)
 
 
+# ---- the user's options of a placement solve (place, evaluate): SolveOptions' fields -----
+
+SOLVE = SolveOptions()      # the defaults: each declared once, in sempar/solve_options.py
+# (--homes: DEFAULT_HOMES there, the deployment the command line assumes unless told)
+
+
+def mode_option(help: str = "mode the placement serves: dp or tp") -> Any:
+    """`--mode`: the attention mode the placement serves (SolveOptions.mode)."""
+    return typer.Option(SOLVE.mode, "--mode", help=help)
+
+
+def redundant_option(help: str = "replica slots per layer") -> Any:
+    """`--redundant`: replica slots per layer, 0..REDUNDANT_MAX (SolveOptions.redundant)."""
+    return typer.Option(SOLVE.redundant, "--redundant", help=help,
+                        callback=bound(0, REDUNDANT_MAX))
+
+
+def max_imbalance_option() -> Any:
+    """`--max-imbalance`: the per-layer device load cap, x the mean, in [1, 100]."""
+    return typer.Option(SOLVE.max_imbalance, "--max-imbalance",
+                        help="per-layer device load cap, x the mean", callback=bound(1.0, 100.0))
+
+
+def preserve_groups_option() -> Any:
+    """`--preserve-groups`: experts stay in their expert group's slots."""
+    return typer.Option(SOLVE.preserve_groups, "--preserve-groups",
+                        help="experts stay in their expert group's slots")
+
+
+def home_rules() -> Any:
+    """The home rules' registry (sempar/solve_options.py)."""
+    return HOME_RULES
+
+
+def homes_option() -> Any:
+    """`--homes`: how the deployment will choose each token's home (SolveOptions.homes); the
+    help lists the registered rules with the objective each gets."""
+    rules = ", ".join(f"{n} ({HOME_RULES.get(n).objective})" for n in HOME_RULES.names())
+    return names_option(DEFAULT_HOMES, "--homes", home_rules, single=True,
+                        help=f"how the deployment homes tokens, which --objective auto follows: "
+                             f"{rules}; default {DEFAULT_HOMES}: sglang-ep's, the pipeline "
+                             f"`sempar plan` recommends most often")
+
+
 def objective_option() -> Any:
     """`--objective`: the items `sempar` solves on (placement/sempar/rows.py)."""
-    return typer.Option("auto", "--objective",
+    return typer.Option(SOLVE.objective, "--objective",
                         help="sempar's items: tokens (token ids: homes from a token table), rows "
-                             "(fit rows: homes from exact pre-routing), auto (rows without token "
-                             "ids)")
+                             "(fit rows: exact or position homes), auto (the --homes rule's; "
+                             "rows without token ids)")
 
 
 def held_out_option() -> Any:
     """`--held-out-imbalance`: the imbalance on new requests sempar's rows objective aims at."""
-    return typer.Option(1.10, "--held-out-imbalance", callback=bound(1.0, 100.0),
+    return typer.Option(SOLVE.held_out_imbalance, "--held-out-imbalance",
+                        callback=bound(1.0, 100.0),
                         help="rows objective: the imbalance on new requests to stay within (the "
                              "fit cap is lowered while a request bootstrap predicts more)")
+
+
+def jobs_option() -> Any:
+    """`--jobs`: worker processes for per-layer solver work, 1..4096 (None: usable CPUs)."""
+    return typer.Option(SOLVE.jobs, "--jobs", callback=bound(1, 4096),
+                        help="worker processes (default: usable CPUs)")
+
+
+def solve_options(ctx: typer.Context, **over: Any) -> SolveOptions:
+    """The verb's `SolveOptions`, built once from its command line: every parameter of the verb
+    named as a SolveOptions field (`--nodes` as num_nodes), then `over`; the fields a verb does
+    not offer keep their defaults. Passed whole from here to every solve."""
+    names = {f.name for f in fields(SolveOptions)}
+    given = {("num_nodes" if k == "nodes" else k): v for k, v in ctx.params.items()}
+    return SolveOptions(**{k: v for k, v in {**given, **over}.items() if k in names})
 
 
 # ---- the serving forecast's workload (serve-sim, plan) -------------------------------------

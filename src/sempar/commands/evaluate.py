@@ -8,29 +8,30 @@ from typing import Optional
 
 import typer
 
-from sempar.bounds import CHUNK_SLACK, REDUNDANT_MAX, bound
-from sempar.commands._options import (ep_option, held_out_option, json_option, names_option,
-                                      nodes_option, objective_option, request_policies,
-                                      seed_option, solvers)
+from sempar.bounds import CHUNK_SLACK, bound
+from sempar.commands._options import (ep_option, held_out_option, homes_option, json_option,
+                                      max_imbalance_option, mode_option, names_option,
+                                      nodes_option, objective_option, preserve_groups_option,
+                                      redundant_option, request_policies, seed_option,
+                                      solve_options, solvers)
 from sempar.console import emit_json, out
 from sempar.errors import InputError
 
 
-def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements are solved on"),
+def evaluate(ctx: typer.Context,
+             fit: Path = typer.Option(..., "--fit", help="trace the placements are solved on"),
              eval_file: Optional[Path] = typer.Option(None, "--eval", help="held-out trace"),
              ep: int = ep_option(..., "EP degree G"),
              nodes: int = nodes_option(1),
              methods: str = names_option("all", "--methods", solvers, words=("all",),
                                          help="comma-separated, or all"),
-             mode: str = typer.Option("tp", "--mode", help="dp or tp"),
-             redundant: int = typer.Option(0, "--redundant", callback=bound(0, REDUNDANT_MAX)),
-             max_imbalance: float = typer.Option(1.05, "--max-imbalance",
-                                                 help="per-layer device load cap, x the mean",
-                                                 callback=bound(1.0, 100.0)),
-             preserve_groups: bool = typer.Option(False, "--preserve-groups",
-                                                  help="experts stay in their expert group's slots"),
+             mode: str = mode_option("dp or tp"),
+             redundant: int = redundant_option(),
+             max_imbalance: float = max_imbalance_option(),
+             preserve_groups: bool = preserve_groups_option(),
              split: bool = typer.Option(False, "--split", help="split --fit 20/80 by request"),
-             objective: str = objective_option(),
+             homes: str = homes_option(),
+          objective: str = objective_option(),
              held_out_imbalance: float = held_out_option(),
              cross: bool = typer.Option(False, "--cross-dataset",
                                         help="also fit on each domain of --fit, evaluate on the others"),
@@ -47,13 +48,13 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
              as_json: bool = json_option()) -> None:
     """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""
     from sempar.placement import SOLVERS
-    from sempar.placement.base import needs_token_ids
     from sempar.schedule.evaluate import evaluate as run
     from sempar.schedule.transfer import DEFAULT_METHODS, cross_dataset_matrix
     from sempar.progress import steps
     from sempar.report.console import print_cross, print_evaluation
     from sempar.trace import read_trace, split_by_request
 
+    options = solve_options(ctx)          # passed whole to every solve, the matrix's too
     if split == (eval_file is not None):
         raise InputError("evaluate: give --eval EVAL, or --split to divide --fit 20/80 by request")
     names = SOLVERS.names() if methods == "all" else [m.strip() for m in methods.split(",")]
@@ -84,18 +85,16 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
                                             lookback, policy, chunk_slack)
         home = OnlineHomes(oov, lookback, policy)
     cross_names = [n for n in (DEFAULT_METHODS if methods == "all" else names) if n != "oracle"]
-    if cross and methods == "all" and not whole.meta.has_token_ids:   # noted under `skipped`
-        cross_names = [n for n in cross_names if not needs_token_ids(n, mode)]
     chosen = names if methods != "all" else None
     with steps("evaluate", len(names)) as step:
-        result = run(fit_trace, eval_trace, ep, nodes, chosen, mode, redundant, seed,
-                     progress=step, extra=extra, max_imbalance=max_imbalance,
-                     preserve_groups=preserve_groups, objective=objective,
-                     held_out_imbalance=held_out_imbalance, chunk_slack=chunk_slack)
+        result = run(fit_trace, eval_trace, ep, options, methods=chosen, progress=step,
+                     extra=extra, chunk_slack=chunk_slack)
     if cross:
         with steps("cross-dataset", len(cross_names) * len(whole.domains)) as step:
-            result["cross_dataset"] = cross_dataset_matrix(whole, ep, nodes, cross_names, mode,
-                                                           seed, progress=step, home=home)
+            # `all` lists the methods that refuse these options under `skipped`
+            result["cross_dataset"] = cross_dataset_matrix(
+                whole, ep, options, methods=cross_names, skip_refused=methods == "all",
+                progress=step, home=home)
     if as_json:
         emit_json(result)
         return

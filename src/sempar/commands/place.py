@@ -8,49 +8,46 @@ from typing import Optional
 
 import typer
 
-from sempar.bounds import REDUNDANT_MAX, bound
-from sempar.commands._options import (ep_option, held_out_option, names_option, nodes_option,
-                                      objective_option, seed_option, solvers)
+from sempar.bounds import bound
+from sempar.commands._options import (ep_option, held_out_option, homes_option, jobs_option,
+                                      max_imbalance_option, mode_option, names_option,
+                                      nodes_option, objective_option, preserve_groups_option,
+                                      redundant_option, seed_option, solve_options, solvers)
 
 
-def place(trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)"),
+def place(ctx: typer.Context,
+          trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)"),
           method: str = names_option("sempar", "--method", solvers, single=True,
                                      help="placement method (see `evaluate`)"),
           ep: int = ep_option(..., "EP degree G (devices)"),
           nodes: int = nodes_option(1, "nodes the devices are grouped into"),
-          redundant: int = typer.Option(0, "--redundant", help="replica slots per layer",
-                                       callback=bound(0, REDUNDANT_MAX)),
-          mode: str = typer.Option("tp", "--mode", help="mode the placement serves: dp or tp"),
-          max_imbalance: float = typer.Option(1.05, "--max-imbalance",
-                                              help="per-layer device load cap, x the mean",
-                                              callback=bound(1.0, 100.0)),
-          preserve_groups: bool = typer.Option(False, "--preserve-groups",
-                                               help="experts stay in their expert group's slots"),
+          redundant: int = redundant_option(),
+          mode: str = mode_option(),
+          max_imbalance: float = max_imbalance_option(),
+          preserve_groups: bool = preserve_groups_option(),
           seed: int = seed_option(),
           fit_fraction: Optional[float] = typer.Option(
               None, "--fit-fraction", callback=bound(0.0, 1.0, lo_open=True, hi_open=True),
               help="solve on a seeded (--seed) random fraction of the trace's requests: the "
                    "split serve-sim and plan fit on (their commands pass 0.2)"),
+          homes: str = homes_option(),
           objective: str = objective_option(),
           held_out_imbalance: float = held_out_option(),
-          jobs: Optional[int] = typer.Option(None, "--jobs", callback=bound(1, 4096),
-                                             help="worker processes (default: usable CPUs)"),
+          jobs: Optional[int] = jobs_option(),
           out_file: Path = typer.Option(..., "--out", help="placement.json to write")) -> None:
     """Solve an expert placement on a fit trace and write it as JSON."""
     from sempar.atomic import check_output
     from sempar.placement import solve
     from sempar.trace import read_trace
 
+    options = solve_options(ctx)               # checked before any file is read
     check_output(out_file, trace)
     fit = read_trace(trace, optional=("domain",))
     if fit_fraction is not None:
         from sempar.trace.ops import split_by_request
 
         fit = split_by_request(fit, fit_fraction, seed=seed)[0]
-    p = solve(method, fit, num_devices=ep, num_nodes=nodes,
-              redundant=redundant, seed=seed, mode=mode, max_imbalance=max_imbalance,
-              preserve_groups=preserve_groups, jobs=jobs, objective=objective,
-              held_out_imbalance=held_out_imbalance)
+    p = solve(method, fit, num_devices=ep, options=options)
     p.save(out_file)
     sys.stderr.write(f"wrote {out_file}: {method}, {p.num_layers} layers, {ep} devices x "
                      f"{p.slots_per_device} slots, {p.num_nodes} node(s)\n")

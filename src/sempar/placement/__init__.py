@@ -2,6 +2,8 @@
 
 from sempar.placement import cem, eplb, graph_baselines, ilp, oracle, semmoe, sempar, simple  # noqa: F401  (each module registers its solvers)
 from sempar.placement.base import SOLVERS, PlacementProblem, solve
+from sempar.solve_options import SolveOptions
 from sempar.placement.placement import Placement, contiguous_nodes
 
-__all__ = ["SOLVERS", "Placement", "PlacementProblem", "contiguous_nodes", "solve"]
+__all__ = ["SOLVERS", "Placement", "PlacementProblem", "SolveOptions", "contiguous_nodes",
+           "solve"]

@@ -2,11 +2,11 @@
 
 A solver maps routing statistics of a fit trace to a `Placement`:
 
-    solve(method, trace, *, num_devices=G, num_nodes=1, redundant=0, seed=0, mode="tp",
-          max_imbalance=1.05, preserve_groups=False) -> Placement
+    solve(method, trace, *, num_devices=G, options=SolveOptions(...)) -> Placement
 
-`mode` and `max_imbalance` are read by the solvers that use them (`sempar`); the others ignore
-them. `preserve_groups` (DeepSeek-V3 style expert groups, `trace.meta.num_expert_groups`):
+`options` (`placement.options.SolveOptions`: mode, load cap, replicas, nodes, seed, objective,
+...) is the user's choice, passed whole; `mode` and `max_imbalance` are read by the solvers that
+use them (`sempar`); the others ignore them. `preserve_groups` (DeepSeek-V3 style expert groups, `trace.meta.num_expert_groups`):
 expert e may only sit in a physical slot of its own group's range, group g = experts and slots
 [g N / ng, (g + 1) N / ng), so that a checkpoint can be permuted within groups.
 
@@ -25,12 +25,14 @@ trace (one meaningless token), so its homes are the vanilla ones (`info["token_t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import numpy as np
 
-from sempar.errors import InputError, check_choice
+from sempar.errors import InputError
+from sempar.solve_options import SolveOptions
 from sempar.placement.placement import (Placement, RequestClusters, contiguous_nodes,
                                         cross_group_slots)
 from sempar.predict.token_table import TokenTable
@@ -38,35 +40,23 @@ from sempar.registry import Registry
 from sempar.trace.schema import RoutingTrace, require_token_ids
 
 
-OBJECTIVES = ("auto", "tokens", "rows")  # sempar's items (placement/sempar/rows.py)
-
-
 @dataclass(frozen=True)
-class PlacementProblem:
-    """What every solver is given: the fit trace and the cluster's shape."""
+class PlacementProblem(SolveOptions):
+    """What every solver is given: the fit trace, the device count and the user's options
+    (`SolveOptions`' fields, keyword-only: `PlacementProblem(trace, G, mode="dp")`)."""
 
     trace: RoutingTrace
     num_devices: int
-    num_nodes: int = 1
-    redundant: int = 0          # extra physical slots per layer (replicas), spread over devices
-    seed: int = 0
-    mode: str = "tp"            # the mode the placement will serve: "tp" or "dp"
-    max_imbalance: float = 1.05  # per-layer device load cap, x the mean (solvers that take it)
-    preserve_groups: bool = False
-    jobs: int | None = None     # worker processes for per-layer work (None: the usable CPUs)
-    objective: str = "auto"     # sempar's items: "tokens" (token ids), "rows" (fit rows), "auto"
-    held_out_imbalance: float = 1.10  # the held-out imbalance sempar's rows objective aims at
+
+    @classmethod
+    def of(cls, trace: RoutingTrace, num_devices: int,
+           options: SolveOptions | None = None) -> "PlacementProblem":
+        """The problem of solving `trace` on `num_devices` devices with `options`."""
+        return cls(trace, num_devices, **(options or SolveOptions()).knobs())
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         N, G = self.trace.meta.num_experts, self.num_devices
-        check_choice("--mode", self.mode, ("dp", "tp"))
-        check_choice("--objective", self.objective, OBJECTIVES)
-        if not 1.0 <= self.held_out_imbalance < 100:
-            raise InputError(f"--held-out-imbalance: {self.held_out_imbalance} is not in [1, 100)")
-        if not 1.0 <= self.max_imbalance < 100:
-            raise InputError(f"--max-imbalance: {self.max_imbalance} is not in [1, 100)")
-        if self.jobs is not None and self.jobs < 1:
-            raise InputError(f"--jobs: {self.jobs} is not a positive number of processes")
         if G < 1 or G > N:
             raise InputError(f"--ep: {G} devices for {N} experts (need 1..{N})")
         if (N + self.redundant) % G:
@@ -220,18 +210,20 @@ def check_token_ids(method: str, mode: str, trace: RoutingTrace, hint: bool = Tr
                           f"; methods without: {', '.join(free)}" if hint else "")
 
 
-def solve(method: str, trace: RoutingTrace, *, num_devices: int, num_nodes: int = 1,
-          redundant: int = 0, seed: int = 0, mode: str = "tp", max_imbalance: float = 1.05,
-          preserve_groups: bool = False, jobs: int | None = None, objective: str = "auto",
-          held_out_imbalance: float = 1.10, registry: SolverRegistry = SOLVERS) -> Placement:
-    """Run the registered `method` and return its validated placement (`jobs`: worker
-    processes for solvers that split their work by layer; None: the usable CPUs; `registry`:
-    where `method` is looked up). A request the solver does not declare it can serve
+def solve(method: str, trace: RoutingTrace, *, num_devices: int,
+          options: SolveOptions | None = None, registry: SolverRegistry = SOLVERS,
+          **knobs) -> Placement:
+    """Run the registered `method` on `trace` over `num_devices` devices with the user's
+    `options` (None: `SolveOptions()`'s defaults) and return its validated placement.
+
+    `knobs`: `SolveOptions` fields set over `options` for this call (`mode="dp"`); `registry`:
+    where `method` is looked up. A request the solver does not declare it can serve
     (`SolverSpec.refusal`) is refused before it runs."""
-    problem = PlacementProblem(trace, num_devices, num_nodes, redundant, seed, mode,
-                               max_imbalance, preserve_groups, jobs, objective,
-                               held_out_imbalance)
-    return solve_problem(method, problem, registry=registry)
+    options = options or SolveOptions()
+    if knobs:
+        options = dataclasses.replace(options, **knobs)
+    return solve_problem(method, PlacementProblem.of(trace, num_devices, options),
+                         registry=registry)
 
 
 def solve_problem(method: str, problem: PlacementProblem,

@@ -20,6 +20,7 @@ the others run without a token table (vanilla homes).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable
 
 from sempar.errors import InputError
@@ -29,6 +30,7 @@ from sempar.placement.oracle import ORACLE
 from sempar.placement.metrics import placement_figures
 from sempar.placement.placement import Placement
 from sempar.schedule.homes import method_home, oracle_home, oracle_home_dp
+from sempar.solve_options import SolveOptions
 from sempar.trace.ops import without_token_ids
 from sempar.trace.schema import RoutingTrace
 
@@ -70,22 +72,22 @@ def unconstrained_oracle_lar(placement: Placement, eval_: RoutingTrace) -> float
     return placement_figures(placement, eval_.experts, home)["lar_mean"]
 
 
-def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int = 1,
-                   methods: list[str] | None = None, modes: tuple[str, ...] = ATTENTION_MODES,
-                   redundant: int = 0, seed: int = 0,
+def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
+                   options: SolveOptions | None = None, *, methods: list[str] | None = None,
+                   modes: tuple[str, ...] = ATTENTION_MODES,
                    progress: Callable[[str], None] | None = None,
                    extra: Callable[[Placement, str], dict] | None = None,
-                   max_imbalance: float = 1.05, preserve_groups: bool = False,
-                   objective: str = "auto", held_out_imbalance: float = 1.10,
                    chunk_slack: float = 0.0) -> dict[str, dict]:
     """{mode: the `evaluate --json` contract}, every placement solved once for all modes.
 
-    `max_imbalance` / `preserve_groups` / `objective` / `held_out_imbalance` go to every solver
-    (`base.solve`; only `sempar` reads the last two); `chunk_slack` to the tp oracle homes
-    (`figures_for`), and when > 0 the tp entry says it ("chunk_slack").
+    `options` (None: the defaults) go whole to every solver (`base.solve`), each mode's solve
+    with its `mode`; `chunk_slack` to the tp oracle homes (`figures_for`), and when > 0 the tp
+    entry says it ("chunk_slack").
     `extra(placement, mode)` adds keys to each deployable method's entry (`evaluate --online`
     passes the online schedulers' figures; the data flow keeps schedulers downstream of here).
     """
+    options = options or SolveOptions()
+    nodes, redundant = options.num_nodes, options.redundant
     check_slack(chunk_slack, "--chunk-slack")
     for mode in modes:
         if mode not in ATTENTION_MODES:
@@ -108,7 +110,7 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
         spec = SOLVERS.get(name)
         # what the solver does not declare it serves is skipped (`all`) or refused (by name)
         why = {m: spec.refusal(name, fit, redundant=redundant, mode=m,
-                               preserve_groups=preserve_groups) for m in modes}
+                               preserve_groups=options.preserve_groups) for m in modes}
         for mode, reason in why.items():
             if reason and methods:
                 raise InputError(reason)
@@ -129,9 +131,7 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
             t0 = time.perf_counter()
             # The ceiling is solved on the data it is judged on (oracle.py); the rest on fit.
             placement = solve(name, eval_ if name == ORACLE else fit, num_devices=ep,
-                              num_nodes=nodes, redundant=redundant, seed=seed, mode=group[0],
-                              max_imbalance=max_imbalance, preserve_groups=preserve_groups,
-                              objective=objective, held_out_imbalance=held_out_imbalance)
+                              options=replace(options, mode=group[0]))
             seconds = round(time.perf_counter() - t0, 4)
             free = unconstrained_oracle_lar(placement, eval_)
             for mode in group:
@@ -162,14 +162,13 @@ def ceiling_refs(methods: dict, mode: str) -> dict:
     return refs
 
 
-def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int = 1,
-             methods: list[str] | None = None, mode: str = "tp", redundant: int = 0,
-             seed: int = 0, progress: Callable[[str], None] | None = None,
+def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
+             options: SolveOptions | None = None, *, methods: list[str] | None = None,
+             progress: Callable[[str], None] | None = None,
              extra: Callable[[Placement, str], dict] | None = None,
-             max_imbalance: float = 1.05, preserve_groups: bool = False,
-             objective: str = "auto", held_out_imbalance: float = 1.10,
              chunk_slack: float = 0.0) -> dict:
-    """The `evaluate --json` contract for `methods` (default: every registered one)."""
-    return evaluate_modes(fit, eval_, ep, nodes, methods, (mode,), redundant, seed,
-                          progress, extra, max_imbalance, preserve_groups, objective,
-                          held_out_imbalance, chunk_slack)[mode]
+    """The `evaluate --json` contract for `methods` (default: every registered one) in
+    `options.mode`."""
+    options = options or SolveOptions()
+    return evaluate_modes(fit, eval_, ep, options, methods=methods, modes=(options.mode,),
+                          progress=progress, extra=extra, chunk_slack=chunk_slack)[options.mode]

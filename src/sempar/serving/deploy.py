@@ -85,9 +85,11 @@ def commands(v: Variant, G: int, nodes: int, trace: str, model: str, placement, 
     # ranks, reading the placement file's token tables (so the file is written even if vanilla).
     routed = pipe.attention == "dp" and v.policy != "round-robin"
     if v.placement != "vanilla" or r or routed:
+        homes = placement.info.get("homes")       # the home rule sempar solved for
         out.append(shlex.join(["sempar", "place", "--trace", trace, "--fit-fraction",
                                str(FIT_FRACTION), "--seed", str(seed), "--method", v.placement,
                                "--ep", str(G), "--nodes", str(nodes), "--redundant", str(r),
+                               *(["--homes", homes] if homes else []),
                                "--out", "placement.json"]))
         from sempar.export.engines import check_exportable
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from sempar.serving.steptable import StepTable, build_step_table
 from sempar.serving.systems import Variant, resolve
 from sempar.serving.slo_search import SearchConfig, search
 from sempar.serving.workload import make_workload, stable_arrivals
+from sempar.solve_options import SolveOptions
 from sempar.trace.schema import RoutingTrace
 
 DRAIN = 2.0         # horizon = DRAIN x duration
@@ -93,14 +94,27 @@ class Prepared:
                 "kv_capacity_tokens": self.cfg.kv_capacity, "lar": self.table.lar}
 
 
+def home_rule(pipe, v: Variant) -> str:
+    """How deployment `v` on pipeline `pipe` homes tokens (`solve_options.HOME_RULES`), which
+    its placement is solved for: `smoe-exact`'s pre-routing -> exact; the online schedulers
+    (`comm.homes.Homes`: tp re-batching, an Attention-DP request policy) -> table; otherwise
+    the request's DP rank or the batch chunk -> positions."""
+    if pipe.name == "smoe-exact":
+        return "exact"
+    return "table" if pipe.scheduled and v.schedule != "none" else "positions"
+
+
 class Forecaster:
     """Caches the split, placements and homes for one trace, topology and accelerator."""
 
     def __init__(self, trace: RoutingTrace, dims: ModelDims, topo: Topology, acc: Accelerator,
-                 budget: int = 2048, max_running: int = 128, seed: int = 0,
-                 sim: dict | None = None):
-        """sim: SimOptions fields over the pipeline defaults for every deployment (e.g. the
-        runtime's dedup / one-shot / size exchanges and `collectives`, benchcheck.py)."""
+                 budget: int = 2048, max_running: int = 128,
+                 options: SolveOptions | None = None, sim: dict | None = None):
+        """options: the user's solve options (None: the defaults), passed whole to every
+        placement solve with the variant's replicas and the topology's nodes set; its seed also
+        draws the 20/80 split and the arrivals. sim: SimOptions fields over the pipeline
+        defaults for every deployment (e.g. the runtime's dedup / one-shot / size exchanges and
+        `collectives`, benchcheck.py)."""
         from sempar.trace.ops import split_by_request
 
         m = trace.meta
@@ -110,10 +124,11 @@ class Forecaster:
                              f"{m.num_layers} x {m.num_experts}, top-{m.top_k}")
         if budget < 1 or max_running < 1 or budget < max_running:
             raise InputError("--token-budget and --max-running must be positive, budget >= running")
-        self.dims, self.topo, self.acc, self.seed = dims, topo, acc, seed
+        self.options = options or SolveOptions()
+        self.dims, self.topo, self.acc, self.seed = dims, topo, acc, self.options.seed
         self.budget, self.max_running = budget, max_running
         self.sim = dict(sim or {})
-        self.fit, self.eval = split_by_request(trace, 0.2, seed=seed)
+        self.fit, self.eval = split_by_request(trace, 0.2, seed=self.seed)
         self._placements: dict = {}
         self._homes: dict = {}
         self._served: dict = {}         # DP homes under the served lengths (ranks.py)
@@ -126,24 +141,35 @@ class Forecaster:
         return self.topo.num_devices
 
     def share_placements(self, other: "Forecaster") -> None:
-        """Use `other`'s placement cache: the same trace split and seed on the same devices and
-        nodes solve to the same placements, whatever the links (a topology of equal shape)."""
+        """Use `other`'s placement cache: the same trace split and solve options on the same
+        devices and nodes solve to the same placements, whatever the links (a topology of equal
+        shape)."""
         if other is self:
             return
-        if (other.seed, other.G, other.topo.num_nodes) != (self.seed, self.G, self.topo.num_nodes) \
+        if (other.options, other.G, other.topo.num_nodes) != \
+                (self.options, self.G, self.topo.num_nodes) \
                 or other.fit.num_tokens != self.fit.num_tokens:
             raise ValueError("share_placements: another split or device layout")
         self._placements = other._placements
 
-    def placement(self, method: str, redundant: int):
+    def placement(self, method: str, redundant: int, homes: str | None = None):
+        """`method`'s placement with `redundant` replica slots, solved with the forecaster's
+        options for the home rule `homes` (None: the options' own; `home_rule` of a variant),
+        so that `sempar`'s objective serves the deployment (`SolveOptions.items`); solves that
+        come out the same (same objective) are shared."""
         from sempar.placement import solve
 
-        key = (method, redundant)
+        options = replace(self.options, num_nodes=self.topo.num_nodes, redundant=redundant,
+                          homes=homes or self.options.homes)
+        key = (method, redundant, options.items(self.fit.meta.has_token_ids))
         if key not in self._placements:
-            self._placements[key] = solve(method, self.fit, num_devices=self.G,
-                                          num_nodes=self.topo.num_nodes, redundant=redundant,
-                                          seed=self.seed)
+            self._placements[key] = solve(method, self.fit, num_devices=self.G, options=options)
         return self._placements[key]
+
+    def placement_for(self, v: Variant):
+        """The placement deployment `v` runs: its method and replicas, solved for its homes."""
+        return self.placement(v.placement, v.redundant_slots(self.G),
+                              home_rule(PIPELINES.get(v.pipeline), v))
 
     def prepare(self, v: Variant, sample_tokens: int | None = None,
                 served: tuple[str, int, int] | None = None) -> Prepared:
@@ -154,7 +180,7 @@ class Forecaster:
         the policy sees the trace's lengths."""
         pipe = PIPELINES.get(v.pipeline)
         G = self.G
-        pl = self.placement(v.placement, v.redundant_slots(G))
+        pl = self.placement_for(v)
         hk = (v.placement, v.redundant_slots(G), v.schedule, v.policy)
         if hk not in self._homes:
             self._homes[hk] = Homes(pl, self.eval, self.fit, v.schedule, v.policy)

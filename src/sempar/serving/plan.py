@@ -127,8 +127,7 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
                          "capacity_estimate": p.capacity(input_len, output_len),
                          "complexity": complexity(v, G),
                          "commands": commands(v, G, fcs[G].topo.num_nodes, trace_path,
-                                              fcs[G].dims.name, fcs[G].placement(
-                                                  v.placement, v.redundant_slots(G)),
+                                              fcs[G].dims.name, fcs[G].placement_for(v),
                                               fcs[G].seed),
                          "curve": curve, "search_points": extra}, G, v, p))
     entries.sort(key=lambda e: -(e[0]["throughput_under_slo"] or 0.0))

@@ -68,11 +68,13 @@ def forecaster(trace: Path, preset: str | None, topology: str, accelerator: str,
     from sempar.serving.dims import model_dims
     from sempar.serving.forecast import Forecaster
     from sempar.serving.hardware import ACCELERATORS
+    from sempar.solve_options import SolveOptions
     from sempar.trace import read_trace
 
     acc = ACCELERATORS.get(accelerator)
     topo = topology_for(topology, ep, nodes)
     tr = read_trace(trace)
     dims = model_dims(preset or tr.meta.model)
-    return Forecaster(tr, dims, topo, acc, budget=budget, max_running=max_running, seed=seed,
+    return Forecaster(tr, dims, topo, acc, budget=budget, max_running=max_running,
+                      options=SolveOptions(seed=seed),
                       sim={"collectives": collectives} if collectives else None)

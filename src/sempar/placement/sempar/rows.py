@@ -13,9 +13,12 @@ the experts those rows select. A trace without token ids (`TraceMeta.has_token_i
 only be solved this way.
 
 Objectives (`PlacementProblem.objective`):
-- `tokens`: the token-id table (homes predicted from a token table, the default with ids);
-- `rows`: the row-level items above (homes from exact pre-routing);
-- `auto`: `rows` when the trace has no token ids, else `tokens`.
+- `tokens`: the token-id table (homes predicted from a token table);
+- `rows`: the row-level items above (homes from exact pre-routing, and position homes with
+  de-duplicated dispatch, where the experts one row selects together decide the copies);
+- `auto` (the default): the objective of the deployment's home rule (`SolveOptions.homes`,
+  `solve_options.HOME_RULES`: rows for positions and exact, tokens for table; tokens when no
+  rule is named), `rows` when the trace has no token ids.
 
 Choices (the issue leaves them open): above `max_rows` fit rows, whole fit requests are
 sampled (seeded) until the cap, so the solve stays bounded on large traces; the placement's
@@ -41,13 +44,12 @@ from sempar.predict.token_table import TokenTable
 from sempar.trace.schema import RoutingTrace, require_token_ids
 
 
-def resolve_objective(objective: str, trace: RoutingTrace) -> str:
-    """"tokens" or "rows" for `objective` (one of `base.OBJECTIVES`, checked by
-    `PlacementProblem`) on `trace`; "tokens" on a trace without token ids is bad input."""
-    if objective == "auto":
-        return "tokens" if trace.meta.has_token_ids else "rows"
+def resolve_objective(p: PlacementProblem) -> str:
+    """"tokens" or "rows" for `p` (`SolveOptions.items`: `auto` follows the home rule);
+    "tokens" named on a trace without token ids is bad input."""
+    objective = p.items(p.trace.meta.has_token_ids)
     if objective == "tokens":
-        require_token_ids(trace.meta, "sempar --objective tokens", "; use --objective rows")
+        require_token_ids(p.trace.meta, "sempar --objective tokens", "; use --objective rows")
     return objective
 
 

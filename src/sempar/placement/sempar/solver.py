@@ -200,7 +200,7 @@ def sempar_solve(problem: PlacementProblem, config: SemparConfig | None = None, 
     `SemparConfig.for_problem` too). `mapper` (`_pool.map_layers`' signature) runs tp mode's
     per-layer solves."""
     cfg = SemparConfig.for_problem(problem, **asdict(config or SemparConfig()))
-    return solve_problem("sempar", problem, lambda p: _solve(p, cfg, mapper))
+    return solve_problem("sempar", problem, lambda p: _solved_for(p, _solve(p, cfg, mapper)))
 
 
 # preserve groups: slots and swaps stay inside each expert group; mode-aware: tp and dp
@@ -209,7 +209,15 @@ def sempar_solve(problem: PlacementProblem, config: SemparConfig | None = None, 
 def sempar(p: PlacementProblem) -> Placement:
     """Ours: locality under a hard per-layer balance cap, mode-aware (module docstring), with
     the default config (`SemparConfig.for_problem`)."""
-    return _solve(p, SemparConfig.for_problem(p), map_layers)
+    return _solved_for(p, _solve(p, SemparConfig.for_problem(p), map_layers))
+
+
+def _solved_for(p: PlacementProblem, out: Placement) -> Placement:
+    """`out` recording the home rule it was solved for, when one was named, beside its
+    objective (info)."""
+    if p.homes is not None:
+        out.info["homes"] = p.homes
+    return out
 
 
 def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable) -> Placement:
@@ -223,7 +231,7 @@ def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable) -> Placemen
                          f"(every device takes the same number of replicas)")
     if p.redundant and p.preserve_groups:
         raise InputError("sempar: --preserve-groups with --redundant: replicas have no group slots")
-    if resolve_objective(p.objective, p.trace) == "rows":      # items: the fit rows (rows.py)
+    if resolve_objective(p) == "rows":                 # items: the fit rows (rows.py)
         held_out = HeldOut(target=p.held_out_imbalance, retries=cfg.held_out_retries,
                            replicates=cfg.held_out_replicates, seed=p.seed)
         out = solve_rows(p, lambda q: _solve(q, cfg, mapper), cfg.row_sample, held_out,
