@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sempar.router.policies import ROUTER_POLICIES, make_router_policy, router_command
+from sempar.router.policies import make_router_policy, reads_table, router_command
 from sempar.schedule.load_policies import PrefixCache
 from sempar.schedule.requests import REQUEST_POLICIES, make_policy
 from test_request_policies import random_requests, random_table, stream, two_domain_table
@@ -16,9 +16,10 @@ NEW = ("least-inflight", "expert", "expert+prefix", "expert-idf")
 
 
 def test_router_policies_are_request_policies():
-    for name in ROUTER_POLICIES:
-        assert ROUTER_POLICIES.get(name).request_policy in REQUEST_POLICIES
     assert set(NEW) <= set(REQUEST_POLICIES)
+    for name in REQUEST_POLICIES:          # one registry: the router reads the capability
+        assert reads_table(name) == REQUEST_POLICIES.get(name).needs_scores
+        assert REQUEST_POLICIES.get(name).summary
 
 
 @pytest.mark.parametrize("name", NEW)

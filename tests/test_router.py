@@ -261,7 +261,7 @@ def test_cli_refuses_bad_start_up_in_one_line_exit_2(placement_file, tmp_path):
     base = ["router", "--upstream", "http://127.0.0.1:1", "--engine", "sglang", "--dp-size", "4",
             "--model-dir", str(MODEL)]
     for extra, what in [(["--placement", str(bad)], "not a placement"),
-                        (["--placement", str(placement_file), "--policy", "nope"], "router policy"),
+                        (["--placement", str(placement_file), "--policy", "nope"], "request policy"),
                         (["--placement", str(placement_file), "--engine", "tgi"], "engine")]:
         r = run_cli(*base, *extra)
         assert r.returncode == 2 and what in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -1,26 +1,30 @@
-"""`build_app`: the router's ASGI app (Starlette).
+"""`build_app`: the router's ASGI app (Starlette), its request path as one small class.
 
-Routes: POST /v1/chat/completions, /v1/completions (and /generate when the engine has it) are
-routed: body read (size-limited) and parsed as JSON, prompt tokenized, rank chosen by the
-policy's streaming form (`submit`; `complete` when the response ends, however it ends), the
-request forwarded with the rank in the engine's field or header, the answer streamed back chunk
-by chunk, byte for byte. GET /v1/models is forwarded as is; GET /health and /metrics are the
-router's own. Errors are OpenAI-style JSON objects on one line: 400 bad JSON or prompt, 401
-without the --api-key, 404 unknown route, 413 body too large, 429 every rank at its in-flight
-bound (Retry-After), 502 upstream down, 504 upstream timeout. Logs are JSON lines that never
-carry headers or prompt text.
+Routes: POST /v1/chat/completions, /v1/completions (and /generate when the engine has it), with
+or without a trailing slash, are routed by `RoutedRequest`: parse (size-limited body, strict
+JSON: no NaN / Infinity) -> tokenize (bodies over `THREAD_BYTES` in a worker thread, so the event
+loop, /health included, never waits behind a big prompt) -> choose rank (the policy's streaming
+form, `submit`; `complete` when the answer ends, however it ends) -> forward (the rank in the
+engine's field or header, the client's disconnect watched until the upstream's headers arrive,
+so a client that leaves cancels the engine request and frees the slot at once) -> relay (the
+answer streamed back chunk by chunk, byte for byte). GET /v1/models is forwarded as is; GET
+/health and /metrics are the router's own. With --api-key every route, these two included, needs
+it (`authorized`, the one check). Errors are OpenAI-style JSON objects on one line, from one
+helper (`refuse`) and one for upstream failures (`upstream_failure`: 502 refused / dropped,
+504 timed out): 400 bad JSON or prompt, 401 without the key, 404 unknown route, 413 body too
+large, 429 every rank at its in-flight bound (Retry-After). Logs are JSON lines that never carry
+headers or prompt text.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import itertools
 import json
 import logging
 import time
-
-import asyncio
 
 import anyio
 from starlette.applications import Starlette
@@ -37,56 +41,40 @@ from sempar.router.upstream import Upstream, UpstreamDown, UpstreamTimeout, forw
 log = logging.getLogger("sempar.router")
 RESPONSE_DROP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length",
                            "date", "server"})
+THREAD_BYTES = 64 << 10     # bodies above this are parsed and tokenized off the event loop
 
 
-def error(status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:
-    """An OpenAI-style error body: {"error": {"message", "type", "code"}} (one line), logged
-    (the message names no header and carries no prompt text)."""
-    log.info(json.dumps({"event": "refused", "status": status, "kind": kind}))
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}},
-                        status_code=status, headers=headers)
+class Refused(Exception):
+    """A request refused before it reached the upstream: `response` is what the client gets."""
+
+    def __init__(self, response: Response):
+        self.response = response
 
 
-class RouterState:
-    """What one router holds: the policy's in-flight counters (no other state), the metrics,
-    the upstream session and the routing log."""
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON (RFC 8259)")
 
-    def __init__(self, cfg: RouterConfig, policy, tokenizer: PromptTokenizer):
-        self.cfg, self.policy, self.tokenizer = cfg, policy, tokenizer
-        self.engine = ENGINES.get(cfg.engine)
-        self.metrics = RouterMetrics(cfg.dp_size)
-        self.inflight = [0] * cfg.dp_size           # requests per rank (the --max-inflight bound)
-        self.upstream = Upstream(cfg.upstream, cfg.connect_timeout_s, cfg.read_timeout_s)
-        self.ids = itertools.count()
-        self.routing_log = None
 
-    def acquire(self, tokens) -> int | None:
-        """The rank for a request of `tokens` (int64[n]), its counters raised; None when every
-        rank is at its in-flight bound."""
-        N = self.cfg.max_inflight_per_rank
-        allowed = [c < N for c in self.inflight]
-        if not any(allowed):
-            return None
-        g = self.policy.submit(tokens, allowed)
-        self.inflight[g] += 1
-        n = int(tokens.size)
-        req, infl_req, infl_tok = self.metrics.by_rank[g]
-        req.inc()
-        infl_req.inc()
-        infl_tok.inc(n)
-        row = self.policy.last_row
-        if row:
-            tot = sum(row)
-            if tot > 0:
-                self.metrics.local_share.observe(row[g] / tot)
-        return g
+def parse_body(raw: bytes) -> dict:
+    """The body as a JSON object; NaN / Infinity refused (json.loads takes them, and /generate's
+    re-serialised body would then reach the engine as invalid JSON)."""
+    body = json.loads(raw, parse_constant=_no_constant)
+    if not isinstance(body, dict):
+        raise ValueError("the body is not a JSON object")
+    return body
 
-    def release(self, g: int, n: int) -> None:
-        self.inflight[g] -= 1
-        self.policy.complete(g, n)
-        _, infl_req, infl_tok = self.metrics.by_rank[g]
-        infl_req.dec()
-        infl_tok.dec(n)
+
+def is_timeout(err: BaseException) -> bool:
+    """Whether an upstream failure is a timeout (504) rather than a refused / dropped
+    connection (502); aiohttp's read timeouts are TimeoutErrors."""
+    return isinstance(err, (UpstreamTimeout, TimeoutError))
+
+
+def _log_end(event: str, rid: int, path: str, g: int, n: int, status, t0: float) -> float:
+    dt = time.perf_counter() - t0
+    log.info(json.dumps({"event": event, "request": rid, "path": path, "rank": g, "tokens": n,
+                         "status": status, "seconds": round(dt, 6)}))
+    return dt
 
 
 async def _disconnected(receive) -> None:
@@ -98,8 +86,8 @@ async def _disconnected(receive) -> None:
 class Routed(StreamingResponse):
     """A streamed upstream answer that calls `on_end` exactly once, however it ends (done,
     upstream error, client gone before or during the stream). The client's disconnect is
-    watched while the stream waits for the upstream, whatever ASGI version the server speaks,
-    so a gone client cancels the upstream request at once, not at the next chunk."""
+    watched while the stream waits for the upstream, so a gone client cancels the upstream
+    request at once, not at the next chunk."""
 
     def __init__(self, content, on_end, **kw):
         super().__init__(content, **kw)
@@ -126,181 +114,273 @@ class Routed(StreamingResponse):
             self._on_end()
 
 
-def build_app(cfg: RouterConfig, policy, tokenizer: PromptTokenizer) -> Starlette:
-    """The ASGI app; `app.state.router` is its `RouterState`."""
-    st = RouterState(cfg, policy, tokenizer)
+class RouterState:
+    """What one router holds: the policy's in-flight counters (no other state), the metrics,
+    the upstream session and the routing log; the refusal and upstream-failure answers."""
 
-    def authorized(request: Request) -> bool:
-        if cfg.api_key is None:
+    def __init__(self, cfg: RouterConfig, policy, tokenizer: PromptTokenizer):
+        self.cfg, self.policy, self.tokenizer = cfg, policy, tokenizer
+        self.engine = ENGINES.get(cfg.engine)
+        self.metrics = RouterMetrics(cfg.dp_size)
+        self.inflight = [0] * cfg.dp_size           # requests per rank (the --max-inflight bound)
+        self.upstream = Upstream(cfg.upstream, cfg.connect_timeout_s, cfg.read_timeout_s)
+        self.ids = itertools.count()
+        self.routing_log = None
+        self._key = f"{cfg.api_key}".encode() if cfg.api_key is not None else None
+
+    def refuse(self, status: int, kind: str, message: str,
+               headers: dict | None = None) -> JSONResponse:
+        """The one refusal: an OpenAI-style error body {"error": {"message", "type", "code"}}
+        on one line, counted and logged (the message names no header, carries no prompt)."""
+        if status != 499:
+            log.info(json.dumps({"event": "refused", "status": status, "kind": kind}))
+        self.metrics.errors.labels(kind).inc()
+        return JSONResponse({"error": {"message": message, "type": kind, "code": status}},
+                            status_code=status, headers=headers)
+
+    def upstream_failure(self, err: BaseException, rid: int | None = None, g: int | None = None,
+                         path: str = "", stage: str = "") -> JSONResponse:
+        """The one answer to an upstream failure before anything reached the client: 504 when
+        it timed out, 502 when it refused or dropped the connection."""
+        timeout = is_timeout(err)
+        kind = "upstream_timeout" if timeout else "upstream_down"
+        log.warning(json.dumps({"event": kind, "request": rid, "rank": g, "path": path}))
+        detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return self.refuse(504 if timeout else 502, kind,
+                           f"upstream {'timed out' if timeout else 'unreachable'}{stage}: {detail}")
+
+    def authorized(self, request: Request) -> bool:
+        """With --api-key: `Authorization: Bearer KEY`, the scheme in any case (RFC 7235)."""
+        if self._key is None:
             return True
-        got = request.headers.get("authorization", "")
-        return hmac.compare_digest(got.encode(), f"Bearer {cfg.api_key}".encode())
+        scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._key)
 
-    async def read_body(request: Request) -> bytes | Response:
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > cfg.max_body_bytes):
-            st.metrics.errors.labels("too_large").inc()
-            return error(413, f"request body over {cfg.max_body_bytes} bytes", "too_large")
-        chunks, total = [], 0
-        async for c in request.stream():
-            total += len(c)
-            if total > cfg.max_body_bytes:
-                st.metrics.errors.labels("too_large").inc()
-                return error(413, f"request body over {cfg.max_body_bytes} bytes", "too_large")
-            chunks.append(c)
-        return b"".join(chunks)
+    def acquire(self, tokens) -> int | None:
+        """The rank for a request of `tokens` (int64[n]), its counters raised; None when every
+        rank is at its in-flight bound."""
+        N = self.cfg.max_inflight_per_rank
+        allowed = [c < N for c in self.inflight]
+        if not any(allowed):
+            return None
+        g = self.policy.submit(tokens, allowed)
+        self.inflight[g] += 1
+        req, infl_req, infl_tok = self.metrics.by_rank[g]
+        req.inc()
+        infl_req.inc()
+        infl_tok.inc(int(tokens.size))
+        row = self.policy.last_row
+        if row and sum(row) > 0:
+            self.metrics.local_share.observe(row[g] / sum(row))
+        return g
 
-    async def routed(request: Request) -> Response:
-        if not authorized(request):
-            st.metrics.errors.labels("unauthorized").inc()
-            return error(401, "missing or wrong API key", "unauthorized")
-        try:
-            raw = await read_body(request)
-        except ClientDisconnect:
-            st.metrics.errors.labels("client_gone").inc()
-            return Response(status_code=499)
-        if isinstance(raw, Response):
-            return raw
-        try:
-            body = json.loads(raw)
-            if not isinstance(body, dict):
-                raise ValueError("the body is not a JSON object")
-        except (ValueError, RecursionError) as err:
-            st.metrics.errors.labels("bad_json").inc()
-            return error(400, f"invalid JSON body: {str(err).splitlines()[0]}", "bad_json")
-        route = request.scope["path"]                # what the route matched (no URL object)
-        try:
-            tokens = st.tokenizer.tokens(route, body)
-        except PromptError as err:
-            st.metrics.errors.labels("no_prompt").inc()
-            return error(400, str(err), "no_prompt")
-        g = st.acquire(tokens)
-        if g is None:
-            st.metrics.errors.labels("overloaded").inc()
-            return error(429, f"every rank holds {cfg.max_inflight_per_rank} requests",
-                         "overloaded", headers={"Retry-After": "1"})
-        n, rid = int(tokens.size), next(st.ids)
-        released = False
+    def release(self, g: int, n: int) -> None:
+        self.inflight[g] -= 1
+        self.policy.complete(g, n)
+        _, infl_req, infl_tok = self.metrics.by_rank[g]
+        infl_req.dec()
+        infl_tok.dec(n)
 
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                st.release(g, n)
 
-        if st.routing_log is not None:
-            st.routing_log.write(json.dumps({"request": rid, "t": round(time.time(), 6),
-                                             "route": route, "rank": g,
-                                             "tokens": tokens.tolist()}) + "\n")
-        if route == "/generate":                   # SGLang's native route: the body field
-            body[st.engine.body_field] = g
-            raw, extra = json.dumps(body).encode(), None
-        else:
-            extra = {st.engine.header: str(g)}
-        headers = forward_headers(request.headers.items(), extra)
+class RoutedRequest:
+    """One routed request: `parse` -> `tokenize` -> `choose` (a rank) -> `forward` -> `relay`.
+    Each step raises `Refused` with the answer when it cannot go on; the rank's slot is held
+    from `choose` to the end of the answer and released exactly once (`release`)."""
+
+    def __init__(self, st: RouterState, request: Request):
+        self.st, self.request = st, request
+        self.route = request.scope["path"].rstrip("/") or "/"   # /v1/completions/ = /v1/completions
+        self.rid = next(st.ids)
+        self.g, self.n, self._held = -1, 0, False
+        self.t0 = 0.0
+
+    async def run(self) -> Response:
         try:
-            return await relay(request, route, headers, raw, rid, g, n, release,
-                               bool(body.get("stream")))
+            raw = await self.read_body()
+            big = len(raw) > THREAD_BYTES
+            body, tokens = (await anyio.to_thread.run_sync(self.parse_and_tokenize, raw)
+                            if big else self.parse_and_tokenize(raw))
+            self.choose(tokens)
+        except Refused as r:
+            return r.response
+        try:
+            raw, headers = self.outgoing(raw, body, tokens)
+            up = await self.forward(headers, raw)
+            return await self.relay(up, bool(body.get("stream")))
+        except Refused as r:
+            self.release()
+            return r.response
         except BaseException:                      # cancelled before a response existed
-            release()
+            self.release()
             raise
 
-    async def whole(request, up, out_headers, rid, g, n, t0, path, release) -> Response:
+    async def read_body(self) -> bytes:
+        st, limit = self.st, self.st.cfg.max_body_bytes
+        size = self.request.headers.get("content-length")
+        too_large = Refused(st.refuse(413, "too_large", f"request body over {limit} bytes")) \
+            if size is not None and (not size.isdigit() or int(size) > limit) else None
+        if too_large:
+            raise too_large
+        chunks, total = [], 0
+        try:
+            async for c in self.request.stream():
+                total += len(c)
+                if total > limit:
+                    raise Refused(st.refuse(413, "too_large", f"request body over {limit} bytes"))
+                chunks.append(c)
+        except ClientDisconnect:
+            raise Refused(st.refuse(499, "client_gone", "client gone")) from None
+        return b"".join(chunks)
+
+    def parse_and_tokenize(self, raw: bytes):
+        """(body dict, token ids int64[n]); runs in a worker thread for big bodies."""
+        try:
+            body = parse_body(raw)
+        except (ValueError, RecursionError) as err:
+            raise Refused(self.st.refuse(400, "bad_json",
+                                         f"invalid JSON body: {str(err).splitlines()[0]}")) from None
+        try:
+            return body, self.st.tokenizer.tokens(self.route, body)
+        except PromptError as err:
+            raise Refused(self.st.refuse(400, "no_prompt", str(err))) from None
+
+    def choose(self, tokens) -> None:
+        st = self.st
+        g = st.acquire(tokens)
+        if g is None:
+            raise Refused(st.refuse(429, "overloaded",
+                                    f"every rank holds {st.cfg.max_inflight_per_rank} requests",
+                                    headers={"Retry-After": "1"}))
+        self.g, self.n, self._held = g, int(tokens.size), True
+        if st.routing_log is not None:
+            st.routing_log.write(json.dumps({"request": self.rid, "t": round(time.time(), 6),
+                                             "route": self.route, "rank": g,
+                                             "tokens": tokens.tolist()}) + "\n")
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self.st.release(self.g, self.n)
+
+    def outgoing(self, raw: bytes, body: dict, tokens) -> tuple[bytes, dict]:
+        """The body and headers sent upstream: the rank in /generate's body field (SGLang's
+        native route, re-serialised) or in the engine's header (the body byte for byte)."""
+        eng = self.st.engine
+        if self.route == "/generate":
+            body[eng.body_field] = self.g
+            raw, extra = json.dumps(body, allow_nan=False).encode(), None
+        else:
+            extra = {eng.header: str(self.g)}
+        return raw, forward_headers(self.request.headers.items(), extra)
+
+    async def forward(self, headers: dict, raw: bytes):
+        """The upstream response once its headers arrived. The client's disconnect is watched
+        meanwhile (SGLang sends a non-streamed answer's headers only after generating it): a
+        client that leaves cancels the upstream request and frees the rank's slot at once."""
+        st = self.st
+        self.t0 = time.perf_counter()
+        opening = asyncio.ensure_future(st.upstream.open("POST", self.route, headers, raw))
+        gone = asyncio.ensure_future(_disconnected(self.request.receive))
+        try:
+            await asyncio.wait((opening, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not opening.done():
+                opening.cancel()
+        if not opening.done() or opening.cancelled():
+            with contextlib.suppress(BaseException):
+                await opening                       # the upstream connection is closed
+            _log_end("aborted", self.rid, self.route, self.g, self.n, None, self.t0)
+            raise Refused(st.refuse(499, "client_gone", "client gone"))
+        try:
+            up = opening.result()
+        except (UpstreamDown, UpstreamTimeout) as err:
+            raise Refused(st.upstream_failure(err, self.rid, self.g, self.route)) from None
+        st.metrics.first_byte.observe(time.perf_counter() - self.t0)
+        return up
+
+    async def relay(self, up, stream: bool) -> Response:
+        headers = {k: v for k, v in up.headers.items() if k.lower() not in RESPONSE_DROP}
+        if not stream:
+            return await self.whole(up, headers)
+        return Routed(self.chunks(up), self.on_stream_end(up), status_code=up.status,
+                      headers=headers)
+
+    async def whole(self, up, headers: dict) -> Response:
         """A non-streamed answer: read whole (fewer writes than a stream), the client's
         disconnect watched meanwhile so a gone client still cancels the upstream."""
+        st = self.st
         read = asyncio.ensure_future(up.read())
-        gone = asyncio.ensure_future(_disconnected(request.receive))
+        gone = asyncio.ensure_future(_disconnected(self.request.receive))
         try:
             await asyncio.wait((read, gone), return_when=asyncio.FIRST_COMPLETED)
             if not read.done():
-                st.metrics.errors.labels("client_gone").inc()
-                return Response(status_code=499)
-            try:
-                data = read.result()
-            except Exception as err:            # noqa: BLE001 - cut mid-body: nothing sent yet
-                timeout = isinstance(err, TimeoutError)
-                kind = "upstream_timeout" if timeout else "upstream_down"
-                st.metrics.errors.labels(kind).inc()
-                return error(504 if timeout else 502, f"upstream {kind.split('_')[1]} mid-answer",
-                             kind)
+                return st.refuse(499, "client_gone", "client gone")
+            if read.exception() is not None:     # cut mid-body: nothing sent yet
+                return st.upstream_failure(read.exception(), self.rid, self.g, self.route,
+                                           " mid-answer")
+            return Response(read.result(), status_code=up.status, headers=headers)
         finally:
             for t in (read, gone):
                 t.cancel()
             up.close() if not read.done() or read.cancelled() else up.release()
-            release()
-            dt = time.perf_counter() - t0
-            st.metrics.total.observe(dt)
-            log.info(json.dumps({"event": "done", "request": rid, "path": path, "rank": g,
-                                 "tokens": n, "status": up.status, "seconds": round(dt, 6)}))
-        return Response(data, status_code=up.status, headers=out_headers)
+            self.release()
+            st.metrics.total.observe(_log_end("done", self.rid, self.route, self.g, self.n,
+                                              up.status, self.t0))
 
-    async def relay(request, path, headers, raw, rid, g, n, release, stream=True) -> Response:
-        t0 = time.perf_counter()
+    async def chunks(self, up):
+        st, self.ok = self.st, False
         try:
-            up = await st.upstream.open(request.method, path, headers, raw)
-        except (UpstreamDown, UpstreamTimeout) as err:
-            release()
-            timeout = isinstance(err, UpstreamTimeout)
-            kind = "upstream_timeout" if timeout else "upstream_down"
-            st.metrics.errors.labels(kind).inc()
-            log.warning(json.dumps({"event": kind, "request": rid, "rank": g, "path": path}))
-            return error(504 if timeout else 502, f"upstream {'timed out' if timeout else 'unreachable'}"
-                         f": {str(err).splitlines()[0]}", kind)
-        st.metrics.first_byte.observe(time.perf_counter() - t0)
-        out_headers = {k: v for k, v in up.headers.items() if k.lower() not in RESPONSE_DROP}
-        if not stream:
-            return await whole(request, up, out_headers, rid, g, n, t0, path, release)
-
-        ok = cut = False
-
-        def on_end() -> None:
-            if not ok:                              # never started or cut: abort the upstream
+            async for c in up.content.iter_any():
+                yield c
+            self.ok = True
+        except Exception as err:               # noqa: BLE001 - the stream is cut: say why in the log
+            self.cut = True
+            st.metrics.errors.labels("upstream_timeout" if is_timeout(err) else "upstream_down").inc()
+            log.warning(json.dumps({"event": "upstream_timeout" if is_timeout(err) else "upstream_cut",
+                                    "request": self.rid, "rank": self.g,
+                                    "detail": type(err).__name__}))
+        finally:
+            if not self.ok:                     # client gone or upstream cut: abort upstream
                 up.close()
-                if not cut:
-                    st.metrics.errors.labels("client_gone").inc()
-            release()
+            up.release()
+            st.metrics.total.observe(_log_end("done" if self.ok else "aborted", self.rid,
+                                              self.route, self.g, self.n, up.status, self.t0))
 
-        async def chunks():
-            nonlocal ok, cut
-            try:
-                async for c in up.content.iter_any():
-                    yield c
-                ok = True
-            except (TimeoutError, UpstreamTimeout) as err:
-                cut = True
-                st.metrics.errors.labels("upstream_timeout").inc()
-                log.warning(json.dumps({"event": "upstream_timeout", "request": rid, "rank": g,
-                                        "detail": str(err)[:80]}))
-            except Exception as err:           # noqa: BLE001 - the stream is cut, say why in the log
-                cut = True
-                st.metrics.errors.labels("upstream_down").inc()
-                log.warning(json.dumps({"event": "upstream_cut", "request": rid, "rank": g,
-                                        "detail": type(err).__name__}))
-            finally:
-                if not ok:                      # client gone or upstream cut: abort upstream
-                    up.close()
-                up.release()
-                dt = time.perf_counter() - t0
-                st.metrics.total.observe(dt)
-                log.info(json.dumps({"event": "done" if ok else "aborted", "request": rid,
-                                     "path": path, "rank": g, "tokens": n,
-                                     "status": up.status, "seconds": round(dt, 6)}))
+    def on_stream_end(self, up):
+        self.ok = self.cut = False
 
-        return Routed(chunks(), on_end, status_code=up.status, headers=out_headers)
+        def end() -> None:
+            if not self.ok:                         # never started or cut: abort the upstream
+                up.close()
+                if not self.cut:
+                    self.st.metrics.errors.labels("client_gone").inc()
+            self.release()
+        return end
+
+
+def build_app(cfg: RouterConfig, policy, tokenizer: PromptTokenizer) -> Starlette:
+    """The ASGI app; `app.state.router` is its `RouterState`."""
+    st = RouterState(cfg, policy, tokenizer)
+
+    def guarded(handler):
+        async def endpoint(request: Request) -> Response:
+            if not st.authorized(request):
+                return st.refuse(401, "unauthorized", "missing or wrong API key")
+            return await handler(request)
+        return endpoint
+
+    async def routed(request: Request) -> Response:
+        return await RoutedRequest(st, request).run()
 
     async def models(request: Request) -> Response:
-        if not authorized(request):
-            st.metrics.errors.labels("unauthorized").inc()
-            return error(401, "missing or wrong API key", "unauthorized")
         try:
             up = await st.upstream.open("GET", "/v1/models",
                                         forward_headers(request.headers.items()), None)
-        except (UpstreamDown, UpstreamTimeout) as err:
-            timeout = isinstance(err, UpstreamTimeout)
-            st.metrics.errors.labels("upstream_timeout" if timeout else "upstream_down").inc()
-            return error(504 if timeout else 502, "upstream unreachable", "upstream_down")
-        async with up:
-            data = await up.read()
+            async with up:
+                data = await up.read()
+        except Exception as err:                   # noqa: BLE001 - refused, dropped, timed out
+            return st.upstream_failure(err, path="/v1/models")
         return Response(data, status_code=up.status,
                         headers={k: v for k, v in up.headers.items() if k.lower() not in RESPONSE_DROP})
 
@@ -313,9 +393,8 @@ def build_app(cfg: RouterConfig, policy, tokenizer: PromptTokenizer) -> Starlett
         return Response(st.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def not_found(request: Request, exc) -> Response:
-        st.metrics.errors.labels("not_found").inc()
         code = getattr(exc, "status_code", 404)
-        return error(code, f"{request.method} {request.url.path}: no such route", "not_found")
+        return st.refuse(code, "not_found", f"{request.method} {request.url.path}: no such route")
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -330,11 +409,13 @@ def build_app(cfg: RouterConfig, policy, tokenizer: PromptTokenizer) -> Starlett
             if st.routing_log is not None:
                 st.routing_log.close()
 
-    routes = [Route(r, routed, methods=["POST"]) for r in st.engine.routes]
-    routes += [Route("/v1/models", models, methods=["GET"]),
-               Route("/health", health, methods=["GET"]),
-               Route("/metrics", metrics, methods=["GET"])]
+    routes = [Route(r + tail, guarded(routed), methods=["POST"])
+              for r in st.engine.routes for tail in ("", "/")]
+    routes += [Route("/v1/models", guarded(models), methods=["GET"]),
+               Route("/health", guarded(health), methods=["GET"]),
+               Route("/metrics", guarded(metrics), methods=["GET"])]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={404: not_found, 405: not_found})
+    app.router.redirect_slashes = False
     app.state.router = st
     return app

@@ -11,11 +11,20 @@ from sempar.errors import InputError
 MAX_BODY_BYTES = 16 << 20        # 16 MiB: a 128k-token prompt as text is ~0.5 MiB
 
 
+def redact_url(url: str) -> str:
+    """`url` with the password of its user-info, if any, replaced by ***."""
+    u = urlsplit(url)
+    if u.password is None:
+        return url
+    host = u.netloc.rpartition("@")[2]
+    return u._replace(netloc=f"{u.username or ''}:***@{host}").geturl()
+
+
 @dataclass(frozen=True)
 class RouterConfig:
     """upstream: base URL of the engine's HTTP server (http://host:port, no path); engine: a
     name of `engines.ENGINES`; dp_size: the engine's data-parallel ranks G; policy: a name of
-    `policies.ROUTER_POLICIES`; max_inflight_per_rank: requests a rank may hold before the
+    `schedule.requests.REQUEST_POLICIES`; max_inflight_per_rank: requests a rank may hold before the
     router stops sending it more (all ranks full -> 429); max_body_bytes: the request body limit;
     connect_timeout_s / read_timeout_s: to the upstream (read: between two received chunks);
     api_key: when set, clients must send `Authorization: Bearer KEY`; log_routing: a JSONL file
@@ -35,6 +44,11 @@ class RouterConfig:
     log_routing: Path | None = None
     graceful_s: float = 30.0
 
+    @property
+    def upstream_shown(self) -> str:
+        """`upstream` with any password replaced by *** (for logs)."""
+        return redact_url(self.upstream)
+
     def __post_init__(self) -> None:
         u = urlsplit(self.upstream)
         if u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/"):
@@ -45,6 +59,10 @@ class RouterConfig:
                 raise InputError(f"--{name.replace('_', '-')}: {getattr(self, name)} (need >= {lo})")
         if not 0 <= self.port <= 65535:
             raise InputError(f"--port: {self.port} is not in 0..65535")
+        if self.api_key is not None and (not self.api_key.strip() or self.api_key != self.api_key.strip()
+                                         or not self.api_key.isprintable()):
+            raise InputError("--api-key: empty, or with spaces or control characters at its ends "
+                             "(it would admit `Authorization: Bearer ` or never match)")
         for name in ("connect_timeout_s", "read_timeout_s", "graceful_s"):
             if not getattr(self, name) > 0:
                 raise InputError(f"{name}: {getattr(self, name)} (need > 0)")

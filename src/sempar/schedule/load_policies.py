@@ -54,6 +54,16 @@ def _least(q: Sequence[int], ok: Sequence[bool] | None, pref: Sequence[int] | No
     return next(g for g in cand if q[g] == low)
 
 
+def _most_behind(cand: Sequence[int], c: Sequence[int], k: Sequence[int], n: int) -> int:
+    """The rank of `cand` that taking a request of n tokens leaves least above the stream's means:
+    the smallest max((k[g] + 1) / mean requests, (c[g] + n) / mean tokens) after taking it
+    (ties: the fewest tokens so far, then `cand`'s order). The fallback when no rank is within
+    every bound, so it still balances the stream rather than following the score."""
+    G = len(c)
+    km, cm = (sum(k) + 1) / G, max((sum(c) + n) / G, 1e-12)
+    return min(cand, key=lambda g: (max((k[g] + 1) / km, (c[g] + n) / cm), c[g]))
+
+
 def _fifo_assign(policy: RequestPolicy, scores: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """The batch form by replaying the streaming one: request i - W completes before request i
     (W = policy.window) on a fresh state, restored afterwards."""
@@ -75,12 +85,23 @@ def _fifo_assign(policy: RequestPolicy, scores: np.ndarray, lens: np.ndarray) ->
 
 @REQUEST_POLICIES.register("least-inflight")
 class LeastInflight(RequestPolicy):
-    """The rank with the fewest in-flight tokens (ties: lowest); the table is not read."""
+    """The rank with the fewest in-flight tokens; ties (every rank, when nothing is in flight) to
+    the rank with the fewest tokens so far, then the fewest requests; the table is not read."""
 
     needs_scores = False
+    summary = "the fewest in-flight tokens (what vLLM's balancer approximates)"
+
+    def _state_reset(self) -> None:
+        self.assigned = [0] * self.num_ranks       # tokens ever submitted, per rank
+        self.taken = [0] * self.num_ranks          # requests ever submitted, per rank
 
     def _choose(self, row: list[float], n: int) -> int:
-        return _least(self.queued, self._allowed)
+        c, k = self.assigned, self.taken
+        g = _least(self.queued, self._allowed,
+                   sorted(range(self.num_ranks), key=lambda h: (c[h], k[h])))
+        c[g] += n
+        k[g] += 1
+        return g
 
     def _assign(self, scores: np.ndarray, lens: np.ndarray) -> np.ndarray:
         return _fifo_assign(self, scores, lens)
@@ -94,6 +115,9 @@ class Expert(RequestPolicy):
     mean); inflight_slack: the in-flight tokens' bound; window W: requests in flight in the
     batch form (default 8 G)."""
 
+    balances = ("requests", "tokens")
+    summary = "Alg. 2's affinity within stream and in-flight bounds (default)"
+
     def __init__(self, num_ranks: int, table: TokenTable | None = None, window: int | None = None,
                  slack: float = 0.05, inflight_slack: float = 0.5):
         if slack < 0 or inflight_slack < 0:
@@ -106,27 +130,31 @@ class Expert(RequestPolicy):
         self.taken = [0] * self.num_ranks          # requests ever submitted, per rank
 
     def _preference(self, row: list[float], n: int) -> list[int]:
-        """Ranks best first (ties: lowest rank)."""
-        return sorted(range(self.num_ranks), key=lambda g: -row[g])
+        """Ranks best first; ties (every rank, when no token is known) to the rank with the
+        fewest tokens so far, then the fewest requests (never simply the lowest id)."""
+        c, k = self.assigned, self.taken
+        return sorted(range(self.num_ranks), key=lambda g: (-row[g], c[g], k[g]))
 
     def _choose(self, row: list[float], n: int) -> int:
         q, c, k, ok = self.queued, self.assigned, self.taken, self._allowed
-        if not row or max(row) <= 0.0:             # nothing known about it: balance only
-            g = _least(q, ok)
-        else:
-            pref = self._preference(row, n)
-            G = self.num_ranks
-            qcap = max(max(q), (1.0 + self.inflight_slack) * (sum(q) + n) / G) - n
-            ccap = max(max(c), (1.0 + self.slack) * (sum(c) + n) / G) - n
-            kcap = max(max(k), (1.0 + self.slack) * (sum(k) + 1) / G) - 1
-            # a rank whose request count fell below (1 - slack) x the mean must catch up (on
-            # GPT-OSS-20B this also raised LAR, 0.291 -> 0.297: fewer late forced choices)
-            kl = (1.0 - self.slack) * (sum(k) + 1) / G - 1
-            low = [g for g in pref if k[g] < kl]
-            g = next((g for g in (low or pref) if (ok is None or ok[g]) and q[g] <= qcap
-                      and c[g] <= ccap and k[g] <= kcap), None)
-            if g is None:
-                g = _least(q, ok, pref)
+        G, s = self.num_ranks, self.slack
+        pref = self._preference(row if row else [0.0] * G, n)
+        cand = [g for g in pref if ok is None or ok[g]] or pref
+        # In flight: within inflight_slack of the mean, and the least-loaded rank always passes
+        # (with nothing in flight every rank does: one request alone exceeds any mean-based cap,
+        # which once made every rank inadmissible and sent sequential traffic to the best score).
+        qmin = min(q[g] for g in cand)
+        qcap = max(max(q), (1.0 + self.inflight_slack) * (sum(q) + n) / G) - n
+        ccap = max(max(c), (1.0 + s) * (sum(c) + n) / G) - n
+        kcap = max(max(k), (1.0 + s) * (sum(k) + 1) / G) - 1
+        # a rank whose request count fell below (1 - slack) x the mean must catch up (on
+        # GPT-OSS-20B this also raised LAR, 0.291 -> 0.297: fewer late forced choices)
+        kl = (1.0 - s) * (sum(k) + 1) / G - 1
+        low = [g for g in cand if k[g] < kl]
+        g = next((g for g in (low or cand) if (q[g] <= qcap or q[g] == qmin)
+                  and c[g] <= ccap and k[g] <= kcap), None)
+        if g is None:
+            g = _most_behind(cand, c, k, n)
         c[g] += n
         k[g] += 1
         return g
@@ -176,6 +204,8 @@ class ExpertPrefix(Expert):
     """`expert` plus a prefix-cache affinity term (module docstring); the batch form replays the
     streaming one, since the caches need the tokens."""
 
+    summary = "expert plus a prefix-cache affinity term"
+
     def __init__(self, num_ranks: int, table: TokenTable | None = None, window: int | None = None,
                  slack: float = 0.05, inflight_slack: float = 0.5, prefix_weight: float = 1.0,
                  block: int = 32, capacity: int = 8192):
@@ -194,11 +224,11 @@ class ExpertPrefix(Expert):
         return g
 
     def _preference(self, row: list[float], n: int) -> list[int]:
-        top = max(row)
+        top = max(row) if max(row) > 0.0 else 1.0       # no known token: the prefix term alone
         hit = [self.cache.match(g, self._hashes) * self.block / max(n, 1)
                for g in range(self.num_ranks)]
         v = [row[g] / top + self.prefix_weight * hit[g] for g in range(self.num_ranks)]
-        return sorted(range(self.num_ranks), key=lambda g: -v[g])
+        return super()._preference(v, n)
 
     def assign(self, token_ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         return _replay_assign(self, token_ids, offsets)
@@ -225,6 +255,8 @@ def _replay_assign(policy: RequestPolicy, token_ids: np.ndarray, offsets: np.nda
 @REQUEST_POLICIES.register("expert-idf")
 class ExpertIdf(Expert):
     """`expert` on idf-weighted, rank-debiased scores (module docstring); same bounds and knobs."""
+
+    summary = "expert on idf-weighted, rank-debiased scores"
 
     def _state_reset(self) -> None:
         super()._state_reset()
