@@ -98,7 +98,7 @@ def test_prefix_cache_is_bounded_lru():
 def test_router_command_only_when_the_policy_is_not_the_engines():
     assert router_command("p.json", "http://127.0.0.1:30000", "sglang", 4, "m") == (
         "sempar router --placement p.json --upstream http://127.0.0.1:30000 --engine sglang "
-        "--dp-size 4 --model-dir m --policy expert --port 30080")
+        "--dp-size 4 --model-dir m --policy expert-idf --port 30080")
     assert router_command("p.json", "http://h:1", "sglang", 4, "m", policy="round-robin") is None
     assert router_command("p.json", "http://h:1", "vllm", 4, "m", policy="least-inflight") is None
 

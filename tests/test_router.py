@@ -137,7 +137,7 @@ def test_models_health_metrics(stack):
     url, fake, _, _ = stack
     assert httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"] == "fake"
     h = httpx.get(url + "/health", timeout=10).json()
-    assert h["status"] == "ok" and h["dp_size"] == G and h["policy"] == "expert"
+    assert h["status"] == "ok" and h["dp_size"] == G and h["policy"] == "expert-idf"
     httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "cat dog"}, timeout=10)
     m = httpx.get(url + "/metrics", timeout=10).text
     assert 'sempar_router_requests_total{rank="2"} 1.0' in m

@@ -19,7 +19,7 @@ def _engines():
 
 
 # Checked against REQUEST_POLICIES by tests/test_router_cli.py (every registered name listed).
-POLICY_HELP = ("request policy (docs/router.md): expert (default), expert-idf, expert+prefix, "
+POLICY_HELP = ("request policy (docs/router.md): expert-idf (default), expert, expert+prefix, "
                "round-robin, least-inflight, alg2, balanced")
 
 
@@ -31,7 +31,7 @@ def router(placement: Path = typer.Option(..., "--placement", help="sempar place
            model_dir: Path = typer.Option(..., "--model-dir", help="folder with tokenizer.json"),
            host: str = typer.Option("127.0.0.1", "--host", help="address to bind"),
            port: int = typer.Option(30080, "--port", callback=bound(0, 65535)),
-           policy: str = names_option("expert", "--policy", request_policies, single=True,
+           policy: str = names_option("expert-idf", "--policy", request_policies, single=True,
                                       help=POLICY_HELP),
            max_inflight: int = typer.Option(256, "--max-inflight-per-rank",
                                             callback=bound(1, 1 << 20),

@@ -35,7 +35,7 @@ class RouterConfig:
     dp_size: int
     host: str = "127.0.0.1"
     port: int = 30080
-    policy: str = "expert"
+    policy: str = "expert-idf"
     max_inflight_per_rank: int = 256
     max_body_bytes: int = MAX_BODY_BYTES
     connect_timeout_s: float = 5.0

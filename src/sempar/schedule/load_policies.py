@@ -116,7 +116,7 @@ class Expert(RequestPolicy):
     batch form (default 8 G)."""
 
     balances = ("requests", "tokens")
-    summary = "Alg. 2's affinity within stream and in-flight bounds (default)"
+    summary = "Alg. 2's affinity within stream and in-flight bounds"
 
     def __init__(self, num_ranks: int, table: TokenTable | None = None, window: int | None = None,
                  slack: float = 0.05, inflight_slack: float = 0.5):
@@ -256,7 +256,7 @@ def _replay_assign(policy: RequestPolicy, token_ids: np.ndarray, offsets: np.nda
 class ExpertIdf(Expert):
     """`expert` on idf-weighted, rank-debiased scores (module docstring); same bounds and knobs."""
 
-    summary = "expert on idf-weighted, rank-debiased scores"
+    summary = "expert on idf-weighted, rank-debiased scores (the router's default)"
 
     def _state_reset(self) -> None:
         super()._state_reset()

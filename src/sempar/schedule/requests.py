@@ -256,7 +256,7 @@ class Balanced(RequestPolicy):
     `window` W (default 8 G) is the number of requests in flight in the batch form.
     """
 
-    balances = ("tokens",)
+    balances: tuple[str, ...] = ()   # its stream bound admits the current largest: no contract
     summary = "Alg. 2's scores within in-flight and stream token bounds"
 
     def __init__(self, num_ranks: int, table: TokenTable | None = None, window: int | None = None,
