@@ -70,6 +70,11 @@ def is_timeout(err: BaseException) -> bool:
     return isinstance(err, (UpstreamTimeout, TimeoutError))
 
 
+def relayed_headers(up) -> dict:
+    """The upstream's response headers the client gets (hop-by-hop and our server's dropped)."""
+    return {k: v for k, v in up.headers.items() if k.lower() not in RESPONSE_DROP}
+
+
 def _log_end(event: str, rid: int, path: str, g: int, n: int, status, t0: float) -> float:
     dt = time.perf_counter() - t0
     log.info(json.dumps({"event": event, "request": rid, "path": path, "rank": g, "tokens": n,
@@ -204,6 +209,10 @@ class RoutedRequest:
         except Refused as r:
             return r.response
         try:
+            if self.st.routing_log is not None:    # a big prompt's line is built off the loop
+                line = (await anyio.to_thread.run_sync(self.log_line, tokens) if big
+                        else self.log_line(tokens))
+                self.st.routing_log.write(line)
             raw, headers = self.outgoing(raw, body, tokens)
             up = await self.forward(headers, raw)
             return await self.relay(up, bool(body.get("stream")))
@@ -237,8 +246,8 @@ class RoutedRequest:
         try:
             body = parse_body(raw)
         except (ValueError, RecursionError) as err:
-            raise Refused(self.st.refuse(400, "bad_json",
-                                         f"invalid JSON body: {str(err).splitlines()[0]}")) from None
+            msg = f"invalid JSON body: {str(err).splitlines()[0]}"
+            raise Refused(self.st.refuse(400, "bad_json", msg)) from None
         try:
             return body, self.st.tokenizer.tokens(self.route, body)
         except PromptError as err:
@@ -252,10 +261,11 @@ class RoutedRequest:
                                     f"every rank holds {st.cfg.max_inflight_per_rank} requests",
                                     headers={"Retry-After": "1"}))
         self.g, self.n, self._held = g, int(tokens.size), True
-        if st.routing_log is not None:
-            st.routing_log.write(json.dumps({"request": self.rid, "t": round(time.time(), 6),
-                                             "route": self.route, "rank": g,
-                                             "tokens": tokens.tolist()}) + "\n")
+
+    def log_line(self, tokens) -> str:
+        """The --log-routing line of this request: {"request", "t", "route", "rank", "tokens"}."""
+        return json.dumps({"request": self.rid, "t": round(time.time(), 6), "route": self.route,
+                           "rank": self.g, "tokens": tokens.tolist()}) + "\n"
 
     def release(self) -> None:
         if self._held:
@@ -300,7 +310,7 @@ class RoutedRequest:
         return up
 
     async def relay(self, up, stream: bool) -> Response:
-        headers = {k: v for k, v in up.headers.items() if k.lower() not in RESPONSE_DROP}
+        headers = relayed_headers(up)
         if not stream:
             return await self.whole(up, headers)
         return Routed(self.chunks(up), self.on_stream_end(up), status_code=up.status,
@@ -334,10 +344,10 @@ class RoutedRequest:
             async for c in up.content.iter_any():
                 yield c
             self.ok = True
-        except Exception as err:               # noqa: BLE001 - the stream is cut: say why in the log
-            self.cut = True
-            st.metrics.errors.labels("upstream_timeout" if is_timeout(err) else "upstream_down").inc()
-            log.warning(json.dumps({"event": "upstream_timeout" if is_timeout(err) else "upstream_cut",
+        except Exception as err:           # noqa: BLE001 - the stream is cut: say why in the log
+            self.cut, timeout = True, is_timeout(err)
+            st.metrics.errors.labels("upstream_timeout" if timeout else "upstream_down").inc()
+            log.warning(json.dumps({"event": "upstream_timeout" if timeout else "upstream_cut",
                                     "request": self.rid, "rank": self.g,
                                     "detail": type(err).__name__}))
         finally:
@@ -381,8 +391,7 @@ def build_app(cfg: RouterConfig, policy, tokenizer: PromptTokenizer) -> Starlett
                 data = await up.read()
         except Exception as err:                   # noqa: BLE001 - refused, dropped, timed out
             return st.upstream_failure(err, path="/v1/models")
-        return Response(data, status_code=up.status,
-                        headers={k: v for k, v in up.headers.items() if k.lower() not in RESPONSE_DROP})
+        return Response(data, status_code=up.status, headers=relayed_headers(up))
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "engine": cfg.engine, "dp_size": cfg.dp_size,
@@ -400,7 +409,8 @@ def build_app(cfg: RouterConfig, policy, tokenizer: PromptTokenizer) -> Starlett
     async def lifespan(app):
         await st.upstream.start()
         if cfg.log_routing is not None:
-            st.routing_log = open(cfg.log_routing, "a", buffering=1)   # line-buffered: a crash loses no line
+            # line-buffered: a crash loses no line
+            st.routing_log = open(cfg.log_routing, "a", buffering=1)
         try:
             yield
         finally:

@@ -59,8 +59,8 @@ class RouterConfig:
                 raise InputError(f"--{name.replace('_', '-')}: {getattr(self, name)} (need >= {lo})")
         if not 0 <= self.port <= 65535:
             raise InputError(f"--port: {self.port} is not in 0..65535")
-        if self.api_key is not None and (not self.api_key.strip() or self.api_key != self.api_key.strip()
-                                         or not self.api_key.isprintable()):
+        key = self.api_key
+        if key is not None and (not key.strip() or key != key.strip() or not key.isprintable()):
             raise InputError("--api-key: empty, or with spaces or control characters at its ends "
                              "(it would admit `Authorization: Bearer ` or never match)")
         for name in ("connect_timeout_s", "read_timeout_s", "graceful_s"):
