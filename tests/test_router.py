@@ -70,6 +70,15 @@ def settled(st, timeout: float = 2.0) -> bool:
     return True
 
 
+def open_gate(fake) -> None:
+    """Let the fixture send its stream's second event (it may not be waiting on `go` yet: its
+    loop is known once it waits)."""
+    t0 = time.monotonic()
+    while fake.go._loop is None and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    fake.go._loop.call_soon_threadsafe(fake.go.set)
+
+
 def chat(text: str, stream: bool = False) -> dict:
     return {"model": "m", "messages": [{"role": "user", "content": text}], "stream": stream}
 
@@ -127,7 +136,7 @@ def test_stream_is_byte_identical_and_chunk_by_chunk(stack):
         it = r.iter_raw()
         first = next(it)                    # arrives while the fixture holds back event 2
         assert first == sse_events(3)[0]
-        fake.go._loop.call_soon_threadsafe(fake.go.set)
+        open_gate(fake)
         rest = b"".join(it)
     assert first + rest == b"".join(sse_events(3))
     assert settled(st)
@@ -285,7 +294,7 @@ def test_graceful_shutdown_finishes_the_stream_in_flight(placement_file):
             time.sleep(0.3)
             with pytest.raises(httpx.TransportError):     # no new requests meanwhile
                 httpx.post(url + "/v1/completions", json={"prompt": "cat"}, timeout=2)
-            fake.go._loop.call_soon_threadsafe(fake.go.set)
+            open_gate(fake)
             rest = b"".join(it)
         assert first + rest == b"".join(sse_events(3))   # the stream ran to its end
         stopper.join(10)
