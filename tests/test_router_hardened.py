@@ -173,3 +173,26 @@ def test_port_in_use_is_one_line_exit_2_and_port_0_logs_the_real_port(placement_
     assert start["event"] == "start" and start["port"] > 0 and "pw9876" not in json.dumps(start)
     with socket.socket() as s:                                    # the logged port was listened on
         assert s.connect_ex(("127.0.0.1", start["port"])) != 0    # (closed now that it stopped)
+
+
+def test_graceful_shutdown_timeout_is_a_json_503_not_a_500(placement_file):  # noqa: F811
+    from router_upstream import FakeEngine, serve_in_thread
+
+    fake = FakeEngine(delay=4.0)
+    fake.mode = "slow"                                  # no answer before the shutdown timeout
+    up_url, up_stop = serve_in_thread(fake.app)
+    cfg = RouterConfig(upstream=up_url, engine="sglang", dp_size=4)
+    url, stop = serve_in_thread(load_router(cfg, str(placement_file), str(MODEL)), graceful_s=0.5)
+    got = {}
+    th = threading.Thread(target=lambda: got.update(r=httpx.post(
+        url + "/v1/completions", json={"prompt": "cat", "model": "m"}, timeout=20)))
+    try:
+        th.start()
+        time.sleep(0.5)                                 # forwarded, waiting for the upstream
+        stop()
+        th.join(20)
+    finally:
+        up_stop()
+    r = got["r"]
+    assert r.status_code == 503 and r.json()["error"]["type"] == "shutting_down"
+    assert len(r.text.splitlines()) == 1

@@ -28,6 +28,7 @@ import time
 
 import anyio
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -117,6 +118,38 @@ class Routed(StreamingResponse):
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()
             self._on_end()
+
+
+class CancelledAnswer:
+    """ASGI middleware: a request the server cancels (its graceful-shutdown timeout passed) ends
+    with a one-line 503 JSON answer when nothing was sent yet, or with its stream cut when the
+    answer had begun; never uvicorn's plain-text 500 and a traceback."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            log.warning(json.dumps({"event": "cancelled_at_shutdown", "path": scope.get("path"),
+                                    "answer_begun": started}))
+            if not started:
+                body = json.dumps({"error": {"message": "the router is shutting down",
+                                             "type": "shutting_down", "code": 503}}).encode()
+                await send({"type": "http.response.start", "status": 503,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
 
 
 class RouterState:
@@ -424,7 +457,7 @@ def build_app(cfg: RouterConfig, policy, tokenizer: PromptTokenizer) -> Starlett
     routes += [Route("/v1/models", guarded(models), methods=["GET"]),
                Route("/health", guarded(health), methods=["GET"]),
                Route("/metrics", guarded(metrics), methods=["GET"])]
-    app = Starlette(routes=routes, lifespan=lifespan,
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(CancelledAnswer)],
                     exception_handlers={404: not_found, 405: not_found})
     app.router.redirect_slashes = False
     app.state.router = st
