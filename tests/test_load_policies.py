@@ -136,3 +136,17 @@ def test_expert_idf_stops_a_shared_frame_from_voting():
     idf = make_policy("expert-idf", G, two_domain_table(G), **loose).assign(tok, off)
     assert (plain == 0).all()
     assert (idf[20:] == dom[20:]).mean() > 0.9
+
+
+@pytest.mark.parametrize("name", sorted(REQUEST_POLICIES.names()))
+def test_prepared_submit_routes_as_the_plain_one(name):
+    """The router prepares a big prompt's rows off its event loop; the ranks are the same."""
+    G = 4
+    rng = np.random.default_rng(5)
+    tok, off = random_requests(rng, 120)
+    table = random_table(rng, G)
+    a, b = make_policy(name, G, table), make_policy(name, G, table)
+    for i in range(off.size - 1):
+        t = tok[off[i]:off[i + 1]]
+        assert a.submit(t) == b.submit(b.prepare(t)), i
+        assert a.queued == b.queued

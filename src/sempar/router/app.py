@@ -194,9 +194,9 @@ class RouterState:
         scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._key)
 
-    def acquire(self, tokens) -> int | None:
-        """The rank for a request of `tokens` (int64[n]), its counters raised; None when every
-        rank is at its in-flight bound."""
+    def acquire(self, tokens, n: int) -> int | None:
+        """The rank for a request of n tokens (int64[n], or the policy's `prepare`d form), its
+        counters raised; None when every rank is at its in-flight bound."""
         N = self.cfg.max_inflight_per_rank
         allowed = [c < N for c in self.inflight]
         if not any(allowed):
@@ -206,7 +206,7 @@ class RouterState:
         req, infl_req, infl_tok = self.metrics.by_rank[g]
         req.inc()
         infl_req.inc()
-        infl_tok.inc(int(tokens.size))
+        infl_tok.inc(n)
         row = self.policy.last_row
         if row and sum(row) > 0:
             self.metrics.local_share.observe(row[g] / sum(row))
@@ -236,9 +236,13 @@ class RoutedRequest:
         try:
             raw = await self.read_body()
             big = len(raw) > THREAD_BYTES
-            body, tokens = (await anyio.to_thread.run_sync(self.parse_and_tokenize, raw)
-                            if big else self.parse_and_tokenize(raw))
-            self.choose(tokens)
+            if big:                                # parse, tokenize, score rows: off the loop
+                body, tokens = await anyio.to_thread.run_sync(self.parse_and_tokenize, raw)
+                work = await anyio.to_thread.run_sync(self.st.policy.prepare, tokens)
+            else:
+                body, tokens = self.parse_and_tokenize(raw)
+                work = tokens
+            self.choose(work, int(tokens.size))
         except Refused as r:
             return r.response
         try:
@@ -286,14 +290,15 @@ class RoutedRequest:
         except PromptError as err:
             raise Refused(self.st.refuse(400, "no_prompt", str(err))) from None
 
-    def choose(self, tokens) -> None:
+    def choose(self, work, n: int) -> None:
+        """The rank, from the policy's `submit` of the tokens (or their `prepare`d form)."""
         st = self.st
-        g = st.acquire(tokens)
+        g = st.acquire(work, n)
         if g is None:
             raise Refused(st.refuse(429, "overloaded",
                                     f"every rank holds {st.cfg.max_inflight_per_rank} requests",
                                     headers={"Retry-After": "1"}))
-        self.g, self.n, self._held = g, int(tokens.size), True
+        self.g, self.n, self._held = g, n, True
 
     def log_line(self, tokens) -> str:
         """The --log-routing line of this request: {"request", "t", "route", "rank", "tokens"}."""

@@ -43,7 +43,7 @@ import numpy as np
 
 from sempar.errors import InputError
 from sempar.predict.token_table import TokenTable
-from sempar.schedule.requests import REQUEST_POLICIES, RequestPolicy
+from sempar.schedule.requests import REQUEST_POLICIES, Prepared, RequestPolicy
 
 
 def _least(q: Sequence[int], ok: Sequence[bool] | None, pref: Sequence[int] | None = None) -> int:
@@ -217,8 +217,13 @@ class ExpertPrefix(Expert):
         self.cache = PrefixCache(self.num_ranks, self.block, self.capacity)
         self._hashes: list[int] = []
 
-    def submit(self, token_ids: np.ndarray, allowed: Sequence[bool] | None = None) -> int:
-        self._hashes = self.cache.hashes(token_ids)
+    def prepare(self, token_ids: np.ndarray) -> Prepared:
+        p = super().prepare(token_ids)
+        return Prepared(p.tokens, p.rows, p.counts, self.cache.hashes(p.tokens))
+
+    def submit(self, token_ids, allowed: Sequence[bool] | None = None) -> int:
+        self._hashes = (token_ids.extra if isinstance(token_ids, Prepared)
+                        else self.cache.hashes(token_ids))
         g = super().submit(token_ids, allowed)
         self.cache.insert(g, self._hashes)
         return g
@@ -264,9 +269,9 @@ class ExpertIdf(Expert):
         self.seen = 0                                   # requests submitted
         self.per_sum = np.zeros(self.num_ranks)         # sum of their per-token weighted rows
 
-    def submit(self, token_ids: np.ndarray, allowed: Sequence[bool] | None = None) -> int:
-        tok = np.ascontiguousarray(token_ids, np.int64).ravel()
-        rows, count = np.unique(self.rows_of(tok), return_counts=True)
+    def submit(self, token_ids, allowed: Sequence[bool] | None = None) -> int:
+        p = token_ids if isinstance(token_ids, Prepared) else self.prepare(token_ids)
+        tok, rows, count = p.tokens, p.rows, p.counts
         w = count * np.log((self.seen + 2.0) / (1.0 + self.df[rows]))
         raw = w @ self.S[rows].astype(np.float64)       # float64[G]; row U of S is zero
         per = raw / max(tok.size, 1)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
@@ -51,6 +52,18 @@ ORDERS = ("interleaved", "by-domain")
 BALANCE_SLACK = 0.05    # the balance contract: per-rank requests / tokens within 5 % of the mean
 BALANCE_FROM = 20       # ... once the stream holds 20 x G requests
 DENSE_MAX = 1 << 24      # largest token id served by the dense id -> row map (64 MiB of int32)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One request as `RequestPolicy.prepare` summarises it: tokens int64[n], the distinct rows
+    of S its tokens read (int[m]) and how many tokens read each (int64[m]), plus what a policy
+    adds (`extra`, e.g. prefix-block hashes)."""
+
+    tokens: np.ndarray
+    rows: np.ndarray
+    counts: np.ndarray
+    extra: object = None
 
 
 def score_matrix(table: TokenTable | None, num_ranks: int) -> np.ndarray:
@@ -145,16 +158,33 @@ class RequestPolicy:
         sc = self.scores(tok, off) if self.needs_scores else np.empty((lens.size, 0), np.float32)
         return np.asarray(self._assign(sc, lens), np.int32)
 
-    def submit(self, token_ids: np.ndarray, allowed: Sequence[bool] | None = None) -> int:
-        """The rank of one newly arrived request (token_ids int[n]); its tokens join that queue.
+    def prepare(self, token_ids: np.ndarray) -> "Prepared":
+        """The stateless part of `submit` for one request (its table rows and their counts), so
+        a caller can run it off its event loop for a big prompt; thread-safe (reads S only)."""
+        tok = np.ascontiguousarray(token_ids, np.int64).ravel()
+        rows, counts = np.unique(self.rows_of(tok), return_counts=True)
+        return Prepared(tok, rows, counts)
+
+    def _score_row(self, tok: np.ndarray, prep: "Prepared | None") -> list[float]:
+        if not self.needs_scores:
+            return []
+        if prep is not None:                       # counts @ rows: the same sum, regrouped
+            return (prep.counts.astype(np.float32) @ self.S[prep.rows]).tolist()
+        # scores() of one request, without its offsets checks (the router's hot path)
+        return self.S[self.rows_of(tok)].sum(axis=0, dtype=np.float32).tolist()
+
+    def submit(self, token_ids: "np.ndarray | Prepared", allowed: Sequence[bool] | None = None
+               ) -> int:
+        """The rank of one newly arrived request (token_ids int[n], or its `prepare`d form);
+        its tokens join that queue.
 
         `allowed` bool[G] (the router's per-rank in-flight bound): ranks marked False are not
-        chosen; at least one must be True. The last request's score row stays in `last_row` (float[G]).
+        chosen; at least one must be True. The last request's score row stays in `last_row`
+        (float[G]).
         """
-        tok = np.ascontiguousarray(token_ids, np.int64).ravel()
-        # scores() of one request, without its offsets checks (the router's hot path)
-        row = (self.S[self.rows_of(tok)].sum(axis=0, dtype=np.float32).tolist()
-               if self.needs_scores else [])
+        prep = token_ids if isinstance(token_ids, Prepared) else None
+        tok = prep.tokens if prep is not None else np.ascontiguousarray(token_ids, np.int64).ravel()
+        row = self._score_row(tok, prep)
         self.last_row = row
         self._allowed = allowed if allowed is not None and not all(allowed) else None
         try:
