@@ -82,12 +82,3 @@ def test_one_at_a_time_traffic_reaches_every_rank():
         ranks, _, _ = replay(name, 4, "sequential", 1, 1.0, 16, 512, 400)   # unknown tokens only
         assert np.bincount(ranks, minlength=4).min() >= 0.9 * 100, name
 
-
-def test_router_policy_help_lists_every_registered_policy():
-    """`sempar router --policy`'s help names every policy of the one registry (issue 34 item 4)."""
-    from sempar.commands.router import POLICY_HELP
-    from sempar.router.policies import DEFAULT_POLICY
-
-    for name in REQUEST_POLICIES.names():
-        assert f" {name}," in POLICY_HELP + "," or f" {name} (" in POLICY_HELP, name
-    assert f"{DEFAULT_POLICY} (default)" in POLICY_HELP

@@ -9,24 +9,16 @@ from typing import Optional
 import typer
 
 from sempar.bounds import DEVICES, POSITIVE_SECONDS, bound
-from sempar.commands._options import names_option, request_policies
+from sempar.commands._options import names_option, request_policies, router_engines
 
 
-def _engines():
-    from sempar.router.engines import ENGINES
-
-    return ENGINES
-
-
-# Checked against REQUEST_POLICIES by tests/test_router_cli.py (every registered name listed).
-POLICY_HELP = ("request policy (docs/router.md): expert-idf (default), expert, expert+prefix, "
-               "round-robin, least-inflight, alg2, balanced")
+POLICY_HELP = "request policy (docs/router.md)"      # + the registry's names (names_help)
 
 
 def router(placement: Path = typer.Option(..., "--placement", help="sempar placement JSON (dp mode)"),
            upstream: str = typer.Option(..., "--upstream", help="engine base URL, http://host:port"),
-           engine: str = names_option(..., "--engine", _engines, single=True,
-                                      help="the engine behind --upstream: sglang or vllm"),
+           engine: str = names_option(..., "--engine", router_engines, single=True,
+                                      help="the engine behind --upstream"),
            dp_size: int = typer.Option(..., "--dp-size", help="the engine's DP ranks", callback=DEVICES),
            model_dir: Path = typer.Option(..., "--model-dir", help="folder with tokenizer.json"),
            host: str = typer.Option("127.0.0.1", "--host", help="address to bind"),
