@@ -108,6 +108,10 @@ def test_empty_api_key_refused_and_the_upstream_password_never_shown():
     cfg = RouterConfig(upstream="http://user:hunter2@127.0.0.1:1", engine="sglang", dp_size=4)
     assert "hunter2" not in cfg.upstream_shown and "user:***@127.0.0.1:1" in cfg.upstream_shown
     assert redact_url("http://127.0.0.1:1") == "http://127.0.0.1:1"
+    for bad in ("http://[::1", "http://u:pw@h:99999", "http://h:x", "ftp://h:1", "http://u:pw@/"):
+        with pytest.raises(InputError, match="--upstream") as e:
+            RouterConfig(upstream=bad, engine="sglang", dp_size=4)
+        assert "pw" not in str(e.value)
 
 
 def test_log_routing_obeys_the_output_rule(placement_file, tmp_path):  # noqa: F811

@@ -12,7 +12,8 @@ MAX_BODY_BYTES = 16 << 20        # 16 MiB: a 128k-token prompt as text is ~0.5 M
 
 
 def redact_url(url: str) -> str:
-    """`url` with the password of its user-info, if any, replaced by ***."""
+    """`url` with the password of its user-info, if any, replaced by *** (ValueError when it
+    does not parse)."""
     u = urlsplit(url)
     if u.password is None:
         return url
@@ -50,9 +51,15 @@ class RouterConfig:
         return redact_url(self.upstream)
 
     def __post_init__(self) -> None:
-        u = urlsplit(self.upstream)
-        if u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/"):
-            raise InputError(f"--upstream: {self.upstream!r} is not http(s)://host:port")
+        try:
+            u = urlsplit(self.upstream)
+            ok = (u.scheme in ("http", "https") and bool(u.hostname) and u.path in ("", "/")
+                  and (u.port or 0) >= 0)           # .port raises on a port that is no number
+            shown = redact_url(self.upstream)
+        except ValueError:                          # 'http://[::1' and the like
+            ok, shown = False, "the URL given"
+        if not ok:
+            raise InputError(f"--upstream: {shown!r} is not http(s)://host:port")
         object.__setattr__(self, "upstream", self.upstream.rstrip("/"))
         for name, lo in (("dp_size", 1), ("max_inflight_per_rank", 1), ("max_body_bytes", 1)):
             if getattr(self, name) < lo:
