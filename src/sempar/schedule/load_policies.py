@@ -153,8 +153,8 @@ class Expert(RequestPolicy):
         low = [g for g in cand if k[g] < kl]
         g = next((g for g in (low or cand) if (q[g] <= qcap or q[g] == qmin)
                   and c[g] <= ccap and k[g] <= kcap), None)
-        if g is None:                               # a rank that is behind is never skipped
-            g = _most_behind(low or cand, c, k, n)
+        if g is None:
+            g = _most_behind(cand, c, k, n)
         c[g] += n
         k[g] += 1
         return g
