@@ -24,6 +24,12 @@ class UpstreamTimeout(Exception):
     """The engine did not answer in time (-> 504)."""
 
 
+def is_timeout(err: BaseException) -> bool:
+    """Whether an upstream failure is a timeout (504) rather than a refused / dropped
+    connection (502); aiohttp's read timeouts are TimeoutErrors."""
+    return isinstance(err, (UpstreamTimeout, TimeoutError))
+
+
 class Upstream:
     """`open(method, path, headers, body)` -> an aiohttp response whose headers have arrived;
     the caller reads it and must `release()` / `close()` it (closing aborts the upstream
