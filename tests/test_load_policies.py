@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sempar.router.policies import ROUTER_POLICIES, make_router_policy, router_command
+from sempar.router.policies import make_router_policy, reads_table, router_command
 from sempar.schedule.load_policies import PrefixCache
 from sempar.schedule.requests import REQUEST_POLICIES, make_policy
 from test_request_policies import random_requests, random_table, stream, two_domain_table
@@ -16,9 +16,10 @@ NEW = ("least-inflight", "expert", "expert+prefix", "expert-idf")
 
 
 def test_router_policies_are_request_policies():
-    for name in ROUTER_POLICIES:
-        assert ROUTER_POLICIES.get(name).request_policy in REQUEST_POLICIES
     assert set(NEW) <= set(REQUEST_POLICIES)
+    for name in REQUEST_POLICIES:          # one registry: the router reads the capability
+        assert reads_table(name) == REQUEST_POLICIES.get(name).needs_scores
+        assert REQUEST_POLICIES.get(name).summary
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -97,7 +98,7 @@ def test_prefix_cache_is_bounded_lru():
 def test_router_command_only_when_the_policy_is_not_the_engines():
     assert router_command("p.json", "http://127.0.0.1:30000", "sglang", 4, "m") == (
         "sempar router --placement p.json --upstream http://127.0.0.1:30000 --engine sglang "
-        "--dp-size 4 --model-dir m --policy expert --port 30080")
+        "--dp-size 4 --model-dir m --policy expert-idf --port 30080")
     assert router_command("p.json", "http://h:1", "sglang", 4, "m", policy="round-robin") is None
     assert router_command("p.json", "http://h:1", "vllm", 4, "m", policy="least-inflight") is None
 
@@ -135,3 +136,17 @@ def test_expert_idf_stops_a_shared_frame_from_voting():
     idf = make_policy("expert-idf", G, two_domain_table(G), **loose).assign(tok, off)
     assert (plain == 0).all()
     assert (idf[20:] == dom[20:]).mean() > 0.9
+
+
+@pytest.mark.parametrize("name", sorted(REQUEST_POLICIES.names()))
+def test_prepared_submit_routes_as_the_plain_one(name):
+    """The router prepares a big prompt's rows off its event loop; the ranks are the same."""
+    G = 4
+    rng = np.random.default_rng(5)
+    tok, off = random_requests(rng, 120)
+    table = random_table(rng, G)
+    a, b = make_policy(name, G, table), make_policy(name, G, table)
+    for i in range(off.size - 1):
+        t = tok[off[i]:off[i + 1]]
+        assert a.submit(t) == b.submit(b.prepare(t)), i
+        assert a.queued == b.queued

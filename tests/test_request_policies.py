@@ -163,15 +163,22 @@ def test_balanced_keeps_a_burst_on_its_preferred_rank_when_room_allows():
     assert got[:5] == [0] * 5 and len(set(got)) > 1
 
 
-def test_balanced_with_completions_keeps_a_whole_burst_together():
+def test_balanced_one_at_a_time_is_bounded_by_the_stream_totals():
+    """Issue 37 kind 1: with nothing in flight the queue bound once admitted no rank and a
+    one-domain stream went wholly to its best rank; now the stream's token totals bound it."""
     G = 8
     pol = make_policy("balanced", G, two_domain_table(G))
     rng = np.random.default_rng(1)
-    for _ in range(50):                                            # each finishes before the next
+    got, lens = [], []
+    for _ in range(50 * G):                                        # each finishes before the next
         t = rng.integers(0, 100, int(rng.integers(1, 300)))
         g = pol.submit(t)
-        assert g == 0
+        got.append(g)
+        lens.append(t.size)
         pol.complete(g, t.size)
+    assert got[0] == 0                                             # the affinity still leads
+    tok = np.bincount(got, weights=lens, minlength=G)
+    assert tok.max() <= 1.05 * tok.mean() + max(lens) and tok.min() > 0
 
 
 # -- unknown tokens, empty input, validation ------------------------------------------------------

@@ -70,6 +70,15 @@ def settled(st, timeout: float = 2.0) -> bool:
     return True
 
 
+def open_gate(fake) -> None:
+    """Let the fixture send its stream's second event (it may not be waiting on `go` yet: its
+    loop is known once it waits)."""
+    t0 = time.monotonic()
+    while fake.go._loop is None and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    fake.go._loop.call_soon_threadsafe(fake.go.set)
+
+
 def chat(text: str, stream: bool = False) -> dict:
     return {"model": "m", "messages": [{"role": "user", "content": text}], "stream": stream}
 
@@ -127,7 +136,7 @@ def test_stream_is_byte_identical_and_chunk_by_chunk(stack):
         it = r.iter_raw()
         first = next(it)                    # arrives while the fixture holds back event 2
         assert first == sse_events(3)[0]
-        fake.go._loop.call_soon_threadsafe(fake.go.set)
+        open_gate(fake)
         rest = b"".join(it)
     assert first + rest == b"".join(sse_events(3))
     assert settled(st)
@@ -137,7 +146,7 @@ def test_models_health_metrics(stack):
     url, fake, _, _ = stack
     assert httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"] == "fake"
     h = httpx.get(url + "/health", timeout=10).json()
-    assert h["status"] == "ok" and h["dp_size"] == G and h["policy"] == "expert"
+    assert h["status"] == "ok" and h["dp_size"] == G and h["policy"] == "expert-idf"
     httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "cat dog"}, timeout=10)
     m = httpx.get(url + "/metrics", timeout=10).text
     assert 'sempar_router_requests_total{rank="2"} 1.0' in m
@@ -261,7 +270,7 @@ def test_cli_refuses_bad_start_up_in_one_line_exit_2(placement_file, tmp_path):
     base = ["router", "--upstream", "http://127.0.0.1:1", "--engine", "sglang", "--dp-size", "4",
             "--model-dir", str(MODEL)]
     for extra, what in [(["--placement", str(bad)], "not a placement"),
-                        (["--placement", str(placement_file), "--policy", "nope"], "router policy"),
+                        (["--placement", str(placement_file), "--policy", "nope"], "request policy"),
                         (["--placement", str(placement_file), "--engine", "tgi"], "engine")]:
         r = run_cli(*base, *extra)
         assert r.returncode == 2 and what in r.stderr and len(r.stderr.strip().splitlines()) == 1
@@ -285,7 +294,7 @@ def test_graceful_shutdown_finishes_the_stream_in_flight(placement_file):
             time.sleep(0.3)
             with pytest.raises(httpx.TransportError):     # no new requests meanwhile
                 httpx.post(url + "/v1/completions", json={"prompt": "cat"}, timeout=2)
-            fake.go._loop.call_soon_threadsafe(fake.go.set)
+            open_gate(fake)
             rest = b"".join(it)
         assert first + rest == b"".join(sse_events(3))   # the stream ran to its end
         stopper.join(10)

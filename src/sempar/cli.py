@@ -93,6 +93,9 @@ def _command() -> Any:
 
 def _run(argv: Optional[list[str]]) -> Any:
     try:
+        if {"--help", "-h"} & set(sys.argv[1:] if argv is None else argv):
+            from sempar.commands._options import fill_name_helps
+            fill_name_helps(_command())     # name options list their registry (generated)
         return _command().main(args=argv, standalone_mode=False, prog_name="sempar")
     finally:
         track_inputs(False)

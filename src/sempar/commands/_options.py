@@ -274,7 +274,27 @@ def names_option(default: Optional[str], option: str, registry: Callable[[], Any
     check.registry = registry                                # type: ignore[attr-defined]
     check.words = words                                      # type: ignore[attr-defined]
     check.single = single                                    # type: ignore[attr-defined]
+    check.help = help                                        # type: ignore[attr-defined]
     return typer.Option(default, option, help=help, callback=check)
+
+
+def names_help(check: Any) -> str:
+    """The help of a `names_option`, generated: its own words, then every name its registry
+    holds (`one of` / `any of`)."""
+    names = [*check.words, *check.registry().names()]
+    return f"{check.help}; {'one' if check.single else 'any'} of: {', '.join(names)}"
+
+
+def fill_name_helps(command: Any) -> None:
+    """Write the generated help (`names_help`) into every `names_option` of the click command
+    tree `command`. Called only when help is asked for (cli.py), so a plain run imports no
+    registry it does not use."""
+    for param in getattr(command, "params", ()):
+        check = getattr(param, "callback", None)
+        if getattr(check, "registry", None) is not None:
+            param.help = names_help(check)
+    for sub in getattr(command, "commands", {}).values():
+        fill_name_helps(sub)
 
 
 # ---- options that apply to some choices only ----------------------------------------------
@@ -315,6 +335,30 @@ def request_policies() -> Any:
     from sempar.schedule.requests import REQUEST_POLICIES
 
     return REQUEST_POLICIES
+
+
+def capture_engines() -> Any:
+    from sempar.capture.engines import ENGINES
+
+    return ENGINES
+
+
+def export_targets() -> Any:
+    from sempar.export.engines import ENGINES
+
+    return ENGINES
+
+
+def accelerators() -> Any:
+    from sempar.serving.hardware import ACCELERATORS
+
+    return ACCELERATORS
+
+
+def router_engines() -> Any:
+    from sempar.router.engines import ENGINES
+
+    return ENGINES
 
 
 def serving_systems() -> Any:

@@ -37,8 +37,7 @@ def register(app: typer.Typer) -> None:
         repeats: int = typer.Option(3, "--repeats", help="timed forwards per batch (min)",
                                      callback=bound(1, 1000)),
         methods: str | None = names_option(None, "--methods", _methods,
-                                           help="comma-separated subset of vanilla, vanilla-tp, "
-                                           "exflow, sempar-dp, sempar-tp, sempar-tp-exact"),
+                                           help="comma-separated subset"),
         timeout: float = typer.Option(600.0, "--timeout", help="hard limit of the run, seconds",
                                       callback=POSITIVE_SECONDS),
         as_json: bool = json_option(),

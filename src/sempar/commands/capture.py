@@ -10,13 +10,15 @@ from typing import Optional
 import typer
 
 from sempar.bounds import POSITIVE_SECONDS, bound
-from sempar.commands._options import json_option, optional_seed_option
+from sempar.commands._options import (capture_engines, json_option, names_option,
+                                      optional_seed_option)
 from sempar.console import emit_json
 
 
 def capture_cmd(url: str = typer.Option(..., "--url", help="the engine's base URL, e.g. "
                                                             "http://127.0.0.1:30000"),
-                engine_name: str = typer.Option(..., "--engine", help="sglang or vllm"),
+                engine_name: str = names_option(..., "--engine", capture_engines, single=True,
+                                                help="the engine's kind"),
                 prompts: Path = typer.Option(..., "--prompts",
                                              help="JSON lines: text or input_ids, optional "
                                                   "domain and id"),

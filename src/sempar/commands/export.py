@@ -9,14 +9,14 @@ from typing import Any, Optional
 import typer
 
 from sempar.bounds import LAYERS_MAX, bound
-from sempar.commands._options import json_option
+from sempar.commands._options import export_targets, json_option, names_option
 from sempar.console import emit_json
 from sempar.errors import InputError
 
 
 def export(placement: Path = typer.Option(..., "--placement", help="placement.json"),
-           to: str = typer.Option(..., "--to", help="sglang, vllm (PR #49572 format), vllm-maps, "
-                                                  "vllm-ascend or hf-checkpoint"),
+           to: str = names_option(..., "--to", export_targets, words=("hf-checkpoint",),
+                                  single=True, help="target (vllm: PR #49572 format)"),
            out_path: Path = typer.Option(..., "--out", help="file (engines) or folder (checkpoint)"),
            model: Optional[str] = typer.Option(None, "--model", help="hf-checkpoint: packaged "
                                                "model name or folder to permute"),

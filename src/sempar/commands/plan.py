@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 
-from sempar.commands._options import (COLLECTIVES_HELP, RATES, budget_option, duration_option,
+from sempar.commands._options import (COLLECTIVES_HELP, RATES, accelerators, budget_option,
+                                      duration_option,
                                       ep_list_option, ep_values, input_len_option, json_option,
                                       max_running_option, names_option, output_len_option,
                                       pipelines, rates_option, request_policies, seed_option,
@@ -34,7 +35,8 @@ def register(app: typer.Typer) -> None:
                                              + ", ".join(preset_names()) + ", or a packaged "
                                              "tiny model (default: the trace's model)"),
         topology: str = typer.Option("pcie-upi8", "--topology", help="preset or topology JSON"),
-        accelerator: str = typer.Option("h100", "--accelerator"),
+        accelerator: str = names_option("h100", "--accelerator", accelerators, single=True,
+                                        help="accelerator"),
         ep: Optional[str] = ep_list_option("EP sizes to try, comma-separated (default: "
                                                  "the topology's devices)"),
         slo: Optional[str] = slo_option("SLOs in seconds, e.g. e2e=10,ttft=0.5 (default: ttft "

@@ -9,17 +9,22 @@ from typing import Optional
 import typer
 
 from sempar.bounds import DEVICES, POSITIVE_SECONDS, bound
+from sempar.commands._options import names_option, request_policies, router_engines
+
+
+POLICY_HELP = "request policy (docs/router.md)"      # + the registry's names (names_help)
 
 
 def router(placement: Path = typer.Option(..., "--placement", help="sempar placement JSON (dp mode)"),
            upstream: str = typer.Option(..., "--upstream", help="engine base URL, http://host:port"),
-           engine: str = typer.Option(..., "--engine", help="sglang or vllm"),
+           engine: str = names_option(..., "--engine", router_engines, single=True,
+                                      help="the engine behind --upstream"),
            dp_size: int = typer.Option(..., "--dp-size", help="the engine's DP ranks", callback=DEVICES),
            model_dir: Path = typer.Option(..., "--model-dir", help="folder with tokenizer.json"),
            host: str = typer.Option("127.0.0.1", "--host", help="address to bind"),
            port: int = typer.Option(30080, "--port", callback=bound(0, 65535)),
-           policy: str = typer.Option("expert", "--policy",
-                                      help="expert, round-robin, least-inflight, expert+prefix"),
+           policy: str = names_option("expert-idf", "--policy", request_policies, single=True,
+                                      help=POLICY_HELP),
            max_inflight: int = typer.Option(256, "--max-inflight-per-rank",
                                             callback=bound(1, 1 << 20),
                                             help="requests per rank; all full -> 429"),
@@ -27,7 +32,8 @@ def router(placement: Path = typer.Option(..., "--placement", help="sempar place
            timeout: float = typer.Option(600.0, "--upstream-timeout", callback=POSITIVE_SECONDS,
                                          help="seconds between two upstream chunks -> 504"),
            api_key: Optional[str] = typer.Option(None, "--api-key", envvar="SEMPAR_ROUTER_API_KEY",
-                                                 help="clients must send Bearer KEY"),
+                                                 help="clients must send Bearer KEY on every "
+                                                      "route, /health and /metrics included"),
            log_routing: Optional[Path] = typer.Option(None, "--log-routing",
                                                       help="JSONL of (request, tokens, rank)"),
            graceful: float = typer.Option(30.0, "--graceful-seconds", callback=POSITIVE_SECONDS,

@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 
-from sempar.commands._options import (COLLECTIVES_HELP, RATES, budget_option, duration_option,
+from sempar.commands._options import (COLLECTIVES_HELP, RATES, accelerators, budget_option,
+                                      duration_option,
                                       ep_option, input_len_option, json_option,
                                       max_running_option, names_option, nodes_option,
                                       output_len_option, rates_option, seed_option,
@@ -28,8 +29,8 @@ def register(app: typer.Typer) -> None:
                                              "tiny model (default: the trace's model)"),
         topology: str = typer.Option("pcie-upi8", "--topology", help="preset or topology JSON"),
         nodes: Optional[int] = nodes_option(None, "nodes of a scalable preset"),
-        accelerator: str = typer.Option("h100", "--accelerator", help="a100, h100, h200, smoe-a, "
-                                        "smoe-b, cpu"),
+        accelerator: str = names_option("h100", "--accelerator", accelerators, single=True,
+                                        help="accelerator"),
         ep: Optional[int] = ep_option(None, "EP degree G (default: the topology's devices)"),
         systems: str = names_option("all", "--systems", serving_systems, words=("all",),
                                     help="all, or a comma-separated list; the first of each "

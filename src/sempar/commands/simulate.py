@@ -35,8 +35,7 @@ def register(app: typer.Typer) -> None:
                                       help="placement JSON or a method name solved on the fit split "
                                       "(--compare: comma-separated list, the first is the baseline)"),
         pipeline: str = names_option("sglang-ep", "--pipeline", pipelines,
-                                     help="ds-moe, sglang-tp, smoe (= semmoe-tp), smoe-exact, "
-                                     "attn-dp, sglang-ep, exflow (--compare: list)"),
+                                     help="pipeline (smoe = semmoe-tp; --compare: a list)"),
         topology: str = typer.Option("pcie-upi8", "--topology", help="preset (nvlink8, pcie-upi8, "
                                      "a100x4-ib[:N], hetero-cloud[:N]) or topology JSON (--compare: list)"),
         nodes: Optional[int] = nodes_option(None, "nodes of a scalable preset"),

@@ -32,11 +32,11 @@ def load_router(cfg: RouterConfig, placement_path: str, model_dir: str):
     from sempar.placement.placement import Placement
     from sempar.router.app import build_app
     from sempar.router.engines import ENGINES
-    from sempar.router.policies import ROUTER_POLICIES, make_router_policy
+    from sempar.router.policies import make_router_policy, reads_table
     from sempar.router.prompt import PromptTokenizer
 
     ENGINES.get(cfg.engine)
-    spec = ROUTER_POLICIES.get(cfg.policy)
+    needs_table = reads_table(cfg.policy)
     try:
         placement = Placement.load(placement_path)
     except InputError:
@@ -45,7 +45,7 @@ def load_router(cfg: RouterConfig, placement_path: str, model_dir: str):
         raise InputError(f"--placement: {placement_path} is not a sempar placement: "
                          f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
                          ) from None
-    if spec.reads_table and placement.token_table is None:
+    if needs_table and placement.token_table is None:
         raise InputError(f"--placement: {placement_path} has no token table; policy "
                          f"{cfg.policy!r} needs one (place with --method sempar --mode dp)")
     if placement.num_devices != cfg.dp_size:
@@ -54,11 +54,51 @@ def load_router(cfg: RouterConfig, placement_path: str, model_dir: str):
     tokenizer = PromptTokenizer(model_dir)
     policy = make_router_policy(cfg.policy, cfg.dp_size, placement.token_table)
     if cfg.log_routing is not None:
-        try:
-            open(cfg.log_routing, "a").close()
-        except OSError as err:
-            raise InputError(f"--log-routing: {cfg.log_routing}: {err.strerror}") from None
+        check_routing_log(cfg.log_routing, placement_path, model_dir)
     return build_app(cfg, policy, tokenizer)
+
+
+LOG_KEYS = frozenset({"request", "t", "route", "rank", "tokens"})
+
+
+def check_routing_log(path, *inputs) -> None:
+    """`--log-routing` under the output rule (`sempar.output_rule.check_output`: not an input
+    such as the placement, not a FIFO / device / folder, parent writable), and appended to only
+    when it is empty or already a routing log (its first line one of ours): a foreign file is
+    refused, never appended to."""
+    from sempar.output_rule import check_output
+
+    real = check_output(path, *inputs, option="--log-routing")
+    if not real.exists() or real.stat().st_size == 0:
+        return
+    try:
+        with open(real, "rb") as f:
+            first = json.loads(f.readline(1 << 20))
+        ours = isinstance(first, dict) and set(first) == LOG_KEYS
+    except (OSError, ValueError, RecursionError):
+        ours = False
+    if not ours:
+        raise InputError(f"--log-routing: {path} exists and is not a sempar routing log; "
+                         "name a new file")
+
+
+def bind(cfg: RouterConfig):
+    """The listening socket for --host / --port (port 0: one the system picks), or InputError
+    in one line (a port in use, an address not here)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((cfg.host, cfg.port))
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        raise InputError(f"--port: cannot listen on {cfg.host}:{cfg.port}: "
+                         f"{err.strerror or err}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def serve(cfg: RouterConfig, app) -> None:
@@ -71,10 +111,12 @@ def serve(cfg: RouterConfig, app) -> None:
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO)
     log.propagate = False
-    log.info(json.dumps({"event": "start", "host": cfg.host, "port": cfg.port,
-                         "upstream": cfg.upstream, "engine": cfg.engine, "dp_size": cfg.dp_size,
-                         "policy": cfg.policy}))
+    sock = bind(cfg)
+    log.info(json.dumps({"event": "start", "host": cfg.host, "port": sock.getsockname()[1],
+                         "upstream": cfg.upstream_shown, "engine": cfg.engine,
+                         "dp_size": cfg.dp_size, "policy": cfg.policy}))
     # uvicorn's access log would print request lines; ours (above) are the structured ones.
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=cfg.graceful_s, loop="auto", http="auto",
-                limit_concurrency=None, server_header=False, date_header=False)
+    config = uvicorn.Config(app, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=cfg.graceful_s, loop="auto", http="auto",
+                            limit_concurrency=None, server_header=False, date_header=False)
+    uvicorn.Server(config).run(sockets=[sock])

@@ -3,7 +3,8 @@
 aiohttp rather than httpx: on this 2-core machine one process posting 512-token prompts to a
 loopback upstream, 16 at a time, made ~7,000 requests/s with aiohttp and ~640 with httpx
 (benchmarks/bench_router.py measures both; docs/router.md). Responses are not decompressed
-(`auto_decompress=False`), so the bytes the client gets are the engine's.
+(`auto_decompress=False`), so the bytes the client gets are the engine's, and no
+`Accept-Encoding` is added that the client did not send.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ class UpstreamTimeout(Exception):
     """The engine did not answer in time (-> 504)."""
 
 
+def is_timeout(err: BaseException) -> bool:
+    """Whether an upstream failure is a timeout (504) rather than a refused / dropped
+    connection (502); aiohttp's read timeouts are TimeoutErrors."""
+    return isinstance(err, (UpstreamTimeout, TimeoutError))
+
+
 class Upstream:
     """`open(method, path, headers, body)` -> an aiohttp response whose headers have arrived;
     the caller reads it and must `release()` / `close()` it (closing aborts the upstream
@@ -38,8 +45,9 @@ class Upstream:
 
     async def start(self) -> None:
         conn = aiohttp.TCPConnector(limit=self.max_connections, ttl_dns_cache=300)
-        self.session = aiohttp.ClientSession(connector=conn, timeout=self.timeout,
-                                             auto_decompress=False, skip_auto_headers=("User-Agent",))
+        self.session = aiohttp.ClientSession(
+            connector=conn, timeout=self.timeout, auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"))
 
     async def close(self) -> None:
         if self.session is not None:

@@ -43,7 +43,7 @@ import numpy as np
 
 from sempar.errors import InputError
 from sempar.predict.token_table import TokenTable
-from sempar.schedule.requests import REQUEST_POLICIES, RequestPolicy
+from sempar.schedule.requests import REQUEST_POLICIES, Prepared, RequestPolicy
 
 
 def _least(q: Sequence[int], ok: Sequence[bool] | None, pref: Sequence[int] | None = None) -> int:
@@ -52,6 +52,16 @@ def _least(q: Sequence[int], ok: Sequence[bool] | None, pref: Sequence[int] | No
     cand = [g for g in order if ok is None or ok[g]] or list(order)
     low = min(q[g] for g in cand)
     return next(g for g in cand if q[g] == low)
+
+
+def _most_behind(cand: Sequence[int], c: Sequence[int], k: Sequence[int], n: int) -> int:
+    """The rank of `cand` that taking a request of n tokens leaves least above the stream's means:
+    the smallest max((k[g] + 1) / mean requests, (c[g] + n) / mean tokens) after taking it
+    (ties: the fewest tokens so far, then `cand`'s order). The fallback when no rank is within
+    every bound, so it still balances the stream rather than following the score."""
+    G = len(c)
+    km, cm = (sum(k) + 1) / G, max((sum(c) + n) / G, 1e-12)
+    return min(cand, key=lambda g: (max((k[g] + 1) / km, (c[g] + n) / cm), c[g]))
 
 
 def _fifo_assign(policy: RequestPolicy, scores: np.ndarray, lens: np.ndarray) -> np.ndarray:
@@ -75,12 +85,23 @@ def _fifo_assign(policy: RequestPolicy, scores: np.ndarray, lens: np.ndarray) ->
 
 @REQUEST_POLICIES.register("least-inflight")
 class LeastInflight(RequestPolicy):
-    """The rank with the fewest in-flight tokens (ties: lowest); the table is not read."""
+    """The rank with the fewest in-flight tokens; ties (every rank, when nothing is in flight) to
+    the rank with the fewest tokens so far, then the fewest requests; the table is not read."""
 
     needs_scores = False
+    summary = "the fewest in-flight tokens (what vLLM's balancer approximates)"
+
+    def _state_reset(self) -> None:
+        self.assigned = [0] * self.num_ranks       # tokens ever submitted, per rank
+        self.taken = [0] * self.num_ranks          # requests ever submitted, per rank
 
     def _choose(self, row: list[float], n: int) -> int:
-        return _least(self.queued, self._allowed)
+        c, k = self.assigned, self.taken
+        g = _least(self.queued, self._allowed,
+                   sorted(range(self.num_ranks), key=lambda h: (c[h], k[h])))
+        c[g] += n
+        k[g] += 1
+        return g
 
     def _assign(self, scores: np.ndarray, lens: np.ndarray) -> np.ndarray:
         return _fifo_assign(self, scores, lens)
@@ -94,6 +115,9 @@ class Expert(RequestPolicy):
     mean); inflight_slack: the in-flight tokens' bound; window W: requests in flight in the
     batch form (default 8 G)."""
 
+    balances = ("requests", "tokens")
+    summary = "Alg. 2's affinity within stream and in-flight bounds"
+
     def __init__(self, num_ranks: int, table: TokenTable | None = None, window: int | None = None,
                  slack: float = 0.05, inflight_slack: float = 0.5):
         if slack < 0 or inflight_slack < 0:
@@ -106,27 +130,31 @@ class Expert(RequestPolicy):
         self.taken = [0] * self.num_ranks          # requests ever submitted, per rank
 
     def _preference(self, row: list[float], n: int) -> list[int]:
-        """Ranks best first (ties: lowest rank)."""
-        return sorted(range(self.num_ranks), key=lambda g: -row[g])
+        """Ranks best first; ties (every rank, when no token is known) to the rank with the
+        fewest tokens so far, then the fewest requests (never simply the lowest id)."""
+        c, k = self.assigned, self.taken
+        return sorted(range(self.num_ranks), key=lambda g: (-row[g], c[g], k[g]))
 
     def _choose(self, row: list[float], n: int) -> int:
         q, c, k, ok = self.queued, self.assigned, self.taken, self._allowed
-        if not row or max(row) <= 0.0:             # nothing known about it: balance only
-            g = _least(q, ok)
-        else:
-            pref = self._preference(row, n)
-            G = self.num_ranks
-            qcap = max(max(q), (1.0 + self.inflight_slack) * (sum(q) + n) / G) - n
-            ccap = max(max(c), (1.0 + self.slack) * (sum(c) + n) / G) - n
-            kcap = max(max(k), (1.0 + self.slack) * (sum(k) + 1) / G) - 1
-            # a rank whose request count fell below (1 - slack) x the mean must catch up (on
-            # GPT-OSS-20B this also raised LAR, 0.291 -> 0.297: fewer late forced choices)
-            kl = (1.0 - self.slack) * (sum(k) + 1) / G - 1
-            low = [g for g in pref if k[g] < kl]
-            g = next((g for g in (low or pref) if (ok is None or ok[g]) and q[g] <= qcap
-                      and c[g] <= ccap and k[g] <= kcap), None)
-            if g is None:
-                g = _least(q, ok, pref)
+        G, s = self.num_ranks, self.slack
+        pref = self._preference(row if row else [0.0] * G, n)
+        cand = [g for g in pref if ok is None or ok[g]] or pref
+        # In flight: within inflight_slack of the mean, and the least-loaded rank always passes
+        # (with nothing in flight every rank does: one request alone exceeds any mean-based cap,
+        # which once made every rank inadmissible and sent sequential traffic to the best score).
+        qmin = min(q[g] for g in cand)
+        qcap = max(max(q), (1.0 + self.inflight_slack) * (sum(q) + n) / G) - n
+        ccap = max(max(c), (1.0 + s) * (sum(c) + n) / G) - n
+        kcap = max(max(k), (1.0 + s) * (sum(k) + 1) / G) - 1
+        # a rank whose request count fell below (1 - slack) x the mean must catch up (on
+        # GPT-OSS-20B this also raised LAR, 0.291 -> 0.297: fewer late forced choices)
+        kl = (1.0 - s) * (sum(k) + 1) / G - 1
+        low = [g for g in cand if k[g] < kl]
+        g = next((g for g in (low or cand) if (q[g] <= qcap or q[g] == qmin)
+                  and c[g] <= ccap and k[g] <= kcap), None)
+        if g is None:
+            g = _most_behind(cand, c, k, n)
         c[g] += n
         k[g] += 1
         return g
@@ -176,6 +204,8 @@ class ExpertPrefix(Expert):
     """`expert` plus a prefix-cache affinity term (module docstring); the batch form replays the
     streaming one, since the caches need the tokens."""
 
+    summary = "expert plus a prefix-cache affinity term"
+
     def __init__(self, num_ranks: int, table: TokenTable | None = None, window: int | None = None,
                  slack: float = 0.05, inflight_slack: float = 0.5, prefix_weight: float = 1.0,
                  block: int = 32, capacity: int = 8192):
@@ -187,18 +217,23 @@ class ExpertPrefix(Expert):
         self.cache = PrefixCache(self.num_ranks, self.block, self.capacity)
         self._hashes: list[int] = []
 
-    def submit(self, token_ids: np.ndarray, allowed: Sequence[bool] | None = None) -> int:
-        self._hashes = self.cache.hashes(token_ids)
+    def prepare(self, token_ids: np.ndarray) -> Prepared:
+        p = super().prepare(token_ids)
+        return Prepared(p.tokens, p.rows, p.counts, self.cache.hashes(p.tokens))
+
+    def submit(self, token_ids, allowed: Sequence[bool] | None = None) -> int:
+        self._hashes = (token_ids.extra if isinstance(token_ids, Prepared)
+                        else self.cache.hashes(token_ids))
         g = super().submit(token_ids, allowed)
         self.cache.insert(g, self._hashes)
         return g
 
     def _preference(self, row: list[float], n: int) -> list[int]:
-        top = max(row)
+        top = max(row) if max(row) > 0.0 else 1.0       # no known token: the prefix term alone
         hit = [self.cache.match(g, self._hashes) * self.block / max(n, 1)
                for g in range(self.num_ranks)]
         v = [row[g] / top + self.prefix_weight * hit[g] for g in range(self.num_ranks)]
-        return sorted(range(self.num_ranks), key=lambda g: -v[g])
+        return super()._preference(v, n)
 
     def assign(self, token_ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         return _replay_assign(self, token_ids, offsets)
@@ -226,15 +261,17 @@ def _replay_assign(policy: RequestPolicy, token_ids: np.ndarray, offsets: np.nda
 class ExpertIdf(Expert):
     """`expert` on idf-weighted, rank-debiased scores (module docstring); same bounds and knobs."""
 
+    summary = "expert on idf-weighted, rank-debiased scores (the router's default)"
+
     def _state_reset(self) -> None:
         super()._state_reset()
         self.df = np.zeros(self.S.shape[0], np.int64)   # requests that held each table row
         self.seen = 0                                   # requests submitted
         self.per_sum = np.zeros(self.num_ranks)         # sum of their per-token weighted rows
 
-    def submit(self, token_ids: np.ndarray, allowed: Sequence[bool] | None = None) -> int:
-        tok = np.ascontiguousarray(token_ids, np.int64).ravel()
-        rows, count = np.unique(self.rows_of(tok), return_counts=True)
+    def submit(self, token_ids, allowed: Sequence[bool] | None = None) -> int:
+        p = token_ids if isinstance(token_ids, Prepared) else self.prepare(token_ids)
+        tok, rows, count = p.tokens, p.rows, p.counts
         w = count * np.log((self.seen + 2.0) / (1.0 + self.df[rows]))
         raw = w @ self.S[rows].astype(np.float64)       # float64[G]; row U of S is zero
         per = raw / max(tok.size, 1)

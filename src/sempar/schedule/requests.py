@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
@@ -48,7 +49,21 @@ from sempar.registry import Registry
 
 REQUEST_POLICIES: Registry[type["RequestPolicy"]] = Registry("request policy")
 ORDERS = ("interleaved", "by-domain")
+BALANCE_SLACK = 0.05    # the balance contract: per-rank requests / tokens within 5 % of the mean
+BALANCE_FROM = 20       # ... once the stream holds 20 x G requests
 DENSE_MAX = 1 << 24      # largest token id served by the dense id -> row map (64 MiB of int32)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One request as `RequestPolicy.prepare` summarises it: tokens int64[n], the distinct rows
+    of S its tokens read (int[m]) and how many tokens read each (int64[m]), plus what a policy
+    adds (`extra`, e.g. prefix-block hashes)."""
+
+    tokens: np.ndarray
+    rows: np.ndarray
+    counts: np.ndarray
+    extra: object = None
 
 
 def score_matrix(table: TokenTable | None, num_ranks: int) -> np.ndarray:
@@ -64,9 +79,17 @@ def score_matrix(table: TokenTable | None, num_ranks: int) -> np.ndarray:
 
 
 class RequestPolicy:
-    """A request -> DP rank scheduler over `num_ranks` ranks, guided by a token table (or None)."""
+    """A request -> DP rank scheduler over `num_ranks` ranks, guided by a token table (or None).
+
+    Capabilities, declared by each registered class (read by the router, the CLI's help and the
+    contract tests): `needs_scores` it scores ranks from the token table (the router then needs
+    a placement with one); `balances` what it keeps within `BALANCE_SLACK` of the per-rank mean
+    over any stream of at least `BALANCE_FROM` x G requests, whatever the arrival pattern
+    ("requests", "tokens"; tests/test_policy_balance.py); `summary` one line for `--help`."""
 
     needs_scores = True
+    balances: tuple[str, ...] = ()
+    summary = ""
 
     def __init__(self, num_ranks: int, table: TokenTable | None = None, window: int | None = None):
         if num_ranks < 1:
@@ -135,16 +158,33 @@ class RequestPolicy:
         sc = self.scores(tok, off) if self.needs_scores else np.empty((lens.size, 0), np.float32)
         return np.asarray(self._assign(sc, lens), np.int32)
 
-    def submit(self, token_ids: np.ndarray, allowed: Sequence[bool] | None = None) -> int:
-        """The rank of one newly arrived request (token_ids int[n]); its tokens join that queue.
+    def prepare(self, token_ids: np.ndarray) -> "Prepared":
+        """The stateless part of `submit` for one request (its table rows and their counts), so
+        a caller can run it off its event loop for a big prompt; thread-safe (reads S only)."""
+        tok = np.ascontiguousarray(token_ids, np.int64).ravel()
+        rows, counts = np.unique(self.rows_of(tok), return_counts=True)
+        return Prepared(tok, rows, counts)
+
+    def _score_row(self, tok: np.ndarray, prep: "Prepared | None") -> list[float]:
+        if not self.needs_scores:
+            return []
+        if prep is not None:                       # counts @ rows: the same sum, regrouped
+            return (prep.counts.astype(np.float32) @ self.S[prep.rows]).tolist()
+        # scores() of one request, without its offsets checks (the router's hot path)
+        return self.S[self.rows_of(tok)].sum(axis=0, dtype=np.float32).tolist()
+
+    def submit(self, token_ids: "np.ndarray | Prepared", allowed: Sequence[bool] | None = None
+               ) -> int:
+        """The rank of one newly arrived request (token_ids int[n], or its `prepare`d form);
+        its tokens join that queue.
 
         `allowed` bool[G] (the router's per-rank in-flight bound): ranks marked False are not
-        chosen; at least one must be True. The last request's score row stays in `last_row` (float[G]).
+        chosen; at least one must be True. The last request's score row stays in `last_row`
+        (float[G]).
         """
-        tok = np.ascontiguousarray(token_ids, np.int64).ravel()
-        # scores() of one request, without its offsets checks (the router's hot path)
-        row = (self.S[self.rows_of(tok)].sum(axis=0, dtype=np.float32).tolist()
-               if self.needs_scores else [])
+        prep = token_ids if isinstance(token_ids, Prepared) else None
+        tok = prep.tokens if prep is not None else np.ascontiguousarray(token_ids, np.int64).ravel()
+        row = self._score_row(tok, prep)
         self.last_row = row
         self._allowed = allowed if allowed is not None and not all(allowed) else None
         try:
@@ -177,6 +217,8 @@ class RoundRobin(RequestPolicy):
     """Arrival order, request r to rank r mod G; the table is not read (the baseline)."""
 
     needs_scores = False
+    balances = ("requests",)
+    summary = "request r to rank r mod G (SGLang's default)"
 
     def _state_reset(self) -> None:
         self._next = 0
@@ -196,6 +238,9 @@ class RoundRobin(RequestPolicy):
 @REQUEST_POLICIES.register("alg2")
 class Alg2(RequestPolicy):
     """Sem-MoE App. B Alg. 2: best unmasked rank by score, one request per rank per round."""
+
+    balances = ("requests",)
+    summary = "Sem-MoE Alg. 2 as written (rounds of G)"
 
     def _state_reset(self) -> None:
         self._mask = [True] * self.num_ranks      # True = the rank may still take one this round
@@ -241,6 +286,9 @@ class Balanced(RequestPolicy):
     `window` W (default 8 G) is the number of requests in flight in the batch form.
     """
 
+    balances: tuple[str, ...] = ()   # its stream bound admits the current largest: no contract
+    summary = "Alg. 2's scores within in-flight and stream token bounds"
+
     def __init__(self, num_ranks: int, table: TokenTable | None = None, window: int | None = None,
                  slack: float = 0.05, stream_bound: bool = True):
         super().__init__(num_ranks, table, window)
@@ -253,37 +301,34 @@ class Balanced(RequestPolicy):
         self.assigned = [0] * self.num_ranks       # tokens ever submitted, per rank
 
     def _choose(self, row: list[float], n: int) -> int:
-        q, ok = self.queued, self._allowed
-        if max(row) <= 0.0:                        # nothing known about it: balance only
-            g = q.index(min(q))
-        else:
-            g = self._pick(sorted(range(self.num_ranks), key=row.__getitem__, reverse=True),
-                           q, self.assigned, n, sum(q), sum(self.assigned))
+        q, c, ok = self.queued, self.assigned, self._allowed
+        g = self._pick(row, q, c, n, sum(q), sum(c))
         if ok is not None and not ok[g]:           # at the router's bound: least loaded allowed
-            g = min((h for h in range(self.num_ranks) if ok[h]), key=q.__getitem__)
-        self.assigned[g] += n
+            g = min((h for h in range(self.num_ranks) if ok[h]), key=lambda h: (q[h], c[h]))
+        c[g] += n
         return g
 
-    def _pick(self, pref: Sequence[int], q: list[int], c: list[int], n: int, total: int,
+    def _pick(self, row: Sequence[float], q: list[int], c: list[int], n: int, total: int,
               ctotal: int) -> int:
+        """Best score among the admissible ranks; ties (every rank, for a request with no known
+        token) to the fewest tokens so far. The least-loaded queue always passes the queue
+        bound (with nothing in flight one request exceeds any mean-based cap), so sequential
+        traffic is bounded by the stream totals; none admissible: the fewest tokens so far."""
         s1, G = 1.0 + self.slack, self.num_ranks
+        pref = sorted(range(G), key=lambda g: (-row[g], c[g])) if len(row) else \
+            sorted(range(G), key=c.__getitem__)
         cap = max(max(q), s1 * (total + n) / G) - n
         ccap = max(max(c), s1 * (ctotal + n) / G) - n if self.stream_bound else float("inf")
-        for g in pref:
-            if q[g] <= cap and c[g] <= ccap:
-                return g
         low = min(q)
-        for g in pref:                             # none admissible: least loaded, best score
-            if q[g] == low:
+        for g in pref:
+            if (q[g] <= cap or q[g] == low) and c[g] <= ccap:
                 return g
-        raise AssertionError("unreachable")
+        return min(pref, key=lambda g: (c[g], q[g]) if self.stream_bound else (q[g], c[g]))
 
     def _assign(self, scores: np.ndarray, lens: np.ndarray) -> np.ndarray:
-        # The streaming decision (`_choose`) with FIFO completion after W requests in flight,
-        # with every request's preference order sorted at once.
+        # The streaming decision (`_choose`) with FIFO completion after W requests in flight.
         R, G = scores.shape
-        pref = np.argsort(-scores, axis=1, kind="stable").tolist()
-        known = (scores.max(axis=1, initial=0.0) > 0).tolist()
+        rows = scores.tolist()
         lens_l = lens.tolist()
         q, c, W = [0] * G, [0] * G, self.window
         total = ctotal = 0
@@ -294,7 +339,7 @@ class Balanced(RequestPolicy):
                 q[out[j]] -= lens_l[j]
                 total -= lens_l[j]
             n = lens_l[i]
-            g = self._pick(pref[i], q, c, n, total, ctotal) if known[i] else q.index(min(q))
+            g = self._pick(rows[i], q, c, n, total, ctotal)
             q[g] += n
             c[g] += n
             total += n
