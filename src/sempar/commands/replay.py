@@ -33,8 +33,9 @@ def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: reques
                                                    help="stop after this many steps"),
            max_moves: int = typer.Option(64, "--max-moves", callback=bound(0, MOVES_MAX),
                                          help="sempar-incremental: moves per update"),
-           max_imbalance: float = typer.Option(1.10, "--max-imbalance", callback=bound(1.0, 100.0),
-                                               help="sempar-incremental: the window's bound"),
+           max_imbalance: float = typer.Option(1.05, "--max-imbalance", callback=bound(1.0, 100.0),
+                                               help="sempar-incremental: the window's bound (as "
+                                                    "`place`'s fit cap, for 1.10 on new requests)"),
            horizon: float = typer.Option(300.0, "--horizon", callback=bound(0.0, 1e9, lo_open=True),
                                          help="s: sempar-incremental's payback horizon"),
            tokens_per_s: float = typer.Option(20000.0, "--tokens-per-s",
