@@ -8,8 +8,10 @@ Streams (`sempar.drift.streams`), each replayed at EP 4 (`sempar.drift.replay`):
 - `esft-tasks`: DeepSeek-V2-Lite ESFT prefill, intent -> law -> summary (173 requests);
 - `esft-mixture`: the same requests in segments of 16, each 80 % one task (switching);
 - `mmlu-groups`: GPT-OSS-20B MMLU decode, the four subject groups one after another (524
-  requests), steps of 48 requests (the `resolve` policy's full sempar solve per step is the
-  cost: fewer, larger steps there).
+  requests).
+Steps of 16 requests with a window of 16 on ESFT (9 steps), 64 with a window of 32 on MMLU (8
+steps): the `resolve` policy's full sempar solve per step is the cost on 2 loaded cores, so
+few, large steps; every request of each trace is served (no subsample).
 Targets (issue 38), on each stream where `static` drifts above imbalance p95 1.15:
 sempar-incremental LAR >= 0.95 x resolve's, imbalance p95 <= 1.10, migrated bytes <= 20 % of
 resolve's; against eplb-periodic (same period) higher LAR and lower imbalance p95 at no more
@@ -32,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ["static", "resolve", "eplb-periodic", "sempar-incremental"]
 # name: (asset, order, switch_every, every, window)
 STREAMS = {
-    "esft-tasks": ("deepseek-v2-lite-esft", "tasks", 16, 8, 16),
-    "esft-mixture": ("deepseek-v2-lite-esft", "mixture", 16, 8, 16),
-    "mmlu-groups": ("gpt-oss-20b-mmlu", "groups", 32, 48, 32),
+    "esft-tasks": ("deepseek-v2-lite-esft", "tasks", 16, 16, 16),
+    "esft-mixture": ("deepseek-v2-lite-esft", "mixture", 16, 16, 16),
+    "mmlu-groups": ("gpt-oss-20b-mmlu", "groups", 32, 64, 32),
 }
 
 

@@ -13,7 +13,7 @@ from sempar.drift.policies import POLICIES, ReplayConfig
 from sempar.drift.replay import replay, serve_figures
 from sempar.drift.streams import GROUPS, drift_stream, phases, request_table
 from sempar.placement import solve
-from sempar.placement.migration import expert_bytes, remote_activation_bytes
+from sempar.drift.costs import expert_bytes, remote_activation_bytes
 from sempar.placement.rebalance import RebalanceConfig
 from sempar.trace import read_trace
 from sempar.trace.io import write_trace

@@ -13,8 +13,8 @@ import sempar
 from sempar.drift.streams import drift_stream, request_table
 from sempar.placement import solve
 from sempar.placement.metrics import placement_figures
-from sempar.placement.migration import (align_devices, copied_experts, expert_bytes,
-                                        remote_activation_bytes)
+from sempar.drift.costs import expert_bytes, remote_activation_bytes
+from sempar.placement.migration import align_devices, copied_experts
 from sempar.placement.rebalance import RebalanceConfig, placement_hash, rebalance
 from sempar.schedule.homes import oracle_home
 from sempar.trace import read_trace

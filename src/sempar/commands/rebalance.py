@@ -72,7 +72,7 @@ def config(model: str, max_moves: Optional[int], max_bytes: Optional[float], max
            horizon: float, tokens_per_s: float, link_gbps: float,
            expert_bytes: Optional[float], remote_bytes: Optional[float] = None):
     """The `RebalanceConfig` of the options; the bytes from the model's shape unless given."""
-    from sempar.placement.migration import expert_bytes as bytes_of, remote_activation_bytes
+    from sempar.drift.costs import expert_bytes as bytes_of, remote_activation_bytes
     from sempar.placement.rebalance import RebalanceConfig
 
     eb = float(expert_bytes) if expert_bytes is not None else float(bytes_of(model))

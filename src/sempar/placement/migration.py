@@ -9,8 +9,7 @@ matching of old to new devices), which is what a runtime applying a full re-solv
 before copying weights. Applied to every full re-layout in `sempar replay` (`resolve`,
 `eplb-periodic`), so their migrated bytes are not inflated by labels.
 
-Bytes per expert copy come from the model's shape (`serving.dims`: gate, up and down
-projections x dtype bytes), `expert_bytes`.
+Bytes per expert copy come from the model's shape (`drift.costs.expert_bytes`).
 """
 
 from __future__ import annotations
@@ -47,21 +46,3 @@ def align_devices(old: Placement, new: Placement) -> Placement:
     out = Placement(phy, new.num_experts, G, new.node_of.copy(), new.method, dict(new.info),
                     None, None)
     return out.validate()
-
-
-def expert_bytes(model: str) -> int:
-    """Bytes of one routed expert's weights (gate, up, down x dtype bytes) of `model`, a preset
-    or packaged tiny model (`serving.dims.model_dims`); InputError when its shape is unknown."""
-    from sempar.serving.dims import model_dims
-
-    d = model_dims(model)
-    return int(d.expert_params * d.dtype_bytes)
-
-
-def remote_activation_bytes(model: str) -> int:
-    """Bytes one remote (token, expert) activation moves: the hidden state there (dispatch) and
-    the expert's output back (combine), hidden x dtype bytes each way."""
-    from sempar.serving.dims import model_dims
-
-    d = model_dims(model)
-    return int(2 * d.hidden * d.dtype_bytes)
