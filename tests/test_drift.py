@@ -12,7 +12,6 @@ import sempar
 from sempar.drift.policies import POLICIES, ReplayConfig
 from sempar.drift.replay import replay, serve_figures
 from sempar.drift.streams import GROUPS, drift_stream, phases, request_table
-from sempar.placement import solve
 from sempar.drift.costs import expert_bytes, remote_activation_bytes
 from sempar.placement.rebalance import RebalanceConfig
 from sempar.trace import read_trace
@@ -80,7 +79,7 @@ def test_replay_measures_every_step(esft):
     m = esft.meta.model
     rb = RebalanceConfig(max_moves=8, expert_bytes=expert_bytes(m),
                          remote_bytes=remote_activation_bytes(m))
-    cfg = ReplayConfig(ep=4, every=24, window=12, max_steps=3, rebalance=rb)
+    cfg = ReplayConfig(ep=4, every=16, window=8, max_steps=3, rebalance=rb)
     seen = []
     out = replay(s, ["static", "eplb-periodic", "sempar-incremental"], cfg,
                  on_step=lambda n, f, p: seen.append((n, f.step, p)))
@@ -91,10 +90,10 @@ def test_replay_measures_every_step(esft):
     for st in inc["steps"][1:]:
         assert 0 < st["migrated_experts"] <= 2 * 8
         assert st["migrated_bytes"] == st["migrated_experts"] * expert_bytes(m)
-    # the static policy's step 0 is the warm-up's sempar placement serving requests 12..35
+    # the static policy's step 0 is the warm-up's sempar placement serving requests 8..23
     p0 = [p for n, i, p in seen if n == "static" and i == 0][0]
     _, _, rows, starts = request_table(s)
-    lar, imb = serve_figures(p0, s.take(rows[starts[12]:starts[36]]).experts, 2048)
+    lar, imb = serve_figures(p0, s.take(rows[starts[8]:starts[24]]).experts, 2048)
     assert pol["static"]["steps"][0]["lar"] == pytest.approx(lar)
     assert pol["static"]["steps"][0]["imbalance"] == pytest.approx(imb.mean())
     assert p0.method == "sempar" and p0.info["objective"] == "rows"
@@ -103,7 +102,7 @@ def test_replay_measures_every_step(esft):
 def test_replay_cli_json_plot_and_placements_for_the_engines(esft, tmp_path):
     write_trace(drift_stream(esft, "tasks").take(np.arange(4000)), tmp_path / "s.parquet")
     r = run_cli("replay", "--trace", tmp_path / "s.parquet", "--ep", "4", "--policies",
-                "eplb-periodic,sempar-incremental", "--every", "8", "--window", "8",
+                "eplb-periodic,sempar-incremental", "--every", "8", "--window", "6",
                 "--max-steps", "2", "--max-moves", "4", "--json", "--plot", tmp_path / "plot",
                 "--placements", tmp_path / "steps")
     assert r.returncode == 0, r.stderr

@@ -21,7 +21,7 @@ def rebalance(placement: Path = typer.Option(..., "--placement", help="the servi
                   None, "--max-moves", callback=bound(0, MOVES_MAX),
                   help="moves at most (a swap is one move; default 64, unlimited with --max-bytes)"),
               max_bytes: Optional[float] = typer.Option(
-                  None, "--max-bytes", callback=bound(0.0, 1e18),
+                  None, "--max-bytes", callback=bound(0.0, 1e15),
                   help="copied expert bytes at most"),
               max_imbalance: float = typer.Option(1.10, "--max-imbalance", callback=bound(1.0, 100.0),
                                                   help="per-layer max/mean served load on the window"),
