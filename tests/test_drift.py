@@ -74,6 +74,7 @@ def test_policies_are_registered_with_capabilities():
     assert not POLICIES.get("eplb-periodic").locality
 
 
+@pytest.mark.slow
 def test_replay_measures_every_step(esft):
     s = drift_stream(esft, "tasks")
     m = esft.meta.model
@@ -99,6 +100,7 @@ def test_replay_measures_every_step(esft):
     assert p0.method == "sempar" and p0.info["objective"] == "rows"
 
 
+@pytest.mark.slow
 def test_replay_cli_json_plot_and_placements_for_the_engines(esft, tmp_path):
     write_trace(drift_stream(esft, "tasks").take(np.arange(4000)), tmp_path / "s.parquet")
     r = run_cli("replay", "--trace", tmp_path / "s.parquet", "--ep", "4", "--policies",
