@@ -9,8 +9,8 @@ Streams (`sempar.drift.streams`), each replayed at EP 4 (`sempar.drift.replay`):
 - `esft-mixture`: the same requests in segments of 16, each 80 % one task (switching);
 - `mmlu-groups`: GPT-OSS-20B MMLU decode, the four subject groups one after another (524
   requests).
-Steps of 16 requests with a window of 16 on ESFT (10 steps), 96 with a window of 16 on MMLU (6
-steps; 16 MMLU requests are ~4,600 decode rows): the `resolve` policy's full sempar solve per step
+Steps of 16 requests with a window of 16 on ESFT (10 steps), 64 with a window of 32 on MMLU (8
+steps): the `resolve` policy's full sempar solve per step
 is the cost on 2 loaded cores, so few, large steps; every request of each trace after the
 warm-up window is served (no subsample).
 Targets (issue 38), on each stream where `static` drifts above imbalance p95 1.15:
@@ -37,7 +37,7 @@ POLICIES = ["static", "resolve", "eplb-periodic", "sempar-incremental"]
 STREAMS = {
     "esft-tasks": ("deepseek-v2-lite-esft", "tasks", 16, 16, 16),
     "esft-mixture": ("deepseek-v2-lite-esft", "mixture", 16, 16, 16),
-    "mmlu-groups": ("gpt-oss-20b-mmlu", "groups", 32, 96, 16),
+    "mmlu-groups": ("gpt-oss-20b-mmlu", "groups", 32, 64, 32),
 }
 
 
