@@ -1,0 +1,339 @@
+"""`sempar rebalance`: an incremental re-placement step that moves few experts and keeps locality.
+
+From the current placement and a window of recent routing (experts int[T, L, k], token ids not
+needed), choose at most `max_moves` moves (or `max_bytes` of copied weights) that most raise the
+window's **exact-home LAR** (tp mode: every row homed on the device hosting most of its experts,
+equal shares per batch, `capacity.capacity_home`, as the exact pre-router and `evaluate`'s
+oracle) while every layer's device load imbalance (max / mean of the served loads,
+`serving`'s rule) stays within `max_imbalance` on the window. Moves:
+
+- **swap**: experts e1 on device g1 and e2 on g2 trade devices (two expert copies);
+- **retarget** (only where the placement has redundant slots): a replica slot of an expert with
+  several copies is given to another expert (drop one replica, add one: one expert copy).
+
+Which ideas it takes from where:
+- the swap search with exact gain under a load cap is `sempar`'s own expert step
+  (`placement/sempar/experts.py`, after Sem-MoE Appendix B Alg. 1's alternating expert step),
+  here limited to a move budget and started from the serving placement instead of from scratch;
+- ranking by gain per byte, and refusing a move that does not pay its copy back, is ours
+  (ExFlow and Sem-MoE solve offline and never price migration);
+- restoring balance first, by moving load off the hottest device, is EPLB's aim (DeepSeek EPLB:
+  per-layer load balance from the window's expert loads), with locality as the tie-breaker
+  instead of ignored.
+
+Greedy, per round: each layer proposes its best move (candidates ranked with the homes held
+fixed, `candidates` of them then re-evaluated exactly: homes re-solved, served loads counted);
+a layer above the bound proposes the move that cuts its imbalance most (tie: locality), the
+others the move with the highest exact gain per copied byte that keeps the bound. Balance moves
+go first (they are required and are not priced); a locality move is made only when it pays its
+bytes back within `horizon_s` (cost model below). The round's chosen move is applied and only
+its layer re-proposes.
+
+Cost model (`RebalanceConfig`): a move copies `experts x expert_bytes` over a link of
+`link_gbps` (copy time, reported); it saves `gain x tokens_per_s x remote_bytes` bytes per second
+of all-to-all traffic, gain = remote activations avoided per token (exact, on the window),
+remote_bytes = hidden x dtype bytes each way (dispatch and combine). Payback time = copied bytes /
+saved bytes per second; a locality move is made when payback <= `horizon_s`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from sempar.errors import InputError
+from sempar.placement.capacity import BATCH, capacity_home
+from sempar.placement.placement import Placement
+from sempar.placement.serving import node_order, table
+
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class RebalanceConfig:
+    """Budget, bound and cost model of one incremental step (module docstring)."""
+
+    max_moves: int = 64                 # moves per step (a swap is one move, two copies)
+    max_bytes: float | None = None      # copied bytes per step (None: no byte budget)
+    max_imbalance: float = 1.10         # per-layer max / mean served load on the window
+    expert_bytes: float = 1.0           # bytes of one expert copy (model shape)
+    remote_bytes: float = 1.0           # bytes one remote activation moves (dispatch + combine)
+    tokens_per_s: float = 20_000.0      # the deployment's token throughput the gain is paid on
+    horizon_s: float = 300.0            # a locality move must pay its copy back within this
+    link_gbps: float = 50.0             # GB/s of the link weights are copied over (copy time)
+    batch: int = BATCH                  # tp batch of the exact homes
+    candidates: int = 6                 # moves per layer re-evaluated exactly each round
+
+    def __post_init__(self) -> None:
+        if self.max_moves < 0 or not 1.0 <= self.max_imbalance < 100:
+            raise InputError(f"rebalance: max_moves {self.max_moves} / max_imbalance "
+                             f"{self.max_imbalance} out of range")
+        for name in ("expert_bytes", "remote_bytes", "tokens_per_s", "horizon_s", "link_gbps"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise InputError(f"rebalance: {name} {v} is not a positive number")
+
+
+@dataclass
+class Move:
+    """One move: `kind` swap (expert_a on device_a <-> expert_b on device_b) or retarget
+    (device_a's replica of expert_a becomes expert_b); gain in local activations per window
+    token at this layer (exact), imbalance before / after, why (balance or locality)."""
+
+    layer: int
+    kind: str
+    device_a: int
+    expert_a: int
+    device_b: int
+    expert_b: int
+    copies: int
+    bytes: float
+    gain: float
+    imbalance_before: float
+    imbalance_after: float
+    reason: str
+    payback_s: float | None = None
+
+
+@dataclass
+class RebalanceResult:
+    """The moves made, in order, and the window's figures before and after."""
+
+    moves: list[Move] = field(default_factory=list)
+    lar_before: float = 0.0
+    lar_after: float = 0.0
+    imbalance_before: list[float] = field(default_factory=list)   # per layer
+    imbalance_after: list[float] = field(default_factory=list)
+    skipped_unpaid: int = 0           # best locality moves refused by the payback rule
+    solve_s: float = 0.0
+
+    @property
+    def copied_bytes(self) -> float:
+        return float(sum(m.bytes for m in self.moves))
+
+    def to_json(self, cfg: RebalanceConfig) -> dict:
+        return {"moves": [asdict(m) for m in self.moves], "num_moves": len(self.moves),
+                "expert_copies": int(sum(m.copies for m in self.moves)),
+                "copied_bytes": self.copied_bytes,
+                "copy_s": self.copied_bytes / (cfg.link_gbps * 1e9),
+                "lar_before": self.lar_before, "lar_after": self.lar_after,
+                "expected_gain": self.lar_after - self.lar_before,
+                "imbalance_before": float(np.mean(self.imbalance_before)),
+                "imbalance_after": float(np.mean(self.imbalance_after)),
+                "imbalance_max_layer_after": float(np.max(self.imbalance_after)),
+                "skipped_unpaid": self.skipped_unpaid, "solve_s": self.solve_s,
+                "config": asdict(cfg)}
+
+
+def placement_hash(p: Placement) -> str:
+    """SHA-256 (hex) of the placement's layout: devices, slots and `phy2log` (the parent id a
+    rebalanced placement records; provenance in `info` does not change it)."""
+    body = json.dumps({"num_devices": p.num_devices, "num_experts": p.num_experts,
+                       "node_of": p.node_of.tolist(), "phy2log": p.phy2log.tolist()})
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+class _Layer:
+    """One layer's window state: its slot row int32[P], the window's experts int[T, k], and the
+    exact figures (local activations, served load float[G]) of the row."""
+
+    def __init__(self, row: np.ndarray, experts: np.ndarray, G: int, N: int,
+                 order: np.ndarray, batch: int, max_imbalance: float):
+        self.G, self.N, self.order, self.batch = G, N, order, batch
+        self.cap = max_imbalance * experts.size / G        # served activations per device
+        self.experts = np.asarray(experts, np.intp)
+        self.set(np.asarray(row, np.int32).copy())
+
+    def figures(self, row: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+        """(local activations, served load float[G], home int64[T]) of slot row `row`."""
+        G, S = self.G, row.size // self.G
+        hosts = np.zeros((G, self.N), bool)
+        hosts[np.repeat(np.arange(G), S), row] = True
+        hits = hosts[:, self.experts].sum(axis=2).T                        # [T, G]
+        home = capacity_home(hits, self.batch)
+        serve = table(hosts, self.order)[home[:, None], self.experts]      # [T, k]
+        load = np.bincount(serve.ravel(), minlength=G).astype(np.float64)
+        return int(hits[np.arange(home.size), home].sum()), load, home
+
+    def set(self, row: np.ndarray) -> None:
+        self.row = row
+        self.local, self.load, self.home = self.figures(row)
+
+    @property
+    def imbalance(self) -> float:
+        return float(self.load.max() / max(self.load.mean(), EPS))
+
+    def overload(self, load: np.ndarray | None = None) -> float:
+        """Served load above the cap, summed over devices (0 within the bound)."""
+        load = self.load if load is None else load
+        return float(np.maximum(load - self.cap, 0.0).sum())
+
+
+def _candidates(st: _Layer, balance: bool, limit: int) -> list[tuple[str, int, int]]:
+    """Up to `limit` moves of layer `st`, best first by an estimate with the homes held fixed:
+    ("swap", slot p1, slot p2) or ("retarget", slot p, new expert)."""
+    G, N, row = st.G, st.N, st.row
+    S = row.size // G
+    dev = np.repeat(np.arange(G), S)                                     # device of each slot
+    T = st.home.size
+    W = np.bincount((st.home[:, None] * N + st.experts).ravel(),
+                    minlength=G * N).reshape(G, N).astype(np.float64)   # [G, N] by home
+    cnt = np.bincount(row, minlength=N)
+    share = W.sum(axis=0) / np.maximum(cnt, 1)                           # [N] load per copy
+    hosts = np.zeros((G, N), bool)
+    hosts[dev, row] = True
+    out: list[tuple[float, tuple[str, int, int]]] = []
+    # swaps: slot pairs on different devices whose experts the other device does not host
+    e = row.astype(np.intp)
+    gain = (W[dev[None, :], e[:, None]] + W[dev[:, None], e[None, :]]
+            - W[dev, e][:, None] - W[dev, e][None, :])                  # [p1, p2]
+    ok = (dev[:, None] < dev[None, :]) & ~hosts[dev[None, :], e[:, None]] \
+        & ~hosts[dev[:, None], e[None, :]]
+    delta = share[e][None, :] - share[e][:, None]                        # load into dev(p1)
+    if balance:                        # total overload above the cap, cut (_swap_search's rule)
+        L, cap = st.load, st.cap
+        over = np.maximum(L - cap, 0.0)
+        new1, new2 = L[dev][:, None] + delta, L[dev][None, :] - delta
+        cut = (over[dev][:, None] + over[dev][None, :] - np.maximum(new1 - cap, 0.0)
+               - np.maximum(new2 - cap, 0.0))
+        score = np.where(ok & (cut > EPS), cut + gain / max(T, 1) * 1e-3, -np.inf)
+    else:
+        score = np.where(ok & (gain > EPS), gain / 2.0, -np.inf)       # per expert copied
+    flat = np.argsort(-score, axis=None)[:limit]
+    for i in flat:
+        if np.isfinite(score.flat[i]):
+            p1, p2 = divmod(int(i), row.size)
+            out.append((float(score.flat[i]), ("swap", p1, p2)))
+    if row.size > N:                                                     # replica slots
+        spare = np.flatnonzero(cnt[e] > 1)                               # slots of replicated experts
+        if spare.size:
+            g = dev[spare]
+            rgain = W[g] - W[g, e[spare]][:, None]                       # [spare, N]
+            rgain[hosts[g]] = -np.inf
+            if balance:                # off an overloaded device: its copy's share leaves
+                rscore = np.where((st.load[g] > st.cap)[:, None], share[e[spare]][:, None]
+                                  - share[None, :] + rgain / max(T, 1) * 1e-3, -np.inf)
+                rscore[hosts[g]] = -np.inf
+            else:
+                rscore = np.where(rgain > EPS, rgain, -np.inf)           # one copy each
+            for i in np.argsort(-rscore, axis=None)[:limit]:
+                if np.isfinite(rscore.flat[i]):
+                    s, f = divmod(int(i), N)
+                    out.append((float(rscore.flat[i]), ("retarget", int(spare[s]), f)))
+    out.sort(key=lambda x: -x[0])
+    return [m for _, m in out[:limit]]
+
+
+def _apply(row: np.ndarray, move: tuple[str, int, int]) -> np.ndarray:
+    new = row.copy()
+    kind, a, b = move
+    if kind == "swap":
+        new[a], new[b] = row[b], row[a]
+    else:
+        new[a] = b
+    return new
+
+
+def _propose(l: int, st: _Layer, cfg: RebalanceConfig, T: int):
+    """(Move, new row, new figures) of layer l's best exactly-evaluated move, or None."""
+    G = st.G
+    S = st.row.size // G
+    balance = st.overload() > EPS
+    best = None
+    for mv in _candidates(st, balance, cfg.candidates):
+        new = _apply(st.row, mv)
+        local, load, _ = st.figures(new)
+        imb = float(load.max() / max(load.mean(), EPS))
+        gain = (local - st.local) / max(T, 1)
+        copies = 2 if mv[0] == "swap" else 1
+        if balance:
+            cut = st.overload() - st.overload(load)
+            if cut <= EPS:
+                continue
+            key = (cut, gain)
+        else:
+            if imb > max(cfg.max_imbalance, st.imbalance) + EPS or gain <= EPS:
+                continue
+            key = (gain / copies, 0.0)
+        if best is None or key > best[0]:
+            a, b = mv[1], mv[2]
+            if mv[0] == "swap":
+                m = Move(l, "swap", a // S, int(st.row[a]), b // S, int(st.row[b]), 2,
+                         2 * cfg.expert_bytes, gain, st.imbalance, imb,
+                         "balance" if balance else "locality")
+            else:
+                m = Move(l, "retarget", a // S, int(st.row[a]), a // S, int(b), 1,
+                         cfg.expert_bytes, gain, st.imbalance, imb,
+                         "balance" if balance else "locality")
+            best = (key, m, new)
+    return None if best is None else (best[1], best[2])
+
+
+def payback_s(move: Move, cfg: RebalanceConfig) -> float:
+    """Seconds of serving at `tokens_per_s` after which the bytes saved by `move`'s gain repay
+    its copy (inf for no gain)."""
+    saved = move.gain * cfg.tokens_per_s * cfg.remote_bytes
+    return math.inf if saved <= 0 else move.bytes / saved
+
+
+def rebalance(placement: Placement, experts: np.ndarray,
+              cfg: RebalanceConfig = RebalanceConfig()) -> tuple[Placement, RebalanceResult]:
+    """The incremental step (module docstring): (new placement, what was done).
+
+    placement: the serving placement (L layers, G devices); experts: int[T, L, k] the window's
+    routing. The new placement has the same shape; its `info["parent"]` is the SHA-256 of
+    `placement` (`placement_hash`) and `info["rebalance"]` the summary; a token table, now stale,
+    is dropped (exact homes need none).
+    """
+    t0 = time.perf_counter()
+    T, L, _ = experts.shape
+    if L != placement.num_layers:
+        raise InputError(f"--trace: {L} MoE layers, the placement has {placement.num_layers}")
+    if T == 0:
+        raise InputError("--trace: the window holds no tokens")
+    if int(experts.max()) >= placement.num_experts:
+        raise InputError(f"--trace: expert id {int(experts.max())} beyond the placement's "
+                         f"{placement.num_experts} experts")
+    G, N = placement.num_devices, placement.num_experts
+    order = node_order(placement.node_of)
+    layers = [_Layer(placement.phy2log[l], experts[:, l], G, N, order, cfg.batch,
+                     cfg.max_imbalance)
+              for l in range(L)]
+    res = RebalanceResult(lar_before=sum(s.local for s in layers) / (T * L * experts.shape[2]),
+                          imbalance_before=[s.imbalance for s in layers])
+    props = [_propose(l, s, cfg, T) for l, s in enumerate(layers)]
+    spent = 0.0
+    while len(res.moves) < cfg.max_moves:
+        live = [(l, p) for l, p in enumerate(props) if p is not None]
+        bal = [(l, p) for l, p in live if p[0].reason == "balance"]
+        if bal:
+            l, (mv, row) = max(bal, key=lambda x: (x[1][0].imbalance_before, -x[0]))
+        else:
+            paid = [(l, p) for l, p in live if payback_s(p[0], cfg) <= cfg.horizon_s]
+            res.skipped_unpaid = len(live) - len(paid)
+            if not paid:
+                break
+            l, (mv, row) = max(paid, key=lambda x: (x[1][0].gain / x[1][0].copies, -x[0]))
+            mv.payback_s = payback_s(mv, cfg)
+        if cfg.max_bytes is not None and spent + mv.bytes > cfg.max_bytes + EPS:
+            break
+        spent += mv.bytes
+        layers[l].set(row)
+        res.moves.append(mv)
+        props[l] = _propose(l, layers[l], cfg, T)
+    res.lar_after = sum(s.local for s in layers) / (T * L * experts.shape[2])
+    res.imbalance_after = [s.imbalance for s in layers]
+    res.solve_s = time.perf_counter() - t0
+    info = {k: v for k, v in placement.info.items() if k not in ("rebalance", "parent")}
+    info["parent"] = placement_hash(placement)
+    info["rebalance"] = {k: v for k, v in res.to_json(cfg).items() if k not in ("moves", "config")}
+    if placement.token_table is not None:
+        info["token_table_dropped"] = "rebalanced: the incremental step serves exact homes"
+    new = Placement(np.stack([s.row for s in layers]), N, G, placement.node_of.copy(),
+                    placement.method or "sempar", info)
+    return new.validate(), res
