@@ -34,20 +34,21 @@ from scipy import sparse
 
 from sempar.affinity.request_sample import below, bottom_requests, cut_after, request_priority
 from sempar.errors import InputError
+from sempar.affinity.stats_parts import DEFAULT_PARTS, PARTS, STATS_PARTS
 from sempar.trace.schema import RoutingTrace, TraceMeta
 
-PARTS = ("sample", "tokens", "coactivation", "transitions", "request-experts")
-DEFAULT_PARTS = ("sample", "tokens")           # "tokens" only where the trace has token ids
 SAMPLE_ROWS = 200_000                          # `SemparConfig.row_sample`'s default
 SAMPLE_COLUMNS = ("row", "token_id", "request_id", "position", "experts", "domain")
 
 
 def resolve_parts(parts: tuple[str, ...] | list[str], meta: TraceMeta) -> tuple[str, ...]:
-    """The parts to build, in `PARTS` order: `parts` checked, "tokens" dropped without ids."""
+    """The parts to build, in `PARTS` order: `parts` checked, those that need token ids dropped
+    on a trace without them."""
     bad = [p for p in parts if p not in PARTS]
     if bad:
         raise InputError(f"--parts: {bad[0]!r} is not one of {', '.join(PARTS)}")
-    return tuple(p for p in PARTS if p in parts and (p != "tokens" or meta.has_token_ids))
+    return tuple(p for p in PARTS if p in parts
+                 and (meta.has_token_ids or not STATS_PARTS.get(p).needs_token_ids))
 
 
 @dataclass

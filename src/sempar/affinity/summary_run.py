@@ -22,16 +22,17 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from sempar.affinity.summary import SAMPLE_ROWS, RoutingStats, merge, resolve_parts
+from sempar.affinity.summary import DEFAULT_PARTS, SAMPLE_ROWS, RoutingStats, merge, resolve_parts
 from sempar.affinity.summary_build import StatsBuilder
 from sempar.errors import InputError
+from sempar.registry import Registry
 
 
 @dataclass(frozen=True, kw_only=True)
 class StatsSettings:
     """What a shard's stats hold: parts (`summary.PARTS`), the sample's seed and row budget."""
 
-    parts: tuple[str, ...] = ("sample", "tokens")
+    parts: tuple[str, ...] = DEFAULT_PARTS
     seed: int = 0
     sample_rows: int = SAMPLE_ROWS
 
@@ -100,7 +101,9 @@ def _ray(paths: list[str], settings: StatsSettings, jobs: int, address: str | No
             ray.shutdown()
 
 
-RUNNERS: dict[str, Callable] = {"local": _local, "ray": _ray}
+RUNNERS: Registry[Callable] = Registry("stats runner")
+RUNNERS.add("local", _local)
+RUNNERS.add("ray", _ray)
 
 
 def check_shards(paths: list) -> None:
@@ -126,11 +129,10 @@ def build_stats(paths: list[str], settings: StatsSettings, *, runner: str = "loc
                 progress: Callable[[int], None] | None = None) -> RoutingStats:
     """The stats of the concatenation of the trace files `paths`, in order (module docstring).
     `progress(1)` is called as each shard is merged."""
-    if runner not in RUNNERS:
-        raise InputError(f"runner: {runner!r} is not one of {', '.join(RUNNERS)}")
+    run = RUNNERS.get(runner)
     check_shards(paths)
     out = None
-    for i, stats in enumerate(RUNNERS[runner](list(map(str, paths)), settings, max(1, jobs),
+    for i, stats in enumerate(run(list(map(str, paths)), settings, max(1, jobs),
                                               ray_address)):
         out = stats if out is None else merge(out, stats, str(paths[i]))
         if progress:
