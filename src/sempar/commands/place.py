@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from sempar.bounds import bound
+from sempar.errors import InputError
 from sempar.commands._options import (ep_option, held_out_option, homes_option, jobs_option,
                                       max_imbalance_option, mode_option, names_option,
                                       nodes_option, objective_option, preserve_groups_option,
@@ -16,7 +17,10 @@ from sempar.commands._options import (ep_option, held_out_option, homes_option, 
 
 
 def place(ctx: typer.Context,
-          trace: Path = typer.Option(..., "--trace", help="fit trace (Parquet)"),
+          trace: Optional[Path] = typer.Option(None, "--trace", help="fit trace (Parquet)"),
+          stats_file: Optional[Path] = typer.Option(
+              None, "--stats", help="fit statistics (`sempar stats build`) instead of --trace: "
+                                    "sempar's rows objective, the placement --trace would give"),
           method: str = names_option("sempar", "--method", solvers, single=True,
                                      help="placement method (see `evaluate`)"),
           ep: int = ep_option(..., "EP degree G (devices)"),
@@ -41,7 +45,12 @@ def place(ctx: typer.Context,
     from sempar.trace import read_trace
 
     options = solve_options(ctx)               # checked before any file is read
-    check_output(out_file, trace)
+    if (trace is None) == (stats_file is None):
+        raise InputError("place: give one of --trace or --stats")
+    check_output(out_file, trace if stats_file is None else stats_file)
+    if stats_file is not None:
+        _place_from_stats(stats_file, out_file, method, ep, fit_fraction, options)
+        return
     fit = read_trace(trace, optional=("domain",))
     if fit_fraction is not None:
         from sempar.trace.ops import split_by_request
@@ -51,6 +60,22 @@ def place(ctx: typer.Context,
     p.save(out_file)
     sys.stderr.write(f"wrote {out_file}: {method}, {p.num_layers} layers, {ep} devices x "
                      f"{p.slots_per_device} slots, {p.num_nodes} node(s)\n")
+
+
+def _place_from_stats(stats_file: Path, out_file: Path, method: str, ep: int,
+                      fit_fraction: Optional[float], options) -> None:
+    """`place --stats`: placement/from_stats.py, its refusals checked before the solve."""
+    from sempar.affinity.summary_file import load_stats
+    from sempar.placement.from_stats import check_stats_solve, solve_from_stats
+
+    if fit_fraction is not None:
+        raise InputError("--fit-fraction: does not apply to --stats (split the shards instead)")
+    stats = load_stats(stats_file)
+    check_stats_solve(stats, method, options)
+    p = solve_from_stats(stats, num_devices=ep, options=options)
+    p.save(out_file)
+    sys.stderr.write(f"wrote {out_file}: {method} from statistics of {stats.rows} rows, "
+                     f"{p.num_layers} layers, {ep} devices x {p.slots_per_device} slots\n")
 
 
 def register(app: typer.Typer) -> None:

@@ -23,17 +23,32 @@ def synth(preset: str = typer.Option(..., "--preset",
           seed: int = seed_option(),
           weights: bool = typer.Option(False, "--weights/--no-weights",
                                        help="also store router weights"),
+          shards: int = typer.Option(1, "--shards", callback=bound(1, 10_000),
+                                     help="write the trace as this many files cut at request "
+                                          "boundaries (OUT.00.parquet, ...), for `stats build`"),
           out_file: Path = typer.Option(..., "--out", help="Parquet trace to write")) -> None:
     """Generate a synthetic routing trace with the shape of a real MoE model."""
     from sempar.atomic import check_output
     from sempar.progress import progress_bar
     from sempar.trace.synth import SynthGenerator
 
-    check_output(out_file)
+    from sempar.trace.synth import shard_paths, write_shards
+
+    outs = shard_paths(out_file, shards) if shards > 1 else [out_file]
+    for o in outs:
+        check_output(o)
     gen = SynthGenerator(preset, tokens, requests, seed, weights=weights)
+    if shards > gen.requests:
+        from sempar.errors import InputError
+        raise InputError(f"--shards: {shards} shards for {gen.requests} requests; at most one "
+                         f"shard a request")
     with progress_bar(f"synth {gen.shape.model}", tokens) as advance:
-        gen.write(out_file, progress=advance)
-    sys.stderr.write(f"wrote {out_file}: {tokens} tokens, {gen.requests} requests, "
+        if shards > 1:
+            write_shards(gen, outs, progress=advance)
+        else:
+            gen.write(out_file, progress=advance)
+    where = out_file if shards == 1 else f"{outs[0]} .. {outs[-1].name} ({shards} shards)"
+    sys.stderr.write(f"wrote {where}: {tokens} tokens, {gen.requests} requests, "
                      f"{gen.shape.num_layers} layers x {gen.shape.num_experts} experts, "
                      f"top-{gen.shape.top_k}\n")
 

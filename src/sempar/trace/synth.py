@@ -34,6 +34,7 @@ machine, and memory stays bounded however many tokens are asked for.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator
 
@@ -296,6 +297,47 @@ class SynthGenerator:
                         blk["domain"], blk.get("weights"))
                 if progress:
                     progress(blk["token_id"].size)
+
+
+def shard_paths(path: str | os.PathLike, shards: int) -> list[Path]:
+    """`shards` file names beside `path`: trace.parquet -> trace.00.parquet, trace.01.parquet..."""
+    p = Path(path)
+    width = len(str(shards - 1))
+    return [p.with_name(f"{p.stem}.{i:0{width}d}{p.suffix or '.parquet'}") for i in range(shards)]
+
+
+def write_shards(gen: "SynthGenerator", paths: list[Path],
+                 progress: Callable[[int], None] | None = None) -> None:
+    """Stream `gen`'s trace into len(paths) files, cut at request boundaries (shard i holds
+    requests [i R / K, (i + 1) R / K)), so their concatenation in order is the trace `write`
+    would write (each file atomic; a request never straddles two)."""
+    K = len(paths)
+    writers = [TraceWriter(p, gen.meta, gen.domains, has_weights=gen.weights, validate=False)
+               for p in paths]
+    cur = 0
+    writers[0].__enter__()
+    try:
+        for blk in gen.blocks():
+            shard = (blk["request_id"].astype(np.int64) * K) // gen.requests
+            for i in np.unique(shard):
+                while cur < i:
+                    writers[cur].__exit__(None, None, None)
+                    cur += 1
+                    writers[cur].__enter__()
+                m = shard == i
+                writers[cur].write(blk["token_id"][m], blk["request_id"][m], blk["position"][m],
+                                   blk["experts"][m], blk["domain"][m],
+                                   None if blk.get("weights") is None else blk["weights"][m])
+            if progress:
+                progress(blk["token_id"].size)
+        while cur < K - 1:                    # shards left without requests stay valid files
+            writers[cur].__exit__(None, None, None)
+            cur += 1
+            writers[cur].__enter__()
+    except BaseException as err:
+        writers[cur].__exit__(type(err), err, err.__traceback__)
+        raise
+    writers[cur].__exit__(None, None, None)
 
 
 def synthesize(preset: str, tokens: int, requests: int | None = None, seed: int = 0,

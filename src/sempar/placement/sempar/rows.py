@@ -21,7 +21,8 @@ Objectives (`PlacementProblem.objective`):
   rule is named), `rows` when the trace has no token ids.
 
 Choices (the issue leaves them open): above `max_rows` fit rows, whole fit requests are
-sampled (seeded) until the cap, so the solve stays bounded on large traces; the placement's
+sampled (seeded, `affinity.request_sample`: the rule a merged `RoutingStats` sample follows too)
+until the cap, so the solve stays bounded on large traces; the placement's
 token table, when the fit trace has token ids, is rebuilt for the real ids with the
 co-clustering rule (`base.token_table_row`: each token on the device holding most of its
 expected activations; a replicated expert counts on its first copy's device), so predicted
@@ -35,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from sempar.affinity.request_sample import sample_requests
 from sempar.affinity.routing_stats import AffinityStats
 from sempar.placement.base import PlacementProblem, token_table_row
 from sempar.placement.placement import Placement
@@ -51,20 +53,6 @@ def resolve_objective(p: PlacementProblem) -> str:
     if objective == "tokens":
         require_token_ids(p.trace.meta, "sempar --objective tokens", "; use --objective rows")
     return objective
-
-
-def sample_requests(request_id: np.ndarray, max_rows: int, seed: int) -> np.ndarray:
-    """int64[T'] rows (in trace order) of seeded random whole requests, at most `max_rows` rows
-    unless a single request is longer (then that request alone). request_id: int[T]."""
-    T = request_id.shape[0]
-    if T <= max_rows:
-        return np.arange(T)
-    reqs, inv, size = np.unique(request_id, return_inverse=True, return_counts=True)
-    order = np.random.default_rng(seed).permutation(reqs.size)
-    keep_n = max(1, int(np.searchsorted(np.cumsum(size[order]), max_rows, side="right")))
-    keep = np.zeros(reqs.size, bool)
-    keep[order[:keep_n]] = True
-    return np.flatnonzero(keep[inv])
 
 
 def row_trace(trace: RoutingTrace, max_rows: int, seed: int) -> RoutingTrace:

@@ -1,0 +1,181 @@
+"""Mergeable routing statistics: `RoutingStats`, built block by block, merged shard by shard.
+
+A `RoutingStats` summarises a trace (or the concatenation of trace shards, in order) with what
+the placement objectives and evaluations that need no raw order read:
+
+- `loads` int64[L, N]: token-expert activations per layer (always);
+- requests (always): `request_ids` int64[R] sorted, `request_rows` int64[R] rows each;
+- `sample` (part "sample"): the rows of a seeded sample of whole requests of at most
+  `sample_rows` rows (`affinity.request_sample`), with their row index in the whole trace, in
+  trace order: the rows objective's fit sample (`placement/sempar/rows.py`);
+- `tokens` (part "tokens", traces with token ids): per layer the token x expert counts
+  c[l, u, e] as CSR [V, N] (Sem-MoE §3.2's activation table T^(l), rows by token id);
+- `coactivation` (part "coactivation") int64[L, N, N]: rows selecting both e and f at layer l
+  (X^T X of the one-hot selections; the diagonal is `loads`);
+- `transitions` (part "transitions") int64[L-1, N, N]: rows selecting e at layer l and f at
+  layer l+1 (all k x k pairs; ExFlow's inter-layer affinity counts);
+- `request_experts` (part "request-experts"): per layer the request x expert counts (Alg. 2's
+  Q, for dp mode) as CSR [R, N].
+
+Merging (`merge`) is associative and exact: the counts of a concatenation are the sums of the
+shards' (bit for bit), and the sample of a concatenation is the sample rule applied to the
+union of the shards' samples (`request_sample`'s docstring says why), the second operand's row
+indices shifted by the first's row count. Requests must not straddle shards (refused, one
+line). Shards of different models (`TraceMeta.first_difference`) are refused, one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import sparse
+
+from sempar.affinity.request_sample import below, bottom_requests, cut_after, request_priority
+from sempar.errors import InputError
+from sempar.affinity.stats_parts import DEFAULT_PARTS, PARTS, STATS_PARTS
+from sempar.trace.schema import RoutingTrace, TraceMeta
+
+SAMPLE_ROWS = 200_000                          # `SemparConfig.row_sample`'s default
+SAMPLE_COLUMNS = ("row", "token_id", "request_id", "position", "experts", "domain")
+
+
+def resolve_parts(parts: tuple[str, ...] | list[str], meta: TraceMeta) -> tuple[str, ...]:
+    """The parts to build, in `PARTS` order: `parts` checked, those that need token ids dropped
+    on a trace without them."""
+    bad = [p for p in parts if p not in PARTS]
+    if bad:
+        raise InputError(f"--parts: {bad[0]!r} is not one of {', '.join(PARTS)}")
+    return tuple(p for p in PARTS if p in parts
+                 and (meta.has_token_ids or not STATS_PARTS.get(p).needs_token_ids))
+
+
+@dataclass
+class RoutingStats:
+    """A mergeable summary of routing (module docstring). `shards`: [(name, rows)] in order."""
+
+    meta: TraceMeta
+    domains: list[str]
+    parts: tuple[str, ...]
+    seed: int
+    sample_rows: int
+    shards: list[tuple[str, int]]
+    loads: np.ndarray                                   # int64[L, N]
+    request_ids: np.ndarray                             # int64[R], sorted
+    request_rows: np.ndarray                            # int64[R]
+    sample: dict[str, np.ndarray] | None = None         # SAMPLE_COLUMNS -> [S, ...]
+    tokens: list[sparse.csr_matrix] | None = None       # L x CSR int64[V, N]
+    coactivation: np.ndarray | None = None              # int64[L, N, N]
+    transitions: np.ndarray | None = None               # int64[L-1, N, N]
+    request_experts: list[sparse.csr_matrix] | None = None   # L x CSR int64[R, N]
+    sample_cut: tuple[int, int] | None = None   # (priority, id) of the first left-out request
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return int(sum(n for _, n in self.shards))
+
+    def require(self, part: str, what: str) -> None:
+        """Bad input when the stats were built without `part` (`what` needs it)."""
+        if part not in self.parts:
+            raise InputError(f"{what} needs the stats part {part!r}; rebuild with "
+                             f"`sempar stats build --parts ...,{part}`")
+
+    def sample_trace(self) -> RoutingTrace:
+        """The sampled rows as a `RoutingTrace`, in trace order (the rows objective's fit)."""
+        self.require("sample", "a placement from statistics")
+        s = self.sample
+        return RoutingTrace(self.meta, s["token_id"], s["request_id"], s["position"],
+                            s["experts"], domain=s.get("domain"), domains=list(self.domains))
+
+
+# ----------------------------------------------------------------------------------- merging
+
+def check_same_model(a: RoutingStats, b: RoutingStats, where: str) -> None:
+    """One line when `b` cannot be merged into `a` (model shape, parts, sample settings)."""
+    diff = a.meta.first_difference(b.meta)
+    if diff:
+        raise InputError(f"{where}: another model ({diff}: {getattr(a.meta, diff)!r} vs "
+                         f"{getattr(b.meta, diff)!r}); shards of one trace only")
+    for name in ("parts", "seed", "sample_rows"):
+        if getattr(a, name) != getattr(b, name):
+            raise InputError(f"{where}: built with another {name} ({getattr(a, name)!r} vs "
+                             f"{getattr(b, name)!r})")
+    if a.domains != b.domains and a.domains and b.domains:
+        raise InputError(f"{where}: other domain names ({a.domains} vs {b.domains})")
+
+
+def _cat_sample(a: dict, b: dict, shift: int) -> dict:
+    out = {}
+    for key in a:
+        x, y = a[key], b[key]
+        out[key] = np.concatenate([x, y + shift if key == "row" else y])
+    return out
+
+
+def resample(sample: dict[str, np.ndarray], request_ids: np.ndarray, request_rows: np.ndarray,
+             max_rows: int, seed: int, cut: tuple[int, int] | None
+             ) -> tuple[dict[str, np.ndarray], tuple[int, int] | None]:
+    """(rows of `sample` the sample rule keeps, the new cut): the rule applied to the sample's
+    requests ordered before `cut` (the operands' lowest), `request_ids` int64[R] with
+    `request_rows` int64[R] giving their sizes."""
+    in_sample = np.isin(request_ids, sample["request_id"])
+    ids, rows = request_ids[in_sample], request_rows[in_sample]
+    prio = request_priority(ids, seed)
+    ok = below(prio, ids, cut)
+    ids, rows, prio = ids[ok], rows[ok], prio[ok]
+    chosen = bottom_requests(prio, ids, rows, max_rows)
+    new = cut_after(prio, ids, chosen)
+    mask = np.isin(sample["request_id"], ids[chosen])
+    return {k: v[mask] for k, v in sample.items()}, _lowest(cut, new)
+
+
+def _lowest(a: tuple[int, int] | None, b: tuple[int, int] | None) -> tuple[int, int] | None:
+    if a is None or b is None:
+        return b if a is None else a
+    return min(a, b)
+
+
+def merge(a: RoutingStats, b: RoutingStats, where: str = "stats") -> RoutingStats:
+    """The stats of a's trace followed by b's (module docstring)."""
+    check_same_model(a, b, where)
+    both = np.intersect1d(a.request_ids, b.request_ids)
+    if both.size:
+        raise InputError(f"{where}: request {int(both[0])} appears in two shards; a request's "
+                         f"rows must stay in one shard")
+    ids = np.concatenate([a.request_ids, b.request_ids])
+    rows = np.concatenate([a.request_rows, b.request_rows])
+    order = np.argsort(ids, kind="stable")
+    out = dataclasses.replace(
+        a, domains=a.domains or b.domains, shards=a.shards + b.shards, loads=a.loads + b.loads,
+        request_ids=ids[order], request_rows=rows[order], extra=dict(a.extra))
+    if a.sample is not None:
+        cat = _cat_sample(a.sample, b.sample, a.rows)
+        out.sample, out.sample_cut = resample(cat, out.request_ids, out.request_rows,
+                                              a.sample_rows, a.seed,
+                                              _lowest(a.sample_cut, b.sample_cut))
+    if a.tokens is not None:
+        out.tokens = [x + y for x, y in zip(a.tokens, b.tokens)]
+    if a.coactivation is not None:
+        out.coactivation = a.coactivation + b.coactivation
+    if a.transitions is not None:
+        out.transitions = a.transitions + b.transitions
+    if a.request_experts is not None:
+        out.request_experts = [_stack_requests(x, a.request_ids, y, b.request_ids, order)
+                               for x, y in zip(a.request_experts, b.request_experts)]
+    return out
+
+
+def _stack_requests(x: sparse.csr_matrix, xi: np.ndarray, y: sparse.csr_matrix,
+                    yi: np.ndarray, order: np.ndarray) -> sparse.csr_matrix:
+    """CSR[Rx + Ry, N]: x's rows then y's, reordered by `order` (the merged sorted ids)."""
+    return sparse.vstack([x, y], format="csr")[order]
+
+
+def merge_all(stats: list[RoutingStats], names: list[str] | None = None) -> RoutingStats:
+    """The stats of the shards' concatenation, in list order (a left fold of `merge`)."""
+    out = stats[0]
+    for i, s in enumerate(stats[1:], start=1):
+        out = merge(out, s, names[i] if names else f"shard {i}")
+    return out

@@ -1,0 +1,166 @@
+"""The `RoutingStats` file: safetensors arrays plus a self-describing, checksummed header.
+
+Format `sempar-routing-stats` version 1: a safetensors file (no pickle; its header's offsets
+are checked before any array is read) whose metadata entry "sempar" is a JSON object: format,
+version, the trace's model metadata (`TraceMeta.to_json`), domains, parts, seed, sample_rows,
+shards [[name, rows]], sample_cut, and "sha256": the SHA-256 of the object without that key
+(sorted keys, compact) followed by each array's name, dtype, shape and bytes in name order. A
+flipped bit anywhere is a one-line refusal. Arrays:
+
+- `loads` int64[L, N]; `request_ids`, `request_rows` int64[R];
+- `sample.<column>` (part "sample"): row int64[S], token_id, request_id, position, experts
+  [S, L, k], domain (when the trace has one);
+- `tokens.indptr` int64[L, V + 1], `tokens.indices` int32[nnz], `tokens.data` int64[nnz],
+  `tokens.offsets` int64[L + 1] (layer l's entries are [offsets[l], offsets[l+1]));
+- `coactivation` int64[L, N, N]; `transitions` int64[L-1, N, N];
+- `request_experts.*` as `tokens.*`, rows indexed like `request_ids`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+from scipy import sparse
+
+from sempar.affinity.summary import SAMPLE_COLUMNS, RoutingStats
+from sempar.errors import InputError
+from sempar.trace.schema import TraceMeta
+
+FORMAT = "sempar-routing-stats"
+VERSION = 1
+HEADER_KEY = "sempar"
+
+
+def _pack_tables(prefix: str, tables: list[sparse.csr_matrix]) -> dict[str, np.ndarray]:
+    data = [t.data.astype(np.int64) for t in tables]
+    return {f"{prefix}.indptr": np.stack([t.indptr.astype(np.int64) for t in tables]),
+            f"{prefix}.indices": np.concatenate([t.indices.astype(np.int32) for t in tables]),
+            f"{prefix}.data": np.concatenate(data),
+            f"{prefix}.offsets": np.concatenate([[0], np.cumsum([d.size for d in data])]
+                                                ).astype(np.int64)}
+
+
+def _unpack_tables(prefix: str, arrays: dict[str, np.ndarray], cols: int
+                   ) -> list[sparse.csr_matrix]:
+    indptr, off = arrays[f"{prefix}.indptr"], arrays[f"{prefix}.offsets"]
+    ind, data = arrays[f"{prefix}.indices"], arrays[f"{prefix}.data"]
+    if off.ndim != 1 or off.size != indptr.shape[0] + 1 or off[-1] != ind.size:
+        raise InputError(f"stats file: {prefix} tables are inconsistent")
+    out = []
+    for l in range(indptr.shape[0]):
+        lo, hi = int(off[l]), int(off[l + 1])
+        if indptr[l, -1] != hi - lo:
+            raise InputError(f"stats file: {prefix} table {l} is inconsistent")
+        out.append(sparse.csr_matrix((data[lo:hi], ind[lo:hi], indptr[l]),
+                                     shape=(indptr.shape[1] - 1, cols)))
+    return out
+
+
+def to_arrays(stats: RoutingStats) -> dict[str, np.ndarray]:
+    """The file's arrays (module docstring), contiguous."""
+    arrays = {"loads": stats.loads, "request_ids": stats.request_ids,
+              "request_rows": stats.request_rows}
+    if stats.sample is not None:
+        arrays.update({f"sample.{k}": v for k, v in stats.sample.items()})
+    if stats.tokens is not None:
+        arrays.update(_pack_tables("tokens", stats.tokens))
+    if stats.coactivation is not None:
+        arrays["coactivation"] = stats.coactivation
+    if stats.transitions is not None:
+        arrays["transitions"] = stats.transitions
+    if stats.request_experts is not None:
+        arrays.update(_pack_tables("request_experts", stats.request_experts))
+    return {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+
+
+def _header(stats: RoutingStats) -> dict:
+    return {"format": FORMAT, "version": VERSION, "meta": stats.meta.to_json(),
+            "domains": list(stats.domains), "parts": list(stats.parts), "seed": stats.seed,
+            "sample_rows": stats.sample_rows, "shards": [[n, r] for n, r in stats.shards],
+            "sample_cut": list(stats.sample_cut) if stats.sample_cut else None}
+
+
+def checksum(header: dict, arrays: dict[str, np.ndarray]) -> str:
+    """SHA-256 (hex) of the header (without "sha256") and the arrays (module docstring)."""
+    h = hashlib.sha256(json.dumps({k: v for k, v in header.items() if k != "sha256"},
+                                  sort_keys=True, separators=(",", ":")).encode())
+    for name in sorted(arrays):
+        a = arrays[name]
+        h.update(f"{name}|{a.dtype.str}|{a.shape}".encode())
+        h.update(memoryview(np.ascontiguousarray(a)).cast("B"))
+    return h.hexdigest()
+
+
+def save_stats(stats: RoutingStats, path: str | os.PathLike, option: str = "--out") -> None:
+    """Write `stats` atomically at `path` (the output rule checked)."""
+    from safetensors.numpy import save_file
+
+    from sempar.atomic import atomic_path
+    from sempar.native_path import utf8_path
+
+    arrays = to_arrays(stats)
+    header = _header(stats)
+    header["sha256"] = checksum(header, arrays)
+    with atomic_path(path, suffix=".safetensors", option=option) as tmp:
+        with utf8_path(tmp.parent) as folder:
+            save_file(arrays, os.path.join(folder, tmp.name), metadata={HEADER_KEY: json.dumps(header)})
+
+
+def load_stats(path: str | os.PathLike) -> RoutingStats:
+    """Read and check a stats file; one-line `InputError` on anything wrong."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file, safe_open
+
+    from sempar.native_path import utf8_path
+    from sempar.output_rule import check_input
+    from sempar.safe_json import parse_json
+
+    p = check_input(path, "stats file")
+    try:
+        with utf8_path(p) as name:
+            with safe_open(name, framework="np") as f:
+                raw = (f.metadata() or {}).get(HEADER_KEY)
+            arrays = load_file(name) if raw is not None else {}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise InputError(f"{path}: not a readable stats file ({str(err).splitlines()[0]})") from None
+    if raw is None:
+        raise InputError(f"{path}: no '{HEADER_KEY}' header: not a sempar stats file")
+    header = parse_json(raw, f"{path}: the stats header")
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise InputError(f"{path}: not a sempar stats file (format {header.get('format')!r})"
+                         if isinstance(header, dict) else f"{path}: the stats header is not an object")
+    if header.get("version") != VERSION:
+        raise InputError(f"{path}: stats format version {header.get('version')!r} is not "
+                         f"supported (this sempar reads {VERSION})")
+    if header.get("sha256") != checksum(header, arrays):
+        raise InputError(f"{path}: checksum mismatch: the stats file was changed or is corrupt")
+    return _from_parts(header, arrays, path)
+
+
+def _from_parts(header: dict, arrays: dict[str, np.ndarray], path) -> RoutingStats:
+    try:
+        meta = TraceMeta.from_json(header["meta"])
+        parts = tuple(header["parts"])
+        L, N = meta.num_layers, meta.num_experts
+        if arrays["loads"].shape != (L, N):
+            raise InputError(f"{path}: loads shape {arrays['loads'].shape} is not ({L}, {N})")
+        cut = header.get("sample_cut")
+        stats = RoutingStats(meta, list(header["domains"]), parts, int(header["seed"]),
+                             int(header["sample_rows"]), [(str(n), int(r)) for n, r in header["shards"]],
+                             arrays["loads"], arrays["request_ids"], arrays["request_rows"],
+                             sample_cut=(int(cut[0]), int(cut[1])) if cut else None)
+    except (KeyError, TypeError, ValueError) as err:
+        raise InputError(f"{path}: the stats file misses or mangles {err}") from None
+    if "sample" in parts:
+        stats.sample = {c: arrays[f"sample.{c}"] for c in SAMPLE_COLUMNS
+                        if f"sample.{c}" in arrays}
+    if "tokens" in parts:
+        stats.tokens = _unpack_tables("tokens", arrays, N)
+    stats.coactivation = arrays.get("coactivation")
+    stats.transitions = arrays.get("transitions")
+    if "request-experts" in parts:
+        stats.request_experts = _unpack_tables("request_experts", arrays, N)
+    return stats

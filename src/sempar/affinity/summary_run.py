@@ -1,0 +1,140 @@
+"""Where `RoutingStats` are built: shard by shard, here or as Ray tasks, merged in shard order.
+
+`build_shard(path, settings)` streams one trace file (`trace.io.iter_blocks`, a row group at a
+time) through a `StatsBuilder`; `build_stats(paths, settings, runner)` builds every shard and
+folds the results into one with `summary.merge` in the order the paths were given, so the result
+is the stats of the shards' concatenation. Runners (`RUNNERS`, by name):
+
+- `local` (the default; no Ray needed): `jobs` processes of this machine
+  (`concurrent.futures`, forked), at most `jobs` shards in flight;
+- `ray`: one Ray task per shard on the cluster `ray_address` names ("local": a local cluster
+  started for this run with `jobs` CPUs; "auto": the running cluster `ray start` made;
+  an address: that cluster). Workers must reach the shard paths (a shared filesystem) and run
+  the same sempar. Ray is the optional `ray` extra.
+
+In both, finished shards are merged as soon as their turn comes and then dropped, so memory
+holds the running merge and the shards in flight, not every shard's stats.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from sempar.affinity.summary import DEFAULT_PARTS, SAMPLE_ROWS, RoutingStats, merge, resolve_parts
+from sempar.affinity.summary_build import StatsBuilder
+from sempar.errors import InputError
+from sempar.registry import Registry
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatsSettings:
+    """What a shard's stats hold: parts (`summary.PARTS`), the sample's seed and row budget."""
+
+    parts: tuple[str, ...] = DEFAULT_PARTS
+    seed: int = 0
+    sample_rows: int = SAMPLE_ROWS
+
+
+def build_shard(path: str, settings: StatsSettings) -> RoutingStats:
+    """The stats of one trace file (module docstring)."""
+    from sempar.trace.io import iter_blocks
+
+    builder = None
+    for meta, domains, _row0, arrays in iter_blocks(path, optional=("domain",)):
+        if builder is None:
+            builder = StatsBuilder(meta, domains, resolve_parts(settings.parts, meta),
+                                   settings.seed, settings.sample_rows, os.path.basename(path))
+        builder.add(arrays)
+    return builder.finish()
+
+
+def _local(paths: list[str], settings: StatsSettings, jobs: int, address: str | None
+           ) -> Iterator[RoutingStats]:
+    if jobs <= 1 or len(paths) == 1:
+        for p in paths:
+            yield build_shard(p, settings)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(build_shard, p, settings) for p in paths[:jobs]]
+        for i in range(len(paths)):
+            res = futures[i].result()
+            if i + jobs < len(paths):
+                futures.append(pool.submit(build_shard, paths[i + jobs], settings))
+            futures[i] = None
+            yield res
+
+
+def _ray(paths: list[str], settings: StatsSettings, jobs: int, address: str | None
+         ) -> Iterator[RoutingStats]:
+    try:
+        import ray
+    except ImportError:
+        raise InputError("--ray: Ray is not installed (pip install 'sempar[ray]')") from None
+    started = not ray.is_initialized()
+    if started:
+        kw = {"num_cpus": jobs} if address in (None, "local") else {"address": address}
+        ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                 runtime_env={"env_vars": {k: os.environ[k] for k in ("PYTHONPATH",)
+                                           if k in os.environ}}, **kw)
+    try:
+        task = ray.remote(num_cpus=1)(build_shard)
+        refs = [task.remote(p, settings) for p in paths[:jobs]]
+        for i in range(len(paths)):
+            res = ray.get(refs[i])
+            if i + jobs < len(paths):
+                refs.append(task.remote(paths[i + jobs], settings))
+            refs[i] = None
+            yield res
+    except ray.exceptions.RayTaskError as err:
+        cause = err.cause if isinstance(getattr(err, "cause", None), InputError) else None
+        if cause is not None:
+            raise cause from None
+        raise
+    finally:
+        if started:
+            ray.shutdown()
+
+
+RUNNERS: Registry[Callable] = Registry("stats runner")
+RUNNERS.add("local", _local)
+RUNNERS.add("ray", _ray)
+
+
+def check_shards(paths: list) -> None:
+    """One line, before any work, when a shard is unreadable or of another model than the
+    first (`TraceMeta.first_difference`)."""
+    from sempar.trace.io import read_header
+
+    first = None
+    for p in paths:
+        meta = read_header(p)[2]
+        if first is None:
+            first = (p, meta)
+            continue
+        diff = first[1].first_difference(meta)
+        if diff:
+            raise InputError(f"{p}: another model than {first[0]} ({diff}: "
+                             f"{getattr(meta, diff)!r} vs {getattr(first[1], diff)!r}); "
+                             f"shards of one trace only")
+
+
+def build_stats(paths: list[str], settings: StatsSettings, *, runner: str = "local",
+                jobs: int = 1, ray_address: str | None = None,
+                progress: Callable[[int], None] | None = None) -> RoutingStats:
+    """The stats of the concatenation of the trace files `paths`, in order (module docstring).
+    `progress(1)` is called as each shard is merged."""
+    run = RUNNERS.get(runner)
+    check_shards(paths)
+    out = None
+    for i, stats in enumerate(run(list(map(str, paths)), settings, max(1, jobs),
+                                              ray_address)):
+        out = stats if out is None else merge(out, stats, str(paths[i]))
+        if progress:
+            progress(1)
+    return out
