@@ -16,11 +16,18 @@ Peak dense BF16 FLOP/s, HBM (or GDDR) bytes/s and memory from the vendors' data 
 Real kernels reach a fraction of peak: `flops_eff` and `bw_eff` (ours: 0.6 of peak FLOP/s, 0.8 of
 peak bandwidth, the usual figures of large BF16 GEMMs and streaming reads on these parts).
 `mem_util` is the share of memory the engine may use (SGLang's `--mem-fraction-static` 0.9).
+
+The roofline is corrected by measurements where an accelerator profile exists
+(`serving/accel_profile.py`: `profile` names one loaded from `--accelerator-profile`, else the
+shipped `assets/accelerators/<name>.json` is used); GPUs without one keep the roofline plus the
+fixed per-kernel cost fitted on the shipped H100 profile (`launch_floor`; not for `cpu`).
+`compute_scale` multiplies every compute time (the report's sensitivity line: 1.3 = 30 % slower).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from sempar.registry import Registry
 
@@ -36,6 +43,9 @@ class Accelerator:
     flops_eff: float = 0.6
     bw_eff: float = 0.8
     mem_util: float = 0.9
+    launch_floor: bool = True           # GPUs: a fixed cost per kernel block (accel_profile.py)
+    compute_scale: float = 1.0          # every compute time x this (sensitivity)
+    profile: Any = field(default=None, compare=False, repr=False)   # AcceleratorProfile | None
 
     @property
     def eff_flops(self) -> float:
@@ -53,6 +63,7 @@ for _a in (
     Accelerator("h200", 989 * TERA, 4800 * GIGA, 141 * GIGA),
     Accelerator("smoe-a", 148 * TERA, 4000 * GIGA, 96 * GIGA),
     Accelerator("smoe-b", 362 * TERA, 864 * GIGA, 48 * GIGA),
-    Accelerator("cpu", 0.1 * TERA, 20 * GIGA, 16 * GIGA, flops_eff=1.0, bw_eff=1.0),
+    Accelerator("cpu", 0.1 * TERA, 20 * GIGA, 16 * GIGA, flops_eff=1.0, bw_eff=1.0,
+                launch_floor=False),
 ):
     ACCELERATORS.add(_a.name, _a)
