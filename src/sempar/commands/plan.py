@@ -16,6 +16,7 @@ from sempar.commands._options import (COLLECTIVES_HELP, RATES, budget_option, du
                                       slo_option, solvers)
 from sempar.bounds import REDUNDANT_MAX, Bounds, NumberList, bound
 from sempar.commands._options import collectives as check_collectives
+from sempar.commands._options import accelerator_profile_option
 
 
 def _names(s: Optional[str]) -> Optional[list[str]]:
@@ -33,6 +34,7 @@ def register(app: typer.Typer) -> None:
                                              "the trace's model)"),
         topology: str = typer.Option("pcie-upi8", "--topology", help="preset or topology JSON"),
         accelerator: str = typer.Option("h100", "--accelerator"),
+        accelerator_profile: Optional[Path] = accelerator_profile_option(),
         ep: Optional[str] = ep_list_option("EP sizes to try, comma-separated (default: "
                                                  "the topology's devices)"),
         slo: Optional[str] = slo_option("SLOs in seconds, e.g. e2e=10,ttft=0.5 (default: ttft "
@@ -75,7 +77,7 @@ def register(app: typer.Typer) -> None:
 
         def make_fc(G):
             fcs[G] = forecaster(trace, preset, topology, accelerator, G, None, budget, max_running,
-                                seed, collectives)
+                                seed, collectives, accelerator_profile)
             return fcs[G]
 
         eps = [make_fc(G).G for G in eps]
@@ -117,6 +119,11 @@ def print_plan(res: dict) -> None:
     out.print(t)
     if res["choice"].get("text"):
         out.print(res["choice"]["text"], soft_wrap=True)
+    from sempar.serving.sensitivity import sensitivity_text
+
+    for line in (f"compute: {res.get('compute_model', '')}", sensitivity_text(res)):
+        if line.strip() != "compute:":
+            out.print(line, soft_wrap=True, markup=False, highlight=False)
     if res["ranked"]:
         out.print("deploy the recommended one:")
         for c in res["ranked"][0]["commands"]:

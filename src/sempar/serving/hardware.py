@@ -20,7 +20,8 @@ peak bandwidth, the usual figures of large BF16 GEMMs and streaming reads on the
 The roofline is corrected by measurements where an accelerator profile exists
 (`serving/accel_profile.py`: `profile` names one loaded from `--accelerator-profile`, else the
 shipped `assets/accelerators/<name>.json` is used); GPUs without one keep the roofline plus the
-fixed per-kernel cost fitted on the shipped H100 profile (`launch_floor`; not for `cpu`).
+fixed per-kernel cost fitted on the shipped H100 profile (`launch_floor`: the GPUs here; not
+`cpu` nor accelerators built elsewhere, e.g. benchcheck's measured CPU).
 `compute_scale` multiplies every compute time (the report's sensitivity line: 1.3 = 30 % slower).
 """
 
@@ -43,7 +44,7 @@ class Accelerator:
     flops_eff: float = 0.6
     bw_eff: float = 0.8
     mem_util: float = 0.9
-    launch_floor: bool = True           # GPUs: a fixed cost per kernel block (accel_profile.py)
+    launch_floor: bool = False          # the GPUs below: a fixed cost per kernel block (calibration.py)
     compute_scale: float = 1.0          # every compute time x this (sensitivity)
     profile: Any = field(default=None, compare=False, repr=False)   # AcceleratorProfile | None
 
@@ -58,12 +59,11 @@ class Accelerator:
 
 ACCELERATORS: Registry[Accelerator] = Registry("accelerator")
 for _a in (
-    Accelerator("a100", 312 * TERA, 2039 * GIGA, 80 * GIGA),
-    Accelerator("h100", 989 * TERA, 3350 * GIGA, 80 * GIGA),
-    Accelerator("h200", 989 * TERA, 4800 * GIGA, 141 * GIGA),
-    Accelerator("smoe-a", 148 * TERA, 4000 * GIGA, 96 * GIGA),
-    Accelerator("smoe-b", 362 * TERA, 864 * GIGA, 48 * GIGA),
-    Accelerator("cpu", 0.1 * TERA, 20 * GIGA, 16 * GIGA, flops_eff=1.0, bw_eff=1.0,
-                launch_floor=False),
+    Accelerator("a100", 312 * TERA, 2039 * GIGA, 80 * GIGA, launch_floor=True),
+    Accelerator("h100", 989 * TERA, 3350 * GIGA, 80 * GIGA, launch_floor=True),
+    Accelerator("h200", 989 * TERA, 4800 * GIGA, 141 * GIGA, launch_floor=True),
+    Accelerator("smoe-a", 148 * TERA, 4000 * GIGA, 96 * GIGA, launch_floor=True),
+    Accelerator("smoe-b", 362 * TERA, 864 * GIGA, 48 * GIGA, launch_floor=True),
+    Accelerator("cpu", 0.1 * TERA, 20 * GIGA, 16 * GIGA, flops_eff=1.0, bw_eff=1.0),
 ):
     ACCELERATORS.add(_a.name, _a)

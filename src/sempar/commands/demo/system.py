@@ -150,6 +150,7 @@ def stage_serve(ctx: DemoContext) -> dict | None:
     """Serving plan on real-model routing (sempar.serving.demo); its answer opens the report.
     Skipped (said in the report) without shared/data/real."""
     from sempar.paths import real_data_dir
-    from sempar.serving.demo import run_stage
+    from sempar.serving.demo import DemoServeConfig, run_stage
 
-    return run_stage(ctx, real_data_dir())
+    prof = str(ctx.accelerator_profile) if ctx.accelerator_profile else None
+    return run_stage(ctx, real_data_dir(), DemoServeConfig(accelerator_profile=prof))
