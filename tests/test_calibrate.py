@@ -138,3 +138,11 @@ def test_profile_schema_refusals():
         mutate(bad)
         with pytest.raises(InputError, match=word):
             profile_from_json(bad)
+
+
+@pytest.mark.parametrize("args, word", [(("--reps", "nan"), "--reps"), (("--max-seconds", "0"), "--max-seconds"),
+                                        (("--device", "tpu"), "--device")])
+def test_calibrate_options_refused_in_one_line(tmp_path, args, word):
+    r = _run("-m", "sempar", "calibrate", "--out", str(tmp_path / "p.json"), *args)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and word in r.stderr
+    assert not (tmp_path / "p.json").exists()
