@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-TOP = ("sempar.cli", "sempar.commands")
+TOP = ("sempar.cli", "sempar.commands", "sempar.__main__")   # __main__: `python -m sempar`
 # The data flow of design.md, left to right: trace (capture/ writes traces from a running
 # engine, so it sits right after) -> affinity (predictors in predict/) ->
 # placement -> schedule -> comm / runtime -> report; the testbed, the serving and chiplet

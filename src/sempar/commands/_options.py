@@ -365,3 +365,9 @@ def serving_systems() -> Any:
     from sempar.serving.systems import SYSTEMS
 
     return SYSTEMS
+
+
+def accelerator_profile_option() -> Any:
+    return typer.Option(None, "--accelerator-profile", help="an accelerator profile (JSON, "
+                        "`sempar calibrate`) pricing compute; default: the one shipped for "
+                        "--accelerator (h100), else roofline + fixed per-kernel cost")

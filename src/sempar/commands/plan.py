@@ -18,6 +18,7 @@ from sempar.commands._options import (COLLECTIVES_HELP, RATES, accelerators, bud
 from sempar.bounds import REDUNDANT_MAX, Bounds, NumberList, bound
 from sempar.commands._options import collectives as check_collectives
 from sempar.model_presets import names as preset_names
+from sempar.commands._options import accelerator_profile_option
 
 
 def _names(s: Optional[str]) -> Optional[list[str]]:
@@ -37,6 +38,7 @@ def register(app: typer.Typer) -> None:
         topology: str = typer.Option("pcie-upi8", "--topology", help="preset or topology JSON"),
         accelerator: str = names_option("h100", "--accelerator", accelerators, single=True,
                                         help="accelerator"),
+        accelerator_profile: Optional[Path] = accelerator_profile_option(),
         ep: Optional[str] = ep_list_option("EP sizes to try, comma-separated (default: "
                                                  "the topology's devices)"),
         slo: Optional[str] = slo_option("SLOs in seconds, e.g. e2e=10,ttft=0.5 (default: ttft "
@@ -79,7 +81,7 @@ def register(app: typer.Typer) -> None:
 
         def make_fc(G):
             fcs[G] = forecaster(trace, preset, topology, accelerator, G, None, budget, max_running,
-                                seed, collectives)
+                                seed, collectives, accelerator_profile)
             return fcs[G]
 
         eps = [make_fc(G).G for G in eps]
@@ -121,6 +123,11 @@ def print_plan(res: dict) -> None:
     out.print(t)
     if res["choice"].get("text"):
         out.print(res["choice"]["text"], soft_wrap=True)
+    from sempar.serving.sensitivity import sensitivity_text
+
+    for line in (f"compute: {res.get('compute_model', '')}", sensitivity_text(res)):
+        if line.strip() != "compute:":
+            out.print(line, soft_wrap=True, markup=False, highlight=False)
     if res["ranked"]:
         out.print("deploy the recommended one:")
         for c in res["ranked"][0]["commands"]:

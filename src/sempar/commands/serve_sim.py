@@ -9,8 +9,8 @@ from typing import Optional
 
 import typer
 
-from sempar.commands._options import (COLLECTIVES_HELP, RATES, accelerators, budget_option,
-                                      duration_option,
+from sempar.commands._options import (COLLECTIVES_HELP, RATES, accelerator_profile_option,
+                                      accelerators, budget_option, duration_option,
                                       ep_option, input_len_option, json_option,
                                       max_running_option, names_option, nodes_option,
                                       output_len_option, rates_option, seed_option,
@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
         nodes: Optional[int] = nodes_option(None, "nodes of a scalable preset"),
         accelerator: str = names_option("h100", "--accelerator", accelerators, single=True,
                                         help="accelerator"),
+        accelerator_profile: Optional[Path] = accelerator_profile_option(),
         ep: Optional[int] = ep_option(None, "EP degree G (default: the topology's devices)"),
         systems: str = names_option("all", "--systems", serving_systems, words=("all",),
                                     help="all, or a comma-separated list; the first of each "
@@ -75,11 +76,14 @@ def register(app: typer.Typer) -> None:
         if arr is not None:
             check_requests([float(arr.size)], 1.0, "--arrivals")
         fc = forecaster(trace, preset, topology, accelerator, ep, nodes, budget, max_running, seed,
-                        collectives)
+                        collectives, accelerator_profile)
         n_steps = len(names) * (1 + (len(rate_list) if rate_list else 10))
         with steps("serve-sim", n_steps) as step:
             res = compare(fc, names, rate_list, duration, lengths, input_len, output_len,
                           slo_scale, given, arr, progress=step)
+        from sempar.serving.accel_profile import compute_model
+
+        res["compute_model"] = compute_model(fc.acc)
         if plot is not None:
             from sempar.serving.plots import plot_curves
 
@@ -126,3 +130,5 @@ def print_result(res: dict) -> None:
                   *[_interval(s.get("search", {}).get(k), s["max_rate_under_slo"][k]) for k in SLO_KEYS],
                   *[_r(s["throughput_under_slo"][k], "{:.0f}") for k in SLO_KEYS])
     out.print(t)
+    if res.get("compute_model"):
+        out.print(f"compute: {res['compute_model']}")

@@ -18,7 +18,7 @@ from pathlib import Path
 from sempar.comm.topology_presets import load_topology
 from sempar.serving.dims import model_dims
 from sempar.serving.forecast import Forecaster
-from sempar.serving.hardware import ACCELERATORS
+from sempar.serving.setup import accelerator_for
 from sempar.serving.plan import plan
 from sempar.serving.slo_search import SearchConfig
 
@@ -40,6 +40,7 @@ class DemoServeConfig:
         DemoCase("gpt-oss-20b", ("vanilla", "eplb", "sempar")))
     topologies: tuple[str, ...] = ("pcie-upi8", "a100x4-ib")
     accelerator: str = "h100"
+    accelerator_profile: str | None = None   # a profile file; None: the shipped one
     pipelines: tuple[str, ...] = ("sglang-ep", "smoe-exact")
     policies: tuple[str, ...] = ("round-robin", "balanced")
     duration: float = 4.0
@@ -72,7 +73,7 @@ def plan_case(trace_file: Path, printed: str, topology: str, cfg: DemoServeConfi
 
     tr = read_trace(trace_file)
     fc = Forecaster(tr, model_dims(tr.meta.model), load_topology(topology),
-                    ACCELERATORS.get(cfg.accelerator))
+                    accelerator_for(cfg.accelerator, cfg.accelerator_profile))
     if fc_cache is not None:
         fc.share_placements(fc_cache.setdefault((str(trace_file), fc.G, fc.topo.num_nodes), fc))
     return plan(lambda G: fc, [fc.G], printed, {}, n_rates=cfg.n_rates, duration=cfg.duration,
@@ -102,7 +103,7 @@ def run_stage(ctx, cfg: DemoServeConfig = DemoServeConfig()) -> dict | None:
     for res in results:
         evidence_section(ctx.report, res, Path(res["png"]))
     ctx.report.parts[:] = ctx.report.parts[n0:] + ctx.report.parts[:n0]   # the answer opens it
-    keep = ("model", "topology", "accelerator", "slos", "slo_keys", "rates", "noise", "choice",
+    keep = ("model", "topology", "accelerator", "compute_model", "sensitivity", "slos", "slo_keys", "rates", "noise", "choice",
             "attribution", "search", "budget", "wall_seconds")
     return {"cases": [{**{k: r[k] for k in keep},
                        "baseline": {k: v for k, v in r["baseline"].items() if k != "curve"},

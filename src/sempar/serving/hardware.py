@@ -16,11 +16,19 @@ Peak dense BF16 FLOP/s, HBM (or GDDR) bytes/s and memory from the vendors' data 
 Real kernels reach a fraction of peak: `flops_eff` and `bw_eff` (ours: 0.6 of peak FLOP/s, 0.8 of
 peak bandwidth, the usual figures of large BF16 GEMMs and streaming reads on these parts).
 `mem_util` is the share of memory the engine may use (SGLang's `--mem-fraction-static` 0.9).
+
+The roofline is corrected by measurements where an accelerator profile exists
+(`serving/accel_profile.py`: `profile` names one loaded from `--accelerator-profile`, else the
+shipped `assets/accelerators/<name>.json` is used); GPUs without one keep the roofline plus the
+fixed per-kernel cost fitted on the shipped H100 profile (`launch_floor`: the GPUs here; not
+`cpu` nor accelerators built elsewhere, e.g. benchcheck's measured CPU).
+`compute_scale` multiplies every compute time (the report's sensitivity line: 1.3 = 30 % slower).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from sempar.registry import Registry
 
@@ -36,6 +44,9 @@ class Accelerator:
     flops_eff: float = 0.6
     bw_eff: float = 0.8
     mem_util: float = 0.9
+    launch_floor: bool = False          # the GPUs below: a fixed cost per kernel block (calibration.py)
+    compute_scale: float = 1.0          # every compute time x this (sensitivity)
+    profile: Any = field(default=None, compare=False, repr=False)   # AcceleratorProfile | None
 
     @property
     def eff_flops(self) -> float:
@@ -48,11 +59,11 @@ class Accelerator:
 
 ACCELERATORS: Registry[Accelerator] = Registry("accelerator")
 for _a in (
-    Accelerator("a100", 312 * TERA, 2039 * GIGA, 80 * GIGA),
-    Accelerator("h100", 989 * TERA, 3350 * GIGA, 80 * GIGA),
-    Accelerator("h200", 989 * TERA, 4800 * GIGA, 141 * GIGA),
-    Accelerator("smoe-a", 148 * TERA, 4000 * GIGA, 96 * GIGA),
-    Accelerator("smoe-b", 362 * TERA, 864 * GIGA, 48 * GIGA),
+    Accelerator("a100", 312 * TERA, 2039 * GIGA, 80 * GIGA, launch_floor=True),
+    Accelerator("h100", 989 * TERA, 3350 * GIGA, 80 * GIGA, launch_floor=True),
+    Accelerator("h200", 989 * TERA, 4800 * GIGA, 141 * GIGA, launch_floor=True),
+    Accelerator("smoe-a", 148 * TERA, 4000 * GIGA, 96 * GIGA, launch_floor=True),
+    Accelerator("smoe-b", 362 * TERA, 864 * GIGA, 48 * GIGA, launch_floor=True),
     Accelerator("cpu", 0.1 * TERA, 20 * GIGA, 16 * GIGA, flops_eff=1.0, bw_eff=1.0),
 ):
     ACCELERATORS.add(_a.name, _a)

@@ -33,6 +33,8 @@ from sempar.serving.choose import choose
 from sempar.serving.deploy import commands, complexity
 from sempar.serving.forecast import clean, default_rates
 from sempar.serving.metrics import slos_from
+from sempar.serving.accel_profile import compute_model
+from sempar.serving.sensitivity import SCALES, compute_sensitivity
 from sempar.serving.slo_search import SearchConfig
 from sempar.serving.systems import Variant
 
@@ -74,11 +76,12 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
          output_len: int = 128, top: int = 4, methods=None, pipelines=None, policies=None,
          redundant=(0,), n_rates: int = 10, progress=None,
          search_cfg: SearchConfig = SearchConfig(), noise_streams: int = 1,
-         attribute: bool = False) -> dict:
+         attribute: bool = False, sensitivity: tuple[float, ...] = SCALES) -> dict:
     """make_fc(ep) -> Forecaster for that EP size. Returns the ranked deployments: each one's
     throughput under the SLO searched on the rate (slo_search.py), the forecast's noise, and
     the choice (choose.py); with `attribute`, what the recommended deployment's gain is made
-    of (`attribution`)."""
+    of (`attribution`); `sensitivity`: compute scales at which the recommended deployment's
+    gain is forecast again (sensitivity.py; () for none)."""
     t0 = time.perf_counter()
     fcs = {G: make_fc(G) for G in eps}
     served = ("fixed", input_len, output_len)      # DP policies rank by the served lengths
@@ -152,8 +155,17 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
     if attribute and ranked and ranked[0]["throughput_under_slo"]:
         _, G, v, _ = next(e for e in entries if e[0] is ranked[0])
         parts = attribution(fcs[G], v, ranked[0], bf, forecast, served, progress)
+    sens = []
+    if sensitivity and ranked and ranked[0]["throughput_under_slo"]:
+        _, G, v, _ = next(e for e in entries if e[0] is ranked[0])
+        sens = compute_sensitivity(
+            fcs[G], v, base_fc, BASELINE, served,
+            lambda fc, p: slos_from(fc.run_rate(p, rates[0], duration, *io), slo_scale, slo_given),
+            lambda fc, p, s: _forecast(fc, p, rates, s, keys, duration, io, search_cfg)[1],
+            sensitivity, progress)
     return clean({"model": base_fc.dims.name, "topology": base_fc.topo.name,
-                  "accelerator": base_fc.acc.name, "eps": eps, "slos": slos, "slo_keys": list(keys),
+                  "accelerator": base_fc.acc.name, "compute_model": compute_model(base_fc.acc),
+                  "sensitivity": sens, "eps": eps, "slos": slos, "slo_keys": list(keys),
                   "rates": rates, "ranked": ranked, "noise": noise, "noise_spread": spread,
                   "choice": choice,
                   "search": {"tolerance": search_cfg.tolerance, "max_steps": search_cfg.max_steps},

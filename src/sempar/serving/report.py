@@ -8,8 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 
-CAVEATS = ("How sure: the forecast is a model, not a measurement. Compute is a roofline at 60% "
-           "of peak FLOP/s and 80% of peak bandwidth (serving/hardware.py), communication is "
+CAVEATS = ("How sure: the forecast is a model, not a measurement. Compute is priced per operator "
+           "block from the accelerator's measured profile (fixed cost + roofline x measured "
+           "efficiency, serving/calibration.py; without a profile the roofline at 60% of peak "
+           "FLOP/s and 80% of peak bandwidth plus a fixed per-kernel cost), communication is "
            "sempar.comm's alpha-beta model of the topology on the trace's real routing, and "
            "iterations draw their tokens at random from the held-out 80% of the trace. Gaps it "
            "cannot see: kernel launch and scheduler overheads, overlap of communication with "
@@ -56,7 +58,7 @@ def _made_of(res: dict) -> str:
 def answer_section(report, results: list[dict]) -> None:
     """The report's opening: per model and topology, the recommended deployment, its gain over
     SGLang's launch under each SLO with its interval, what the gain is made of; then how sure."""
-    report.heading("Answer: what to deploy (forecast, H100 roofline)")
+    report.heading("Answer: what to deploy (forecast)")
     rows = []
     for res in results:
         base, win = res["baseline"], res["ranked"][0] if res["ranked"] else None
@@ -87,6 +89,14 @@ def answer_section(report, results: list[dict]) -> None:
         "misses, and the reverse). The noise is the spread of the figures over another arrival "
         "stream; deployments within it count as tied and the simpler one is recommended. "
         + "The f" + CAVEATS.removeprefix("How sure: the f"))
+    from sempar.serving.sensitivity import sensitivity_text
+
+    for res in results:
+        lines = [x for x in (f"Compute for {res['model']} on {res['topology']}: "
+                             f"{res['compute_model']}." if res.get("compute_model") else "",
+                             sensitivity_text(res)) if x]
+        if lines:
+            report.paragraph(" ".join(lines))
 
 
 def evidence_section(report, res: dict, png: Path | None) -> None:

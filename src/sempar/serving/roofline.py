@@ -1,22 +1,25 @@
-"""Compute time of one serving iteration from a roofline (the execution-time predictor).
+"""Compute time of one serving iteration (the execution-time predictor's compute part).
 
-Every operator costs max(FLOPs / (peak x flops_eff), bytes / (bandwidth x bw_eff)) on one device
-(the roofline); an iteration runs every layer once over the batch of that iteration. Per layer:
+Each operator block (roof_parts.py: attention, router + shared experts, routed experts, dense
+MLP, LM head) costs its plain roofline, max(FLOPs / (peak x flops_eff), bytes / (bandwidth x
+bw_eff)), corrected by the accelerator's measured profile where one exists: t = F_op +
+roofline x s(tokens), F_op the fixed cost of the block and s the measured efficiency,
+interpolated (calibration.py, accel_profile.py); without a profile s = 1 and F_op is the
+fixed per-kernel cost fitted on the shipped H100 profile (GPUs; none for `cpu`). An iteration
+runs every layer once over the batch of that iteration. Per layer:
 
-- attention projections: 2 x attn_params FLOPs per token, the weights read once;
-- attention core: `attn_flops_ctx` FLOPs per (query, cached token) pair; bytes: the KV cache each
-  request reads (decode: its whole context; a prefill chunk: its context so far plus the chunk);
-- dense layers' MLP, shared experts, router (h x N): like the projections;
-- routed experts (`expert_seconds`): per device, 6 x h x I FLOPs per (token, expert) copy it
-  serves and 3 x h x I weights read per distinct expert it activates; the layer waits for the
-  slowest device;
-- the LM head: 2 x h x V FLOPs per token that samples (decodes, and prefills that finish), its
-  weights read once per iteration.
+- attention projections and core over the KV cache (decode: its whole context; a prefill
+  chunk: its context so far plus the chunk);
+- dense layers' MLP, shared experts, router (h x N);
+- routed experts (`expert_seconds`): per device, from the token-expert copies it serves and
+  the distinct experts it activates; the MoE block's fixed cost is paid by every device with
+  copies; the layer waits for the slowest device;
+- the LM head over the tokens that sample (decodes, and prefills that finish).
 
 Attention-DP: every rank runs its own requests with the full attention weights, and every MoE
 layer waits for the slowest rank. Attention-TP: the G devices split heads and weights (FLOPs,
-weights and KV reads / G) of one batch. Activations are not counted (small against weights and
-KV at these sizes); kernels are assumed to overlap nothing and launch for free (choices ours).
+weights and KV reads / G) of one batch. `Accelerator.compute_scale` multiplies every compute
+time (the report's sensitivity line). Kernels are assumed to overlap nothing (choice ours).
 """
 
 from __future__ import annotations
@@ -25,14 +28,10 @@ from dataclasses import KW_ONLY, dataclass
 
 import numpy as np
 
+from sempar.serving.calibration import Calibration
 from sempar.serving.dims import ModelDims
 from sempar.serving.hardware import Accelerator
-
-
-def roof(flops, nbytes, acc: Accelerator):
-    """Seconds: max of compute and memory time (numpy broadcasting)."""
-    return np.maximum(np.asarray(flops, np.float64) / acc.eff_flops,
-                      np.asarray(nbytes, np.float64) / acc.eff_bw)
+from sempar.serving.roof_parts import RoofParts, roof  # noqa: F401  (roof: re-exported)
 
 
 @dataclass
@@ -46,43 +45,62 @@ class Roofline:
     tp: bool
 
     def __post_init__(self) -> None:
-        d, w = self.dims, self.dims.dtype_bytes
-        s = self.G if self.tp else 1
-        P, hN, hV = d.attn_params, d.hidden * d.num_experts, d.hidden * d.vocab
-        F, B = self.acc.eff_flops, self.acc.eff_bw
-        # (seconds per FLOP-driving unit, seconds per byte-driving unit) of: projections,
-        # attention core, router, shared experts, dense MLP, LM head
-        self._c = [(2 * P / s / F, P * w / s / B), (d.attn_flops_ctx / s / F, d.kv_elems * w / s / B),
-                   (2 * hN / F, hN * w / B), (2 * d.shared_params / s / F, d.shared_params * w / s / B),
-                   (2 * d.dense_mlp_params / s / F, d.dense_mlp_params * w / s / B),
-                   (2 * hV / s / F, hV * w / s / B)]
+        self.parts = RoofParts(self.dims, self.acc, self.G if self.tp else 1)
+        self.cal = Calibration(self.dims, self.acc, self.G)
+        self._k = float(self.acc.compute_scale)
 
+    # ---- blocks (the units a profile measures; `sempar calibrate check` prices them here) ---
+    def attention_seconds(self, prefill, decode, attn_ctx, kv_read) -> np.ndarray:
+        """One attention layer of each instance: prefill / decode tokens, attn_ctx = sum over
+        query tokens of their context, kv_read = cached tokens read (float64 arrays)."""
+        n = np.asarray(prefill, np.float64) + decode
+        s = self.cal.attention_s(prefill, decode, np.asarray(attn_ctx) / np.maximum(n, 1e-12))
+        t = self.parts.attention(n, attn_ctx, kv_read) * s + self.cal.fixed["attention"] * (n > 0)
+        return t * self._k
+
+    def router_shared_seconds(self, n) -> np.ndarray:
+        """Router and shared experts over the n tokens an instance routes (the MoE block's
+        efficiency at its n x top_k copies; its fixed cost is in `expert_device_seconds`)."""
+        n = np.asarray(n, np.float64)
+        return self.parts.router_shared(n) * self.cal.s("moe_block", n * self.dims.top_k) * self._k
+
+    def expert_device_seconds(self, copies, active) -> np.ndarray:
+        """Routed experts of each device (float arrays of copies and active experts)."""
+        c = np.asarray(copies, np.float64)
+        t = self.parts.experts(c, active) * self.cal.s("moe_block", c)
+        return (t + self.cal.fixed["moe_block"] * (c > 0)) * self._k
+
+    def dense_mlp_seconds(self, n) -> np.ndarray:
+        n = np.asarray(n, np.float64)
+        t = self.parts.dense_mlp(n) * self.cal.s("dense_mlp", n)
+        return (t + self.cal.fixed["dense_mlp"] * (n > 0)) * self._k
+
+    def head_seconds(self, sampled) -> np.ndarray:
+        s = np.asarray(sampled, np.float64)
+        t = self.parts.head(s) * self.cal.s("lm_head", s)
+        return (t + self.cal.fixed["lm_head"] * (s > 0)) * self._k
+
+    # ---- one iteration ------------------------------------------------------------------------
     def dense_seconds(self, prefill, decode, attn_ctx, kv_read, sampled) -> np.ndarray:
         """Seconds of everything but the routed experts and communication, float64[K], for K
         iterations given as float64[K, I] arrays per attention instance (DP: I = G ranks; TP:
         I = 1 group): prefill / decode tokens, attn_ctx = sum over query tokens of their context
         length, kv_read = cached tokens read, sampled = tokens that produce an output token."""
         n = prefill + decode
-        live = n > 0
-        (pf, pb), (af, ab), (rf, rb), (sf, sb), (mf, mb), (hf, hb) = self._c
-        attn = np.maximum(pf * n, pb * live) + np.maximum(af * attn_ctx, ab * kv_read)
-        moe = attn + np.maximum(rf * n, rb * live)
-        if sf:
-            moe += np.maximum(sf * n, sb * live)
+        attn = self.attention_seconds(prefill, decode, attn_ctx, kv_read)
+        moe = attn + self.router_shared_seconds(n)
         d = self.dims
         # MoE layers wait for the slowest instance before their all-to-all (Attention-DP).
-        out = d.moe_layers * moe.max(axis=-1) + np.maximum(hf * sampled, hb * (sampled > 0)).max(axis=-1)
+        out = d.moe_layers * moe.max(axis=-1) + self.head_seconds(sampled).max(axis=-1)
         if d.dense_layers:
-            out += d.dense_layers * (attn + np.maximum(mf * n, mb * live)).max(axis=-1)
+            out += d.dense_layers * (attn + self.dense_mlp_seconds(n)).max(axis=-1)
         return out
 
     def expert_seconds(self, copies: np.ndarray, active: np.ndarray) -> np.ndarray:
         """Seconds of the routed experts: copies, active float[..., L, G] (token-expert copies
         served, distinct experts activated per device and layer) -> float[...] summed over
         layers of the slowest device."""
-        d = self.dims
-        t = roof(2 * d.expert_params * copies, d.expert_params * d.dtype_bytes * active, self.acc)
-        return t.max(axis=-1).sum(axis=-1)
+        return self.expert_device_seconds(copies, active).max(axis=-1).sum(axis=-1)
 
     # ---- memory ---------------------------------------------------------------------------
     def weight_bytes(self, slots_per_device: int) -> float:

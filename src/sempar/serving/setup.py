@@ -60,18 +60,32 @@ def parse_slo(s: str | None) -> dict:
     return out
 
 
+def accelerator_for(name: str, profile: Path | None = None):
+    """The accelerator `name` with the profile at `profile` attached (`--accelerator-profile`);
+    without one the forecast uses the shipped profile of `name`, if any (accel_profile.py)."""
+    from dataclasses import replace
+
+    from sempar.serving.hardware import ACCELERATORS
+
+    acc = ACCELERATORS.get(name)
+    if profile is None:
+        return acc
+    from sempar.serving.accel_profile import load_profile
+
+    return replace(acc, profile=load_profile(profile))
+
+
 def forecaster(trace: Path, preset: str | None, topology: str, accelerator: str, ep: int | None,
                nodes: int | None = None, budget: int = 2048, max_running: int = 128, seed: int = 0,
-               collectives: str | None = None):
+               collectives: str | None = None, profile: Path | None = None):
     """The Forecaster of a verb's options; `collectives` names the collective model (None: the
-    topology's, comm/collective_models.py)."""
+    topology's, comm/collective_models.py); `profile` an accelerator profile file."""
     from sempar.serving.dims import model_dims
     from sempar.serving.forecast import Forecaster
-    from sempar.serving.hardware import ACCELERATORS
     from sempar.solve_options import SolveOptions
     from sempar.trace import read_trace
 
-    acc = ACCELERATORS.get(accelerator)
+    acc = accelerator_for(accelerator, profile)
     topo = topology_for(topology, ep, nodes)
     tr = read_trace(trace)
     dims = model_dims(preset or tr.meta.model)

@@ -17,14 +17,15 @@ from sempar.console import json_text
 from sempar.report.html import HtmlReport
 
 
-def run_demo(out_dir: Path, force: bool = False) -> dict:
+def run_demo(out_dir: Path, force: bool = False, accelerator_profile: Path | None = None) -> dict:
     """Run all stages; write out_dir/report.html and out_dir/summary.json. Returns the summary.
 
     The folder is written by the output rule of `sempar.atomic.atomic_folder`: a non-empty
     folder sempar did not write is refused (or moved aside with `force`), never deleted."""
     summary: dict = {"stages": {}, "seconds": {}}
     with atomic_folder(out_dir, "demo", force=force) as tmp:
-        ctx = DemoContext(work=Path(tmp), report=HtmlReport("sempar demo"), out=Path(out_dir))
+        ctx = DemoContext(work=Path(tmp), report=HtmlReport("sempar demo"), out=Path(out_dir),
+                          accelerator_profile=accelerator_profile)
         with steps("demo", len(STAGES)) as step:
             for name in STAGES:
                 step(name)

@@ -29,6 +29,7 @@ class DemoContext:
     out: Path | None = None         # the --out folder: where printed commands find its files
     results: dict = field(default_factory=dict)
     step: Callable[[str], None] = lambda _m: None
+    accelerator_profile: Path | None = None   # --accelerator-profile (serve stage)
 
 
 STAGES: Registry[Callable[[DemoContext], dict | None]] = Registry("demo stage")

@@ -149,6 +149,7 @@ def stage_bench(ctx: DemoContext) -> dict | None:
 def stage_serve(ctx: DemoContext) -> dict | None:
     """Serving plan on the packaged real-model routing (sempar.serving.demo); its answer opens
     the report."""
-    from sempar.serving.demo import run_stage
+    from sempar.serving.demo import DemoServeConfig, run_stage
 
-    return run_stage(ctx)
+    prof = str(ctx.accelerator_profile) if ctx.accelerator_profile else None
+    return run_stage(ctx, DemoServeConfig(accelerator_profile=prof))
