@@ -22,7 +22,7 @@ from typing import Optional
 import typer
 
 from sempar.bounds import bound
-from sempar.commands._options import json_option
+from sempar.commands._options import accelerators, json_option, names_option
 
 cal_app = typer.Typer(add_completion=False, help="Measure the forecast's operator blocks on "
                       "this device (an accelerator profile); check the forecast against "
@@ -78,9 +78,9 @@ def calibrate_cmd(
                                          "(default: every preset; cpu: tiny-moe64)"),
     model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="a checkpoint folder "
                                              "whose config.json gives the shapes"),
-    accelerator: Optional[str] = typer.Option(None, "--accelerator", help="the registered "
-                                              "accelerator the profile is for (default: from "
-                                              "the device's name)"),
+    accelerator: Optional[str] = names_option(None, "--accelerator", accelerators, single=True,
+                                              help="the registered accelerator the profile is "
+                                                   "for (default: from the device's name)"),
     lines_out: Optional[Path] = typer.Option(None, "--measurements-out", help="also write the "
                                              "measurement lines (JSONL, `calibrate check`'s input)"),
     reps: int = typer.Option(20, "--reps", help="timed replays per case (the median is kept)",
@@ -175,7 +175,8 @@ def calibrate_cmd(
 
 @cal_app.command("check")
 def check_cmd(
-    accelerator: str = typer.Option("h100", "--accelerator", help="the accelerator forecast"),
+    accelerator: str = names_option("h100", "--accelerator", accelerators, single=True,
+                                    help="the accelerator forecast"),
     profile: Optional[Path] = typer.Option(None, "--accelerator-profile", help="a profile "
                                            "instead of the shipped one"),
     measurements: list[Path] = typer.Option(..., "--measurements", help="measurement lines "
@@ -233,8 +234,8 @@ def check_cmd(
 def convert_cmd(
     measurements: list[Path] = typer.Option(..., "--measurements", help="measurement lines "
                                             "(JSONL); repeatable"),
-    accelerator: str = typer.Option("h100", "--accelerator", help="the accelerator the "
-                                    "profile is for"),
+    accelerator: str = names_option("h100", "--accelerator", accelerators, single=True,
+                                    help="the accelerator the profile is for"),
     out_path: Path = typer.Option(..., "--out", help="the profile to write (JSON)"),
     date: Optional[str] = typer.Option(None, "--date", help="when the lines were measured "
                                        "(default: the files' header, else unknown)"),
