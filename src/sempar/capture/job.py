@@ -99,8 +99,9 @@ def _previous(out: Path, capture: dict[str, Any]) -> TraceMeta | None:
 
     try:
         _, _, meta = read_header(out)
-    except InputError:
-        return None
+    except InputError as err:       # never replaced: a capture resumes only its own traces
+        raise InputError(f"--out {out}: exists and is not a trace `sempar capture` can resume "
+                         f"({str(err)[:200]}); give another --out") from None
     finally:
         release_input(out)          # our own earlier output: rewritten below, with its rows
     prev = meta.extra.get("capture") if isinstance(meta.extra, dict) else None
