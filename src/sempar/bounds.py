@@ -56,6 +56,19 @@ MICRO_SLICE_WORK_MAX = 100 * 64**3
 SCALE_MAX = 1e6                 # --slo-scale: SLO = scale x the lightest-load latency
 
 
+def token_ids(value: Any, what: str, error: type[Exception] = InputError) -> list[int]:
+    """`value` when it is a list of token ids (JSON integers in [0, VOCAB_MAX): int32 with
+    room), else `error` naming `what`. A JSON boolean is not an id (Python's True is an int),
+    and an id of 2^32 + 5 is refused rather than stored as 5 by a narrowing cast."""
+    if not isinstance(value, list) or not all(
+            type(t) is int and 0 <= t < VOCAB_MAX for t in value):
+        bad = next((t for t in value if not (type(t) is int and 0 <= t < VOCAB_MAX)), None) \
+            if isinstance(value, list) else value
+        raise error(f"{what}: not a list of token ids (integers in [0, {VOCAB_MAX}); found "
+                    f"{str(bad)[:40]})")
+    return value
+
+
 @dataclass(frozen=True)
 class Bounds:
     """What a bounded option accepts: lo <= v <= hi (open ends strict), integers only with

@@ -57,10 +57,9 @@ ENGINES: Registry[EngineSpec] = Registry("engine")
 
 
 def _ids(value: Any, what: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                              and t >= 0 for t in value):
-        raise InputError(f"{what}: not a list of token ids")
-    return value
+    from sempar.bounds import token_ids
+
+    return token_ids(value, what)
 
 
 def _count(value: Any, what: str) -> int:
