@@ -226,3 +226,32 @@ def test_bad_chat_templates_are_refused_at_start(tmp_path, template, config, mat
 
     with pytest.raises(InputError, match=match):
         PromptTokenizer(_model(tmp_path, template, config))
+
+
+# ---- kind 8: the file named on a full disk; the SGLang map's size bounded -----------------------
+
+def test_a_full_disk_names_the_trace(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+    from conftest import build_trace
+
+    from sempar.trace import write_trace
+
+    def full(self, *a, **k):
+        raise OSError("Error writing bytes to file. Detail: [errno 28] No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
+    with pytest.raises(OSError) as err:
+        write_trace(build_trace(), tmp_path / "t.parquet")
+    assert err.value.filename == str(tmp_path / "t.parquet") and err.value.errno == 28
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sglang_map_size_is_bounded():
+    from sempar.bounds import SGLANG_MAP_ENTRIES_MAX
+    from sempar.export.engines import ModelLayout, to_sglang
+    from sempar.placement.placement import Placement
+
+    p = Placement(np.tile(np.arange(4096), (2, 1)), 4096, 8)
+    layers = SGLANG_MAP_ENTRIES_MAX // 4096 + 1
+    with pytest.raises(InputError, match="map entries"):
+        to_sglang(p, ModelLayout(layers, (0, 1)))

@@ -164,7 +164,10 @@ class TraceWriter:
         cols.append(self._rows(experts, stored_dtype(self.meta), width))
         if weights is not None:
             cols.append(self._rows(weights, WEIGHT_DTYPE, width))
-        self._writer.write_table(pa.Table.from_arrays(cols, schema=self.schema))
+        try:
+            self._writer.write_table(pa.Table.from_arrays(cols, schema=self.schema))
+        except (OSError, pa.ArrowException) as err:
+            raise self._named(err) from None
         self.rows += T
         # Counting requests exactly needs their ids; blocks from generators and recorders
         # hold whole requests in order, so a set of the ids seen stays small enough.
@@ -189,8 +192,11 @@ class TraceWriter:
                 block = json.dumps(self._meta_block()).encode()
                 self._writer.add_key_value_metadata({META_KEY: block,
                                                      SUM_KEY: block_checksum(block)})
-            self._writer.close()
-            self._sink.close()
+            try:
+                self._writer.close()
+                self._sink.close()
+            except (OSError, pa.ArrowException) as err:
+                raise self._named(err) from None
         except BaseException as err:
             # The writer is finished here, and marked closed even if finishing fails (a full
             # disk): otherwise its __del__ retries on the closed sink and prints a traceback
@@ -202,6 +208,21 @@ class TraceWriter:
             self._ctx.__exit__(type(err), err, err.__traceback__)
             raise
         self._ctx.__exit__(exc_type, exc, tb)
+
+    def _named(self, err: BaseException) -> OSError:
+        """pyarrow's I/O error with the file it was writing named (its own message names none:
+        "Error writing bytes to file. Detail: [errno 28] No space left on device")."""
+        import errno as errnos
+        import re
+
+        code = getattr(err, "errno", None)
+        if code is None:
+            m = re.search(r"\[errno (\d+)\]", str(err), re.IGNORECASE)
+            code = int(m.group(1)) if m else None
+        what = os.strerror(code) if code else " ".join(str(err).split())[:200]
+        out = OSError(code or errnos.EIO, f"cannot write the trace ({what})")
+        out.filename = str(self.path)
+        return out
 
     def _meta_block(self) -> dict[str, Any]:
         return {"format_version": self.version, "meta": self.meta.to_json(),
