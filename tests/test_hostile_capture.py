@@ -255,3 +255,22 @@ def test_sglang_map_size_is_bounded():
     layers = SGLANG_MAP_ENTRIES_MAX // 4096 + 1
     with pytest.raises(InputError, match="map entries"):
         to_sglang(p, ModelLayout(layers, (0, 1)))
+
+
+# ---- kind 9: a preset's node count in ASCII; arrival times bounded --------------------------
+
+@pytest.mark.parametrize("name", ["pcie-upi8:²", "pcie-upi8:٨", "a100x4-ib:1e3", "a100x4-ib:99999999"])
+def test_topology_node_counts_are_ascii_integers(name):
+    from sempar.comm.topology_presets import load_topology
+
+    with pytest.raises(InputError, match="node count|nodes"):
+        load_topology(name)
+
+
+@pytest.mark.parametrize("text", ["1e308\n0\n", "[0, 1e300]", "[0, true]", "-1\n", "nan\n", "[[1]]"])
+def test_arrival_times_are_bounded(tmp_path, text):
+    from sempar.serving.workload import read_arrivals
+
+    (tmp_path / "a.txt").write_text(text)
+    with pytest.raises(InputError, match="--arrivals"):
+        read_arrivals(tmp_path / "a.txt")
