@@ -65,6 +65,9 @@ def evaluate(fit: Path = typer.Option(..., "--fit", help="trace the placements a
     else:
         fit_trace, eval_trace = whole, read_trace(eval_file, optional=("domain",))
     extra = home = None
+    from sempar.schedule.evaluate import check_evaluation
+
+    check_evaluation(fit_trace, eval_trace, (mode,), chunk_slack)   # before any model loads
     if online:
         from sempar.trace.schema import require_token_ids
 

@@ -70,6 +70,18 @@ def unconstrained_oracle_lar(placement: Placement, eval_: RoutingTrace) -> float
     return placement_figures(placement, eval_.experts, home)["lar_mean"]
 
 
+def check_evaluation(fit: RoutingTrace, eval_: RoutingTrace, modes: tuple[str, ...],
+                     chunk_slack: float = 0.0) -> None:
+    """The checks that need no model and no placement: `evaluate --online` runs them before it
+    loads the model's embedding (a refusal is then the only line on stderr)."""
+    check_slack(chunk_slack, "--chunk-slack")
+    for mode in modes:
+        if mode not in ATTENTION_MODES:
+            raise InputError(f"--mode: {mode!r} is not one of {', '.join(ATTENTION_MODES)}")
+    if fit.meta.first_difference(eval_.meta) is not None:
+        raise InputError("--eval: the eval trace's model shape differs from the fit trace's")
+
+
 def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int = 1,
                    methods: list[str] | None = None, modes: tuple[str, ...] = ATTENTION_MODES,
                    redundant: int = 0, seed: int = 0,
@@ -86,12 +98,7 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int, nodes: int =
     `extra(placement, mode)` adds keys to each deployable method's entry (`evaluate --online`
     passes the online schedulers' figures; the data flow keeps schedulers downstream of here).
     """
-    check_slack(chunk_slack, "--chunk-slack")
-    for mode in modes:
-        if mode not in ATTENTION_MODES:
-            raise InputError(f"--mode: {mode!r} is not one of {', '.join(ATTENTION_MODES)}")
-    if fit.meta.first_difference(eval_.meta) is not None:
-        raise InputError("--eval: the eval trace's model shape differs from the fit trace's")
+    check_evaluation(fit, eval_, modes, chunk_slack)
     if not (fit.meta.has_token_ids and eval_.meta.has_token_ids):
         # one side without ids: a token table fitted on the other would look up zeros
         fit, eval_ = without_token_ids(fit), without_token_ids(eval_)
