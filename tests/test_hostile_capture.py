@@ -274,3 +274,34 @@ def test_arrival_times_are_bounded(tmp_path, text):
     (tmp_path / "a.txt").write_text(text)
     with pytest.raises(InputError, match="--arrivals"):
         read_arrivals(tmp_path / "a.txt")
+
+
+# ---- what a captured trace knows about itself: slot order --------------------------------------
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_captured_traces_say_their_slots_are_unsorted(capsys, tmp_path, engine):
+    import dataclasses
+
+    from conftest import build_trace
+
+    from sempar.affinity.analysis import analyze_trace
+    from sempar.trace import read_trace, write_trace
+    from sempar.trace.schema import require_sorted_slots
+
+    p = prompts_file(tmp_path, *[json.dumps({"input_ids": list(range(3 + i, 20 + i))})
+                                 for i in range(8)])
+    with serve(Faults()) as url:
+        assert capture(capsys, url, p, tmp_path / "t.parquet", engine)[0] == 0
+    t = read_trace(tmp_path / "t.parquet")
+    assert t.meta.slots_sorted is False
+    with pytest.raises(InputError, match="unsorted top-k order"):
+        require_sorted_slots(t.meta, "top-1 look-back")
+    a = analyze_trace(t, devices=4)
+    assert all(v is None for v in a.lookback_expert) and "slots_sorted" in a.info["lookback"]
+    sorted_trace = build_trace()                      # files without the field: sorted
+    write_trace(sorted_trace, tmp_path / "s.parquet")
+    assert read_trace(tmp_path / "s.parquet").meta.slots_sorted is True
+    unsorted = dataclasses.replace(sorted_trace.meta, slots_sorted=False)
+    assert unsorted.to_json()["slots_sorted"] is False
+    with pytest.raises(InputError, match="slots_sorted"):
+        dataclasses.replace(sorted_trace.meta, slots_sorted="no")

@@ -78,7 +78,12 @@ def decode_mask(meta: TraceMeta, request_id: np.ndarray, position: np.ndarray) -
 
 
 def trace_meta(model: str, shape: dict[str, Any], extra: dict[str, Any]) -> TraceMeta:
-    """The trace's model facts from `hf_config.config_shape` (layer ids out of the hidden layers)."""
+    """The trace's model facts from `hf_config.config_shape` (layer ids out of the hidden layers).
+    Slots are in the engine's order (`slots_sorted` False): SGLang 0.5.23's grouped and biased
+    top-k (`layers/moe/topk.py`: `grouped_topk_gpu`, `biased_grouped_topk_impl`,
+    `fused_topk_torch_native`) and vLLM 0.33.0's (`router/grouped_topk_router.py`,
+    `fused_topk_bias_router.py`, unless VLLM_BATCH_INVARIANT) call `torch.topk(sorted=False)`,
+    and neither engine returns the weights that would let us sort them."""
     layer_ids = tuple(shape["layer_ids"])
     return TraceMeta(model=model, num_layers=len(layer_ids), num_experts=shape["num_experts"],
                      top_k=shape["top_k"], vocab_size=shape["vocab_size"],
@@ -86,7 +91,7 @@ def trace_meta(model: str, shape: dict[str, Any], extra: dict[str, Any]) -> Trac
                      num_expert_groups=shape["num_expert_groups"],
                      topk_groups=shape["topk_groups"], layer_ids=layer_ids,
                      num_hidden_layers=shape["num_hidden_layers"],
-                     model_type=shape.get("model_type"), extra=extra)
+                     model_type=shape.get("model_type"), slots_sorted=False, extra=extra)
 
 
 def _previous(out: Path, capture: dict[str, Any]) -> TraceMeta | None:

@@ -400,6 +400,7 @@ def import_arrays(paths: Sequence[str | os.PathLike], out_path: str | os.PathLik
         topk_groups=int(value.get("topk_groups") or value.get("num_expert_groups") or 1),
         layer_ids=value.get("layer_ids"), num_hidden_layers=value.get("num_hidden_layers"),
         model_type=value.get("model_type"), has_token_ids=tn is not None,
+        slots_sorted=wn is not None,        # re-sorted by weight below; else unknown
         extra={"importer": "sempar.import_arrays", "files": [Path(p).name for p in paths],
                "arrays": {r: n for r, n in (("experts", en), ("weights", wn), ("token_id", tn),
                                             ("requests", req_how), ("position", pn),

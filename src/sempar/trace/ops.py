@@ -84,6 +84,8 @@ def concat(traces: Sequence[RoutingTrace]) -> RoutingTrace:
     meta = first.meta
     if not all(t.meta.has_token_ids for t in traces):   # zeros of one part are no ids
         meta = dataclasses.replace(meta, has_token_ids=False)
+    if not all(t.meta.slots_sorted for t in traces):    # one unsorted part: slot 0 unknown
+        meta = dataclasses.replace(meta, slots_sorted=False)
     return RoutingTrace(
         meta=meta,
         token_id=np.concatenate([t.token_id for t in traces]),

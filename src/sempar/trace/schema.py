@@ -60,6 +60,11 @@ class TraceMeta:
     says the source kept no token ids (`sempar import arrays` without them): the `token_id`
     column is then all zeros and means nothing, and every method that needs a token -> expert
     table refuses the trace (`require_token_ids`); files without the field read as True.
+    `slots_sorted` False says slot 0 need not be the top-1 expert: the engine's top-k order
+    was kept (SGLang's and vLLM's grouped / biased top-k take `torch.topk(..., sorted=False)`;
+    `sempar capture` and the engine importers set it False), so every figure that reads slot
+    order (top-1 look-back, top-1 ties) honours it or refuses (`require_sorted_slots`); files
+    without it read as True.
     `extra` keeps free-form provenance (generator parameters, recorder settings).
     """
 
@@ -75,6 +80,7 @@ class TraceMeta:
     num_hidden_layers: int | None = None
     model_type: str | None = None
     has_token_ids: bool = True
+    slots_sorted: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -108,6 +114,9 @@ class TraceMeta:
         if not isinstance(self.has_token_ids, (bool, np.bool_)):
             raise InputError(f"metadata.has_token_ids: {self.has_token_ids!r} is not true or false")
         object.__setattr__(self, "has_token_ids", bool(self.has_token_ids))
+        if not isinstance(self.slots_sorted, (bool, np.bool_)):
+            raise InputError(f"metadata.slots_sorted: {self.slots_sorted!r} is not true or false")
+        object.__setattr__(self, "slots_sorted", bool(self.slots_sorted))
         if self.layer_ids is not None:
             object.__setattr__(self, "layer_ids", check_layer_ids(
                 "metadata.layer_ids", self.layer_ids, self.num_layers))
@@ -155,6 +164,8 @@ class TraceMeta:
         d["layer_ids"] = list(self.layer_ids) if self.layer_ids is not None else None
         if self.has_token_ids:      # written only when False: traces with ids keep their bytes
             del d["has_token_ids"]
+        if self.slots_sorted:       # likewise
+            del d["slots_sorted"]
         return d
 
     @classmethod
@@ -243,6 +254,7 @@ class RoutingTrace:
             "vocab_size": self.meta.vocab_size,
             "has_weights": self.weights is not None,
             "has_token_ids": self.meta.has_token_ids,
+            "slots_sorted": self.meta.slots_sorted,
         }
 
 
@@ -252,6 +264,15 @@ def require_token_ids(meta: TraceMeta, what: str, hint: str = "") -> None:
     if not meta.has_token_ids:
         raise InputError(f"{what} needs token ids (a token -> expert table), and the trace of "
                          f"{meta.model} has none (imported without them){hint}")
+
+
+def require_sorted_slots(meta: TraceMeta, what: str) -> None:
+    """Bad input when `what` reads slot 0 as the top-1 expert and the trace's slots are in an
+    engine's unsorted top-k order (`TraceMeta.slots_sorted` False)."""
+    if not meta.slots_sorted:
+        raise InputError(f"{what} reads slot 0 as the top-1 expert, and the trace of "
+                         f"{meta.model} keeps its engine's unsorted top-k order "
+                         "(metadata.slots_sorted false: captured from SGLang / vLLM)")
 
 
 def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
