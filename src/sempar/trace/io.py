@@ -424,5 +424,5 @@ def trace_info(path: str | os.PathLike) -> dict[str, Any]:
             "experts": meta.num_experts, "top_k": meta.top_k, "domains": counts,
             "model": meta.model, "shared_experts": meta.shared_experts,
             "vocab_size": meta.vocab_size, "has_weights": has_weights,
-            "has_token_ids": meta.has_token_ids}
+            "has_token_ids": meta.has_token_ids, "slots_sorted": meta.slots_sorted}
 
