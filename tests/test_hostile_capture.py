@@ -305,3 +305,33 @@ def test_captured_traces_say_their_slots_are_unsorted(capsys, tmp_path, engine):
     assert unsorted.to_json()["slots_sorted"] is False
     with pytest.raises(InputError, match="slots_sorted"):
         dataclasses.replace(sorted_trace.meta, slots_sorted="no")
+
+
+# ---- vLLM 0.33.0's OpenAI route --------------------------------------------------------------
+
+def test_vllm_openai_route_equals_the_token_route(capsys, tmp_path):
+    """The fixture reads the body with vLLM's own CompletionRequest and writes the answer with
+    its CompletionResponse; a saved /v1/completions request + response imports the same."""
+    from sempar.trace import read_trace
+
+    p = prompts_file(tmp_path, *[json.dumps({"input_ids": list(range(3 + i, 9 + i))})
+                                 for i in range(3)])
+    with serve(Faults()) as url:
+        for engine in ("vllm", "vllm-openai"):
+            code, err = capture(capsys, url, p, tmp_path / f"{engine}.parquet", engine)
+            assert code == 0, err
+    a, b = read_trace(tmp_path / "vllm.parquet"), read_trace(tmp_path / "vllm-openai.parquet")
+    np.testing.assert_array_equal(a.token_id, b.token_id)
+    np.testing.assert_array_equal(a.position, b.position)
+    assert a.meta.extra["capture"]["prompt_tokens"] == b.meta.extra["capture"]["prompt_tokens"]
+    line = json.loads(saved_lines("vllm", 1)[0][0])
+    choice = line["response"]["choices"][0]
+    choice["prompt_token_ids"] = line["request"]["token_ids"]
+    saved = {"request": {"prompt": line["request"]["token_ids"], "max_tokens": 3,
+                         "return_token_ids": True, "routed_experts_prompt_start": 0},
+             "response": {"object": "text_completion", "choices": [choice]}}
+    (tmp_path / "r.jsonl").write_text(json.dumps(saved) + "\n")
+    code, err = cli(capsys, "import", "vllm-routed", str(tmp_path / "r.jsonl"), "--out",
+                    str(tmp_path / "i.parquet"), "--model-dir", "tiny-moe64")
+    assert code == 0, err
+    assert read_trace(tmp_path / "i.parquet").meta.extra["capture"]["prompt_tokens"] == [4]

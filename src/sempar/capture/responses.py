@@ -41,6 +41,8 @@ def _request_fields(engine_name: str, request: Any, where: str) -> tuple[list[in
     if not isinstance(request, dict):
         raise InputError(f"{where}: request is not a JSON object")
     key = "input_ids" if engine_name == "sglang" else "token_ids"
+    if engine_name == "vllm" and key not in request and isinstance(request.get("prompt"), list):
+        key = "prompt"                  # a saved /v1/completions request (token ids as prompt)
     ids = request.get(key)
     if ids is not None:
         token_ids(ids, f"{where}: request.{key}")
@@ -49,6 +51,8 @@ def _request_fields(engine_name: str, request: Any, where: str) -> tuple[list[in
     else:
         params = request.get("sampling_params")
         start = params.get("routed_experts_prompt_start") if isinstance(params, dict) else None
+        if start is None:               # /v1/completions and /v1/chat/completions: top level
+            start = request.get("routed_experts_prompt_start")
     if start is not None and (not isinstance(start, int) or isinstance(start, bool)):
         raise InputError(f"{where}: routed-expert start {start!r} is not an integer")
     return ids, start

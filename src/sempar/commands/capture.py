@@ -16,7 +16,9 @@ from sempar.console import emit_json
 
 def capture_cmd(url: str = typer.Option(..., "--url", help="the engine's base URL, e.g. "
                                                             "http://127.0.0.1:30000"),
-                engine_name: str = typer.Option(..., "--engine", help="sglang or vllm"),
+                engine_name: str = typer.Option(..., "--engine",
+                                                help="sglang, vllm (token-in-token-out route) "
+                                                     "or vllm-openai (/v1/completions)"),
                 prompts: Path = typer.Option(..., "--prompts",
                                              help="JSON lines: text or input_ids, optional "
                                                   "domain and id"),
