@@ -335,3 +335,34 @@ def test_vllm_openai_route_equals_the_token_route(capsys, tmp_path):
                     str(tmp_path / "i.parquet"), "--model-dir", "tiny-moe64")
     assert code == 0, err
     assert read_trace(tmp_path / "i.parquet").meta.extra["capture"]["prompt_tokens"] == [4]
+
+
+# ---- prefill and decode rows as a column -------------------------------------------------------
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_capture_and_import_write_the_decode_column(capsys, tmp_path, engine):
+    from conftest import build_trace
+
+    from sempar.capture.job import decode_mask
+    from sempar.trace import concat, read_trace, write_trace
+
+    p = prompts_file(tmp_path, *[json.dumps({"input_ids": list(range(3, 8 + i))}) for i in range(3)])
+    with serve(Faults()) as url:
+        assert capture(capsys, url, p, tmp_path / "t.parquet", engine)[0] == 0
+    t = read_trace(tmp_path / "t.parquet")
+    assert t.decode is not None and t.decode.dtype == np.bool_
+    np.testing.assert_array_equal(t.decode, decode_mask(t.meta, t.request_id, t.position))
+    assert int(t.decode.sum()) == 3 * 1 and int((~t.decode).sum()) == 5 + 6 + 7
+    lines, _ = saved_lines(engine, 2)
+    (tmp_path / "r.jsonl").write_text("\n".join(lines) + "\n")
+    assert cli(capsys, "import", f"{engine}-routed", str(tmp_path / "r.jsonl"), "--out",
+               str(tmp_path / "i.parquet"), "--model-dir", "tiny-moe64")[0] == 0
+    i = read_trace(tmp_path / "i.parquet")
+    assert i.decode.tolist() == [False] * 4 + [True] * 2 + [False] * 5 + [True] * 2
+    old = build_trace()                                   # older files: no column, still read
+    write_trace(old, tmp_path / "old.parquet")
+    assert read_trace(tmp_path / "old.parquet").decode is None
+    both = concat([t, t])
+    assert both.decode.size == 2 * t.num_tokens
+    write_trace(both.take(np.arange(4)), tmp_path / "part.parquet")
+    assert read_trace(tmp_path / "part.parquet").decode.tolist() == t.decode[:4].tolist()

@@ -72,7 +72,9 @@ class CaptureSettings:
 
 
 def decode_mask(meta: TraceMeta, request_id: np.ndarray, position: np.ndarray) -> np.ndarray:
-    """bool[T]: rows of a captured trace that are decode steps (position >= the prompt's length)."""
+    """bool[T]: rows of a captured trace that are decode steps (position >= the prompt's length).
+    Traces captured since the `decode` column exist carry it (`RoutingTrace.decode`); this
+    reads the older ones' metadata."""
     lens = np.asarray(meta.extra["capture"]["prompt_tokens"], dtype=np.int64)
     return position >= lens[request_id]
 
@@ -179,15 +181,17 @@ class CaptureJob:
         names = self.prompts.names
         if any(n is not None for n in names):
             self.capture["prompt_ids"] = [names[i % len(names)] for i in range(self.s.requests)]
-        with TraceWriter(out, self.meta, self.prompts.domains if has_domain else None) as w:
+        with TraceWriter(out, self.meta, self.prompts.domains if has_domain else None,
+                         has_decode=True) as w:
             if prev is not None:                 # copy the requests a previous run captured
                 self.capture["prompt_tokens"] = list(prev.extra["capture"]["prompt_tokens"])
                 done_requests = len(self.capture["prompt_tokens"])
                 lens = np.asarray(self.capture["prompt_tokens"], dtype=np.int64)
                 for _, _, _, a in iter_blocks(out, optional=("domain",)):
+                    dec = a["position"] >= lens[a["request_id"]]
                     w.write(a["token_id"], a["request_id"], a["position"], a["experts"],
-                            a.get("domain"))
-                    self._decode_count += int((a["position"] >= lens[a["request_id"]]).sum())
+                            a.get("domain"), decode=dec)
+                    self._decode_count += int(dec.sum())
                 release_input(out)
                 if progress is not None:
                     progress(done_requests)
@@ -341,9 +345,10 @@ class CaptureJob:
             P = len(self.prompts.ids)
             dom = np.repeat(np.asarray([self.prompts.domain[i % P] for i, _ in self._buf],
                                        np.int16), lens)
-        block = (np.concatenate([r.token_id for r in rows]), rid,
-                 np.concatenate([r.position for r in rows]),
-                 np.concatenate([r.experts for r in rows]), dom)
+        position = np.concatenate([r.position for r in rows])
+        is_decode = position >= np.repeat(np.asarray([r.prompt_len for r in rows], np.int64), lens)
+        block = (np.concatenate([r.token_id for r in rows]), rid, position,
+                 np.concatenate([r.experts for r in rows]), dom, None, is_decode)
         lens = [r.prompt_len for r in rows]
         decode = sum(int((r.position >= r.prompt_len).sum()) for r in rows)
         self._buf.clear()

@@ -87,14 +87,15 @@ def import_responses(engine_name: str, paths: Sequence[str | os.PathLike],
                 np.repeat(np.asarray([i for i, _, _ in buf], np.int32), lens),
                 np.concatenate([r.position for _, _, r in buf]),
                 np.concatenate([r.experts for _, _, r in buf]),
-                np.repeat(np.asarray([d for _, d, _ in buf], np.int16), lens))
+                np.repeat(np.asarray([d for _, d, _ in buf], np.int16), lens),
+                decode=np.concatenate([r.position >= r.prompt_len for _, _, r in buf]))
         buf.clear()
         buffered = 0
 
     # Domains are known only once every line is read; the column is written with all names
     # found in a first pass over the (small) JSON envelopes.
     domains = _domains(files)
-    with TraceWriter(out_path, meta, domains or None) as w:
+    with TraceWriter(out_path, meta, domains or None, has_decode=True) as w:
         req = 0
         for p in files:
             with open(p, "rb") as f:

@@ -95,6 +95,9 @@ def concat(traces: Sequence[RoutingTrace]) -> RoutingTrace:
         domain=np.concatenate(domain_parts) if has_domain else None,
         domains=domains if has_domain else [],
         weights=None if traces[0].weights is None else np.concatenate([t.weights for t in traces]),
+        # known for the whole only when every part says it
+        decode=np.concatenate([t.decode for t in traces])
+        if all(t.decode is not None for t in traces) else None,
     )
 
 

@@ -7,12 +7,17 @@ In memory a trace is a set of aligned numpy arrays, one row per token:
 - `position`:   int32[T]        position of the token inside its request
 - `domain`:     int16[T]        index into `domains` (-1 = unknown), or None when no row has one
 - `experts`:    uint8[T, L, k]  logical routed-expert ids selected at each MoE layer, listed by
-                                 decreasing router weight (slot 0 is the top-1 choice); the dtype
+                                 decreasing router weight (slot 0 is the top-1 choice; not when
+                                 `TraceMeta.slots_sorted` is False); the dtype
                                  is `TraceMeta.expert_dtype`: uint8 up to 256 experts, int16 up
                                  to 32767, int32 above (files store int16 / int32, trace/io.py).
                                  Arithmetic on ids must widen first (`np.intp`): a uint8 id
                                  times N or plus a Python int wraps around.
 - `weights`:    float32[T, L, k] optional router weights of those selections
+- `decode`:     bool[T]         optional: True for a decode step (a generated token forwarded),
+                                 False for a prefill row (a prompt token); None when the source
+                                 did not say (older traces, synth, record). `sempar capture`
+                                 and the routed-response importers set it.
 
 and a `TraceMeta` with the model's shape. Shared experts are recorded in the metadata only:
 every token uses them on its home device, so they never cross a link.
@@ -199,6 +204,7 @@ class RoutingTrace:
     domain: np.ndarray | None = None
     domains: list[str] = field(default_factory=list)
     weights: np.ndarray | None = None
+    decode: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -232,12 +238,14 @@ class RoutingTrace:
             domain=None if self.domain is None else self.domain[rows],
             domains=list(self.domains),
             weights=None if self.weights is None else self.weights[rows],
+            decode=None if self.decode is None else self.decode[rows],
         )
 
     def validate(self) -> "RoutingTrace":
         """Check every invariant; raise `InputError` naming field, row and value. Returns self."""
         validate_arrays(self.meta, self.token_id, self.request_id, self.position, self.experts,
                         self.domain, self.domains, self.weights)
+        check_decode(self.decode, self.num_tokens)
         return self
 
     def info(self) -> dict[str, Any]:
@@ -264,6 +272,12 @@ def require_token_ids(meta: TraceMeta, what: str, hint: str = "") -> None:
     if not meta.has_token_ids:
         raise InputError(f"{what} needs token ids (a token -> expert table), and the trace of "
                          f"{meta.model} has none (imported without them){hint}")
+
+
+def check_decode(decode: np.ndarray | None, T: int) -> None:
+    """The optional prefill / decode column: bool[T] (None: not known)."""
+    if decode is not None and (decode.shape != (T,) or decode.dtype != np.bool_):
+        raise InputError(f"decode: shape {decode.shape} dtype {decode.dtype}, expected bool[{T}]")
 
 
 def require_sorted_slots(meta: TraceMeta, what: str) -> None:
