@@ -366,3 +366,21 @@ def test_capture_and_import_write_the_decode_column(capsys, tmp_path, engine):
     assert both.decode.size == 2 * t.num_tokens
     write_trace(both.take(np.arange(4)), tmp_path / "part.parquet")
     assert read_trace(tmp_path / "part.parquet").decode.tolist() == t.decode[:4].tolist()
+
+
+def test_build_tooling_may_rewrite_a_committed_asset(capsys, tmp_path, monkeypatch):
+    """With SEMPAR_WRITE_PACKAGE_ASSETS=1 a file in the package (committed, not in the ledger)
+    may be replaced; without it the same command is refused."""
+    import sempar
+    from sempar.output_rule import PACKAGE_ASSETS_ENV
+
+    target = Path(sempar.__file__).parent / "assets" / "h37c-test.parquet"
+    target.write_bytes(b"committed")
+    try:
+        args = ("synth", "--preset", "mixtral-8x7b", "--tokens", "10", "--out", str(target))
+        code, err = cli(capsys, *args)
+        assert code == 2 and "package folder" in one_line(err)
+        monkeypatch.setenv(PACKAGE_ASSETS_ENV, "1")
+        assert cli(capsys, *args)[0] == 0 and target.read_bytes()[:4] == b"PAR1"
+    finally:
+        target.unlink()

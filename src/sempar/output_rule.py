@@ -111,13 +111,20 @@ def package_folder() -> str:
     return os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _package_build(real: Path) -> bool:
+    """A package asset rewritten by sempar's own build tooling (the environment says so; git
+    keeps the committed version, so nothing of a user's is lost)."""
+    return os.environ.get(PACKAGE_ASSETS_ENV) == "1" and _inside(str(real), package_folder())
+
+
 def _refuse_inputs(real: str, option: str, folder: bool, extra: tuple = ()) -> None:
     inputs = (_inputs or set()) | {os.path.realpath(p) for p in extra if p is not None}
     if os.environ.get(PACKAGE_ASSETS_ENV) != "1":
         pkg = package_folder()
         if real == pkg or _inside(real, pkg) or (folder and _inside(pkg, real)):
-            raise InputError(f"{option}: {real} is sempar's own package folder ({pkg}); "
-                             "choose an output outside it")
+            raise InputError(f"{option}: {real} is in sempar's own package folder ({pkg}); "
+                             "choose an output outside it (sempar's build tooling sets "
+                             f"{PACKAGE_ASSETS_ENV}=1)")
     for inp in sorted(inputs):
         if inp == real or (folder and _inside(inp, real)):
             what = "is" if inp == real else "holds"
@@ -172,7 +179,7 @@ def check_output(target: str | os.PathLike, *inputs: str | os.PathLike | None,
                              f"{'folders' if folder else 'only regular files'} there")
         if not os.access(real if folder else real.parent, os.W_OK | os.X_OK):
             raise InputError(f"{option}: {real if folder else real.parent} is not writable")
-        if not folder and _inputs is not None and not owned_file(real):
+        if not folder and _inputs is not None and not owned_file(real) and not _package_build(real):
             link = f" (a symlink to {real})" if os.path.islink(target) else ""
             raise InputError(f"{option}: {target}{link} exists and sempar did not write it (or "
                              "it changed since); sempar never replaces a file it did not "
