@@ -384,3 +384,22 @@ def test_build_tooling_may_rewrite_a_committed_asset(capsys, tmp_path, monkeypat
         assert cli(capsys, *args)[0] == 0 and target.read_bytes()[:4] == b"PAR1"
     finally:
         target.unlink()
+
+
+def test_exflow_simulation_refuses_unsorted_slots():
+    import dataclasses
+
+    from conftest import build_trace
+
+    from sempar.comm.compare import Study
+    from sempar.comm.pipelines import PIPELINES
+    from sempar.comm.simulate import SimOptions
+    from sempar.comm.topology_presets import load_topology
+
+    chained = [n for n in PIPELINES.names() if PIPELINES.get(n).chained]
+    assert chained
+    t = build_trace(T=400, R=20)
+    t = dataclasses.replace(t, meta=dataclasses.replace(t.meta, slots_sorted=False))
+    study = Study.from_trace(t, SimOptions(hidden=64, batch=64))
+    with pytest.raises(InputError, match="unsorted top-k order"):
+        study.run("vanilla", chained[0], load_topology("pcie-upi8"))
