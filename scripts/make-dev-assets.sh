@@ -4,6 +4,9 @@
 # each; then tiny-moe64-h8).
 # Usage: scripts/make-dev-assets.sh [CORPUS_DIR]   (default: ~/.cache/sempar/corpus)
 set -euo pipefail
+# The output rule treats sempar's installed package as an input (no run may write into it);
+# this script is the build tooling that rebuilds the committed assets there on purpose.
+export SEMPAR_WRITE_PACKAGE_ASSETS=1
 corpus=${1:-$HOME/.cache/sempar/corpus}
 assets=$(python -c 'from sempar.paths import assets_dir; print(assets_dir())')
 sempar corpus fetch --out "$corpus"

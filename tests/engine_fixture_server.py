@@ -187,7 +187,12 @@ def make_app(backend: Any, faults: Faults, model_path: str | None = None):
             faults.served += 1
             return Response(bodies[backend.i % len(bodies)], media_type="application/json")
         body = await request.json()
-        if engine == "sglang":
+        if engine == "vllm-openai":             # vLLM's own request class reads the body
+            from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+            req = CompletionRequest(**body)
+            prompt, max_new, start = req.prompt, req.max_tokens, req.routed_experts_prompt_start
+        elif engine == "sglang":
             prompt, max_new = body["input_ids"], body["sampling_params"]["max_new_tokens"]
             start = body.get("routed_experts_start_len", 0)
         else:
@@ -208,6 +213,19 @@ def make_app(backend: Any, faults: Faults, model_path: str | None = None):
                 meta["routed_experts"] = payload
             text = "x" * (4 << 20) if faults.payload == "bloat" else ""
             return JSONResponse({"text": text, "output_ids": output, "meta_info": meta})
+        if engine == "vllm-openai":             # and its own response classes write the answer
+            from vllm.entrypoints.openai.completion.protocol import (CompletionResponse,
+                                                                     CompletionResponseChoice)
+            from vllm.entrypoints.serve.engine.protocol import UsageInfo
+
+            ids = req.return_token_ids
+            resp = CompletionResponse(model="m", usage=UsageInfo(
+                prompt_tokens=len(prompt), completion_tokens=len(output)), choices=[
+                CompletionResponseChoice(index=0, text="", finish_reason="length",
+                                         prompt_token_ids=prompt if ids else None,
+                                         token_ids=output if ids else None,
+                                         routed_experts=payload)])
+            return Response(resp.model_dump_json(), media_type="application/json")
         return JSONResponse({"request_id": "x", "prompt_token_ids": prompt, "choices": [
             {"index": 0, "finish_reason": "length", "token_ids": output,
              "routed_experts": payload}]})
@@ -217,6 +235,9 @@ def make_app(backend: Any, faults: Faults, model_path: str | None = None):
 
     async def vllm_generate(request: Request) -> Response:
         return await generate(request, "vllm")
+
+    async def vllm_openai(request: Request) -> Response:
+        return await generate(request, "vllm-openai")
 
     async def server_info(request: Request) -> Response:
         return JSONResponse({"version": faults.version or SGLANG_VERSION,
@@ -233,6 +254,7 @@ def make_app(backend: Any, faults: Faults, model_path: str | None = None):
 
     return Starlette(routes=[Route("/generate", sglang_generate, methods=["POST"]),
                              Route("/inference/v1/generate", vllm_generate, methods=["POST"]),
+                             Route("/v1/completions", vllm_openai, methods=["POST"]),
                              Route("/server_info", server_info), Route("/model_info", model_info),
                              Route("/version", version), Route("/v1/models", models)])
 

@@ -52,7 +52,7 @@ def capture(capsys, url, engine, prompts, out, *extra):
                "--tries", "1", *extra)
 
 
-@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize("engine", ["sglang", "vllm", "vllm-openai"])
 def test_capture_writes_prefill_and_decode_rows(capsys, tmp_path, prompts, engine):
     with serve(Faults()) as url:
         code, err = capture(capsys, url, engine, prompts, tmp_path / "t.parquet", "--json")

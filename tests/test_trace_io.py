@@ -252,7 +252,7 @@ def test_trace_info_counts(tmp_path, trace):
     assert info == {"tokens": 200, "requests": 20, "layers": 3, "experts": 8, "top_k": 2,
                     "domains": {"code": 100, "math": 90}, "model": "toy-moe",
                     "shared_experts": 0, "vocab_size": 1000, "has_weights": True,
-                    "has_token_ids": True}
+                    "has_token_ids": True, "slots_sorted": True}
     assert info == trace.info()
 
 

@@ -54,6 +54,25 @@ RUNNING_MAX = 65_536            # --max-running: requests in flight per device
 MICRO_SLICES_MAX = 256
 MICRO_SLICE_WORK_MAX = 100 * 64**3
 SCALE_MAX = 1e6                 # --slo-scale: SLO = scale x the lightest-load latency
+# `export --to sglang` writes one row of physical slots per hidden layer (dense ones included):
+# num_hidden_layers x slots entries of JSON, ~7 bytes each. DeepSeek-V3 (61 layers, 256 experts
+# + 32 redundant slots) is 17,568; the bound is 2^24 (~120 MB of JSON, which SGLang loads into a
+# dense tensor at start-up), so a placement claiming 10,000 layers of 10^6 slots (70 GB) is
+# refused before a row is built.
+SGLANG_MAP_ENTRIES_MAX = 1 << 24
+
+
+def token_ids(value: Any, what: str, error: type[Exception] = InputError) -> list[int]:
+    """`value` when it is a list of token ids (JSON integers in [0, VOCAB_MAX): int32 with
+    room), else `error` naming `what`. A JSON boolean is not an id (Python's True is an int),
+    and an id of 2^32 + 5 is refused rather than stored as 5 by a narrowing cast."""
+    if not isinstance(value, list) or not all(
+            type(t) is int and 0 <= t < VOCAB_MAX for t in value):
+        bad = next((t for t in value if not (type(t) is int and 0 <= t < VOCAB_MAX)), None) \
+            if isinstance(value, list) else value
+        raise error(f"{what}: not a list of token ids (integers in [0, {VOCAB_MAX}); found "
+                    f"{str(bad)[:40]})")
+    return value
 
 
 @dataclass(frozen=True)

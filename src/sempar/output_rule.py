@@ -9,7 +9,12 @@ naming the option when it
   through links to places that exist;
 - is an input of this run, holds one (a folder output), or lies inside an input folder (a model
   folder, a corpus): the inputs are those registered by the readers (`register_input`) and
-  those a command names;
+  those a command names; sempar's own installed package folder always counts as an input
+  (`sempar record --out src/sempar/assets/...` would overwrite a packaged trace) unless
+  `SEMPAR_WRITE_PACKAGE_ASSETS=1` says the run is sempar's own build tooling;
+- in a CLI run, is an existing file sempar did not write: a file output replaces only a file
+  this user's sempar wrote and nobody changed since (`owned_file`: a signed ledger of the files
+  sempar wrote, with each one's inode, size, mtime and ctime);
 - for a folder: holds anything sempar did not verifiably write, unless `force` (then the whole
   folder is moved aside, never deleted); but `force` never moves a symlink's target aside.
 
@@ -41,6 +46,10 @@ MARKER_FORMAT = 2
 MARKER_BYTES_MAX = 16 << 20     # a marker lists a folder's files: far below this
 
 _inputs: set[str] | None = None   # realpaths of the inputs opened, while tracking is on
+LEDGER = "outputs.json"         # beside the key: the files sempar wrote (`record_output`)
+LEDGER_ENTRIES_MAX = 4096       # most recent writes remembered; older files count as foreign
+LEDGER_BYTES_MAX = 8 << 20
+PACKAGE_ASSETS_ENV = "SEMPAR_WRITE_PACKAGE_ASSETS"
 
 
 # ---- inputs --------------------------------------------------------------------------------
@@ -97,8 +106,25 @@ def _inside(path: str, folder: str) -> bool:
     return path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+def package_folder() -> str:
+    """The real path of the installed `sempar` package: its assets are inputs of every run."""
+    return os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _package_build(real: Path) -> bool:
+    """A package asset rewritten by sempar's own build tooling (the environment says so; git
+    keeps the committed version, so nothing of a user's is lost)."""
+    return os.environ.get(PACKAGE_ASSETS_ENV) == "1" and _inside(str(real), package_folder())
+
+
 def _refuse_inputs(real: str, option: str, folder: bool, extra: tuple = ()) -> None:
     inputs = (_inputs or set()) | {os.path.realpath(p) for p in extra if p is not None}
+    if os.environ.get(PACKAGE_ASSETS_ENV) != "1":
+        pkg = package_folder()
+        if real == pkg or _inside(real, pkg) or (folder and _inside(pkg, real)):
+            raise InputError(f"{option}: {real} is in sempar's own package folder ({pkg}); "
+                             "choose an output outside it (sempar's build tooling sets "
+                             f"{PACKAGE_ASSETS_ENV}=1)")
     for inp in sorted(inputs):
         if inp == real or (folder and _inside(inp, real)):
             what = "is" if inp == real else "holds"
@@ -153,6 +179,11 @@ def check_output(target: str | os.PathLike, *inputs: str | os.PathLike | None,
                              f"{'folders' if folder else 'only regular files'} there")
         if not os.access(real if folder else real.parent, os.W_OK | os.X_OK):
             raise InputError(f"{option}: {real if folder else real.parent} is not writable")
+        if not folder and _inputs is not None and not owned_file(real) and not _package_build(real):
+            link = f" (a symlink to {real})" if os.path.islink(target) else ""
+            raise InputError(f"{option}: {target}{link} exists and sempar did not write it (or "
+                             "it changed since); sempar never replaces a file it did not "
+                             f"write: remove it or choose another {option}")
     else:
         _check_parent(real, option)
     return real
@@ -187,11 +218,16 @@ def _read_key(path: Path) -> bytes | None:
 
 def _key(create: bool) -> bytes | None:
     """This user's marker key (32 random bytes), made on first use; None when unavailable."""
+    found = _key_and_path(create)
+    return found[0] if found else None
+
+
+def _key_and_path(create: bool) -> tuple[bytes, Path] | None:
     for path in _key_paths():
         key = _read_key(path)
         if key is not None or not create:
             if key is not None:
-                return key
+                return key, path
             continue
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -204,8 +240,91 @@ def _key(create: bool) -> bytes | None:
             continue                    # read-only home: try the next place
         key = _read_key(path)
         if key is not None:
-            return key
+            return key, path
     return None                         # markers go unsigned, and are never trusted
+
+
+# ---- what sempar wrote: the signed ledger of files -------------------------------------------
+
+def _identity(st: os.stat_result) -> list[int]:
+    """What changes when anyone writes, truncates, replaces or chmods a file: its device, inode,
+    size, mtime and ctime (ctime cannot be set back from user space)."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _ledger_read(key: bytes, path: Path) -> dict[str, list[int]]:
+    """The ledger's entries when its HMAC is valid under `key`, else none (nothing is trusted)."""
+    try:
+        if path.stat().st_size > LEDGER_BYTES_MAX:
+            return {}
+        block = json.loads(path.read_text())
+        files, mac = block["files"], block["mac"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return {}
+    if not isinstance(files, dict) or not isinstance(mac, str) or \
+            not hmac.compare_digest(_mac(key, "ledger", files), mac):
+        return {}
+    return files
+
+
+def owned_file(real: str | os.PathLike) -> bool:
+    """Whether sempar (this user's, this key) wrote the regular file `real` and no one changed it
+    since: the signed ledger lists its path with its current identity."""
+    found = _key_and_path(create=False)
+    if found is None:
+        return False
+    key, kpath = found
+    try:
+        ident = _identity(os.stat(real))
+    except OSError:
+        return False
+    return _ledger_read(key, kpath.parent / LEDGER).get(os.path.realpath(real)) == ident
+
+
+def record_output(real: str | os.PathLike) -> None:
+    """Add the file just written at `real` to the ledger (under an exclusive lock: concurrent
+    runs each add theirs). Best effort: a ledger that cannot be written makes the file foreign
+    later (refused, never replaced), which is the safe side."""
+    import fcntl
+
+    found = _key_and_path(create=True)
+    if found is None:
+        return
+    key, kpath = found
+    path = kpath.parent / LEDGER
+    try:
+        real = os.path.realpath(real)
+        ident = _identity(os.stat(real))
+        fd = os.open(kpath.parent / (LEDGER + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
+                     0o600)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        files = _ledger_read(key, path)
+        files.pop(real, None)
+        files[real] = ident                          # insertion order: oldest first
+        if len(files) > LEDGER_ENTRIES_MAX:          # forget files gone or changed, then oldest
+            files = {p: i for p, i in files.items() if _still(p, i)}
+            files = dict(list(files.items())[-LEDGER_ENTRIES_MAX:])
+        block = {"written_by": "sempar", "format": MARKER_FORMAT, "files": files,
+                 "mac": _mac(key, "ledger", files)}
+        tmp = path.with_name(f".{LEDGER}.{os.getpid()}.tmp")
+        fd2 = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd2, "w") as f:
+            f.write(json.dumps(block))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _still(path: str, ident: list[int]) -> bool:
+    try:
+        return _identity(os.stat(path)) == ident
+    except OSError:
+        return False
 
 
 _hash_memo: dict[tuple, str] = {}

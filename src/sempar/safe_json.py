@@ -133,3 +133,16 @@ def read_json_object(path: str | os.PathLike, what: str = "JSON file",
         raise InputError(f"{Path(path)}: top level is a JSON {type(d).__name__}, not an object "
                          f"(not a {what})")
     return d
+
+
+def json_lines(f: Any, what: str, max_line_bytes: int):
+    """(line number, raw bytes, value) of each non-blank line of the binary file `f`: a line is
+    read at most `max_line_bytes` at a time (a 1 GiB line is refused after that many, before it
+    is held whole) and parsed by `parse_json` (size and nesting checked first)."""
+    n = 0
+    while raw := f.readline(max_line_bytes + 1):
+        n += 1
+        if len(raw) > max_line_bytes:
+            raise InputError(f"{what} line {n}: longer than {max_line_bytes} bytes")
+        if raw.strip():
+            yield n, raw, parse_json(raw, f"{what} line {n}", max_bytes=max_line_bytes)

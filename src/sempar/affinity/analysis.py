@@ -113,11 +113,20 @@ def analyze_trace(trace: RoutingTrace, devices: int = 8, seed: int = 0,
             kurt_mid = res.kurtosis[np.isfinite(res.kurtosis)]
 
     step("inter-layer affinity and look-back prediction")
+    # The look-back predictors follow the top-1 path (slot 0): a trace in an engine's unsorted
+    # top-k order (metadata.slots_sorted false) has no top-1 path, so its look-back figures
+    # are left out (None, with the reason in info) and device ties go to the lowest id.
+    sorted_slots = trace.meta.slots_sorted
     top1 = trace.experts[:, :, 0].astype(np.int32)
-    lb_expert = transitions.lookback_accuracy(top1, trace.experts, N, fit, MAX_LOOKBACK)
+    lb_expert = transitions.lookback_accuracy(top1, trace.experts, N, fit, MAX_LOOKBACK) \
+        if sorted_slots else [None] * MAX_LOOKBACK
+    if not sorted_slots:
+        info["lookback"] = ("not computed: the trace's slots are in its engine's unsorted "
+                            "top-k order (slots_sorted false), so slot 0 is not the top-1 expert")
     device_of = transitions.contiguous_devices(N, devices)
     hosts = routing_stats.layout_hosts(device_of, devices, L)
-    dev = routing_stats.device_states(trace.experts, hosts, ties="top1").astype(np.int32)
+    dev = routing_stats.device_states(trace.experts, hosts,
+                                      ties="top1" if sorted_slots else "lowest").astype(np.int32)
     lb_device = transitions.lookback_accuracy(dev, dev[:, :, None], devices, fit, MAX_LOOKBACK)
     masses = [transitions.topk_mass(transitions.pair_counts(trace.experts[:, l],
                                                             trace.experts[:, l + 1], N), k)

@@ -15,7 +15,6 @@ unreachable after every try, or a 4xx answer (its error message quoted).
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 
 import orjson
@@ -51,9 +50,7 @@ class EngineClient:
     """`async with EngineClient(url, config) as c: obj = await c.post_json(path, body)`."""
 
     def __init__(self, url: str, config: ClientConfig = ClientConfig()):
-        if not url.startswith(("http://", "https://")):
-            raise InputError(f"--url: {url!r} is not an http:// or https:// URL")
-        self.url = url.rstrip("/")
+        self.url = check_url(url).rstrip("/")
         self.config = config
         self.retries = 0
         self._client = None
@@ -132,9 +129,29 @@ class EngineClient:
         if status >= 400:
             return None
         try:
-            return json.loads(data)
+            return orjson.loads(data)       # nesting above 1,024 is a ValueError here too
         except ValueError:
             return None
+
+
+def check_url(url: str) -> str:
+    """`url` when it is an http(s) URL with a host and a valid port, else one line (a bracket
+    left open, `http://[::1`, would reach aiohttp's parser as a ValueError)."""
+    from urllib.parse import urlsplit
+
+    if not url.startswith(("http://", "https://")):
+        raise InputError(f"--url: {url[:200]!r} is not an http:// or https:// URL")
+    try:
+        parts = urlsplit(url)
+        parts.port                          # raises on a port that is not a number in range
+        import yarl
+
+        yarl.URL(url)
+    except ValueError as err:
+        raise InputError(f"--url: {url[:200]!r} is not a valid URL ({err})") from None
+    if not parts.hostname or any(c in url for c in " \t\r\n"):
+        raise InputError(f"--url: {url[:200]!r} names no host")
+    return url
 
 
 def _json(data: bytes, where: str) -> Any:
@@ -149,7 +166,7 @@ def _json(data: bytes, where: str) -> Any:
 def _message(data: bytes) -> str:
     """The error text of an engine's error body (SGLang / vLLM / FastAPI shapes), one line."""
     try:
-        obj = json.loads(data)
+        obj = orjson.loads(data)
     except ValueError:
         return " ".join(data[:200].decode("utf-8", "replace").split()) or "no body"
     if isinstance(obj, dict):

@@ -9,6 +9,14 @@ the versions whose payload format we know, and how one response reads (`parse`) 
 | ------ | ---------------------------- | -------------------------------------------------- | -------------------------------- | ------------------------ |
 | sglang | POST /generate               | return_routed_experts, routed_experts_start_len    | --enable-return-routed-experts   | raw int32, base64        |
 | vllm   | POST /inference/v1/generate  | sampling_params.routed_experts_prompt_start        | --enable-return-routed-experts   | .npy (u8/u16/i32), base64 |
+| vllm-openai | POST /v1/completions    | routed_experts_prompt_start, return_token_ids      | --enable-return-routed-experts   | .npy (u8/u16/i32), base64 |
+
+vLLM 0.33.0's OpenAI routes carry the routed experts per choice (`CompletionResponseChoice` and
+`ChatCompletionResponseChoice.routed_experts`, the same `.npy` base64 as the token-in-token-out
+route) and take `routed_experts_prompt_start` on the request; there is no top-level
+`prompt_routed_experts` in 0.33.0 (newer releases add it). `vllm-openai` sends token ids as the
+completion `prompt` with `return_token_ids` so the choice carries `prompt_token_ids` and
+`token_ids`.
 """
 
 from __future__ import annotations
@@ -57,10 +65,9 @@ ENGINES: Registry[EngineSpec] = Registry("engine")
 
 
 def _ids(value: Any, what: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                              and t >= 0 for t in value):
-        raise InputError(f"{what}: not a list of token ids")
-    return value
+    from sempar.bounds import token_ids
+
+    return token_ids(value, what)
 
 
 def _count(value: Any, what: str) -> int:
@@ -125,7 +132,9 @@ def _vllm_build(prompt_ids: list[int], max_new_tokens: int, seed: int | None) ->
 
 def _vllm_parse(obj: Any, what: str) -> Routed:
     """A GenerateTokensResponse: {"prompt_token_ids"?, "choices": [{"token_ids",
-    "routed_experts"}]} (token_in_token_out/protocol.py); one choice (n = 1) is read."""
+    "routed_experts"}]} (token_in_token_out/protocol.py), or a CompletionResponse whose choice
+    carries "prompt_token_ids" itself (openai/completion/protocol.py, `return_token_ids`); one
+    choice (n = 1) is read."""
     if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
         raise InputError(f"{what}: not a vLLM generate response (no choices list)")
     if len(obj["choices"]) != 1 or not isinstance(obj["choices"][0], dict):
@@ -135,6 +144,8 @@ def _vllm_parse(obj: Any, what: str) -> Routed:
         raise InputError(f"{what}: vLLM aborted the request")
     output = _ids(choice.get("token_ids"), f"{what}: choices[0].token_ids")
     prompt = obj.get("prompt_token_ids")
+    if prompt is None:
+        prompt = choice.get("prompt_token_ids")
     prompt = _ids(prompt, f"{what}: prompt_token_ids") if prompt is not None else None
     P = len(prompt) if prompt is not None else -1
     return Routed(prompt, output, P, None, choice.get("routed_experts"))
@@ -145,6 +156,23 @@ ENGINES.add("vllm", EngineSpec(
     version_paths=("/version",), versions=("0.33",),
     build=_vllm_build, parse=_vllm_parse, decode=decode_npy, flag_check=lambda info: None,
     returns_prompt_ids=True))
+
+
+def _vllm_openai_build(prompt_ids: list[int], max_new_tokens: int,
+                       seed: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt": prompt_ids, "max_tokens": max_new_tokens,
+                            "temperature": 0.0, "return_token_ids": True,
+                            "routed_experts_prompt_start": 0, "stream": False}
+    if seed is not None:
+        body["seed"] = seed
+    return body
+
+
+ENGINES.add("vllm-openai", EngineSpec(
+    name="vllm-openai", generate_path="/v1/completions", flag="--enable-return-routed-experts",
+    version_paths=("/version",), versions=("0.33",),
+    build=_vllm_openai_build, parse=_vllm_parse, decode=decode_npy,
+    flag_check=lambda info: None, returns_prompt_ids=True))
 
 
 def engine(name: str) -> EngineSpec:

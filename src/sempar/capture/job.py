@@ -72,13 +72,20 @@ class CaptureSettings:
 
 
 def decode_mask(meta: TraceMeta, request_id: np.ndarray, position: np.ndarray) -> np.ndarray:
-    """bool[T]: rows of a captured trace that are decode steps (position >= the prompt's length)."""
+    """bool[T]: rows of a captured trace that are decode steps (position >= the prompt's length).
+    Traces captured since the `decode` column exist carry it (`RoutingTrace.decode`); this
+    reads the older ones' metadata."""
     lens = np.asarray(meta.extra["capture"]["prompt_tokens"], dtype=np.int64)
     return position >= lens[request_id]
 
 
 def trace_meta(model: str, shape: dict[str, Any], extra: dict[str, Any]) -> TraceMeta:
-    """The trace's model facts from `hf_config.config_shape` (layer ids out of the hidden layers)."""
+    """The trace's model facts from `hf_config.config_shape` (layer ids out of the hidden layers).
+    Slots are in the engine's order (`slots_sorted` False): SGLang 0.5.23's grouped and biased
+    top-k (`layers/moe/topk.py`: `grouped_topk_gpu`, `biased_grouped_topk_impl`,
+    `fused_topk_torch_native`) and vLLM 0.33.0's (`router/grouped_topk_router.py`,
+    `fused_topk_bias_router.py`, unless VLLM_BATCH_INVARIANT) call `torch.topk(sorted=False)`,
+    and neither engine returns the weights that would let us sort them."""
     layer_ids = tuple(shape["layer_ids"])
     return TraceMeta(model=model, num_layers=len(layer_ids), num_experts=shape["num_experts"],
                      top_k=shape["top_k"], vocab_size=shape["vocab_size"],
@@ -86,7 +93,7 @@ def trace_meta(model: str, shape: dict[str, Any], extra: dict[str, Any]) -> Trac
                      num_expert_groups=shape["num_expert_groups"],
                      topk_groups=shape["topk_groups"], layer_ids=layer_ids,
                      num_hidden_layers=shape["num_hidden_layers"],
-                     model_type=shape.get("model_type"), extra=extra)
+                     model_type=shape.get("model_type"), slots_sorted=False, extra=extra)
 
 
 def _previous(out: Path, capture: dict[str, Any]) -> TraceMeta | None:
@@ -99,8 +106,9 @@ def _previous(out: Path, capture: dict[str, Any]) -> TraceMeta | None:
 
     try:
         _, _, meta = read_header(out)
-    except InputError:
-        return None
+    except InputError as err:       # never replaced: a capture resumes only its own traces
+        raise InputError(f"--out {out}: exists and is not a trace `sempar capture` can resume "
+                         f"({str(err)[:200]}); give another --out") from None
     finally:
         release_input(out)          # our own earlier output: rewritten below, with its rows
     prev = meta.extra.get("capture") if isinstance(meta.extra, dict) else None
@@ -173,15 +181,17 @@ class CaptureJob:
         names = self.prompts.names
         if any(n is not None for n in names):
             self.capture["prompt_ids"] = [names[i % len(names)] for i in range(self.s.requests)]
-        with TraceWriter(out, self.meta, self.prompts.domains if has_domain else None) as w:
+        with TraceWriter(out, self.meta, self.prompts.domains if has_domain else None,
+                         has_decode=True) as w:
             if prev is not None:                 # copy the requests a previous run captured
                 self.capture["prompt_tokens"] = list(prev.extra["capture"]["prompt_tokens"])
                 done_requests = len(self.capture["prompt_tokens"])
                 lens = np.asarray(self.capture["prompt_tokens"], dtype=np.int64)
                 for _, _, _, a in iter_blocks(out, optional=("domain",)):
+                    dec = a["position"] >= lens[a["request_id"]]
                     w.write(a["token_id"], a["request_id"], a["position"], a["experts"],
-                            a.get("domain"))
-                    self._decode_count += int((a["position"] >= lens[a["request_id"]]).sum())
+                            a.get("domain"), decode=dec)
+                    self._decode_count += int(dec.sum())
                 release_input(out)
                 if progress is not None:
                     progress(done_requests)
@@ -335,9 +345,10 @@ class CaptureJob:
             P = len(self.prompts.ids)
             dom = np.repeat(np.asarray([self.prompts.domain[i % P] for i, _ in self._buf],
                                        np.int16), lens)
-        block = (np.concatenate([r.token_id for r in rows]), rid,
-                 np.concatenate([r.position for r in rows]),
-                 np.concatenate([r.experts for r in rows]), dom)
+        position = np.concatenate([r.position for r in rows])
+        is_decode = position >= np.repeat(np.asarray([r.prompt_len for r in rows], np.int64), lens)
+        block = (np.concatenate([r.token_id for r in rows]), rid, position,
+                 np.concatenate([r.experts for r in rows]), dom, None, is_decode)
         lens = [r.prompt_len for r in rows]
         decode = sum(int((r.position >= r.prompt_len).sum()) for r in rows)
         self._buf.clear()

@@ -5,7 +5,6 @@ ids), an optional `domain` (a name) and an optional `id` (kept in the trace's pr
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,9 @@ from sempar.errors import InputError
 
 PROMPTS_MAX = 10_000_000          # lines of a prompts file
 PROMPT_TOKENS_MAX = 1 << 20       # tokens of one prompt
+# Bytes of one line, checked before it is parsed or tokenised: 2^20 tokens of text escaped as
+# JSON stay below it; tokenising holds ~20x the text (a 1 GiB line took 22.9 GB), so ~0.7 GB.
+PROMPT_LINE_BYTES_MAX = 32 << 20
 
 
 @dataclass
@@ -31,43 +33,58 @@ class Prompts:
     sha256: str
 
 
+def _line(f: Any, p: Path, n: int) -> bytes | None:
+    """The next line of `f`, at most PROMPT_LINE_BYTES_MAX bytes read (None at the end): a
+    1 GiB line is refused after 32 MiB, before it is parsed or tokenised."""
+    raw = f.readline(PROMPT_LINE_BYTES_MAX + 1)
+    if len(raw) > PROMPT_LINE_BYTES_MAX:
+        raise InputError(f"{p} line {n}: longer than {PROMPT_LINE_BYTES_MAX} bytes (a prompt "
+                         f"holds at most {PROMPT_TOKENS_MAX} tokens)")
+    return raw or None
+
+
+def _name(value: Any, where: str, field: str) -> str:
+    """A domain or id as text that any file can hold (UTF-8: no lone surrogate)."""
+    from sempar.router.prompt import prompt_text
+
+    return prompt_text(str(value), f"{where}: {field}", InputError)
+
+
 def read_prompts(path: str | os.PathLike, tokenizer: Any | None) -> Prompts:
     """Parse and tokenise the prompts file; one line naming line and field on bad input."""
     from sempar.atomic import check_input
+    from sempar.bounds import token_ids
+    from sempar.router.prompt import prompt_text
+    from sempar.safe_json import parse_json
     from sempar.trace.record import encode
 
     p = check_input(path, "--prompts JSON-lines file")
     digest = hashlib.sha256()
     out = Prompts([], [], [], [], "")
     with open(p, "rb") as f:
-        for n, raw in enumerate(f, 1):
+        n = 0
+        while (raw := _line(f, p, n + 1)) is not None:
+            n += 1
             digest.update(raw)
             if not raw.strip():
                 continue
             if len(out.ids) >= PROMPTS_MAX:
                 raise InputError(f"{p}: more than {PROMPTS_MAX} prompts")
             where = f"{p} line {n}"
-            try:
-                obj = json.loads(raw)
-            except (ValueError, UnicodeDecodeError):
-                raise InputError(f"{where}: not a JSON object") from None
+            obj = parse_json(raw, where, max_bytes=PROMPT_LINE_BYTES_MAX)
             if not isinstance(obj, dict):
                 raise InputError(f"{where}: not a JSON object")
             if ("text" in obj) == ("input_ids" in obj):
                 raise InputError(f"{where}: give exactly one of text, input_ids")
             if "input_ids" in obj:
-                ids = obj["input_ids"]
-                arr = np.asarray(ids) if isinstance(ids, list) and ids else None
-                if arr is None or arr.ndim != 1 or arr.dtype.kind != "i" or \
-                        int(arr.min()) < 0 or int(arr.max()) >= 1 << 31:
-                    raise InputError(f"{where}: input_ids is not a list of token ids")
+                ids = token_ids(obj["input_ids"], f"{where}: input_ids")
             else:
                 if not isinstance(obj["text"], str):
                     raise InputError(f"{where}: text is not a string")
                 if tokenizer is None:
                     raise InputError(f"{where}: a text prompt needs the model's tokenizer "
                                      "(--model-dir with a tokenizer.json), or give input_ids")
-                ids = encode(tokenizer, obj["text"])
+                ids = encode(tokenizer, prompt_text(obj["text"], f"{where}: text", InputError))
             if not ids:
                 raise InputError(f"{where}: the prompt holds no tokens")
             if len(ids) > PROMPT_TOKENS_MAX:
@@ -75,14 +92,16 @@ def read_prompts(path: str | os.PathLike, tokenizer: Any | None) -> Prompts:
             dom = obj.get("domain")
             if dom is not None and (not isinstance(dom, str) or not dom):
                 raise InputError(f"{where}: domain is not a non-empty string")
+            if dom is not None:
+                dom = _name(dom, where, "domain")
             if dom is not None and dom not in out.domains:
                 out.domains.append(dom)
             name = obj.get("id")
-            if name is not None and not isinstance(name, (str, int)):
+            if name is not None and (not isinstance(name, (str, int)) or isinstance(name, bool)):
                 raise InputError(f"{where}: id is not a string or number")
             out.ids.append(np.asarray(ids, dtype=np.int32))
             out.domain.append(out.domains.index(dom) if dom is not None else -1)
-            out.names.append(None if name is None else str(name))
+            out.names.append(None if name is None else _name(name, where, "id"))
     if not out.ids:
         raise InputError(f"{p}: no prompts")
     out.sha256 = digest.hexdigest()

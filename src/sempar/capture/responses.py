@@ -13,21 +13,25 @@ Requests are numbered in line order across the files; prefill and decode rows ar
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from sempar.bounds import token_ids
 from sempar.capture.engines import engine
 from sempar.capture.job import trace_meta
 from sempar.capture.payload import PayloadShape
 from sempar.capture.rows import request_rows
 from sempar.errors import InputError
+from sempar.safe_json import json_lines, parse_json
 from sempar.trace.io import TraceWriter
 
 FLUSH_ROWS = 65536
+# One saved response line: a 128k-token request of DeepSeek-V3's shape is 333 MB of base64
+# (client.BODY_MAX bounds a live answer the same way).
+RESPONSE_LINE_BYTES_MAX = 1 << 30
 
 
 def _request_fields(engine_name: str, request: Any, where: str) -> tuple[list[int] | None, int | None]:
@@ -37,15 +41,18 @@ def _request_fields(engine_name: str, request: Any, where: str) -> tuple[list[in
     if not isinstance(request, dict):
         raise InputError(f"{where}: request is not a JSON object")
     key = "input_ids" if engine_name == "sglang" else "token_ids"
+    if engine_name == "vllm" and key not in request and isinstance(request.get("prompt"), list):
+        key = "prompt"                  # a saved /v1/completions request (token ids as prompt)
     ids = request.get(key)
-    if ids is not None and (not isinstance(ids, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
-        raise InputError(f"{where}: request.{key} is not a list of token ids")
+    if ids is not None:
+        token_ids(ids, f"{where}: request.{key}")
     if engine_name == "sglang":
         start = request.get("routed_experts_start_len")
     else:
         params = request.get("sampling_params")
         start = params.get("routed_experts_prompt_start") if isinstance(params, dict) else None
+        if start is None:               # /v1/completions and /v1/chat/completions: top level
+            start = request.get("routed_experts_prompt_start")
     if start is not None and (not isinstance(start, int) or isinstance(start, bool)):
         raise InputError(f"{where}: routed-expert start {start!r} is not an integer")
     return ids, start
@@ -80,25 +87,20 @@ def import_responses(engine_name: str, paths: Sequence[str | os.PathLike],
                 np.repeat(np.asarray([i for i, _, _ in buf], np.int32), lens),
                 np.concatenate([r.position for _, _, r in buf]),
                 np.concatenate([r.experts for _, _, r in buf]),
-                np.repeat(np.asarray([d for _, d, _ in buf], np.int16), lens))
+                np.repeat(np.asarray([d for _, d, _ in buf], np.int16), lens),
+                decode=np.concatenate([r.position >= r.prompt_len for _, _, r in buf]))
         buf.clear()
         buffered = 0
 
     # Domains are known only once every line is read; the column is written with all names
     # found in a first pass over the (small) JSON envelopes.
     domains = _domains(files)
-    with TraceWriter(out_path, meta, domains or None) as w:
+    with TraceWriter(out_path, meta, domains or None, has_decode=True) as w:
         req = 0
         for p in files:
             with open(p, "rb") as f:
-                for n, raw in enumerate(f, 1):
-                    if not raw.strip():
-                        continue
+                for n, _, obj in json_lines(f, str(p), RESPONSE_LINE_BYTES_MAX):
                     where = f"{p} line {n}"
-                    try:
-                        obj = json.loads(raw)
-                    except (ValueError, UnicodeDecodeError):
-                        raise InputError(f"{where}: not JSON") from None
                     request, response, domain = None, obj, None
                     if isinstance(obj, dict) and "response" in obj:
                         request, response, domain = obj.get("request"), obj["response"], obj.get("domain")
@@ -130,18 +132,22 @@ def import_responses(engine_name: str, paths: Sequence[str | os.PathLike],
 def _domains(files: list[Path]) -> list[str]:
     """The domain names of the files' {"request", "response", "domain"} lines, in order met."""
     names: list[str] = []
+    from sempar.router.prompt import prompt_text
+
     for p in files:
         with open(p, "rb") as f:
-            for raw in f:
-                if b'"domain"' not in raw:
-                    continue
+            while raw := f.readline(RESPONSE_LINE_BYTES_MAX + 1):
+                if b'"domain"' not in raw or len(raw) > RESPONSE_LINE_BYTES_MAX:
+                    continue                     # the main pass names a bad line
                 try:
-                    obj = json.loads(raw)
-                except (ValueError, UnicodeDecodeError):
-                    continue                     # the main pass names the line
+                    obj = parse_json(raw, str(p), RESPONSE_LINE_BYTES_MAX)
+                except InputError:
+                    continue
                 d = obj.get("domain") if isinstance(obj, dict) and "response" in obj else None
                 if d is not None and (not isinstance(d, str) or not d):
                     raise InputError(f"{p}: domain {str(d)[:40]!r} is not a non-empty string")
+                if d is not None:
+                    prompt_text(d, f"{p}: domain", InputError)
                 if d is not None and d not in names:
                     names.append(d)
     return names

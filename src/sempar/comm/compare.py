@@ -66,6 +66,10 @@ class Study:
 
     def run(self, spec: str, pipeline: str, topo: Topology) -> dict:
         pipe = PIPELINES.get(pipeline)
+        if pipe.chained:            # ExFlow moves a token to its top-1 (slot 0) expert's device
+            from sempar.trace.schema import require_sorted_slots
+
+            require_sorted_slots(self.eval.meta, f"pipeline {pipeline}")
         pl = self.placement(spec, topo)
         key = (spec, topo.num_devices, topo.num_nodes)
         if key not in self._homes:

@@ -129,8 +129,11 @@ def load_topology(name_or_path: str | os.PathLike, nodes: int | None = None) -> 
     base, _, n = s.partition(":")
     if base in TOPOLOGIES:
         if n:
-            if not n.isdigit():
-                raise InputError(f"topology {s!r}: the node count after ':' must be an integer")
+            # ASCII digits only: str.isdigit() is also true of '²' and '٨', which int() refuses
+            # or reads as another number
+            if not (n.isascii() and n.isdigit()) or len(n) > 6:
+                raise InputError(f"topology {s!r}: the node count after ':' must be an integer "
+                                 "(ASCII digits)")
             if nodes is not None and nodes != int(n):
                 raise InputError(f"topology {s!r} contradicts --nodes {nodes}")
             nodes = int(n)

@@ -46,8 +46,8 @@ def capture_cmd(url: str = typer.Option(..., "--url", help="the engine's base UR
                 as_json: bool = json_option()) -> None:
     """Send prompts to a running engine with routed-expert return on; write every request's
     routing (prefill and decode rows) to a trace."""
-    from sempar.atomic import check_output
-    from sempar.capture.client import ClientConfig
+    from sempar.atomic import check_input, check_output
+    from sempar.capture.client import ClientConfig, check_url
     from sempar.capture.job import CaptureJob, CaptureSettings
     from sempar.capture.prompts import read_prompts
     from sempar.capture.setup import model_shape, probe_server
@@ -55,7 +55,9 @@ def capture_cmd(url: str = typer.Option(..., "--url", help="the engine's base UR
 
     from sempar.capture.engines import ENGINES
 
-    ENGINES.get(engine_name)
+    ENGINES.get(engine_name)                  # every check without the network or model first
+    check_url(url)
+    check_input(prompts, "--prompts JSON-lines file")
     check_output(out_file, prompts)
     config = ClientConfig(concurrency=concurrency, timeout_s=timeout, tries=tries)
     found = probe_server(engine_name, url, config)

@@ -66,6 +66,9 @@ def evaluate(ctx: typer.Context,
     else:
         fit_trace, eval_trace = whole, read_trace(eval_file, optional=("domain",))
     extra = home = None
+    from sempar.schedule.evaluate import check_evaluation
+
+    check_evaluation(fit_trace, eval_trace, (mode,), chunk_slack)   # before any model loads
     if online:
         from sempar.trace.schema import require_token_ids
 

@@ -85,6 +85,12 @@ def model_layout(p: Placement, num_hidden_layers: int | None = None,
 
 def to_sglang(p: Placement, layout: ModelLayout) -> dict:
     """`{"physical_to_logical_map": int[num_hidden_layers][P]}` (module docstring)."""
+    from sempar.bounds import SGLANG_MAP_ENTRIES_MAX
+
+    entries = layout.num_hidden_layers * p.num_slots
+    if entries > SGLANG_MAP_ENTRIES_MAX:
+        raise InputError(f"sglang: {layout.num_hidden_layers} hidden layers x {p.num_slots} slots "
+                         f"is {entries} map entries, above the limit {SGLANG_MAP_ENTRIES_MAX}")
     dense = np.resize(np.arange(p.num_experts), p.num_slots)  # contiguous, wraps for replicas
     rows = [dense.tolist() for _ in range(layout.num_hidden_layers)]
     for l, model_layer in enumerate(layout.moe_layer_ids):

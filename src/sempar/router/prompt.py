@@ -13,11 +13,31 @@ from pathlib import Path
 
 import numpy as np
 
+from sempar.bounds import token_ids
 from sempar.errors import InputError
 
 
 class PromptError(ValueError):
     """The request body has no prompt the router can read (-> HTTP 400, one line)."""
+
+
+# Text longer than this is refused before it is tokenised (the router's body limit and capture's
+# line limit are far below it; tokenising holds ~20x the text).
+TEXT_CHARS_MAX = 32 << 20
+
+
+def prompt_text(text: str, what: str, error: type[Exception] = PromptError) -> str:
+    """`text` when a tokenizer (and any file) can take it, else `error` naming `what`: JSON's
+    `"\\ud800"` decodes to a lone surrogate, which no UTF-8 encoder accepts (the Rust tokenizer
+    raises on it); text above TEXT_CHARS_MAX is refused before it is tokenised."""
+    if len(text) > TEXT_CHARS_MAX:
+        raise error(f"{what}: {len(text)} characters is above the limit {TEXT_CHARS_MAX}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise error(f"{what}: character {err.start} is a lone surrogate "
+                    f"({ascii(text[err.start])}), not text") from None
+    return text
 
 
 class PromptTokenizer:
@@ -36,9 +56,11 @@ class PromptTokenizer:
         if self.template is not None:              # transformers renders the template (jinja)
             from transformers import PreTrainedTokenizerFast
 
+            _compile(self.template, d)
             self._renderer = PreTrainedTokenizerFast(tokenizer_object=self.tok)
 
     def encode(self, text: str) -> list[int]:
+        text = prompt_text(text, "prompt")
         # The Rust tokenizer directly (the transformers wrapper adds ~0.5 ms per 512 tokens),
         # through `encode_batch_fast` where it exists (tokenizers >= 0.20): the same ids without
         # the character offsets, ~0.26 ms instead of ~0.35-0.40 ms for 512 tokens.
@@ -55,8 +77,17 @@ class PromptTokenizer:
             raise PromptError("every item of 'messages' must be an object")
         if self.template is None:
             return self.encode("\n".join(m["content"] for m in msgs))
-        text = self._renderer.apply_chat_template(msgs, chat_template=self.template, tokenize=False,
-                                            add_generation_prompt=True)
+        for m in msgs:
+            prompt_text(m["role"], "a message's role")
+            prompt_text(m["content"], "a message's content")
+        try:
+            text = self._renderer.apply_chat_template(
+                msgs, chat_template=self.template, tokenize=False, add_generation_prompt=True)
+        except Exception as err:    # a template raises on what it does not take (a role, ...)
+            msg = " ".join(str(err).split())[:200] or type(err).__name__
+            raise PromptError(f"the model's chat template refused the messages: {msg}") from None
+        if not isinstance(text, str):
+            raise PromptError("the model's chat template rendered no text")
         return self.encode(text)
 
     def tokens(self, route: str, body: dict) -> np.ndarray:
@@ -78,12 +109,12 @@ class PromptTokenizer:
         if isinstance(p, str):
             return self.encode(p)
         if isinstance(p, list) and p:
-            if all(isinstance(x, int) and not isinstance(x, bool) for x in p):
-                return p
+            if all(isinstance(x, int) for x in p):
+                return token_ids(p, f"'{name}'", PromptError)
             if all(isinstance(x, str) for x in p):
                 return [i for x in p for i in self.encode(x)]
-            if all(isinstance(x, list) and all(isinstance(i, int) for i in x) for x in p):
-                return [i for x in p for i in x]
+            if all(isinstance(x, list) for x in p):
+                return [i for x in p for i in token_ids(x, f"'{name}'", PromptError)]
         raise PromptError(f"'{name}' must be text, token ids, or a non-empty list of either")
 
 
@@ -100,15 +131,48 @@ def _text(content) -> str:
 
 
 def _chat_template(d: Path) -> str | None:
-    import json
+    """The model's chat template text (None: it has none); a file that is not UTF-8 or not a
+    JSON object is one line. A template with a list of named templates uses "default"."""
+    from sempar.safe_json import parse_json
 
     if (d / "chat_template.jinja").is_file():
-        return (d / "chat_template.jinja").read_text()
+        path = d / "chat_template.jinja"
+        raw = path.read_bytes()
+        if len(raw) > TEMPLATE_BYTES_MAX:
+            raise InputError(f"--model-dir: {path}: {len(raw)} bytes is above the limit "
+                             f"{TEMPLATE_BYTES_MAX} for a chat template")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(f"--model-dir: {path}: not UTF-8 text (byte {err.start})") from None
     cfg = d / "tokenizer_config.json"
     if cfg.is_file():
-        try:
-            t = json.loads(cfg.read_text()).get("chat_template")
-        except (ValueError, AttributeError) as err:
-            raise InputError(f"--model-dir: {cfg} is not a JSON object: {err}") from None
-        return t if isinstance(t, str) else None
+        obj = parse_json(cfg.read_bytes(), f"--model-dir: {cfg}")
+        if not isinstance(obj, dict):
+            raise InputError(f"--model-dir: {cfg} is not a JSON object")
+        t = obj.get("chat_template")
+        if isinstance(t, list):     # [{"name": "default", "template": ...}, ...] (HF's form)
+            t = next((x.get("template") for x in t if isinstance(x, dict)
+                      and x.get("name") == "default"), None)
+        if t is not None and (not isinstance(t, str) or
+                              not prompt_text(t, f"--model-dir: {cfg}: chat_template", InputError)):
+            raise InputError(f"--model-dir: {cfg}: chat_template is not text")
+        return t
     return None
+
+
+TEMPLATE_BYTES_MAX = 4 << 20
+
+
+def _compile(template: str, d: Path) -> None:
+    """Compile the chat template at start-up (as transformers will on the first request): a
+    syntax error is one line now, not a 500 per request."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:             # another transformers: the first request will tell
+        return
+    try:
+        _compile_jinja_template(template)
+    except Exception as err:        # jinja2.TemplateSyntaxError and whatever a filter raises
+        msg = " ".join(str(err).split())[:200] or type(err).__name__
+        raise InputError(f"--model-dir: {d}: the chat template does not compile: {msg}") from None

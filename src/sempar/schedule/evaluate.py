@@ -72,6 +72,18 @@ def unconstrained_oracle_lar(placement: Placement, eval_: RoutingTrace) -> float
     return placement_figures(placement, eval_.experts, home)["lar_mean"]
 
 
+def check_evaluation(fit: RoutingTrace, eval_: RoutingTrace, modes: tuple[str, ...],
+                     chunk_slack: float = 0.0) -> None:
+    """The checks that need no model and no placement: `evaluate --online` runs them before it
+    loads the model's embedding (a refusal is then the only line on stderr)."""
+    check_slack(chunk_slack, "--chunk-slack")
+    for mode in modes:
+        if mode not in ATTENTION_MODES:
+            raise InputError(f"--mode: {mode!r} is not one of {', '.join(ATTENTION_MODES)}")
+    if fit.meta.first_difference(eval_.meta) is not None:
+        raise InputError("--eval: the eval trace's model shape differs from the fit trace's")
+
+
 def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
                    options: SolveOptions | None = None, *, methods: list[str] | None = None,
                    modes: tuple[str, ...] = ATTENTION_MODES,
@@ -88,12 +100,7 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
     """
     options = options or SolveOptions()
     nodes, redundant = options.num_nodes, options.redundant
-    check_slack(chunk_slack, "--chunk-slack")
-    for mode in modes:
-        if mode not in ATTENTION_MODES:
-            raise InputError(f"--mode: {mode!r} is not one of {', '.join(ATTENTION_MODES)}")
-    if fit.meta.first_difference(eval_.meta) is not None:
-        raise InputError("--eval: the eval trace's model shape differs from the fit trace's")
+    check_evaluation(fit, eval_, modes, chunk_slack)
     if not (fit.meta.has_token_ids and eval_.meta.has_token_ids):
         # one side without ids: a token table fitted on the other would look up zeros
         fit, eval_ = without_token_ids(fit), without_token_ids(eval_)

@@ -56,19 +56,27 @@ def stable_arrivals(rate: float, duration: float, seed) -> np.ndarray:
 
 
 def read_arrivals(path: str | Path) -> np.ndarray:
-    """Arrival times in seconds from a text file (one per line) or a JSON list; sorted."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"--arrivals: {p} is not a file")
+    """Arrival times in seconds from a text file (one per line) or a JSON list; sorted. Each time
+    is finite, >= 0 and at most `bounds.SECONDS_MAX` (a week: an enormous one overflowed in the
+    engine); the file at most `JSON_BYTES_MAX` bytes."""
+    from sempar.atomic import check_input
+    from sempar.bounds import JSON_BYTES_MAX, SECONDS_MAX
+
+    p = check_input(path, "--arrivals file")
+    if p.stat().st_size > JSON_BYTES_MAX:
+        raise InputError(f"--arrivals: {p} is above the limit of {JSON_BYTES_MAX} bytes")
     text = p.read_text(errors="replace")
     try:
         vals = parse_json(text, f"--arrivals: {p}") if text.lstrip().startswith("[") \
             else [float(x) for x in text.split()]
+        if isinstance(vals, list) and any(isinstance(v, bool) for v in vals):
+            raise TypeError("a boolean")
         a = np.asarray(vals, np.float64)
     except (ValueError, TypeError):
         raise InputError(f"--arrivals: {p} holds something that is not a number") from None
-    if a.ndim != 1 or a.size == 0 or not np.isfinite(a).all() or (a < 0).any():
-        raise InputError(f"--arrivals: {p} must list non-negative finite seconds")
+    if a.ndim != 1 or a.size == 0 or not np.isfinite(a).all() or (a < 0).any() or \
+            (a > SECONDS_MAX).any():
+        raise InputError(f"--arrivals: {p} must list finite seconds in [0, {SECONDS_MAX:g}]")
     return np.sort(a - a.min())
 
 

@@ -120,7 +120,13 @@ class Arrays:
     def get(self, name: str) -> np.ndarray:
         src = self._src[name]
         try:
+            if isinstance(src, np.lib.npyio.NpzFile):
+                why = _check_member(src, name)
+                if why:
+                    raise InputError(f"{name} ({self.where[name]}): {why}")
             a = src[name] if isinstance(src, np.lib.npyio.NpzFile) else src
+        except InputError:
+            raise
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
             raise InputError(f"{name} ({self.where[name]}): cannot be read "
                              f"({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
@@ -141,6 +147,36 @@ class Arrays:
             if name in self.where:
                 return name, self.get(name)
         return None, None
+
+
+DEFLATE_RATIO_MAX = 1032     # deflate cannot expand more than this (RFC 1951's longest match)
+
+
+def _check_member(npz: Any, name: str) -> str | None:
+    """Why to refuse an .npz member (None: none) whose header claims more bytes than the member holds, before
+    numpy allocates the array its header describes (a 40-byte member can claim 179 GiB; the
+    plain .npy form is memory-mapped and numpy refuses it there itself). The member's size is
+    the zip's, itself bounded by its compressed size times deflate's largest ratio."""
+    from numpy.lib import format as npf
+
+    zf = npz.zip
+    member = name if name in zf.namelist() else name + ".npy"
+    info = zf.getinfo(member)
+    ratio = 1 if info.compress_type == zipfile.ZIP_STORED else DEFLATE_RATIO_MAX
+    size = min(info.file_size, info.compress_size * ratio)
+    with zf.open(member) as f:
+        version = npf.read_magic(f)
+        read = npf.read_array_header_1_0 if version == (1, 0) else npf.read_array_header_2_0
+        shape, _, dtype = read(f)
+        header = f.tell()
+    count = int(np.prod(shape, dtype=object)) if shape else 1
+    claimed = header + count * dtype.itemsize
+    if dtype.hasobject:
+        return "an object array (never unpickled)"
+    if claimed > size:
+        return (f"its header claims {shape} x {dtype.itemsize} bytes, more than the {size} "
+                "bytes the member holds")
+    return None
 
 
 def _vector(a: np.ndarray, name: str, n: int, what: str, kind: str = "i") -> np.ndarray:
@@ -205,11 +241,24 @@ def _check_domain_count(name: str, n: int) -> None:
                          f"(at most {np.iinfo(np.int16).max})")
 
 
+def _names(a: np.ndarray, name: str) -> np.ndarray:
+    """A str array of names from a numpy str ('U') or bytes ('S') array: bytes must be UTF-8."""
+    if a.dtype.kind == "U":
+        return a.astype(str)
+    out = []
+    for i, b in enumerate(a.tolist()):
+        try:
+            out.append(b.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InputError(f"{name}: entry {i}: {b[:40]!r} is not UTF-8 text") from None
+    return np.asarray(out, dtype=str) if out else np.zeros(0, dtype=str)
+
+
 def _codes(a: np.ndarray, name: str, names: list[str] | None, what: str) -> tuple[np.ndarray, list[str]]:
     """(int16 codes (-1 unknown), names) of a domain array: integers index `names`, strings
     are the names."""
     if a.dtype.kind in "US":
-        s = a.astype(str)
+        s = _names(a, name)
         uniq = sorted(set(s.tolist()) - {""})
         _check_domain_count(name, len(uniq))
         lookup = {n: i for i, n in enumerate(uniq)}
@@ -241,7 +290,7 @@ def _domains(arr: Arrays, keys: dict, T: int, R: int, request_id: np.ndarray
         if names_arr.ndim != 1 or names_arr.dtype.kind not in "US":
             raise InputError(f"{nn}: shape {names_arr.shape} dtype {names_arr.dtype}, expected "
                              "a 1-D array of names")
-        names = names_arr.astype(str).tolist()
+        names = _names(names_arr, nn).tolist()
         dup = [n for n in names if names.count(n) > 1]
         if dup or "" in names:
             raise InputError(f"{nn}: name {(dup or [''])[0]!r} is {'listed twice' if dup else 'empty'}")
@@ -311,6 +360,9 @@ def import_arrays(paths: Sequence[str | os.PathLike], out_path: str | os.PathLik
         raise InputError(f"{en}: shape {experts.shape} dtype {experts.dtype}, expected "
                          "int[tokens, layers, top_k]")
     T, L, k = experts.shape
+    if T == 0 or L == 0 or k == 0:
+        raise InputError(f"{en}: shape {experts.shape} holds no routing (tokens, layers and "
+                         "top_k must be at least 1)")
     if experts.size and int(experts.min()) < 0:     # before a shape is derived from the ids
         r, l, sl = (int(i) for i in np.argwhere(np.asarray(experts) < 0)[0])
         raise InputError(f"{en}: row {r} layer {l} slot {sl}: expert id {int(experts[r, l, sl])} "
@@ -370,6 +422,7 @@ def import_arrays(paths: Sequence[str | os.PathLike], out_path: str | os.PathLik
         topk_groups=int(value.get("topk_groups") or value.get("num_expert_groups") or 1),
         layer_ids=value.get("layer_ids"), num_hidden_layers=value.get("num_hidden_layers"),
         model_type=value.get("model_type"), has_token_ids=tn is not None,
+        slots_sorted=wn is not None,        # re-sorted by weight below; else unknown
         extra={"importer": "sempar.import_arrays", "files": [Path(p).name for p in paths],
                "arrays": {r: n for r, n in (("experts", en), ("weights", wn), ("token_id", tn),
                                             ("requests", req_how), ("position", pn),

@@ -146,6 +146,14 @@ def block_arrays(tab: pa.Table, meta: TraceMeta, domains: list[str], row0: int) 
                               WEIGHT_DTYPE).reshape(-1, L, k)
     if "domain" in tab.column_names:
         out["domain"] = _domain_codes(tab.column("domain"), domains, row0)
+    if "decode" in tab.column_names:          # prefill / decode rows (optional, bool)
+        c = tab.column("decode")
+        if not pa.types.is_boolean(c.type):
+            raise InputError(f"decode: column type {c.type} is not bool")
+        if c.null_count:
+            r = int(np.argmax(c.is_null().to_numpy(zero_copy_only=False)))
+            raise InputError(f"decode: row {row0 + r}: value is null")
+        out["decode"] = c.to_numpy(zero_copy_only=False).astype(np.bool_, copy=False)
     return out
 
 

@@ -81,7 +81,7 @@ COMPRESSION_LEVEL = 1
 
 
 def arrow_schema(meta: TraceMeta, has_domain: bool, has_weights: bool,
-                 format_version: int = FORMAT_VERSION) -> pa.Schema:
+                 format_version: int = FORMAT_VERSION, has_decode: bool = False) -> pa.Schema:
     width = meta.num_layers * meta.top_k
     if format_version == 1:
         expert_type = pa.list_(pa.int16() if meta.stored_dtype == np.int16 else pa.int32(), width)
@@ -97,6 +97,8 @@ def arrow_schema(meta: TraceMeta, has_domain: bool, has_weights: bool,
     fields.append(pa.field("experts", expert_type, nullable=False))
     if has_weights:
         fields.append(pa.field("weights", weight_type, nullable=False))
+    if has_decode:              # prefill (false) / decode (true) rows, when the source knew
+        fields.append(pa.field("decode", pa.bool_(), nullable=False))
     return pa.schema(fields)
 
 
@@ -111,7 +113,7 @@ class TraceWriter:
 
     def __init__(self, path: str | os.PathLike, meta: TraceMeta, domains: list[str] | None = None,
                  has_weights: bool = False, validate: bool = True,
-                 format_version: int = FORMAT_VERSION):
+                 format_version: int = FORMAT_VERSION, has_decode: bool = False):
         if format_version not in SUPPORTED_VERSIONS:
             raise ValueError(f"format_version: {format_version} is not one of {SUPPORTED_VERSIONS}")
         self.version = format_version
@@ -121,7 +123,8 @@ class TraceWriter:
         self.has_domain = bool(self.domains)
         self.has_weights = has_weights
         self.validate = validate
-        self.schema = arrow_schema(meta, self.has_domain, has_weights, format_version)
+        self.has_decode = has_decode
+        self.schema = arrow_schema(meta, self.has_domain, has_weights, format_version, has_decode)
         self.rows = 0
         self._requests: set[int] | None = set()
         self._request_count = 0
@@ -144,14 +147,21 @@ class TraceWriter:
 
     def write(self, token_id: np.ndarray, request_id: np.ndarray, position: np.ndarray,
               experts: np.ndarray, domain: np.ndarray | None = None,
-              weights: np.ndarray | None = None) -> None:
-        """Append rows. Shapes as in `RoutingTrace`; `domain` int16[T] indexes `domains`."""
+              weights: np.ndarray | None = None, decode: np.ndarray | None = None) -> None:
+        """Append rows. Shapes as in `RoutingTrace`; `domain` int16[T] indexes `domains`;
+        `decode` bool[T] (given exactly when the writer was made `has_decode`)."""
         assert self._writer is not None, "use TraceWriter as a context manager"
         if self.validate:
             validate_arrays(self.meta, token_id, request_id, position, experts, domain,
                             self.domains, weights, row_offset=self.rows)
         if self.has_weights != (weights is not None):
             raise InputError("weights: given for some blocks of the trace but not for others")
+        if self.has_decode != (decode is not None):
+            raise InputError("decode: given for some blocks of the trace but not for others")
+        if decode is not None:
+            from sempar.trace.schema import check_decode
+
+            check_decode(decode, token_id.shape[0])
         T = token_id.shape[0]
         width = self.meta.num_layers * self.meta.top_k
         cols: list[pa.Array] = [pa.array(token_id.astype(np.int32, copy=False)),
@@ -164,7 +174,12 @@ class TraceWriter:
         cols.append(self._rows(experts, stored_dtype(self.meta), width))
         if weights is not None:
             cols.append(self._rows(weights, WEIGHT_DTYPE, width))
-        self._writer.write_table(pa.Table.from_arrays(cols, schema=self.schema))
+        if decode is not None:
+            cols.append(pa.array(decode, pa.bool_()))
+        try:
+            self._writer.write_table(pa.Table.from_arrays(cols, schema=self.schema))
+        except (OSError, pa.ArrowException) as err:
+            raise self._named(err) from None
         self.rows += T
         # Counting requests exactly needs their ids; blocks from generators and recorders
         # hold whole requests in order, so a set of the ids seen stays small enough.
@@ -189,8 +204,11 @@ class TraceWriter:
                 block = json.dumps(self._meta_block()).encode()
                 self._writer.add_key_value_metadata({META_KEY: block,
                                                      SUM_KEY: block_checksum(block)})
-            self._writer.close()
-            self._sink.close()
+            try:
+                self._writer.close()
+                self._sink.close()
+            except (OSError, pa.ArrowException) as err:
+                raise self._named(err) from None
         except BaseException as err:
             # The writer is finished here, and marked closed even if finishing fails (a full
             # disk): otherwise its __del__ retries on the closed sink and prints a traceback
@@ -202,6 +220,21 @@ class TraceWriter:
             self._ctx.__exit__(type(err), err, err.__traceback__)
             raise
         self._ctx.__exit__(exc_type, exc, tb)
+
+    def _named(self, err: BaseException) -> OSError:
+        """pyarrow's I/O error with the file it was writing named (its own message names none:
+        "Error writing bytes to file. Detail: [errno 28] No space left on device")."""
+        import errno as errnos
+        import re
+
+        code = getattr(err, "errno", None)
+        if code is None:
+            m = re.search(r"\[errno (\d+)\]", str(err), re.IGNORECASE)
+            code = int(m.group(1)) if m else None
+        what = os.strerror(code) if code else " ".join(str(err).split())[:200]
+        out = OSError(code or errnos.EIO, f"cannot write the trace ({what})")
+        out.filename = str(self.path)
+        return out
 
     def _meta_block(self) -> dict[str, Any]:
         return {"format_version": self.version, "meta": self.meta.to_json(),
@@ -215,12 +248,13 @@ def write_trace(trace: RoutingTrace, path: str | os.PathLike, row_group_size: in
     trace.validate()
     with TraceWriter(path, trace.meta, trace.domains if trace.domain is not None else None,
                      has_weights=trace.weights is not None, validate=False,
-                     format_version=format_version) as w:
+                     format_version=format_version, has_decode=trace.decode is not None) as w:
         for lo in range(0, max(trace.num_tokens, 1), row_group_size):
             sl = slice(lo, lo + row_group_size)
             w.write(trace.token_id[sl], trace.request_id[sl], trace.position[sl], trace.experts[sl],
                     None if trace.domain is None else trace.domain[sl],
-                    None if trace.weights is None else trace.weights[sl])
+                    None if trace.weights is None else trace.weights[sl],
+                    None if trace.decode is None else trace.decode[sl])
 
 
 def _open(path: str | os.PathLike) -> pq.ParquetFile:
@@ -288,7 +322,7 @@ def read_header(path: str | os.PathLike) -> tuple[pq.ParquetFile, dict[str, Any]
 # Columns every reader needs (RoutingTrace's required arrays); `domain` and `weights` are
 # read only when asked for.
 REQUIRED_COLUMNS = ("token_id", "request_id", "position", "experts")
-OPTIONAL_COLUMNS = ("domain", "weights")
+OPTIONAL_COLUMNS = ("domain", "weights", "decode")
 
 
 def _columns(pf: pq.ParquetFile, optional: tuple[str, ...] | None) -> list[str]:
@@ -373,7 +407,8 @@ def read_trace(path: str | os.PathLike, validate: bool = True,
 
     trace = RoutingTrace(meta=meta, token_id=out["token_id"], request_id=out["request_id"],
                          position=out["position"], experts=out["experts"],
-                         domain=out.get("domain"), domains=domains, weights=out.get("weights"))
+                         domain=out.get("domain"), domains=domains, weights=out.get("weights"),
+                         decode=out.get("decode"))
     if validate and block.get("num_requests") not in (None, trace.num_requests):
         raise InputError(f"metadata.num_requests: {block.get('num_requests')!r} but the file holds "
                          f"{trace.num_requests} distinct request ids")
@@ -403,5 +438,5 @@ def trace_info(path: str | os.PathLike) -> dict[str, Any]:
             "experts": meta.num_experts, "top_k": meta.top_k, "domains": counts,
             "model": meta.model, "shared_experts": meta.shared_experts,
             "vocab_size": meta.vocab_size, "has_weights": has_weights,
-            "has_token_ids": meta.has_token_ids}
+            "has_token_ids": meta.has_token_ids, "slots_sorted": meta.slots_sorted}
 

@@ -84,6 +84,8 @@ def concat(traces: Sequence[RoutingTrace]) -> RoutingTrace:
     meta = first.meta
     if not all(t.meta.has_token_ids for t in traces):   # zeros of one part are no ids
         meta = dataclasses.replace(meta, has_token_ids=False)
+    if not all(t.meta.slots_sorted for t in traces):    # one unsorted part: slot 0 unknown
+        meta = dataclasses.replace(meta, slots_sorted=False)
     return RoutingTrace(
         meta=meta,
         token_id=np.concatenate([t.token_id for t in traces]),
@@ -93,6 +95,9 @@ def concat(traces: Sequence[RoutingTrace]) -> RoutingTrace:
         domain=np.concatenate(domain_parts) if has_domain else None,
         domains=domains if has_domain else [],
         weights=None if traces[0].weights is None else np.concatenate([t.weights for t in traces]),
+        # known for the whole only when every part says it
+        decode=np.concatenate([t.decode for t in traces])
+        if all(t.decode is not None for t in traces) else None,
     )
 
 

@@ -7,12 +7,17 @@ In memory a trace is a set of aligned numpy arrays, one row per token:
 - `position`:   int32[T]        position of the token inside its request
 - `domain`:     int16[T]        index into `domains` (-1 = unknown), or None when no row has one
 - `experts`:    uint8[T, L, k]  logical routed-expert ids selected at each MoE layer, listed by
-                                 decreasing router weight (slot 0 is the top-1 choice); the dtype
+                                 decreasing router weight (slot 0 is the top-1 choice; not when
+                                 `TraceMeta.slots_sorted` is False); the dtype
                                  is `TraceMeta.expert_dtype`: uint8 up to 256 experts, int16 up
                                  to 32767, int32 above (files store int16 / int32, trace/io.py).
                                  Arithmetic on ids must widen first (`np.intp`): a uint8 id
                                  times N or plus a Python int wraps around.
 - `weights`:    float32[T, L, k] optional router weights of those selections
+- `decode`:     bool[T]         optional: True for a decode step (a generated token forwarded),
+                                 False for a prefill row (a prompt token); None when the source
+                                 did not say (older traces, synth, record). `sempar capture`
+                                 and the routed-response importers set it.
 
 and a `TraceMeta` with the model's shape. Shared experts are recorded in the metadata only:
 every token uses them on its home device, so they never cross a link.
@@ -60,6 +65,11 @@ class TraceMeta:
     says the source kept no token ids (`sempar import arrays` without them): the `token_id`
     column is then all zeros and means nothing, and every method that needs a token -> expert
     table refuses the trace (`require_token_ids`); files without the field read as True.
+    `slots_sorted` False says slot 0 need not be the top-1 expert: the engine's top-k order
+    was kept (SGLang's and vLLM's grouped / biased top-k take `torch.topk(..., sorted=False)`;
+    `sempar capture` and the engine importers set it False), so every figure that reads slot
+    order (top-1 look-back, top-1 ties) honours it or refuses (`require_sorted_slots`); files
+    without it read as True.
     `extra` keeps free-form provenance (generator parameters, recorder settings).
     """
 
@@ -75,6 +85,7 @@ class TraceMeta:
     num_hidden_layers: int | None = None
     model_type: str | None = None
     has_token_ids: bool = True
+    slots_sorted: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -108,6 +119,9 @@ class TraceMeta:
         if not isinstance(self.has_token_ids, (bool, np.bool_)):
             raise InputError(f"metadata.has_token_ids: {self.has_token_ids!r} is not true or false")
         object.__setattr__(self, "has_token_ids", bool(self.has_token_ids))
+        if not isinstance(self.slots_sorted, (bool, np.bool_)):
+            raise InputError(f"metadata.slots_sorted: {self.slots_sorted!r} is not true or false")
+        object.__setattr__(self, "slots_sorted", bool(self.slots_sorted))
         if self.layer_ids is not None:
             object.__setattr__(self, "layer_ids", check_layer_ids(
                 "metadata.layer_ids", self.layer_ids, self.num_layers))
@@ -155,6 +169,8 @@ class TraceMeta:
         d["layer_ids"] = list(self.layer_ids) if self.layer_ids is not None else None
         if self.has_token_ids:      # written only when False: traces with ids keep their bytes
             del d["has_token_ids"]
+        if self.slots_sorted:       # likewise
+            del d["slots_sorted"]
         return d
 
     @classmethod
@@ -188,6 +204,7 @@ class RoutingTrace:
     domain: np.ndarray | None = None
     domains: list[str] = field(default_factory=list)
     weights: np.ndarray | None = None
+    decode: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -221,12 +238,14 @@ class RoutingTrace:
             domain=None if self.domain is None else self.domain[rows],
             domains=list(self.domains),
             weights=None if self.weights is None else self.weights[rows],
+            decode=None if self.decode is None else self.decode[rows],
         )
 
     def validate(self) -> "RoutingTrace":
         """Check every invariant; raise `InputError` naming field, row and value. Returns self."""
         validate_arrays(self.meta, self.token_id, self.request_id, self.position, self.experts,
                         self.domain, self.domains, self.weights)
+        check_decode(self.decode, self.num_tokens)
         return self
 
     def info(self) -> dict[str, Any]:
@@ -243,6 +262,7 @@ class RoutingTrace:
             "vocab_size": self.meta.vocab_size,
             "has_weights": self.weights is not None,
             "has_token_ids": self.meta.has_token_ids,
+            "slots_sorted": self.meta.slots_sorted,
         }
 
 
@@ -252,6 +272,21 @@ def require_token_ids(meta: TraceMeta, what: str, hint: str = "") -> None:
     if not meta.has_token_ids:
         raise InputError(f"{what} needs token ids (a token -> expert table), and the trace of "
                          f"{meta.model} has none (imported without them){hint}")
+
+
+def check_decode(decode: np.ndarray | None, T: int) -> None:
+    """The optional prefill / decode column: bool[T] (None: not known)."""
+    if decode is not None and (decode.shape != (T,) or decode.dtype != np.bool_):
+        raise InputError(f"decode: shape {decode.shape} dtype {decode.dtype}, expected bool[{T}]")
+
+
+def require_sorted_slots(meta: TraceMeta, what: str) -> None:
+    """Bad input when `what` reads slot 0 as the top-1 expert and the trace's slots are in an
+    engine's unsorted top-k order (`TraceMeta.slots_sorted` False)."""
+    if not meta.slots_sorted:
+        raise InputError(f"{what} reads slot 0 as the top-1 expert, and the trace of "
+                         f"{meta.model} keeps its engine's unsorted top-k order "
+                         "(metadata.slots_sorted false: captured from SGLang / vLLM)")
 
 
 def _first_bad(mask: np.ndarray) -> tuple[int, ...]:

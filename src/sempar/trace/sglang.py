@@ -368,7 +368,7 @@ def import_sglang(dump_paths: Sequence[str | os.PathLike], out_path: str | os.Pa
     meta = TraceMeta(
         model=model or "sglang-dump", num_layers=len(layer_ids), num_experts=int(num_experts),
         top_k=int(top_k), vocab_size=int(vocab_size), layer_ids=layer_ids,
-        num_hidden_layers=L, model_type=_model_type(model, layer_ids, L),
+        num_hidden_layers=L, model_type=_model_type(model, layer_ids, L), slots_sorted=False,
         extra={"importer": "sempar.import_sglang", "source": "sglang per_token dump",
                "files": [inf.path.name for inf in infos], "ranks": [inf.rank for inf in infos],
                "slot_order": "engine (SGLang top-k order, not sorted by weight; no weights)",
