@@ -268,7 +268,7 @@ async def _rate(go, n: int, conc: int) -> float:
 
 
 def overhead(rate: float, seconds: float) -> dict:
-    from sempar.router.prompt import PromptTokenizer
+    from sempar.prompt import PromptTokenizer
 
     tok = PromptTokenizer(MODEL)
     words = " ".join(f"w{i} the {i % 97}" for i in range(400))

@@ -202,7 +202,7 @@ RAISING = (b"{% for m in messages %}{% if m['role'] not in ['user', 'assistant']
 
 
 def test_prompt_text_refuses_surrogates_and_bad_ids(tmp_path):
-    from sempar.router.prompt import PromptError, PromptTokenizer
+    from sempar.prompt import PromptError, PromptTokenizer
 
     tok = PromptTokenizer(_model(tmp_path, RAISING))
     assert tok.tokens("/v1/completions", {"prompt": "hello"}).size > 0
@@ -222,7 +222,7 @@ def test_prompt_text_refuses_surrogates_and_bad_ids(tmp_path):
     (None, {"chat_template": "{% if %}"}, "does not compile"),
 ])
 def test_bad_chat_templates_are_refused_at_start(tmp_path, template, config, match):
-    from sempar.router.prompt import PromptTokenizer
+    from sempar.prompt import PromptTokenizer
 
     with pytest.raises(InputError, match=match):
         PromptTokenizer(_model(tmp_path, template, config))

@@ -19,7 +19,7 @@ from sempar.errors import InputError
 from sempar.placement.placement import Placement
 from sempar.predict.token_table import TokenTable
 from sempar.router.config import RouterConfig
-from sempar.router.prompt import PromptTokenizer
+from sempar.prompt import PromptTokenizer
 from sempar.router.serve import load_router
 
 MODEL = Path(__file__).resolve().parents[1] / "src/sempar/assets/models/tiny-moe64"

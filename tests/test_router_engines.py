@@ -27,7 +27,7 @@ import pytest
 from starlette.datastructures import Headers
 
 from test_router import MODEL, chat, placement_file, stack  # noqa: F401 - fixtures
-from sempar.router.prompt import PromptTokenizer
+from sempar.prompt import PromptTokenizer
 
 
 def engine_file(pkg: str, rel: str) -> Path:

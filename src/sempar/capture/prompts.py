@@ -45,7 +45,7 @@ def _line(f: Any, p: Path, n: int) -> bytes | None:
 
 def _name(value: Any, where: str, field: str) -> str:
     """A domain or id as text that any file can hold (UTF-8: no lone surrogate)."""
-    from sempar.router.prompt import prompt_text
+    from sempar.prompt import prompt_text
 
     return prompt_text(str(value), f"{where}: {field}", InputError)
 
@@ -54,7 +54,7 @@ def read_prompts(path: str | os.PathLike, tokenizer: Any | None) -> Prompts:
     """Parse and tokenise the prompts file; one line naming line and field on bad input."""
     from sempar.atomic import check_input
     from sempar.bounds import token_ids
-    from sempar.router.prompt import prompt_text
+    from sempar.prompt import prompt_text
     from sempar.safe_json import parse_json
     from sempar.trace.record import encode
 

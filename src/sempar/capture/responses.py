@@ -132,7 +132,7 @@ def import_responses(engine_name: str, paths: Sequence[str | os.PathLike],
 def _domains(files: list[Path]) -> list[str]:
     """The domain names of the files' {"request", "response", "domain"} lines, in order met."""
     names: list[str] = []
-    from sempar.router.prompt import prompt_text
+    from sempar.prompt import prompt_text
 
     for p in files:
         with open(p, "rb") as f:

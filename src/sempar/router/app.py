@@ -34,7 +34,7 @@ from starlette.routing import Route
 from sempar.router.config import RouterConfig
 from sempar.router.engines import ENGINES
 from sempar.router.metrics import RouterMetrics
-from sempar.router.prompt import PromptTokenizer
+from sempar.prompt import PromptTokenizer
 from sempar.router.request import RoutedRequest, relayed_headers
 from sempar.router.upstream import Upstream, forward_headers, is_timeout
 

@@ -19,7 +19,7 @@ import anyio
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
-from sempar.router.prompt import PromptError
+from sempar.prompt import PromptError
 from sempar.router.upstream import UpstreamDown, UpstreamTimeout, forward_headers, is_timeout
 
 log = logging.getLogger("sempar.router")

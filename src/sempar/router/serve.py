@@ -33,7 +33,7 @@ def load_router(cfg: RouterConfig, placement_path: str, model_dir: str):
     from sempar.router.app import build_app
     from sempar.router.engines import ENGINES
     from sempar.router.policies import make_router_policy, reads_table
-    from sempar.router.prompt import PromptTokenizer
+    from sempar.prompt import PromptTokenizer
 
     ENGINES.get(cfg.engine)
     needs_table = reads_table(cfg.policy)

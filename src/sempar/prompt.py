@@ -5,6 +5,8 @@ template when it has one (`tokenizer_config.json`'s `chat_template` or `chat_tem
 applied as vLLM and SGLang do for `/v1/chat/completions`: rendered with the generation prompt,
 then encoded without adding special tokens again. A model without a template (our tiny models)
 gets the messages' text joined by newlines. Nothing is downloaded.
+
+A shared tool (the router and capture both read prompts through it), not a stage of the data flow.
 """
 
 from __future__ import annotations
