@@ -25,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-from sempar.routing.report import CAMOE, COLUMNS, layer_rows, pareto_line, pareto_plot, table_rows
-from sempar.routing.sweep import DEFAULT_LAMBDAS, SweepConfig, run_sweeps
+from sempar.costroute.report import CAMOE, COLUMNS, layer_rows, pareto_line, pareto_plot, table_rows
+from sempar.costroute.sweep import DEFAULT_LAMBDAS, SweepConfig, run_sweeps
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:

@@ -12,11 +12,11 @@ import pytest
 from sempar.comm.topology import Topology
 from sempar.comm.topology_presets import load_topology
 from sempar.errors import InputError
-from sempar.routing.controller import LambdaController, bottleneck_pairs, refresh_links
-from sempar.routing.cost_bias import (TokenBytes, a2a_layer_seconds, build_tables,
+from sempar.costroute.controller import LambdaController, bottleneck_pairs, refresh_links
+from sempar.costroute.cost_bias import (TokenBytes, a2a_layer_seconds, build_tables,
                                       destination_table, dispatch_counts, link_cost_share,
                                       traffic_weighted_cost, unit_bias, zscore_row)
-from sempar.routing.metrics import kl, pareto, routing_shift
+from sempar.costroute.metrics import kl, pareto, routing_shift
 
 # ----------------------------------------------------------------------------- tables
 
@@ -118,7 +118,7 @@ def _ids(seed=0, B=2, S=48):
 def _forward(model, ids):
     import torch
 
-    from sempar.routing.hook import router_sites
+    from sempar.costroute.hook import router_sites
     from sempar.trace.routers import RoutingCapture
 
     _, sites = router_sites(model)
@@ -132,7 +132,7 @@ def _forward(model, ids):
 
 @pytest.mark.parametrize("name", ["tiny-mixtral", "tiny-moe64"])
 def test_lambda_zero_is_bit_identical_and_restored(tiny, name):
-    from sempar.routing.hook import CostRoutingHook
+    from sempar.costroute.hook import CostRoutingHook
 
     model, ids = tiny[name], _ids()
     ref = _forward(model, ids)
@@ -161,7 +161,7 @@ def test_other_families_zero_bias_bit_identical():
     import torch
     import transformers as tf
 
-    from sempar.routing.hook import CostRoutingHook
+    from sempar.costroute.hook import CostRoutingHook
 
     common = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                   num_key_value_heads=2, num_experts_per_tok=2, max_position_embeddings=64)
@@ -200,7 +200,7 @@ def test_other_families_zero_bias_bit_identical():
 def test_unsupported_model_and_bad_tables(tiny):
     import torch
 
-    from sempar.routing.hook import CostRoutingHook
+    from sempar.costroute.hook import CostRoutingHook
 
     with pytest.raises(InputError, match="cost-aware routing supports"):
         CostRoutingHook(torch.nn.Linear(2, 2), None)
@@ -214,7 +214,7 @@ def test_unsupported_model_and_bad_tables(tiny):
 def test_routing_shifts_toward_cheap_devices(tiny, name):
     """pcie-upi8, vanilla EP 8, homes = row mod 8: the share of activations crossing the UPI
     (expensive) link falls strictly as lambda grows, and more activations stay local."""
-    from sempar.routing.hook import CostRoutingHook
+    from sempar.costroute.hook import CostRoutingHook
 
     model = tiny[name]
     topo = load_topology("pcie-upi8")
@@ -290,8 +290,8 @@ def texts(tmp_path_factory):
 
 
 def test_sweep_end_to_end(tiny, texts, tmp_path):
-    from sempar.routing.report import pareto_plot
-    from sempar.routing.sweep import SweepConfig, run_sweeps
+    from sempar.costroute.report import pareto_plot
+    from sempar.costroute.sweep import SweepConfig, run_sweeps
 
     cfg = SweepConfig(model="tiny-mixtral", topologies=("pcie-upi8", "hetero-cloud"), ep=8,
                       lambdas=(0.3,), tokens_per_domain=256, seq_len=64, batch_size=4,
@@ -342,7 +342,7 @@ def test_select_mode_keeps_unbiased_weights(tiny):
     import torch
 
     from sempar.families import MIXTRAL
-    from sempar.routing.hook import route, router_sites
+    from sempar.costroute.hook import route, router_sites
 
     _, sites = router_sites(tiny["tiny-mixtral"])
     router = sites[0].module

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from sempar.families import FAMILIES, family, refused_by  # noqa: E402
-from sempar.routing.hook import CostRoutingHook  # noqa: E402
+from sempar.costroute.hook import CostRoutingHook  # noqa: E402
 from sempar.schedule.prerouter import PreRouter  # noqa: E402
 from sempar.trace.routers import RoutingCapture, find_routers, trace_meta_for  # noqa: E402
 

@@ -19,7 +19,7 @@ TOP = ("sempar.cli", "sempar.commands", "sempar.__main__")   # __main__: `python
 # need only placements, before serving: `plan` asks the exporter whether its command runs). Modules outside this
 # list (errors, atomic, registry, paths, models, console, tiny, corpus, ...) are shared tools.
 LAYERS = ("trace", "capture", "affinity", "predict", "placement", "schedule", "comm", "report",
-          "routing", "runtime", "testbed", "router", "export", "serving", "calibrate", "drift",
+          "costroute", "runtime", "testbed", "router", "export", "serving", "calibrate", "drift",
           "chiplet", "bench")
 
 

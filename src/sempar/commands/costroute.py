@@ -32,8 +32,8 @@ def _lambdas(text: str) -> tuple[float, ...]:
 
 def _config(model, topology, ep, lambdas, corpus, text, tokens_per_domain, seq_len, batch_size,
             placement, dedup, mode, token_bytes, max_acc_loss):
-    from sempar.routing.hook import BIAS_MODES
-    from sempar.routing.sweep import SweepConfig
+    from sempar.costroute.hook import BIAS_MODES
+    from sempar.costroute.sweep import SweepConfig
 
     check_choice("--mode", mode, BIAS_MODES)
     return SweepConfig(model=model, topologies=tuple(t.strip() for t in topology.split(",") if t.strip()),
@@ -79,9 +79,9 @@ def sweep(model: str = _MODEL, topology: str = _TOPO, ep: int = _EP, lambdas: st
           plot: Optional[Path] = typer.Option(None, "--plot", help="folder for pareto.png")) -> None:
     """Run the model on held-out text at every lambda: all-to-all mean/p95, routing shift, quality."""
     from sempar.progress import steps
-    from sempar.routing.report import (COLUMNS, layer_rows, pareto_line, pareto_plot,
+    from sempar.costroute.report import (COLUMNS, layer_rows, pareto_line, pareto_plot,
                                        table_rows)
-    from sempar.routing.sweep import run_sweeps, validate_config
+    from sempar.costroute.sweep import run_sweeps, validate_config
 
     cfg = _config(model, topology, ep, lambdas, corpus, text, tokens_per_domain, seq_len,
                   batch_size, placement, dedup, mode, token_bytes, max_acc_loss)
@@ -132,11 +132,11 @@ def tables(model: str = _MODEL, topology: str = _TOPO, ep: int = _EP,
     from sempar.atomic import write_text_atomic
     from sempar.comm.topology_presets import load_topology
     from sempar.models import load_model, resolve_model
-    from sempar.routing.cost_bias import TokenBytes, build_tables, destination_table
-    from sempar.routing.hook import CostRoutingHook
-    from sempar.routing.passes import per_batch_counts, run_pass
-    from sempar.routing.sweep import make_hosts
-    from sempar.routing.text import load_sequences
+    from sempar.costroute.cost_bias import TokenBytes, build_tables, destination_table
+    from sempar.costroute.hook import CostRoutingHook
+    from sempar.costroute.passes import per_batch_counts, run_pass
+    from sempar.costroute.sweep import make_hosts
+    from sempar.costroute.text import load_sequences
     from sempar.trace.routers import trace_meta_for
 
     from sempar.atomic import check_output

@@ -63,7 +63,7 @@ def stage_simulate(ctx: DemoContext, name: str, trace) -> dict:
 
 def _dev_sequences(trace, tokens_per_domain: int, seq_len: int = 256):
     """The dev trace's own held-out text (its token ids, request by request) as sweep input."""
-    from sempar.routing.text import chunk_streams
+    from sempar.costroute.text import chunk_streams
 
     streams: dict[str, list[list[int]]] = {}
     names = np.asarray(trace.domains + ["unknown"], dtype=object)
@@ -79,8 +79,8 @@ def _dev_sequences(trace, tokens_per_domain: int, seq_len: int = 256):
 @on_moe64
 def stage_cost_route(ctx: DemoContext, name: str, trace) -> dict:
     """CAMoE cost-aware routing: a short lambda sweep of the 64-expert model on hetero-cloud."""
-    from sempar.routing.report import pareto_plot
-    from sempar.routing.sweep import SweepConfig, run_sweeps
+    from sempar.costroute.report import pareto_plot
+    from sempar.costroute.sweep import SweepConfig, run_sweeps
 
     cfg = SweepConfig(model=trace.meta.model, topologies=("hetero-cloud",), ep=8,
                       lambdas=COST_LAMBDAS, tokens_per_domain=COST_TOKENS_PER_DOMAIN,

@@ -1,7 +1,7 @@
 """The lambda sweep of CAMoE §4.4-4.5 on a real (tiny) model: latency, routing shift, quality.
 
 Protocol (ours where CAMoE is silent):
-- Text: see `sempar.routing.text` (held-out documents of every domain, interleaved).
+- Text: see `sempar.costroute.text` (held-out documents of every domain, interleaved).
 - Homes (S): Attention-DP, sequence b of a batch on device b mod G (round-robin DP ranks).
 - Placement: `vanilla` (device g hosts experts [gE/G, (g+1)E/G)), `round-robin`, or a placement
   JSON; node ids from the topology.
@@ -31,11 +31,11 @@ from typing import Any, Callable
 import numpy as np
 
 from sempar.errors import InputError
-from sempar.routing.cost_bias import TokenBytes, build_tables, destination_table
-from sempar.routing.hook import CostRoutingHook
-from sempar.routing.metrics import finish
-from sempar.routing.passes import per_batch_counts, point_figures, run_pass
-from sempar.routing.text import Sequences, load_sequences
+from sempar.costroute.cost_bias import TokenBytes, build_tables, destination_table
+from sempar.costroute.hook import CostRoutingHook
+from sempar.costroute.metrics import finish
+from sempar.costroute.passes import per_batch_counts, point_figures, run_pass
+from sempar.costroute.text import Sequences, load_sequences
 
 DEFAULT_LAMBDAS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25)
 

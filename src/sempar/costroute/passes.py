@@ -9,10 +9,10 @@ from typing import Any, Callable
 import numpy as np
 
 from sempar.errors import InputError
-from sempar.routing.cost_bias import TokenBytes, a2a_layer_seconds, dispatch_counts, link_cost_share
-from sempar.routing.hook import CostRoutingHook
-from sempar.routing.metrics import device_imbalance, routing_shift
-from sempar.routing.text import Sequences
+from sempar.costroute.cost_bias import TokenBytes, a2a_layer_seconds, dispatch_counts, link_cost_share
+from sempar.costroute.hook import CostRoutingHook
+from sempar.costroute.metrics import device_imbalance, routing_shift
+from sempar.costroute.text import Sequences
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Figures of the lambda sweep (CAMoE §4.4-4.5): routing shift (Table 2), load, Pareto point.
 
-See `sempar.routing.sweep` for the protocol and the definitions these functions implement.
+See `sempar.costroute.sweep` for the protocol and the definitions these functions implement.
 """
 
 from __future__ import annotations
