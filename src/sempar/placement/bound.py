@@ -8,7 +8,7 @@ sum_t m_t / (T k) with m_t = max_d |S_t ∩ P_d| (row t's experts S_t on its bes
 
 The bound (ours; a pair budget, not a MILP: the MILP's LP relaxation is 1.0 whatever the data,
 x[e, d] = z[t, d] = 1/G being feasible, so HiGHS's dual bound stays there for any time limit we
-can afford; see docs/bound.md):
+can afford; docs/placement.md):
 
 1. row t's m_t experts on its home device are C(m_t, 2) pairs of its experts on one device, so
    sum_t C(m_t, 2) <= Pi(P), the co-activation weight of the expert pairs P puts on one device
@@ -22,7 +22,7 @@ can afford; see docs/bound.md):
    budget buys the cheapest increments first (every row from 1 to 2 local at 1 pair each, then
    2 to 3 at 2 pairs each, ...).
 
-Valid for every placement and trace; how tight it is on real routing: docs/bound.md. Rows with
+Valid for every placement and trace; how tight it is on real routing: docs/placement.md. Rows with
 the same expert set are one weighted item (the counts only see the set).
 """
 
