@@ -125,8 +125,9 @@ def main(argv: list[str] | None = None) -> None:
             for ep in args.ep:
                 by = {r["path"]: r for r in rows if r["trace"] == name and r["ep"] == ep}
                 if {"new", "old"} <= set(by):
+                    ratio = by["old"]["solve_s"] / max(by["new"]["solve_s"], 1e-9)
                     print(f"{name} EP {ep}: solve {by['old']['solve_s']} s -> "
-                          f"{by['new']['solve_s']} s (x{by['old']['solve_s'] / by['new']['solve_s']:.1f}), "
+                          f"{by['new']['solve_s']} s (x{ratio:.1f}), "
                           f"CPU {by['old']['cpu_s']} s -> {by['new']['cpu_s']} s, in-sample "
                           f"{by['old']['in_sample']} -> {by['new']['in_sample']} "
                           f"(bound {by['new']['bound']})")
