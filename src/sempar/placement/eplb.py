@@ -15,7 +15,13 @@ Inputs and outputs follow EPLB's: `weight[L, E]` (load per logical expert), `num
 experts per layer), `num_groups`, `num_nodes`, `num_gpus` -> `phy2log[L, R]`, `log2phy[L, E, maxcnt]`
 (padded with -1) and `logcnt[L, E]`. One choice of ours: when packing physical experts onto
 GPUs, a GPU never takes two replicas of the same expert (a second copy on the same GPU serves
-no token locally that the first would not).
+no token locally that the first would not) unless every GPU of the node with room holds one.
+Checked against DeepSeek's code (deepseek-ai/EPLB eplb.py, commit d52c72d; issue 34): its step 3
+packs by load alone, so it puts two copies on one GPU more often (6-24 (layer, GPU) pairs a case
+on the real DeepSeek-V2-Lite / GPT-OSS-20B loads at EP 4 / 8, 1 or 2 nodes; ours 0 there), and
+both must when an expert has more copies than its node has GPUs (`--nodes 2 --redundant G`: G / 2
+GPUs and G / 2 extra slots a node, replicas kept in the node): faithful, not a bug
+(tests/test_eplb_copies.py).
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from sempar.placement.metrics import placement_figures
 from sempar.placement.placement import Placement
 from sempar.schedule.homes import method_home, oracle_home, oracle_home_dp
 from sempar.solve_options import SolveOptions
+from sempar.schedule.optimality import optimality_refs
 from sempar.trace.ops import without_token_ids
 from sempar.trace.schema import RoutingTrace
 
@@ -105,6 +106,7 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
         # one side without ids: a token table fitted on the other would look up zeros
         fit, eval_ = without_token_ids(fit), without_token_ids(eval_)
     names = methods or SOLVERS.names()
+    ours = None                                  # sempar's tp placement, for the bound's gap
     out = {mode: {"ep": ep, "nodes": nodes, "mode": mode, "redundant": redundant,
                   "fit": {"tokens": fit.num_tokens, "requests": fit.num_requests},
                   "eval": {"tokens": eval_.num_tokens, "requests": eval_.num_requests},
@@ -146,8 +148,12 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
                     figures_for(placement, eval_, mode, free, chunk_slack), solve_seconds=seconds)
                 if extra is not None and name != ORACLE:
                     out[mode]["methods"][name].update(extra(placement, mode))
+                if name == "sempar" and mode == "tp" and not redundant:
+                    ours = placement                       # the bound's in-sample figure
     for mode in modes:
         out[mode]["refs"] = ceiling_refs(out[mode]["methods"], mode)
+    if "tp" in out and out["tp"]["methods"] and not redundant:   # how far from optimal
+        out["tp"]["refs"].update(optimality_refs(fit, ep, ours))  # (schedule/optimality.py)
     return out
 
 

@@ -41,6 +41,10 @@ class SemparConfig:
     token_price_steps: int = 80
     """Lagrangian price updates of the per-batch capacities in the tp token step."""
 
+    token_patience: int = 0
+    """tp token step: stop the price updates once this many in a row found no better iterate
+    (0: never; the `rows` objective's layer solves take `row_patience`)."""
+
     # ---- expert step (placement/sempar/experts.py)
     price_steps: int = 25
     """Hungarian solves with Lagrangian load prices in the (unbounded) expert step."""
@@ -120,6 +124,13 @@ class SemparConfig:
     """Bounded expert step, dense step: swaps per candidate, at most."""
     row_sample: int = 200_000
     """`rows` objective: fit rows kept (whole requests, seeded) for the row-level solve."""
+    row_sets: bool = True
+    """`rows` objective, tp mode: each layer solved alone on its distinct expert sets, layers on
+    forked workers (row_sets.py); False: the per-row solve of all layers at once (the old path,
+    kept for benchmarks/bench_rows_speed.py)."""
+    row_patience: int = 5
+    """`rows` objective with `row_sets`: the token step's `token_patience` (the early stop
+    where the priced assignment no longer improves)."""
     row_restarts: int = 3
     """`rows` objective: solves from different seeds, the best kept per layer (tp) or whole
     (dp) by fit local activations (rows.best_of)."""

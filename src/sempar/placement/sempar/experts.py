@@ -53,7 +53,11 @@ def expert_step(W: np.ndarray, lm: LoadModel, slot_group: np.ndarray,
     if polish is not None:
         cands = sorted(cands, key=key)[:polish]
     best = None
+    seen: set[bytes] = set()
     for dev in cands:
+        if dev.tobytes() in seen:   # price steps often repeat a solution: same search, same key
+            continue
+        seen.add(dev.tobytes())
         dev = _swap_search(W, lm, dev.copy(), expert_group,
                            swap_limit * N if max_swaps is None else max_swaps)
         k = key(dev)

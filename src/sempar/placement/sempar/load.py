@@ -55,8 +55,8 @@ class LoadModel:
         L = np.bincount(dev, weights=self.load, minlength=G)
         if self.sigma is None:
             return L
-        oh = onehot(dev, G).astype(np.float64)
-        V = np.einsum("ng,nm,mg->g", oh, self.sigma, oh)
+        S = self.by_device(dev, G)                  # V_g = sum of sigma over g's expert pairs
+        V = np.bincount(dev, weights=S[np.arange(dev.size), dev], minlength=G)
         return L + np.sqrt(np.maximum(V, 0.0)) - self.offset
 
     def by_device(self, dev: np.ndarray, G: int) -> np.ndarray:

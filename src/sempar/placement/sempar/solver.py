@@ -64,7 +64,7 @@ layer), the fit request clusters in dp mode, and the fit objective per layer.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -84,6 +84,7 @@ from sempar.placement.sempar.load import LoadModel, onehot, load_spread
 from sempar.placement.sempar.experts import expert_step
 from sempar.placement.sempar.held_out import HeldOut
 from sempar.placement.sempar.replicas import replicated_placement
+from sempar.placement.sempar.row_sets import solve_by_layer
 from sempar.placement.sempar.rows import resolve_objective, solve_rows
 from sempar.placement.sempar.tokens import batch_priced_assign, pseudo_batches
 
@@ -234,8 +235,13 @@ def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable) -> Placemen
     if resolve_objective(p) == "rows":                 # items: the fit rows (rows.py)
         held_out = HeldOut(target=p.held_out_imbalance, retries=cfg.held_out_retries,
                            replicates=cfg.held_out_replicates, seed=p.seed)
-        out = solve_rows(p, lambda q: _solve(q, cfg, mapper), cfg.row_sample, held_out,
-                         cfg.row_restarts)
+        inner = lambda q: _solve(q, cfg, mapper)                                   # noqa: E731
+        if p.mode == "tp" and cfg.row_sets:      # layer by layer on distinct sets (row_sets.py)
+            fast = replace(cfg, token_patience=cfg.row_patience)
+            inner = lambda q: _solve(q, fast, mapper)                              # noqa: E731
+            jobs = usable_cpus() if p.jobs is None else p.jobs
+            whole, inner = inner, lambda q: solve_by_layer(q, whole, mapper, jobs)  # noqa: E731
+        out = solve_rows(p, inner, cfg.row_sample, held_out, cfg.row_restarts)
         out.info["objective"] = "rows"
         return out
     stats = AffinityStats(p.trace)
@@ -264,7 +270,7 @@ def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable) -> Placemen
         sample = None
         occ, size = pseudo_batches(stats, p.seed, cfg.shuffles)
         assign = lambda local: batch_priced_assign(                               # noqa: E731
-            local, occ, size, cfg.shuffles, cfg.token_price_steps)
+            local, occ, size, cfg.shuffles, cfg.token_price_steps, cfg.token_patience)
         step = dense_step(assign, G)
     layer = _TpLayers(cfg, p, stats, imb, slot_group, expert_group, assign, step, sample)
     jobs = min(L, usable_cpus() if p.jobs is None else p.jobs) if large else 1

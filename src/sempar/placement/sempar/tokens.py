@@ -45,7 +45,7 @@ def pseudo_batches(stats: AffinityStats, seed: int, shuffles: int, batch: int = 
 
 
 def batch_priced_assign(local: np.ndarray, occ, size: np.ndarray, shuffles: int,
-                        price_steps: int) -> np.ndarray:
+                        price_steps: int, patience: int = 0) -> np.ndarray:
     """int64[U]: device of each token, tp mode's per-batch capacity priced in (Lagrangian).
 
     local float[U, G]: fit activations of token u on device d's experts; occ CSR[U, nb] and
@@ -54,7 +54,8 @@ def batch_priced_assign(local: np.ndarray, occ, size: np.ndarray, shuffles: int,
     occurrence; token u takes argmax_d local[u, d] - (occ @ lam)[u, d] / shuffles; prices rise
     with overflow (subgradient), `price_steps` times. Kept: the iterate with the best local
     activations minus the overflow, each overflowing occurrence valued at its device's mean
-    local share.
+    local share. patience > 0: stop once that many price updates in a row found no better
+    iterate (0: all `price_steps`).
     """
     U, G = local.shape
     cap = size[:, None] / G
@@ -74,7 +75,11 @@ def batch_priced_assign(local: np.ndarray, occ, size: np.ndarray, shuffles: int,
             np.bincount(x, weights=a, minlength=G), 1e-12)
         value = gain.sum() - (over.sum(axis=0) / shuffles * mean_share).sum()
         if best is None or value > best[0]:
-            best = (value, x)
+            best, stale = (value, x), 0
+        else:
+            stale += 1
+            if patience and stale >= patience:
+                break
         lam = np.maximum(0.0, lam + step * (m - cap) / cap)
         step *= 0.95
     return best[1]

@@ -1,0 +1,137 @@
+"""Benchmark: the `rows` objective's solve time, old path beside new (issue 35 item 3), and how
+far from optimal it is (item 5).
+
+Target (issue 35): `sempar place --objective rows` on DeepSeek-V2-Lite (25,028 real tokens) at
+EP 8 within 20 s on the 2-core development machine, without losing held-out exact-home LAR.
+The new path (`SemparConfig.row_sets`, placement/sempar/row_sets.py: each layer alone on its
+distinct expert sets, layers on forked workers, the token step's early stop) runs beside the
+old per-row path (`row_sets=False`, behind the flag for this comparison).
+
+Per (trace, EP, path): `solve_s` (wall of `sempar.placement.solve`, as `sempar place` runs it),
+`cpu_s` (CPU of the solve, forked layer workers included), `in_sample` (capacity-bound
+exact-home LAR on the whole trace the placement was solved on), `bound` (placement/bound.py:
+an upper bound on that figure for ANY placement) and `gap` = in_sample / bound, then with
+`--held-out` the placement solved on the 20 % fit split (`evaluate --split`) and its held-out
+exact-home LAR and imbalance on the other 80 % (what `evaluate --split --objective rows`
+reports as oracle_lar_mean / imbalance_max_mean).
+
+    python benchmarks/bench_rows_speed.py [--trace dsv2=PATH] [--trace gpt=PATH] [--ep 4 8]
+        [--paths new old] [--held-out] [--json]
+
+Traces default to the real `full-traces/` of shared/data/real (SEMPAR_REAL_DATA), imported
+with `sempar import arrays` into --cache-dir. Wall times depend on the machine's load (the
+development machine is shared): read `cpu_s` beside them. It asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sempar.placement.base import PlacementProblem
+from sempar.placement.bound import lar_upper_bound
+from sempar.placement.metrics import placement_figures
+from sempar.placement.sempar.config import SemparConfig
+from sempar.placement.sempar.solver import sempar_solve
+from sempar.schedule.evaluate import figures_for, unconstrained_oracle_lar
+from sempar.schedule.homes import oracle_home
+from sempar.trace import read_trace, split_by_request
+
+REAL = Path(os.environ.get("SEMPAR_REAL_DATA", Path(__file__).resolve().parents[2] / "shared"
+                           / "data" / "real")) / "full-traces"
+TRACES = {"dsv2": ("deepseek-v2-lite-esft.npz", "deepseek-v2-lite"),
+          "gpt": ("gpt-oss-20b-mmlu.npz", "gpt-oss-20b")}
+
+
+def ensure_trace(name: str, given: dict, cache: Path) -> Path:
+    """The Parquet trace of case `name`: given, cached, or imported from the real npz."""
+    if name in given:
+        return Path(given[name])
+    out = cache / f"{name}.parquet"
+    if not out.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        npz, model = TRACES[name]
+        subprocess.run([sys.executable, "-m", "sempar.cli", "import", "arrays", str(REAL / npz),
+                        "--out", str(out), "--model", model], check=True,
+                       stdout=subprocess.DEVNULL)
+    return out
+
+
+def cpu_now() -> float:
+    """CPU seconds of this process and its reaped children (the solver's forked workers)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed_solve(trace, ep: int, path: str):
+    """(placement, wall s, cpu s) of the rows objective on `trace` at EP `ep` by `path`."""
+    p = PlacementProblem(trace, ep, objective="rows")
+    cfg = SemparConfig(row_sets=(path == "new"))
+    c0, t0 = cpu_now(), time.perf_counter()
+    placement = sempar_solve(p, cfg)             # validated, as `sempar place` solves it
+    return placement, time.perf_counter() - t0, cpu_now() - c0
+
+
+def case(name: str, trace_path: Path, ep: int, path: str, held_out: bool) -> dict:
+    trace = read_trace(trace_path)
+    placement, wall, cpu = timed_solve(trace, ep, path)
+    ins = placement_figures(placement, trace.experts, oracle_home(placement, trace.experts))
+    bound = lar_upper_bound(trace, ep)["lar_mean"]
+    row = {"trace": name, "tokens": trace.num_tokens, "ep": ep, "path": path,
+           "solve_s": round(wall, 2), "cpu_s": round(cpu, 2),
+           "in_sample": round(ins["lar_mean"], 4), "bound": round(bound, 4),
+           "gap": round(ins["lar_mean"] / bound, 4)}
+    if held_out:
+        fit, eval_ = split_by_request(trace, seed=0)
+        pl, wall2, cpu2 = timed_solve(fit, ep, path)
+        f = figures_for(pl, eval_, "tp", unconstrained_oracle_lar(pl, eval_))
+        row.update(split_solve_s=round(wall2, 2), split_cpu_s=round(cpu2, 2),
+                   held_out_exact_lar=round(f["oracle_lar_mean"], 4),
+                   held_out_imbalance=round(f["imbalance_max_mean"], 4))
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", action="append", default=[], metavar="NAME=PATH")
+    ap.add_argument("--cases", nargs="+", default=["dsv2"], choices=list(TRACES))
+    ap.add_argument("--ep", nargs="+", type=int, default=[8, 4])
+    ap.add_argument("--paths", nargs="+", default=["new", "old"], choices=["new", "old"])
+    ap.add_argument("--held-out", action="store_true")
+    ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
+                                                          "/tmp/sempar-bench-rows"))
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    given = dict(t.split("=", 1) for t in args.trace)
+    rows = []
+    for name in args.cases:
+        path = ensure_trace(name, given, Path(args.cache_dir))
+        for ep in args.ep:
+            for p in args.paths:
+                rows.append(case(name, path, ep, p, args.held_out))
+                if not args.json:
+                    print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:          # side by side: old / new per (trace, EP)
+        for name in args.cases:
+            for ep in args.ep:
+                by = {r["path"]: r for r in rows if r["trace"] == name and r["ep"] == ep}
+                if {"new", "old"} <= set(by):
+                    ratio = by["old"]["solve_s"] / max(by["new"]["solve_s"], 1e-9)
+                    print(f"{name} EP {ep}: solve {by['old']['solve_s']} s -> "
+                          f"{by['new']['solve_s']} s (x{ratio:.1f}), "
+                          f"CPU {by['old']['cpu_s']} s -> {by['new']['cpu_s']} s, in-sample "
+                          f"{by['old']['in_sample']} -> {by['new']['in_sample']} "
+                          f"(bound {by['new']['bound']})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""An upper bound on the exact-home LAR of ANY placement (`evaluate`'s "bound" ref row).
+
+The figure bounded: tp mode's capacity-bound exact-home LAR on a trace (design.md "Oracle LAR":
+each row homed knowing its real top-k, equal shares per batch), maximised over every placement
+of N experts on G devices, N / G each. Dropping the homes' capacity can only raise it, so the
+bound is on the unconstrained figure: per layer, max over partitions P of
+sum_t m_t / (T k) with m_t = max_d |S_t ∩ P_d| (row t's experts S_t on its best device).
+
+The bound (ours; a pair budget, not a MILP: the MILP's LP relaxation is 1.0 whatever the data,
+x[e, d] = z[t, d] = 1/G being feasible, so HiGHS's dual bound stays there for any time limit we
+can afford; docs/placement.md):
+
+1. row t's m_t experts on its home device are C(m_t, 2) pairs of its experts on one device, so
+   sum_t C(m_t, 2) <= Pi(P), the co-activation weight of the expert pairs P puts on one device
+   (A[e, f]: rows selecting both e and f);
+2. Pi(P) <= Pi*, bounded two ways, the lower kept: the star bound (each expert's S - 1 heaviest
+   partners, half the sum: a device holds S experts) and the eigenvalue bound of balanced
+   graph partitioning (Donath and Hoffman 1973: sum_d 1_Pd^T (A + diag u) 1_Pd <=
+   S x the sum of the G largest eigenvalues of A + diag u for any u, whose entries cost sum u;
+   u improved by subgradient steps);
+3. max sum_t m_t with sum_t C(m_t, 2) <= Pi*, 1 <= m_t <= min(k, S): C(m, 2) is convex, so the
+   budget buys the cheapest increments first (every row from 1 to 2 local at 1 pair each, then
+   2 to 3 at 2 pairs each, ...).
+
+Valid for every placement and trace; how tight it is on real routing: docs/placement.md. Rows with
+the same expert set are one weighted item (the counts only see the set).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from sempar.trace.schema import RoutingTrace
+
+
+def coactivation(experts: np.ndarray, N: int) -> np.ndarray:
+    """float64[N, N]: A[e, f] = rows selecting both e and f (zero diagonal); experts int[T, k]."""
+    ex = np.asarray(experts, np.int64)
+    T, k = ex.shape
+    i, j = np.triu_indices(k, 1)
+    A = np.bincount((ex[:, i] * N + ex[:, j]).ravel(), minlength=N * N).reshape(N, N)
+    A = (A + A.T).astype(np.float64)
+    np.fill_diagonal(A, 0.0)
+    return A
+
+
+def star_bound(A: np.ndarray, S: int) -> float:
+    """Pairs' weight on one device of any partition into groups of S: each expert with its
+    S - 1 heaviest partners, halved (every pair counted from both ends)."""
+    if S <= 1:
+        return 0.0
+    top = -np.sort(-A, axis=1)[:, :S - 1]
+    return float(top.sum() / 2)
+
+
+def eigen_bound(A: np.ndarray, G: int, steps: int = 60) -> float:
+    """Donath-Hoffman: the intra-group weight of any partition of A's N nodes into G groups of
+    S = N / G is at most min over u of (S x sum of the G largest eigenvalues of A + diag u
+    - sum u) / 2; u by `steps` subgradient steps (any u gives a valid bound; the least kept)."""
+    N = A.shape[0]
+    S = N // G
+    u = np.zeros(N)
+    best = np.inf
+    scale = max(float(np.abs(A).sum(axis=1).max()), 1.0)
+    for it in range(steps):
+        w, V = np.linalg.eigh(A + np.diag(u))
+        top = V[:, -G:]
+        val = (S * float(w[-G:].sum()) - float(u.sum())) / 2
+        best = min(best, val)
+        g = S * (top ** 2).sum(axis=1) - 1.0               # d val / d u (x2)
+        if not np.any(np.abs(g) > 1e-9):
+            break
+        u -= scale * 0.5 / (it + 1) * g / max(float(np.linalg.norm(g)), 1e-12)
+    return float(best)
+
+
+def budget_rows(rows: float, budget: float, top: int) -> float:
+    """max sum_t m_t over `rows` rows with sum_t C(m_t, 2) <= budget, 1 <= m_t <= top (step 3:
+    level j -> j + 1 costs j pairs a row, cheapest first; a level is bought in part)."""
+    total, left = float(rows), float(budget)
+    for j in range(1, top):
+        full = j * rows
+        if left >= full:
+            total += rows
+            left -= full
+        else:
+            total += left / j
+            break
+    return total
+
+
+def layer_bound(experts: np.ndarray, N: int, G: int) -> dict:
+    """The bound's parts at one layer; experts int[T, k]: {"local": the bound on local
+    activations, "pairs": Pi*, "star", "eigen"}."""
+    T, k = experts.shape
+    S = N // G
+    A = coactivation(experts, N)
+    star, eig = star_bound(A, S), eigen_bound(A, G)
+    pairs = min(star, eig)
+    return {"local": min(budget_rows(T, pairs, min(k, S)), float(T * k)), "pairs": pairs,
+            "star": star, "eigen": eig}
+
+
+def lar_upper_bound(trace: RoutingTrace, G: int) -> dict:
+    """{"lar_mean": the bound on the exact-home LAR (mean over layers) of any placement of
+    `trace`'s experts on G devices, "per_layer": [float], "method": its name}."""
+    L, N, k = trace.meta.num_layers, trace.meta.num_experts, trace.meta.top_k
+    T = trace.num_tokens
+    with threadpool_limits(1):      # 64 x 64 eigensolves: threads only contend
+        per = [layer_bound(np.asarray(trace.experts[:, l], np.int64), N, G)["local"]
+               / max(T * k, 1) for l in range(L)]
+    return {"lar_mean": float(np.mean(per)) if per else 0.0, "per_layer": per,
+            "method": "pair budget (star / Donath-Hoffman eigenvalue bound on co-located pairs)"}
