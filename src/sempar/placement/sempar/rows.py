@@ -108,4 +108,5 @@ def solve_rows(p: PlacementProblem, solver: Callable[[PlacementProblem], Placeme
         placement.token_table = TokenTable(stats.tokens, np.stack([t[0] for t in table]),
                                            np.stack([t[1] for t in table]))
     placement.info["fit_rows"] = rows.num_tokens
+    placement.info["max_imbalance"] = p.max_imbalance   # the user's cap; the one solved at: held_out.fit_cap
     return placement
