@@ -117,15 +117,11 @@ def test_demo_writes_report_and_summary(tmp_path):
 
 
 def check_demo_answer(out, summary: dict, html: str) -> None:
-    """The report opens with the serving answer on real-model routing (skipped, and said so,
-    without shared/data/real): per case a searched figure with its interval, a ratio to
+    """The report opens with the serving answer on the packaged real-model routing: per case a searched figure with its interval, a ratio to
     SGLang's launch, and commands naming the trace the demo wrote."""
     first = html[html.index("<h2>"):]
     assert first.startswith("<h2>Answer: what to deploy")
     serve = summary["stages"]["serve"]
-    if serve is None:
-        assert "serving plan on real-model routing is skipped" in html
-        return
     cases = {(c["model"], c["topology"]) for c in serve["cases"]}
     assert {"deepseek-v2-lite", "gpt-oss-20b"} == {m for m, _ in cases} and len(cases) == 4
     for c in serve["cases"]:

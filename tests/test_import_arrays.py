@@ -1,8 +1,10 @@
 """`sempar import arrays`: per-token routing from .npz / .npy arrays (trace/arrays.py), and traces
 without token ids (`TraceMeta.has_token_ids`) refused by the methods that need a token table.
 
-The real files (shared/data/real/full-traces) are imported whole; anything beyond the import runs
-on slices of them. Those tests skip when the folder is absent."""
+The real files (shared/data/real/full-traces) are imported whole when that folder is there (the
+import test skips without it); the real traces shipped with sempar (assets/traces, made from
+those files by scripts/make-real-assets.sh) are checked always, and anything beyond the import
+runs on slices of them."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 
 from sempar.cli import main
 from sempar.errors import InputError
-from sempar.paths import real_data_dir
+from sempar.paths import real_data_dir, real_trace_path
 from sempar.trace import read_header, read_trace, trace_info
 from sempar.trace.arrays import import_arrays
 
@@ -275,18 +277,35 @@ def test_real_files_import(tmp_path, capsys):
     assert len(info["domains"]) == 70 and sum(info["domains"].values()) == 152445
 
 
-@needs_full
+def test_packaged_real_traces():
+    """The real traces that ship: their shape, counts, provenance in the metadata, and the NOTICE
+    naming each file's licence, source and commit."""
+    notice = (real_trace_path("gpt-oss-20b").parent / "NOTICE").read_text()
+    for name, tokens, requests, ids, licence, commit in (
+            ("deepseek-v2-lite", 25028, 173, False, "MIT", "579a771"),
+            ("gpt-oss-20b", 152445, 524, True, "Apache-2.0", "72b368f")):
+        info = trace_info(real_trace_path(name))
+        assert (info["tokens"], info["requests"], info["has_token_ids"]) == (tokens, requests, ids)
+        meta = read_header(real_trace_path(name))[2]
+        prov = meta.extra["provenance"]
+        assert prov["licence"] == licence and commit in prov["source"] and meta.model == name
+        assert real_trace_path(name).name in notice and commit in notice
+    assert real_trace_path("gpt-oss-20b-mmlu") == real_trace_path("gpt-oss-20b")
+    with pytest.raises(InputError, match="not one of"):
+        real_trace_path("../tiny-moe64")
+
+
 def test_real_deepseek_slice_evaluate(tmp_path, capsys):
-    """Evaluate on 12 requests of the real DeepSeek file (no token ids): no token-table figure;
+    """Evaluate on 12 requests of the real DeepSeek trace (no token ids): no token-table figure;
     sempar solves on the fit rows and beats vanilla's exact pre-routed LAR."""
-    z = np.load(FULL / "deepseek-v2-lite-esft.npz", allow_pickle=False)
-    o = z["request_offsets"]
+    tr = read_trace(real_trace_path("deepseek-v2-lite"))
+    o = np.r_[0, np.cumsum(np.bincount(tr.request_id))]
     pick = np.r_[0:4, 60:64, 120:124]
     rows = np.concatenate([np.arange(o[r], o[r + 1]) for r in pick])
-    src = _npz(tmp_path / "s.npz", experts=z["experts"][rows][:, :4],
+    src = _npz(tmp_path / "s.npz", experts=tr.experts[rows][:, :4].astype(np.int16),
                request_offsets=np.r_[0, np.cumsum(np.diff(o)[pick])],
-               request_domain=z["request_domain"][pick], domains=z["domains"],
-               layer_ids=z["layer_ids"][:4], num_experts=z["num_experts"])
+               request_domain=tr.domain[o[pick]], domains=np.array(tr.domains),
+               layer_ids=np.array(tr.meta.layer_ids[:4]), num_experts=tr.meta.num_experts)
     out = tmp_path / "s.parquet"
     import_arrays([src], out)
     with pytest.raises(SystemExit) as ex:

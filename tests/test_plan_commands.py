@@ -1,5 +1,5 @@
 """The commands `sempar plan` prints run as printed (serving/deploy.py): the demo's plan on
-DeepSeek-V2-Lite's real routing (skipped without shared/data/real), its `sempar` lines run in a
+DeepSeek-V2-Lite's real routing (the trace shipped with sempar), its `sempar` lines run in a
 fresh folder and reproduce the placement the plan scored; its SGLang launch flags exist in
 SGLang 0.5.23 and each changes that engine's default; and a model SGLang cannot place (OLMoE)
 gets no `export --to sglang` line, by the exporter's own check."""
@@ -17,12 +17,6 @@ import numpy as np
 import pytest
 
 from sempar.errors import InputError
-from sempar.paths import real_data_dir
-
-ROOT = real_data_dir()
-NPZ = ROOT / "full-traces" / "deepseek-v2-lite-esft.npz" if ROOT is not None else None
-needs_real = pytest.mark.skipif(NPZ is None or not NPZ.is_file(),
-                                reason="shared/data/real/full-traces not found (SEMPAR_REAL_DATA)")
 
 
 def sglang_fields() -> dict[str, object]:
@@ -70,13 +64,12 @@ def demo_plan(tmp_path_factory):
     cfg = DemoServeConfig()
     case = cfg.cases[0]
     assert case.model == "deepseek-v2-lite"
-    trace = import_case(case, ROOT, work / "data" / f"{case.model}.parquet")
+    trace = import_case(case, work / "data" / f"{case.model}.parquet")
     small = replace(cfg, duration=1.0, n_rates=3, top=2, pipelines=("sglang-ep",))
     res = plan_case(trace, str(trace), "pcie-upi8", small, case.methods)
     return work, trace, res
 
 
-@needs_real
 @pytest.mark.slow
 def test_printed_sempar_commands_run_and_reproduce_the_scored_placement(demo_plan, tmp_path):
     from sempar.comm.topology_presets import load_topology
@@ -114,7 +107,6 @@ def test_printed_sempar_commands_run_and_reproduce_the_scored_placement(demo_pla
     assert placed >= 1
 
 
-@needs_real
 @pytest.mark.slow
 def test_printed_engine_flags_exist_and_change_sglang_defaults(demo_plan):
     fields = sglang_fields()
@@ -154,14 +146,15 @@ def test_no_export_line_for_a_model_sglang_cannot_place(tmp_path):
     assert any(c.startswith("sempar place") and str(path) in c for c in out)
 
 
-def test_demo_serve_stage_skips_without_real_data(tmp_path):
-    from sempar.commands.demo.stages import DemoContext
-    from sempar.report.html import HtmlReport
-    from sempar.serving.demo import run_stage
+def test_demo_cases_are_the_packaged_real_traces(tmp_path, monkeypatch):
+    """The demo's cases need nothing outside the package: with SEMPAR_REAL_DATA pointing nowhere
+    each case's trace is the packaged one (same bytes), named by its model."""
+    from sempar.paths import real_trace_path
+    from sempar.serving.demo import DemoServeConfig, import_case
+    from sempar.trace import read_header
 
-    ctx = DemoContext(work=tmp_path, report=HtmlReport("t"), out=tmp_path)
-    assert run_stage(ctx, None) is None
-    assert run_stage(ctx, tmp_path) is None             # a folder without the traces
-    text = ctx.report.render()
-    assert text.count("serving plan on real-model routing is skipped") == 2
-    assert not (tmp_path / "data").exists()
+    monkeypatch.setenv("SEMPAR_REAL_DATA", str(tmp_path / "nowhere"))
+    for case in DemoServeConfig().cases:
+        out = import_case(case, tmp_path / "data" / f"{case.model}.parquet")
+        assert out.read_bytes() == real_trace_path(case.model).read_bytes()
+        assert read_header(out)[2].model == case.model

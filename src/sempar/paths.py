@@ -1,4 +1,5 @@
-"""Where sempar finds the read-only real routing data (`shared/data/real/`)."""
+"""Where sempar finds its data: the packaged assets (tokenizer, tiny models, dev traces and the
+real-model routing traces) and the read-only extra real data (`shared/data/real/`)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,20 @@ DEV_TRACES = ("tiny-moe64", "tiny-mixtral")
 def dev_trace_paths() -> list[Path]:
     """The committed dev traces recorded from the tiny models (those that exist)."""
     return [p for p in (assets_dir() / "traces" / f"{n}.parquet" for n in DEV_TRACES) if p.is_file()]
+
+
+# The real-model routing that ships with sempar (assets/traces/NOTICE: licences, sources):
+# model (preset) name -> trace file stem. Rebuilt by scripts/make-real-assets.sh.
+REAL_TRACES = {"deepseek-v2-lite": "deepseek-v2-lite-esft", "gpt-oss-20b": "gpt-oss-20b-mmlu"}
+
+
+def real_trace_path(name: str) -> Path:
+    """The packaged real trace called `name`: a model name of REAL_TRACES ("gpt-oss-20b") or
+    its file stem ("gpt-oss-20b-mmlu"). Raises InputError for any other name."""
+    from sempar.errors import InputError
+
+    stem = REAL_TRACES.get(name, name)
+    if stem not in REAL_TRACES.values():
+        raise InputError(f"real trace {name!r}: not one of "
+                         f"{', '.join(sorted({*REAL_TRACES, *REAL_TRACES.values()}))}")
+    return assets_dir() / "traces" / f"{stem}.parquet"

@@ -106,6 +106,13 @@ def import_arrays_cmd(files: list[Path] = typer.Argument(..., help=".npz / .npy 
                       request_domain_key: Optional[str] = _key("request_domain"),
                       domain_names_key: Optional[str] = _key("domain_names"),
                       layer_ids_key: Optional[str] = _key("layer_ids"),
+                      licence: Optional[str] = typer.Option(None, "--licence",
+                                                            help="the data's licence, kept in the "
+                                                                 "trace's metadata"),
+                      source: Optional[str] = typer.Option(None, "--source",
+                                                           help="where the data comes from "
+                                                                "(repository, path, commit), kept "
+                                                                "in the trace's metadata"),
                       as_json: bool = json_option()) -> None:
     """Convert per-token routing dumped as numpy arrays (experts [T, L, k] and optional weights,
     token ids, requests, positions, domains) into a routing trace."""
@@ -125,7 +132,9 @@ def import_arrays_cmd(files: list[Path] = typer.Argument(..., help=".npz / .npy 
              "num_hidden_layers": num_hidden_layers}
     with progress_bar("import arrays", None) as advance:
         summary = import_arrays(files, out_file, keys=keys, model=model, model_dir=model_dir,
-                                shape=shape, progress=advance)
+                                shape=shape, progress=advance,
+                                provenance={k: v for k, v in (("licence", licence),
+                                                              ("source", source)) if v is not None})
     if as_json:
         emit_json(summary)
     sys.stderr.write(f"wrote {out_file}: {summary['tokens']} tokens, {summary['requests']} "

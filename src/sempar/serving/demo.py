@@ -1,12 +1,12 @@
 """The `serve` stage of `sempar demo`: what to deploy for a real model's routing, on GPUs and
-their links. Each case is a real trace of shared/data/real/full-traces imported with its
-model's shape (`import arrays`: DeepSeek-V2-Lite's ESFT prefill routing, GPT-OSS-20B's MMLU
-routing), dimensions from the architecture (serving/dims.py) and the H100 roofline, at EP 8 on
+their links. Each case is a real-model trace shipped with sempar (assets/traces, NOTICE:
+DeepSeek-V2-Lite's ESFT prefill routing, GPT-OSS-20B's MMLU routing, imported from
+shared/data/real/full-traces by scripts/make-real-assets.sh), dimensions from the architecture (serving/dims.py) and the H100 roofline, at EP 8 on
 one PCIe/UPI server (`pcie-upi8`) and on two 4-GPU nodes over InfiniBand (`a100x4-ib`).
 `sempar plan` runs per case with a small candidate set and short runs (`DemoServeConfig`) so
 the demo stays within its time budget; the stage's section opens the report (report.py).
 
-The traces are written into the demo's folder (data/<model>.parquet), so the commands the
+The traces are copied into the demo's folder (data/<model>.parquet), so the commands the
 plan prints name files that exist once the demo has finished.
 """
 
@@ -25,7 +25,6 @@ from sempar.serving.slo_search import SearchConfig
 
 @dataclass(frozen=True)
 class DemoCase:
-    npz: str                        # file in shared/data/real/full-traces
     model: str                      # preset name: shape on import, dimensions for the roofline
     methods: tuple[str, ...]
 
@@ -37,8 +36,8 @@ class DemoServeConfig:
     for it because its rows objective takes minutes at EP 8 here (`sempar plan` tries it)."""
 
     cases: tuple[DemoCase, ...] = (
-        DemoCase("deepseek-v2-lite-esft.npz", "deepseek-v2-lite", ("vanilla", "eplb")),
-        DemoCase("gpt-oss-20b-mmlu.npz", "gpt-oss-20b", ("vanilla", "eplb", "sempar")))
+        DemoCase("deepseek-v2-lite", ("vanilla", "eplb")),
+        DemoCase("gpt-oss-20b", ("vanilla", "eplb", "sempar")))
     topologies: tuple[str, ...] = ("pcie-upi8", "a100x4-ib")
     accelerator: str = "h100"
     pipelines: tuple[str, ...] = ("sglang-ep", "smoe-exact")
@@ -51,12 +50,16 @@ class DemoServeConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
 
 
-def import_case(case: DemoCase, real_root: Path, out: Path) -> Path:
-    """The case's trace as Parquet at `out` (imported once)."""
-    from sempar.trace.arrays import import_arrays
+def import_case(case: DemoCase, out: Path) -> Path:
+    """The case's packaged real trace (paths.real_trace_path) copied to `out`, a file inside
+    the demo's own work folder (copied once)."""
+    import shutil
+
+    from sempar.paths import real_trace_path
 
     if not out.is_file():
-        import_arrays([real_root / "full-traces" / case.npz], out, model=case.model)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(real_trace_path(case.model), out)
     return out
 
 
@@ -79,20 +82,15 @@ def plan_case(trace_file: Path, printed: str, topology: str, cfg: DemoServeConfi
                 attribute=True, progress=progress)
 
 
-def run_stage(ctx, real_root: Path | None, cfg: DemoServeConfig = DemoServeConfig()) -> dict | None:
+def run_stage(ctx, cfg: DemoServeConfig = DemoServeConfig()) -> dict | None:
     from sempar.serving.plots import plot_curves
-    from sempar.serving.report import answer_section, evidence_section, skipped_section
+    from sempar.serving.report import answer_section, evidence_section
 
     n0 = len(ctx.report.parts)
-    if real_root is None or not all((real_root / "full-traces" / c.npz).is_file()
-                                    for c in cfg.cases):
-        skipped_section(ctx.report)
-        ctx.report.parts[:] = ctx.report.parts[n0:] + ctx.report.parts[:n0]   # still the opening
-        return None
     results, cache = [], {}
     for case in cfg.cases:
         rel = Path("data") / f"{case.model}.parquet"
-        path = import_case(case, real_root, ctx.work / rel)
+        path = import_case(case, ctx.work / rel)
         printed = str((ctx.out or ctx.work) / rel)
         for topo in cfg.topologies:
             ctx.step(f"plan {case.model} on {topo}")

@@ -53,12 +53,6 @@ def _made_of(res: dict) -> str:
     return ", ".join(f"{p['part']} {p['gain']:.2f}x" for p in parts if p["gain"]) or "n/a"
 
 
-def skipped_section(report) -> None:
-    report.heading("Answer: what to deploy (forecast)")
-    report.paragraph("shared/data/real/full-traces was not found (set SEMPAR_REAL_DATA): the "
-                     "serving plan on real-model routing is skipped.")
-
-
 def answer_section(report, results: list[dict]) -> None:
     """The report's opening: per model and topology, the recommended deployment, its gain over
     SGLang's launch under each SLO with its interval, what the gain is made of; then how sure."""

@@ -72,6 +72,23 @@ FLUSH_ROWS = 32768
 INT32_MAX = int(np.iinfo(np.int32).max)
 
 
+PROVENANCE_MAX = 500    # characters per provenance value: a line of text, not a document
+
+
+def _provenance(given: dict[str, str]) -> dict[str, str]:
+    """`given` checked: short printable strings, keys among licence / source / notes."""
+    out = {}
+    for k, v in given.items():
+        if k not in ("licence", "source", "notes"):
+            raise InputError(f"provenance: {k!r} is not one of licence, source, notes")
+        if not isinstance(v, str) or not v.strip() or len(v) > PROVENANCE_MAX \
+                or not v.isprintable():
+            raise InputError(f"--{k}: expected one printable line of at most {PROVENANCE_MAX} "
+                             "characters")
+        out[k] = v
+    return out
+
+
 class Arrays:
     """The arrays of the given files by name, loaded on first use."""
 
@@ -268,8 +285,13 @@ def _scalars(arr: Arrays) -> dict:
 def import_arrays(paths: Sequence[str | os.PathLike], out_path: str | os.PathLike,
                   keys: dict[str, str] | None = None, model: str | None = None,
                   model_dir: str | os.PathLike | None = None, shape: dict[str, Any] | None = None,
-                  progress: Callable[[int], Any] | None = None) -> dict[str, Any]:
+                  progress: Callable[[int], Any] | None = None,
+                  provenance: dict[str, str] | None = None) -> dict[str, Any]:
     """Convert the arrays of `paths` into a Parquet trace at `out_path` (module docstring).
+
+    provenance: free-text facts about the data's origin (e.g. {"licence": "MIT", "source":
+    "deepseek-ai/ESFT results/expert_scores/ at commit 579a771"}), kept in the trace's metadata
+    as `extra.provenance` so a copied trace still names its licence and source.
 
     keys: role -> array name (DEFAULT_KEYS' roles; "" skips the role); shape: SHAPE_FIELDS
     given by the caller (flags), None values ignored. `progress(n)` is called per block of rows
@@ -355,7 +377,8 @@ def import_arrays(paths: Sequence[str | os.PathLike], out_path: str | os.PathLik
                "ignored_arrays": sorted(set(arr.where) - arr.used),
                "shape_from": {f: origin[f] for f in sorted(origin)},
                "token_ids": "given" if tn else "none: the token_id column is all zeros",
-               "positions": "given" if pn else "derived: index within the request"})
+               "positions": "given" if pn else "derived: index within the request",
+               **({"provenance": _provenance(provenance)} if provenance else {})})
     resorted = 0
     with TraceWriter(out_path, meta, domains if domain is not None else None,
                      has_weights=wn is not None) as w:

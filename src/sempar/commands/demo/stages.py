@@ -143,28 +143,19 @@ REAL_METHODS = ("vanilla", "eplb", "sempar")
 
 @STAGES.register("real-routing")
 def stage_real_routing(ctx: DemoContext) -> dict | None:
-    """Placement on a real model's routing (DeepSeek-V2-Lite, no token ids) when the shared
-    data is there: imported with `sempar import arrays`, fit 20%, evaluated on 80% at EP 4 with
-    homes from exact pre-routing; `sempar` solves on the fit rows (--objective auto)."""
-    import tempfile
-
-    from sempar.paths import real_data_dir
+    """Placement on a real model's routing (DeepSeek-V2-Lite, no token ids; the packaged trace,
+    paths.real_trace_path): fit 20%, evaluated on 80% at EP 4 with homes from exact
+    pre-routing; `sempar` solves on the fit rows (--objective auto)."""
+    from sempar.paths import real_trace_path
     from sempar.schedule.evaluate import evaluate_modes
     from sempar.trace import read_trace, split_by_request
-    from sempar.trace.arrays import import_arrays
 
-    root = real_data_dir()
-    npz = root / "full-traces" / "deepseek-v2-lite-esft.npz" if root is not None else None
-    if npz is None or not npz.is_file():
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        import_arrays([npz], Path(tmp) / "ds.parquet")
-        trace = read_trace(Path(tmp) / "ds.parquet")
+    trace = read_trace(real_trace_path("deepseek-v2-lite"))
     fit, ev = split_by_request(trace, seed=0)
     res = evaluate_modes(fit, ev, ep=4, methods=list(REAL_METHODS), modes=("tp",))["tp"]
     ctx.report.heading("Placement on real routing: DeepSeek-V2-Lite (EP 4, tp mode)")
     ctx.report.paragraph("ESFT prefill routing of the DeepSeek-V2-Lite architecture "
-                         "(shared/data/real/full-traces; no token ids), fit on 20% of the "
+                         "(shipped with sempar: assets/traces/NOTICE; no token ids), fit on 20% of the "
                          "requests, evaluated on the other 80%. Homes from exact pre-routing: "
                          "each token row on the device hosting most of its experts, equal shares "
                          "of every 2,048-token batch. sempar solves on the fit rows "

@@ -147,9 +147,8 @@ def stage_bench(ctx: DemoContext) -> dict | None:
 
 @STAGES.register("serve")
 def stage_serve(ctx: DemoContext) -> dict | None:
-    """Serving plan on real-model routing (sempar.serving.demo); its answer opens the report.
-    Skipped (said in the report) without shared/data/real."""
-    from sempar.paths import real_data_dir
+    """Serving plan on the packaged real-model routing (sempar.serving.demo); its answer opens
+    the report."""
     from sempar.serving.demo import run_stage
 
-    return run_stage(ctx, real_data_dir())
+    return run_stage(ctx)
