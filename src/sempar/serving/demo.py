@@ -93,7 +93,7 @@ def plan_case(trace_file: Path, printed: str, topology: str, cfg: DemoServeConfi
 
 
 def run_stage(ctx, cfg: DemoServeConfig = DemoServeConfig()) -> dict | None:
-    from sempar.serving.plots import plot_curves
+    from sempar.serving.plots import plot_curves, plot_gains
     from sempar.serving.report import answer_section, evidence_section
 
     n0 = len(ctx.report.parts)
@@ -109,10 +109,16 @@ def run_stage(ctx, cfg: DemoServeConfig = DemoServeConfig()) -> dict | None:
             png = ctx.work / "figures" / f"serve_{case.model}_{topo.replace(':', '_')}.png"
             res["png"] = str(plot_curves(curves_of(res), png))
             results.append(res)
-    answer_section(ctx.report, results)
+    chart = plot_gains(results, ctx.work / "figures" / "serve_gains.png")
+    answer_section(ctx.report, results, chart)
+    ctx.report.heading("Evidence: every plan")
     for res in results:
         evidence_section(ctx.report, res, Path(res["png"]))
-    ctx.report.parts[:] = ctx.report.parts[n0:] + ctx.report.parts[:n0]   # the answer opens it
+    if n0:
+        ctx.report.heading("Appendix: sempar's stages on the tiny models' dev traces and the "
+                           "real routing's statistics")
+    # the answer and its evidence open the report; the earlier stages follow as the appendix
+    ctx.report.parts[:] = ctx.report.parts[n0:] + ctx.report.parts[:n0]
     keep = ("model", "topology", "accelerator", "slos", "slo_keys", "rates", "noise", "choice",
             "attribution", "search", "budget", "wall_seconds")
     return {"cases": [{**{k: r[k] for k in keep},
