@@ -23,6 +23,7 @@
     SGLang's Attention-DP launch (`sglang-ep`) beside them.
 
     python benchmarks/bench_tp_gap.py [--json OUT.json] [--duration 20]
+    python scripts/make_results.py OUT.json --out docs/results/     # docs/results/tp-gap.md
 """
 
 from __future__ import annotations
@@ -112,6 +113,47 @@ def semmoe_tp(duration: float) -> list[dict]:
     return rows
 
 
+GAP_TERMS = (("tokens_per_iteration", "batch limit: tokens per iteration (all instances)", "{:,.0f}"),
+             ("running_max", "batch limit: running requests", "{:,.0f}"),
+             ("kv_capacity_tokens", "KV capacity, tokens (all instances)", "{:,.0f}"),
+             ("dense_ms", "dense compute (attention, router, LM head), ms", "{:.1f}"),
+             ("expert_ms", "routed experts, ms", "{:.1f}"),
+             ("activation_collectives_ms", "activation collectives (TP RS + AG), ms", "{:.1f}"),
+             ("prerouting_ms", "pre-routing (logit all-reduce), ms", "{:.1f}"),
+             ("all_to_all_ms", "all-to-all (dispatch + combine), ms", "{:.1f}"),
+             ("iteration_ms", "one full iteration, ms", "{:.1f}"),
+             ("tokens_per_s", "tokens/s at that iteration", "{:,.0f}"),
+             ("light_ttft_p99_ms", "light load: p99 TTFT, ms", "{:.1f}"),
+             ("light_e2e_p50_ms", "light load: median E2E, ms", "{:.0f}"))
+
+
+def tables(rows: list[dict]) -> str:
+    """Markdown of the benchmark's rows (`--json`): the gap's terms, one column per deployment
+    and collective model, and Sem-MoE's TP setting (scripts/make_results.py calls this)."""
+    gap = [r for r in rows if r["table"] == "tp-gap"]
+    out = []
+    if gap:
+        out.append("| term (GPT-OSS-20B, pcie-upi8, EP 8, H100, vanilla) | "
+                   + " | ".join(f"`{r['deployment'].split('/')[1]}`, {r['collectives']}"
+                                for r in gap) + " |")
+        out.append("| --- |" + " --- |" * len(gap))
+        for key, label, fmt in GAP_TERMS:
+            out.append(f"| {label} | " + " | ".join(fmt.format(r[key]) for r in gap) + " |")
+        out.append("")
+    tp = [r for r in rows if r["table"] == "semmoe-tp"]
+    if tp:
+        lens = sorted({r["input_len"] for r in tp})
+        out.append("| Sem-MoE's TP setting: p99 TTFT / median E2E, ms | "
+                   + " | ".join(f"input {n}" for n in lens) + " |")
+        out.append("| --- |" + " --- |" * len(lens))
+        for dep in dict.fromkeys(r["deployment"] for r in tp):
+            cells = {r["input_len"]: r for r in tp if r["deployment"] == dep}
+            out.append(f"| `{dep}` (LAR {cells[lens[0]]['lar']:.2f}) | " + " | ".join(
+                f"{cells[n]['ttft_p99_ms']:.2f} / {cells[n]['e2e_p50_ms']:.1f}" for n in lens) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results here")
@@ -132,10 +174,12 @@ def main(argv=None) -> int:
     for r in tp:
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}),
               flush=True)
-    out = {"gap": gap, "semmoe_tp": tp, "wall_seconds": time.perf_counter() - t0}
+    out = ([{"table": "tp-gap", **r} for r in gap] + [{"table": "semmoe-tp", **r} for r in tp])
+    print(f"wall {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    print(tables(out))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+            json.dump(out, f)       # one line: scripts/make_results.py reads the first
     return 0
 
 

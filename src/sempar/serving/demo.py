@@ -49,11 +49,11 @@ class DemoServeConfig:
     topologies: tuple[str, ...] = ("pcie-upi8", "a100x4-ib")
     accelerator: str = "h100"
     pipelines: tuple[str, ...] = ("sglang-ep", "smoe-exact")
-    policies: tuple[str, ...] = ("round-robin", "balanced", "expert")
+    policies: tuple[str, ...] = ("round-robin", "expert")
     redundant: tuple[str, ...] = ("0", "G")
-    duration: float = 4.0
-    n_rates: int = 5
-    top: int = 2
+    duration: float = 3.0
+    n_rates: int = 4
+    top: int = 1
     input_len: int = 512
     output_len: int = 128
     search: SearchConfig = field(default_factory=SearchConfig)
