@@ -60,7 +60,7 @@ def compared_text(res: dict) -> str:
     parts = {k: sorted({str(x[k]) for x in sc}) for k in ("pipeline", "placement", "policy",
                                                           "redundant")}
     skipped = res.get("skipped") or []
-    why = sorted({x["reason"].split(":")[-1].strip()[:90] for x in skipped})
+    why = sorted({x["reason"].split(": ", 1)[-1].strip()[:120] for x in skipped})
     return (f"compared {len(sc)} deployments (pipelines {', '.join(parts['pipeline'])}; "
             f"placements {', '.join(parts['placement'])}; policies {', '.join(parts['policy'])}; "
             f"redundant slots {', '.join(parts['redundant'])}), {len(res['ranked'])} forecast "
