@@ -157,7 +157,10 @@ def test_demo_cases_are_the_packaged_real_traces(tmp_path, monkeypatch):
     from sempar.trace import read_header
 
     monkeypatch.setenv("SEMPAR_REAL_DATA", str(tmp_path / "nowhere"))
-    for case in DemoServeConfig().cases:
+    cfg = DemoServeConfig()
+    assert all("sempar" in c.methods for c in cfg.cases) and len(cfg.pipelines) > 1
+    assert {"0", "G"} <= set(cfg.redundant) and len(cfg.policies) > 1
+    for case in cfg.cases:
         out = import_case(case, tmp_path / "data" / f"{case.model}.parquet")
         assert out.read_bytes() == real_trace_path(case.model).read_bytes()
         assert read_header(out)[2].model == case.model
