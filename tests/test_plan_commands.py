@@ -209,3 +209,4 @@ def test_answer_first_screen(tmp_path):
     assert "1.30x [1.27, 1.33]" in html
     assert "placement: balance (eplb) 1.10x, placement: locality (sempar) 1.10x" in html
     assert "pipelines sglang-ep, smoe-exact" in html and "1 skipped (" in html
+    assert "Attention-DP policies expert, round-robin;" in html    # not smoe-exact's alg2

@@ -56,13 +56,19 @@ def _made_of(res: dict) -> str:
 def compared_text(res: dict) -> str:
     """What the plan compared: the screened candidates by part, how many were forecast in full,
     and what was skipped (and why, once per reason)."""
+    from sempar.comm.pipelines import PIPELINES
+
     sc = res.get("screened") or []
-    parts = {k: sorted({str(x[k]) for x in sc}) for k in ("pipeline", "placement", "policy",
-                                                          "redundant")}
+    parts = {k: sorted({str(x[k]) for x in sc}) for k in ("pipeline", "placement", "redundant")}
+    # request policies are Attention-DP's; a TP pipeline's placeholder policy is not one
+    parts["policy"] = sorted({x["policy"] for x in sc
+                              if x["pipeline"] not in PIPELINES or
+                              PIPELINES.get(x["pipeline"]).attention == "dp"})
     skipped = res.get("skipped") or []
-    why = sorted({x["reason"].split(": ", 1)[-1].strip()[:120] for x in skipped})
+    why = sorted({x["reason"].split(": ", 1)[-1].strip()[:200] for x in skipped})
     return (f"compared {len(sc)} deployments (pipelines {', '.join(parts['pipeline'])}; "
-            f"placements {', '.join(parts['placement'])}; policies {', '.join(parts['policy'])}; "
+            f"placements {', '.join(parts['placement'])}; Attention-DP policies "
+            f"{', '.join(parts['policy'])}; "
             f"redundant slots {', '.join(parts['redundant'])}), {len(res['ranked'])} forecast "
             "in full" + (f"; {len(skipped)} skipped ({'; '.join(why)})" if skipped else ""))
 
