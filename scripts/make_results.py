@@ -59,12 +59,25 @@ def _placement_body(report: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _is_tp_gap(data) -> bool:
+    return (isinstance(data, list) and bool(data) and all(
+        isinstance(c, dict) and c.get("table") in ("tp-gap", "semmoe-tp") for c in data))
+
+
+def _tp_gap_body(rows: list[dict]) -> str:
+    import bench_tp_gap     # imports sempar: only when such a page is written
+
+    return bench_tp_gap.tables(rows)
+
+
 # kind -> (recogniser, page title, benchmark that writes it, body formatter)
 KINDS = {      # the first whose recogniser accepts a file names its page
     "placement-real": (_is_placement_real, "Placement quality on real routing (held out)",
                        "benchmarks/bench_placement.py --real-only --json", _placement_body),
     "placement": (_is_placement, "Placement quality on held-out routing",
                   "benchmarks/bench_placement.py --json", _placement_body),
+    "tp-gap": (_is_tp_gap, "The Attention-TP gap, term by term, and Sem-MoE's TP setting",
+               "benchmarks/bench_tp_gap.py --json", _tp_gap_body),
 }
 
 

@@ -176,3 +176,50 @@ def test_cli_collectives_flag(tmp_path):
                        "unknown collective model")):
         r = run_cli(*args)
         assert r.returncode == 2 and msg in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_nccl_links_prices_shared_links():
+    """`nccl-links`: on pcie-upi8 the 16 cross-socket pairs share one 20 GB/s UPI link, so a
+    phase in which each socket-0 GPU sends b bytes to each socket-1 GPU lasts 16 b / 20 GB/s,
+    not eq. 9's alpha + b / 20 GB/s; a GPU's 3 socket-local transfers share its 64 GB/s uplink;
+    rings (one flow per link) and a topology without links (read from JSON) are priced as by
+    `nccl`."""
+    from sempar.comm.collective_models import COLLECTIVE_MODELS
+    from sempar.comm.topology import Topology
+    from sempar.comm.topology_presets import load_topology
+
+    topo = load_topology("pcie-upi8")
+    nccl, links = COLLECTIVE_MODELS.get("nccl"), COLLECTIVE_MODELS.get("nccl-links")
+    b = 1e7
+    cross = np.zeros((8, 8))
+    cross[:4, 4:] = b
+    eq9 = float(nccl.a2a(topo, "dispatch", cross))
+    assert eq9 == pytest.approx(topo.alpha[1, 0, 4] + b / 20e9)
+    assert float(links.a2a(topo, "dispatch", cross)) == pytest.approx(16 * b / 20e9)
+    local = np.zeros((8, 8))
+    local[0, 1:4] = b
+    assert float(links.a2a(topo, "dispatch", local)) == pytest.approx(3 * b / 64e9)
+    x = np.array([1e8])
+    for kind in ("RS", "AG", "AR"):
+        assert links.collective(topo, kind, x) == pytest.approx(nccl.collective(topo, kind, x))
+    plain = Topology.from_json(topo.to_json())
+    assert plain.links is None
+    assert float(links.a2a(plain, "dispatch", cross)) == pytest.approx(eq9)
+
+
+def test_forecast_defaults_to_links_on_presets():
+    from sempar.comm.topology import Topology
+    from sempar.comm.topology_presets import load_topology
+    from sempar.paths import real_trace_path
+    from sempar.serving.dims import model_dims
+    from sempar.serving.forecast import Forecaster
+    from sempar.serving.hardware import ACCELERATORS
+    from sempar.trace import read_trace
+
+    tr = read_trace(real_trace_path("deepseek-v2-lite"))
+    args = (tr, model_dims("deepseek-v2-lite"))
+    topo = load_topology("pcie-upi8")
+    h100 = ACCELERATORS.get("h100")
+    assert Forecaster(*args, topo, h100).sim["collectives"] == "nccl-links"
+    assert Forecaster(*args, topo, h100, sim={"collectives": "nccl"}).sim["collectives"] == "nccl"
+    assert "collectives" not in Forecaster(*args, Topology.from_json(topo.to_json()), h100).sim

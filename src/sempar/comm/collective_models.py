@@ -20,6 +20,16 @@ a pipeline take on a topology, for the engine that issues them.
   ``"collectives": {"model": "gloo", "a2a_serialisation": sigma}`` into the topology.
   The per-rank form is ours (CAMoE's eq. 9 has no such term); it reduces to eq. 9 at sigma 0.
 
+- `nccl-links` (ours): `nccl` plus link sharing. CAMoE eq. 9 prices every directed pair as if
+  its route were its own; on a topology built from links (the presets) the pairs of one
+  all-to-all share links -- on `pcie-upi8` the 16 cross-socket pairs share one 20 GB/s UPI
+  link and a GPU's 7 transfers its one PCIe uplink; on `a100x4-ib` a GPU's 4 remote transfers
+  its one IB port -- so a phase lasts max(eq. 9, the busiest link's bytes x its seconds per
+  byte) (`Topology.link_seconds`, a bandwidth bound; alphas still from eq. 9). Rings are
+  priced the same way (one flow per edge: unchanged on the presets). A topology read from JSON
+  (a profile) has no links, and `nccl-links` is then `nccl`. docs/serving.md ("The
+  Attention-TP gap") shows what it changes.
+
 Which model prices a forecast: `SimOptions.collectives` when given (a flag), else the
 topology's `collectives.model` (a profile of gloo's all-to-all says `gloo`), else `nccl`. A
 forecast for real engines uses `nccl`; one for `sempar bench` uses `gloo` with the profiled
@@ -105,6 +115,28 @@ def _gloo_collective(topo: Topology, kind: str, nbytes: np.ndarray) -> np.ndarra
 COLLECTIVE_MODELS.add("nccl", CollectiveModel(
     "nccl", "the papers' engines (NCCL, DeepEP): all-to-all by CAMoE eq. 9, AR/RS/AG as rings",
     _eq9, ring_seconds, ring_pairs))
+def _links_a2a(topo: Topology, phase: str | int, nbytes: np.ndarray) -> np.ndarray:
+    return np.maximum(_eq9(topo, phase, nbytes), topo.link_seconds(nbytes))
+
+
+def _links_collective(topo: Topology, kind: str, nbytes: np.ndarray) -> np.ndarray:
+    """A ring: per step max(slowest edge, busiest shared link under the step's G flows)."""
+    from sempar.comm.collectives import RING_STEPS
+
+    G = topo.num_devices
+    x = np.asarray(nbytes, np.float64)
+    if G == 1:
+        return np.zeros_like(x)
+    step = np.zeros((G, G))
+    step[np.arange(G), (np.arange(G) + 1) % G] = 1.0
+    shared = RING_STEPS[kind](G) * topo.link_seconds(step) * x / G
+    return np.maximum(ring_seconds(topo, kind, x), shared * (x > 0))
+
+
+COLLECTIVE_MODELS.add("nccl-links", CollectiveModel(
+    "nccl-links", "ours: `nccl` with link sharing -- an all-to-all phase lasts at least as long "
+    "as its busiest shared link (PCIe uplink, UPI, IB port) needs for the bytes routed over it",
+    _links_a2a, _links_collective, ring_pairs))
 COLLECTIVE_MODELS.add("gloo", CollectiveModel(
     "gloo", "our runtime (torch gloo): every collective one all_to_all_single, AR = direct RS + "
     "AG, pairs serialised by the profiled a2a_serialisation", _gloo_a2a, _gloo_collective,

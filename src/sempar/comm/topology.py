@@ -57,6 +57,12 @@ class Topology:
     alpha: np.ndarray
     beta: np.ndarray
     collectives: dict | None = None
+    # Shared links (set by `from_links`, not written to JSON): (beta float64[E] seconds per byte
+    # of each directed link in the dispatch phase, use bool[E, G, G]: whether the route of
+    # device pair (u, v) crosses link e). eq. 9 prices every pair as if it had its route to
+    # itself; `link_seconds` is the time the busiest shared link needs for all the bytes
+    # routed over it (the `nccl-links` collective model, comm/collective_models.py).
+    links: tuple[np.ndarray, np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         self.node_of = np.asarray(self.node_of, dtype=np.int32)
@@ -124,6 +130,18 @@ class Topology:
         c = self.cost(phase, nbytes)
         m = c.reshape(c.shape[:-2] + (-1,)).max(axis=-1)
         return float(m) if m.ndim == 0 else m
+
+    def link_seconds(self, nbytes: np.ndarray) -> np.ndarray:
+        """float64[...]: for byte matrices nbytes float64[..., G, G] (src, dst) sent at once, the
+        busiest link's bytes x its seconds per byte (0 without `links`): the bandwidth bound of
+        flows that share a link (a PCIe uplink, a UPI or an IB port), which eq. 9 leaves out."""
+        b = np.asarray(nbytes, dtype=np.float64)
+        if self.links is None:
+            return np.zeros(b.shape[:-2])
+        beta, use = self.links
+        G = self.num_devices
+        load = b.reshape(b.shape[:-2] + (G * G,)) @ use.reshape(len(beta), G * G).T.astype(np.float64)
+        return (load * beta).max(axis=-1)
 
     def pair_cost(self, phase: str | int, nbytes: float) -> np.ndarray:
         """float64[G, G]: cost of `nbytes` on every pair (diagonal 0), nearest-replica distance."""
@@ -264,6 +282,8 @@ class Topology:
             A[:, u, v], B[:, u, v], has[u, v] = a, b, True
         alpha = np.zeros((len(PHASES), G, G))
         beta = np.zeros((len(PHASES), G, G))
+        edges = {h: i for i, h in enumerate(hop)}
+        use = np.zeros((len(edges), G, G), bool)
         fixed = {(vid(u), vid(v)): [vid(x) for x in via] for (u, v), via in (paths or {}).items()}
         src, dst = np.nonzero(has)
         for p in range(len(PHASES)):
@@ -294,7 +314,10 @@ class Topology:
                     hb = np.array([B[p][h] for h in hops])
                     alpha[p, u, v] = ha.sum()
                     beta[p, u, v] = hb.sum() if aggregation == "store-and-forward" else hb.max()
-        return cls(name, node_of, alpha, beta)
+                    if p == PHASES.index("dispatch"):
+                        use[[edges[h] for h in hops], u, v] = True
+        link_beta = np.array([b[PHASES.index("dispatch")] for _, b in hop.values()])
+        return cls(name, node_of, alpha, beta, links=(link_beta, use))
 
 
 def _check_types(d: dict[str, Any]) -> None:

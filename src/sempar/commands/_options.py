@@ -38,9 +38,10 @@ def renamed(value: Optional[T], old_value: Optional[T], name: str, old: str,
 
 
 COLLECTIVES_HELP = ("collective model (comm/collective_models.py): nccl (the papers' engines: eq. 9 "
-                    "all-to-alls, rings) or gloo (sempar bench's runtime; needs a topology JSON "
-                    "from `sempar profile --method all_to_all_single`); default: the topology's, "
-                    "else nccl")
+                    "all-to-alls, rings), nccl-links (nccl plus links shared by the pairs) or "
+                    "gloo (sempar bench's runtime; needs a topology JSON from `sempar profile "
+                    "--method all_to_all_single`); default: the topology's, else nccl "
+                    "(simulate) / nccl-links for a preset topology (serve-sim, plan)")
 
 
 def collectives(name: Optional[str]) -> Optional[str]:

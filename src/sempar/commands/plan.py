@@ -63,6 +63,10 @@ def register(app: typer.Typer) -> None:
         seed: int = seed_option(),
         collectives: Optional[str] = typer.Option(None, "--collectives", help=COLLECTIVES_HELP,
                                                   callback=check_collectives),
+        per_pipeline: bool = typer.Option(True, "--per-pipeline/--top-only",
+                                          help="also forecast in full the best screened "
+                                               "deployment of every pipeline (default), so "
+                                               "pipelines are compared under the SLO"),
         as_json: bool = json_option(),
     ) -> None:
         """Rank deployments (pipeline x placement x policy x redundancy x EP) by throughput under an SLO."""
@@ -90,7 +94,7 @@ def register(app: typer.Typer) -> None:
                        rates=rate_list, duration=duration, input_len=input_len,
                        output_len=output_len, top=top, methods=_names(methods),
                        pipelines=_names(pipes), policies=_names(policies), redundant=red,
-                       progress=step)
+                       per_pipeline=per_pipeline, progress=step)
         if as_json:
             from sempar.console import emit_json
 

@@ -110,6 +110,10 @@ def commands(v: Variant, G: int, nodes: int, trace: str, model: str, placement, 
     out.append("python -m sglang.launch_server --model-path " + shlex.quote(model_path(model))
                + " " + " ".join(f for f, _ in flags))
     out += [f"#   {f}: {why}" for f, why in flags]
+    if placement is not None and placement.info.get("solved_on_rows"):
+        notes.append(f"# the forecast solved this placement on {placement.info['solved_on_rows']} "
+                     "of the fit split's rows (a time budget); `sempar place` above solves on "
+                     "all of them")
     out += notes
     if v.pipeline not in UPSTREAM_PIPELINES:
         out.append(f"# pipeline {v.pipeline} is not an upstream SGLang mode: it needs an engine "

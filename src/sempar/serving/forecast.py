@@ -109,12 +109,16 @@ class Forecaster:
 
     def __init__(self, trace: RoutingTrace, dims: ModelDims, topo: Topology, acc: Accelerator,
                  budget: int = 2048, max_running: int = 128,
-                 options: SolveOptions | None = None, sim: dict | None = None):
+                 options: SolveOptions | None = None, sim: dict | None = None,
+                 solve_rows: dict[str, int] | None = None):
         """options: the user's solve options (None: the defaults), passed whole to every
         placement solve with the variant's replicas and the topology's nodes set; its seed also
         draws the 20/80 split and the arrivals. sim: SimOptions fields over the pipeline
         defaults for every deployment (e.g. the runtime's dedup / one-shot / size exchanges and
-        `collectives`, benchcheck.py)."""
+        `collectives`, benchcheck.py). solve_rows: {method: N}: that method solves on whole
+        requests of the fit split, drawn in a seeded order while they total at most N rows (a
+        time budget: the demo's `sempar` on DeepSeek-V2-Lite), said in the placement's info
+        (`solved_on_rows`)."""
         from sempar.trace.ops import split_by_request
 
         m = trace.meta
@@ -127,7 +131,14 @@ class Forecaster:
         self.options = options or SolveOptions()
         self.dims, self.topo, self.acc, self.seed = dims, topo, acc, self.options.seed
         self.budget, self.max_running = budget, max_running
+        self.solve_rows = dict(solve_rows or {})
         self.sim = dict(sim or {})
+        if self.sim.get("collectives") is None and topo.collectives is None \
+                and topo.links is not None:
+            # a topology built from links (the presets): all-to-all pairs share them
+            # (collective_models `nccl-links`); eq. 9 alone priced sglang-ep's all-to-all on
+            # pcie-upi8 ~10x too cheap (docs/serving.md, "The Attention-TP gap")
+            self.sim["collectives"] = "nccl-links"
         self.fit, self.eval = split_by_request(trace, 0.2, seed=self.seed)
         self._placements: dict = {}
         self._homes: dict = {}
@@ -163,7 +174,17 @@ class Forecaster:
                           homes=homes or self.options.homes)
         key = (method, redundant, options.items(self.fit.meta.has_token_ids))
         if key not in self._placements:
-            self._placements[key] = solve(method, self.fit, num_devices=self.G, options=options)
+            fit, cap = self.fit, self.solve_rows.get(method)
+            if cap is not None and fit.num_tokens > cap:
+                # whole requests in a seeded random order (the trace's requests are grouped
+                # by domain: the first ones alone would be one domain) while they fit in cap
+                req, counts = np.unique(fit.request_id, return_counts=True)
+                order = np.random.default_rng([self.seed, 7]).permutation(req.size)
+                take = order[np.cumsum(counts[order]) <= cap]
+                fit = fit.take(np.isin(fit.request_id, req[take if take.size else order[:1]]))
+            self._placements[key] = solve(method, fit, num_devices=self.G, options=options)
+            if fit is not self.fit:
+                self._placements[key].info["solved_on_rows"] = int(fit.num_tokens)
         return self._placements[key]
 
     def placement_for(self, v: Variant):

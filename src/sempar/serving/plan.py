@@ -76,12 +76,15 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
          output_len: int = 128, top: int = 4, methods=None, pipelines=None, policies=None,
          redundant=(0,), n_rates: int = 10, progress=None,
          search_cfg: SearchConfig = SearchConfig(), noise_streams: int = 1,
-         attribute: bool = False, sensitivity: tuple[float, ...] = SCALES) -> dict:
+         attribute: bool = False, per_pipeline: bool = False,
+         sensitivity: tuple[float, ...] = SCALES) -> dict:
     """make_fc(ep) -> Forecaster for that EP size. Returns the ranked deployments: each one's
     throughput under the SLO searched on the rate (slo_search.py), the forecast's noise, and
     the choice (choose.py); with `attribute`, what the recommended deployment's gain is made
-    of (`attribution`); `sensitivity`: compute scales at which the recommended deployment's
-    gain is forecast again (sensitivity.py; () for none)."""
+    of (`attribution`); with `per_pipeline`, the best screened deployment of every pipeline is
+    forecast in full too (beside the `top`), so pipelines are compared under the SLO, not only
+    by the screen's capacity estimate; `sensitivity`: compute scales at which the recommended
+    deployment's gain is forecast again (sensitivity.py; () for none)."""
     t0 = time.perf_counter()
     fcs = {G: make_fc(G) for G in eps}
     served = ("fixed", input_len, output_len)      # DP policies rank by the served lengths
@@ -103,6 +106,12 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
         raise InputError("plan: no deployment fits: " + "; ".join(s["reason"] for s in skipped[:3]))
     screened.sort(key=lambda s: -s[0])
     best = screened[:top]
+    if per_pipeline:
+        seen = {v.pipeline for _, _, v in best}
+        for sc in screened:
+            if sc[2].pipeline not in seen:
+                seen.add(sc[2].pipeline)
+                best.append(sc)
     full = []
     for _, G, v in best:
         if progress:
@@ -195,13 +204,21 @@ def _found(f: dict) -> dict:
 def attribution(fc, v: Variant, final: dict, base: dict, forecast, served, progress=None
                 ) -> list[dict]:
     """What the gain of deployment `v` (figures `final`) over the baseline (`base`) is made
-    of: SGLang's launch changed one part at a time -- the placement (with its replica slots),
-    then the request policy (Attention DP), then the pipeline -- each step forecast like the
+    of: SGLang's launch changed one part at a time -- the placement (with its replica slots;
+    a locality placement in two steps: eplb's balance, then the placement's locality), then
+    the request policy (Attention DP), then the pipeline -- each step forecast like the
     plan's deployments; `gain` = its throughput under the SLO / the previous step's."""
     G = fc.G
     steps = []
-    if v.placement != "vanilla" or v.redundant_slots(G):
-        steps.append(("placement", Variant(v.placement, "sglang-ep", redundant=v.redundant)))
+    if v.placement not in ("vanilla", "eplb"):
+        # balance apart from locality: eplb (load only) first, then the placement itself
+        steps.append(("placement: balance (eplb)", Variant("eplb", "sglang-ep",
+                                                           redundant=v.redundant)))
+        steps.append((f"placement: locality ({v.placement})",
+                      Variant(v.placement, "sglang-ep", redundant=v.redundant)))
+    elif v.placement != "vanilla" or v.redundant_slots(G):
+        steps.append(("placement: balance (eplb)" if v.placement == "eplb" else "placement",
+                      Variant(v.placement, "sglang-ep", redundant=v.redundant)))
     pipe = PIPELINES.get(v.pipeline)
     if pipe.attention == "dp" and v.policy != "round-robin":
         steps.append(("request policy", Variant(v.placement, "sglang-ep", v.policy, v.schedule,

@@ -55,9 +55,44 @@ def _made_of(res: dict) -> str:
     return ", ".join(f"{p['part']} {p['gain']:.2f}x" for p in parts if p["gain"]) or "n/a"
 
 
-def answer_section(report, results: list[dict]) -> None:
-    """The report's opening: per model and topology, the recommended deployment, its gain over
-    SGLang's launch under each SLO with its interval, what the gain is made of; then how sure."""
+def compared_text(res: dict) -> str:
+    """What the plan compared: the screened candidates by part, how many were forecast in full,
+    and what was skipped (and why, once per reason)."""
+    from sempar.comm.pipelines import PIPELINES
+
+    sc = res.get("screened") or []
+    parts = {k: sorted({str(x[k]) for x in sc}) for k in ("pipeline", "placement", "redundant")}
+    # request policies are Attention-DP's; a TP pipeline's placeholder policy is not one
+    parts["policy"] = sorted({x["policy"] for x in sc
+                              if x["pipeline"] not in PIPELINES or
+                              PIPELINES.get(x["pipeline"]).attention == "dp"})
+    skipped = res.get("skipped") or []
+    why = sorted({x["reason"].split(": ", 1)[-1].strip()[:200] for x in skipped})
+    return (f"compared {len(sc)} deployments (pipelines {', '.join(parts['pipeline'])}; "
+            f"placements {', '.join(parts['placement'])}; Attention-DP policies "
+            f"{', '.join(parts['policy'])}; "
+            f"redundant slots {', '.join(parts['redundant'])}), {len(res['ranked'])} forecast "
+            "in full" + (f"; {len(skipped)} skipped ({'; '.join(why)})" if skipped else ""))
+
+
+def calibration_note(results: list[dict]) -> str | None:
+    """A line for "how sure" on how the answer moves with the compute profile (the GPU-measured
+    calibration, issue 36): which compute profile priced each case, and the recommended
+    deployment's gain with compute 30 % slower / faster (sensitivity.py)."""
+    from sempar.serving.sensitivity import sensitivity_text
+
+    lines = []
+    for res in results:
+        lines += [x for x in (f"Compute for {res['model']} on {res['topology']}: "
+                              f"{res['compute_model']}." if res.get("compute_model") else "",
+                              sensitivity_text(res)) if x]
+    return " ".join(lines) or None
+
+
+def answer_section(report, results: list[dict], chart: Path | None = None) -> None:
+    """The report's first screen: per model and topology the recommended deployment, its gain
+    over SGLang's launch with its interval and what it is made of (balance, locality, request
+    policy, pipeline); the gain chart; then how sure."""
     report.heading("Answer: what to deploy (forecast)")
     rows = []
     for res in results:
@@ -70,14 +105,18 @@ def answer_section(report, results: list[dict]) -> None:
         report.paragraph(
             f"{res['model']} on {res['topology']} (EP {win['ep']}): deploy {win['pipeline']} with "
             f"the {win['placement']} placement, request policy {win['policy']}, "
-            f"{win['redundant']} redundant slots: {win['throughput_under_slo']:,.0f} tokens/s "
-            f"under the SLO ({', '.join(res['slo_keys'])} together), "
-            f"{gain_text(win, base)} SGLang's launch ({base['throughput_under_slo'] or 0:,.0f} "
-            f"tokens/s); {each}. Made of: {_made_of(res)}. {res['choice'].get('text', '')}")
+            f"{win['redundant']} redundant slots: {gain_text(win, base)} SGLang's launch "
+            f"({win['throughput_under_slo']:,.0f} against {base['throughput_under_slo'] or 0:,.0f} "
+            f"tokens/s under {' + '.join(res['slo_keys'])}; {each}). Made of: {_made_of(res)}. "
+            f"{res['choice'].get('text', '')} The plan {compared_text(res)}.")
         ratio, low, high = _ratio_interval(win, base)
         rows.append([res["model"], res["topology"], f"{win['placement']}/{win['pipeline']}/"
-                     f"{win['policy']}", win["throughput_under_slo"],
+                     f"{win['policy']} R={win['redundant']}", win["throughput_under_slo"],
                      base["throughput_under_slo"], ratio, low, high, res["noise"]])
+    if chart is not None:
+        report.image(chart, "gain over SGLang's launch under the SLO: every deployment forecast "
+                     "in full (dark: recommended; whiskers: the rate search's interval), and the "
+                     "recommended one's gain part by part (orange: each step x the one before)")
     if rows:
         report.table(["model", "topology", "deploy", "tokens/s under SLO", "SGLang tokens/s",
                       "x SGLang", "x low", "x high", "noise"], rows)
@@ -88,15 +127,13 @@ def answer_section(report, results: list[dict]) -> None:
         "is the ratio of the bracket ends (the deployment's rate that meets / SGLang's that "
         "misses, and the reverse). The noise is the spread of the figures over another arrival "
         "stream; deployments within it count as tied and the simpler one is recommended. "
-        + "The f" + CAVEATS.removeprefix("How sure: the f"))
-    from sempar.serving.sensitivity import sensitivity_text
-
-    for res in results:
-        lines = [x for x in (f"Compute for {res['model']} on {res['topology']}: "
-                             f"{res['compute_model']}." if res.get("compute_model") else "",
-                             sensitivity_text(res)) if x]
-        if lines:
-            report.paragraph(" ".join(lines))
+        + "The f" + CAVEATS.removeprefix("How sure: the f")
+        + " All-to-alls are priced with the links their pairs share (`nccl-links`; CAMoE's eq. "
+        "9 alone priced them up to 10x too cheap on PCIe / UPI: docs/serving.md, \"The "
+        "Attention-TP gap\").")
+    note = calibration_note(results)
+    if note:
+        report.paragraph(note)
 
 
 def evidence_section(report, res: dict, png: Path | None) -> None:
