@@ -18,7 +18,6 @@ def plot_curves(result: dict, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sempar.atomic import atomic_path
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     for ax, key in zip(axes.ravel(), SLO_KEYS):
@@ -35,12 +34,7 @@ def plot_curves(result: dict, path: str | Path) -> Path:
     axes[0, 0].legend(fontsize=7)
     fig.suptitle(f"{result['model']} on {result['topology']}, {result['accelerator']} x "
                  f"{result['ep']} (SLO = {result['slo_scale']:g} x lightest load)")
-    fig.tight_layout()
-    out = Path(path)
-    with atomic_path(out, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
-    return out
+    return _save(fig, path)
 
 
 def plot_gains(results: list[dict], path: str | Path) -> Path:
@@ -54,7 +48,6 @@ def plot_gains(results: list[dict], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sempar.atomic import atomic_path
     from sempar.serving.report import _ratio_interval
 
     n = len(results)
@@ -89,6 +82,15 @@ def plot_gains(results: list[dict], path: str | Path) -> Path:
         ax.grid(axis="x", alpha=0.3)
     for ax in axes.ravel()[n:]:
         ax.axis("off")
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    """Lay `fig` out, write it atomically as a PNG at `path`, close it."""
+    import matplotlib.pyplot as plt
+
+    from sempar.atomic import atomic_path
+
     fig.tight_layout()
     out = Path(path)
     with atomic_path(out, suffix=".png") as tmp:
