@@ -1,5 +1,5 @@
 """Benchmark: how long the runtime takes to run a group of cases and to fail fast on a dead or
-hung rank (the figures tests/test_runtime.py used to assert as `elapsed < 300` / `< 60`).
+hung rank (the figures tests/runtime/test_runtime.py used to assert as `elapsed < 300` / `< 60`).
 
 For each (model, G): one spawned process group runs every mode on the vanilla placement
 (`run_many`, the test's grouping), timed beside its budget. Then the test's two fault cases

@@ -1,5 +1,5 @@
 """Benchmark: does the namespace testbed run at the rates it shapes? (the figures
-tests/test_testbed_netns.py used to assert: a raw TCP stream within 15 % of the shaped rate, the
+tests/testbed/test_testbed_netns.py used to assert: a raw TCP stream within 15 % of the shaped rate, the
 profiled bandwidths within 15 % of the shaped ones, eq. 9 within 15 % of measured).
 
 On pcie-upi8 at 3 hosts (0->1 8 MB/s, 0->2 2.5 MB/s at the default scale): a 1 MiB raw TCP

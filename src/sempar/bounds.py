@@ -4,7 +4,7 @@ Every numeric option of every verb is declared with a bound from here (`bound` f
 `NumberList` for a comma-separated list), so a NaN time limit, a negative seed or a size that
 would hang the machine (`--redundant 80000000`) is one line and exit 2 instead of a hang, a
 MemoryError or a run that never stops. The callbacks carry their `Bounds` so the tests find every
-bounded option from the typer app itself (tests/test_hostile_options.py). The bounds are not
+bounded option from the typer app itself (tests/cli/test_hostile_options.py). The bounds are not
 physical limits; they are far beyond any real model or cluster (DeepSeek-V3: 256 experts, 61
 layers; the largest EP deployments: a few hundred devices) and far below what exhausts memory.
 Where two options multiply into the work (requests = rate x duration), the product is bounded

@@ -6,7 +6,7 @@ hook (`routing.hook`: the router's logits and top-k rule), exact pre-routing
 (`schedule.prerouter`, `schedule.agreement`: the same top-k rule on all-reduced logits), the
 runtime (`runtime.experts.moe_blocks`) and the exporters (`export.engines`: which engines cannot
 load a placement for it). Adding a family is one `Family` record here plus its tests
-(tests/test_families.py runs every record through the recorder, the hook and the pre-router on a
+(tests/models/test_families.py runs every record through the recorder, the hook and the pre-router on a
 tiny random-weight model of the family). Like vLLM's `MixtureOfExperts` interface
 (`model_executor/models/interfaces.py`): model knowledge in one place, declared, not re-derived.
 

@@ -4,7 +4,7 @@ Figures from each checkpoint's published config.json. Read by `trace.presets` (t
 synthetic trace carries, and each model's hidden size for the communication model),
 `serving.dims` (the roofline's dimensions) and `serving.deploy` (SGLang's `--model-path`); the
 README's and docs/cli.md's presets lines and the `--preset` helps are generated from it
-(`names`, `describe`; tests/test_model_presets.py checks the docs).
+(`names`, `describe`; tests/models/test_model_presets.py checks the docs).
 
 A preset's MoE layers are layers `dense_layers .. layers - 1` of the model (DeepSeek's
 `first_k_dense_replace` keeps the first ones dense); engines index placement rows by that layer

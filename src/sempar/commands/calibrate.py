@@ -9,7 +9,7 @@ device into an accelerator profile; `calibrate check` prices measurement lines w
     sempar calibrate convert --measurements M.jsonl --accelerator h100 --out P.json
 
 Module level imports only typer and sempar's light modules: the verb must load on a GPU machine
-with only torch, numpy, typer, rich, scipy and pyarrow (tests/test_calibrate.py checks it).
+with only torch, numpy, typer, rich, scipy and pyarrow (tests/calibrate/test_calibrate.py checks it).
 """
 
 from __future__ import annotations

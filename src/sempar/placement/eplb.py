@@ -21,7 +21,7 @@ packs by load alone, so it puts two copies on one GPU more often (6-24 (layer, G
 on the real DeepSeek-V2-Lite / GPT-OSS-20B loads at EP 4 / 8, 1 or 2 nodes; ours 0 there), and
 both must when an expert has more copies than its node has GPUs (`--nodes 2 --redundant G`: G / 2
 GPUs and G / 2 extra slots a node, replicas kept in the node): faithful, not a bug
-(tests/test_eplb_copies.py).
+(tests/placement/test_eplb_copies.py).
 """
 
 from __future__ import annotations

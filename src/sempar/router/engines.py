@@ -5,7 +5,7 @@
   body's `routed_dp_rank`); `/generate` reads `routed_dp_rank` in its body (`GenerateReqInput`).
 - vLLM 0.33.0: the `X-data-parallel-rank` header (`entrypoints/generate/base/serving.py`,
   `_get_data_parallel_rank`), on its OpenAI endpoints; it has no `/generate`.
-Checked against the engines' own code in tests/test_router_engines.py.
+Checked against the engines' own code in tests/router/test_router_engines.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Registered in `schedule.requests.REQUEST_POLICIES` beside Alg. 2 and `balanced`,
 `sempar evaluate --mode dp --online --policy NAME`, `serve-sim` and `sempar router` run the same
 class: the router calls the streaming form (`submit` / `complete` with the real completions), the
 evaluator the batch form (`assign`, completions FIFO after `window` requests), and the two agree
-(tests/test_load_policies.py).
+(tests/schedule/test_load_policies.py).
 
 - `least-inflight`: the rank holding the fewest in-flight tokens (ties: the lowest rank). What
   SGLang's and vLLM's own balancers approximate; the table is not read.

@@ -19,7 +19,7 @@ the request arrives. Policies, registered by name in `REQUEST_POLICIES`:
   requests submitted and not yet completed) and the stream's per-rank totals stay within `slack`
   of their mean, up to one request's granularity.
 
-Two forms, which agree (tests/test_request_policies.py):
+Two forms, which agree (tests/schedule/test_request_policies.py):
 
 - batch, `assign(token_ids, offsets) -> int32[R]`: requests in arrival order, request r's tokens
   are token_ids[offsets[r]:offsets[r+1]]; a pure function of its inputs (a fresh stream). Request
@@ -85,7 +85,7 @@ class RequestPolicy:
     contract tests): `needs_scores` it scores ranks from the token table (the router then needs
     a placement with one); `balances` what it keeps within `BALANCE_SLACK` of the per-rank mean
     over any stream of at least `BALANCE_FROM` x G requests, whatever the arrival pattern
-    ("requests", "tokens"; tests/test_policy_balance.py); `summary` one line for `--help`."""
+    ("requests", "tokens"; tests/schedule/test_policy_balance.py); `summary` one line for `--help`."""
 
     needs_scores = True
     balances: tuple[str, ...] = ()

@@ -1,7 +1,7 @@
 """Synthetic routing traces with the statistics real MoE models show.
 
 The generator is a small generative model of routing whose knobs are calibrated against the
-papers (tests/test_synth.py asserts the resulting figures):
+papers (tests/trace/test_synth.py asserts the resulting figures):
 
 - **Zipfian tokens per domain.** Each request belongs to one domain. A domain draws tokens from a
   Zipf-Mandelbrot law over its own ranking of the vocabulary: a few shared "common" tokens first

@@ -41,7 +41,7 @@ score swamps its affinity terms and whose objective is dp's whatever the mode). 
 
 Invariants: the fit cap holds on fit loads (tested; held out, imbalance drifts above it, more
 with replicas, whose served loads depend on where tokens end up); planted instances are
-recovered (tests/sempar/test_sempar_solver.py).
+recovered (tests/placement/sempar/test_sempar_solver.py).
 
 Settings: every tuning setting is a field of `SemparConfig` (config.py); `solve("sempar", ...)`
 uses `SemparConfig.for_problem(problem)`, `sempar_solve(problem, config)` any other. The

@@ -22,7 +22,7 @@ from sempar.router.config import RouterConfig
 from sempar.prompt import PromptTokenizer
 from sempar.router.serve import load_router
 
-MODEL = Path(__file__).resolve().parents[1] / "src/sempar/assets/models/tiny-moe64"
+MODEL = Path(__file__).resolve().parents[2] / "src/sempar/assets/models/tiny-moe64"
 G = 4
 
 

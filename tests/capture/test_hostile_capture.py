@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[0]))
 from test_capture_cli import cli, one_line, saved_lines, serve  # noqa: E402
 
 from engine_fixture_server import Faults  # noqa: E402

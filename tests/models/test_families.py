@@ -147,7 +147,7 @@ def test_a_nonzero_bias_moves_the_hook_and_the_prerouter_alike():
 
 
 def test_model_type_literals_live_in_their_record():
-    src = Path(__file__).resolve().parents[1] / "src" / "sempar"
+    src = Path(__file__).resolve().parents[2] / "src" / "sempar"
     where: dict[str, set[str]] = defaultdict(set)
     for f in src.rglob("*.py"):
         for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):

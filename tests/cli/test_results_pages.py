@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 _SPEC = importlib.util.spec_from_file_location(
-    "make_results", Path(__file__).parents[1] / "scripts" / "make_results.py")
+    "make_results", Path(__file__).parents[2] / "scripts" / "make_results.py")
 make_results = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(make_results)
 

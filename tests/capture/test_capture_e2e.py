@@ -22,14 +22,14 @@ pytest.importorskip("transformers")
 pytest.importorskip("uvicorn")
 pytest.importorskip("pybase64")
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[0]))
 from engine_fixture_server import Faults, FixtureServer, ModelBackend, make_app  # noqa: E402
 
 from sempar.capture.job import decode_mask  # noqa: E402
 from sempar.trace import read_trace  # noqa: E402
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["def add(x, y):\n    return x + y", "The river runs past the old mill at dawn.",
          "import numpy as np\narr = np.zeros(3)", "Dear committee, I write to apply.",
          "for i in range(10):\n    print(i)", "A short note."]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 TOP = ("sempar.cli", "sempar.commands", "sempar.__main__")   # __main__: `python -m sempar`
 # The data flow of design.md, left to right: trace (capture/ writes traces from a running
 # engine, so it sits right after) -> affinity (predictors in predict/) ->

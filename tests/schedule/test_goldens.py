@@ -1,12 +1,12 @@
 """Behaviour guard: the home rules, the proposal rounds and the routing statistics give the same
-figures as the committed golden (tests/goldens/homes-slice.json, README there says how it was made).
+figures as the committed golden (tests/schedule/goldens/homes-slice.json, README there says how it was made).
 
 A slice of the tiny-moe64 dev trace (its first requests), split 20/80 by request, is solved by
 vanilla, semmoe and sempar at EP 4; every home rule is exercised: `evaluate`'s per-mode figures
 (method homes from token tables, round-robin and contiguous homes, capacity-bound and free
 oracles), the online schedulers (Alg. 3 re-batching, Alg. 2 requests, expected-hits proposal
 rounds, exact pre-routing) and the simulator's `Homes` over four pipelines. Regenerate (only when
-a figure is meant to change, and say so in the commit): `python tests/test_goldens.py --write`.
+a figure is meant to change, and say so in the commit): `python tests/schedule/test_goldens.py --write`.
 """
 
 from __future__ import annotations

@@ -212,7 +212,7 @@ def test_shared_options_are_declared_once():
     commands/_options.py, so one bound holds for every verb."""
     import re
 
-    commands = Path(__file__).parents[1] / "src" / "sempar" / "commands"
+    commands = Path(__file__).parents[2] / "src" / "sempar" / "commands"
     declared = re.compile(r'typer\.Option\([^()]*"--(' + "|".join(SHARED) + ')"')
     stray = [f"{p.name}: --{m.group(1)}" for p in commands.rglob("*.py") if p.name != "_options.py"
              for m in declared.finditer(p.read_text())]

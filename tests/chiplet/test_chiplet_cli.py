@@ -11,7 +11,7 @@ import pytest
 
 from sempar.atomic import MARKER
 
-TRACE = Path(__file__).resolve().parents[1] / "src/sempar/assets/traces/tiny-moe64.parquet"
+TRACE = Path(__file__).resolve().parents[2] / "src/sempar/assets/traces/tiny-moe64.parquet"
 
 
 def sempar(*args: str, cwd: Path) -> subprocess.CompletedProcess:

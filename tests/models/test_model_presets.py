@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sempar.model_presets import MODEL_PRESETS, describe_line, names, names_line
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _flat(text: str) -> str:

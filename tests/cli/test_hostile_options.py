@@ -289,7 +289,7 @@ def test_reports_go_through_the_one_json_writer():
     """No verb formats its `--json` or JSON report itself (console.json_text / emit_json)."""
     import re
 
-    src = Path(__file__).parents[1] / "src" / "sempar"
+    src = Path(__file__).parents[2] / "src" / "sempar"
     stray = [str(p.relative_to(src)) for p in (src / "commands").rglob("*.py")
              if re.search(r"json\.dumps\((result|summary|res|out)\b", p.read_text())]
     assert stray == []

@@ -19,7 +19,7 @@ from sempar.serving.dims import model_dims
 from sempar.serving.hardware import ACCELERATORS
 from sempar.serving.roofline import Roofline
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data" / "h100-kernels"
 KERNEL_FILES = [SHARED / "moe_roofline.jsonl", SHARED / "attn_roofline.jsonl"]
 BLOCKED = ("pymetis", "numba", "orjson", "starlette", "uvicorn", "aiohttp", "prometheus_client",

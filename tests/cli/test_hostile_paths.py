@@ -121,7 +121,7 @@ def test_markup_in_a_model_name_is_printed_as_written(tmp_path):
 
 def test_no_console_bypasses_the_escaping():
     """Consoles are made only in sempar.console (SafeConsole), so no verb can print raw."""
-    src = Path(__file__).parents[1] / "src" / "sempar"
+    src = Path(__file__).parents[2] / "src" / "sempar"
     bad = [str(p.relative_to(src)) for p in src.rglob("*.py") if p.name != "console.py"
            and re.search(r"\bConsole\(", p.read_text()) and "SafeConsole(" not in p.read_text()]
     assert bad == []

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 _SPEC = importlib.util.spec_from_file_location(
-    "bench_placement", Path(__file__).parents[1] / "benchmarks" / "bench_placement.py")
+    "bench_placement", Path(__file__).parents[2] / "benchmarks" / "bench_placement.py")
 bench = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(bench)
 
@@ -125,7 +125,7 @@ def test_replica_verdict_gain_over_r0(rg, imb, ok):
 
 def _real_module():
     import sys
-    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
     import bench_placement_real
     return bench_placement_real
 

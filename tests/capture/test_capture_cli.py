@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("uvicorn")
 pytest.importorskip("pybase64")
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[0]))
 from engine_fixture_server import (Faults, FixtureServer, RandomBackend, make_app,  # noqa: E402
                                    sglang_b64, vllm_b64)
 

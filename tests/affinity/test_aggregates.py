@@ -22,7 +22,7 @@ from sempar.report.aggregate_plots import plot_aggregates
 
 def _real_dir() -> Path | None:
     env = os.environ.get("SEMPAR_REAL_DATA")
-    root = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
+    root = Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data" / "real"
     for cand in (root / "olmoe-routing-aggregates", root):
         if cand.is_dir() and any(cand.glob("olmoe_*.npz")):
             return cand
