@@ -65,7 +65,7 @@ def test_info_json_good_file(tmp_path, good_file):
     assert info == {"tokens": 200, "requests": 20, "layers": 3, "experts": 8, "top_k": 2,
                     "domains": {"code": 100, "math": 90}, "model": "toy-moe",
                     "shared_experts": 0, "vocab_size": 1000, "has_weights": True,
-                    "has_token_ids": True}
+                    "has_token_ids": True, "slots_sorted": True}
     # Nothing else on stdout: a decoder stops exactly at the end of the object.
     obj, end = json.JSONDecoder().raw_decode(proc.stdout)
     assert proc.stdout[end:].strip() == ""

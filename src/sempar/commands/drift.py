@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from sempar.bounds import REQUESTS_MAX, SEED, bound
-from sempar.commands._options import json_option, names_option
+from sempar.bounds import REQUESTS_MAX, bound
+from sempar.commands._options import json_option, names_option, seed_option
 
 
 def _orders():
@@ -26,7 +26,7 @@ def drift(trace: Path = typer.Option(..., "--trace", help="trace with request do
                                            help="mixture: requests per segment (K)"),
           mix: float = typer.Option(0.8, "--mix", callback=bound(0.0, 1.0),
                                     help="mixture: share of a segment from its main domain"),
-          seed: int = typer.Option(0, "--seed", callback=SEED),
+          seed: int = seed_option(),
           out_file: Path = typer.Option(..., "--out", help="stream trace to write (Parquet)"),
           as_json: bool = json_option()) -> None:
     """Reorder a trace's requests into a drift stream (the input of `sempar replay`)."""

@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from sempar.bounds import REQUESTS_MAX, SEED, bound
-from sempar.commands._options import ep_option, json_option, names_option
+from sempar.bounds import REQUESTS_MAX, bound
+from sempar.commands._options import ep_option, json_option, names_option, seed_option
 from sempar.commands.rebalance import MOVES_MAX
 
 
@@ -44,7 +44,7 @@ def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: reques
            expert_bytes: Optional[float] = typer.Option(
                None, "--expert-bytes", callback=bound(0.0, 1e15, lo_open=True),
                help="bytes of one expert (default: from the model's shape)"),
-           seed: int = typer.Option(0, "--seed", callback=SEED),
+           seed: int = seed_option(),
            jobs: Optional[int] = typer.Option(1, "--jobs", callback=bound(1, 4096),
                                               help="worker processes of the sempar solves"),
            plot: Optional[Path] = typer.Option(None, "--plot", help="folder for the time-series PNG"),

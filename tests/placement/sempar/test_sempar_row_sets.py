@@ -96,8 +96,10 @@ def test_bound_is_above_every_placement(planted):
 def test_evaluate_reports_the_bound_and_the_gap(planted):
     trace, _ = planted
     fit, ev = split_by_request(trace, seed=0)
-    out = evaluate(fit, ev, G, methods=["sempar", "vanilla"], objective="rows",
-                   max_imbalance=1.2)
+    from sempar.solve_options import SolveOptions
+
+    out = evaluate(fit, ev, G, SolveOptions(objective="rows", max_imbalance=1.2),
+                   methods=["sempar", "vanilla"])
     bound = out["refs"][BOUND_REF]
     assert "bound" in BOUND_REF and 0 < bound["gap"] <= 1.0
     assert out["refs"][IN_SAMPLE_REF]["lar_mean"] == pytest.approx(bound["sempar_in_sample"])
