@@ -162,15 +162,10 @@ def merge(a: RoutingStats, b: RoutingStats, where: str = "stats") -> RoutingStat
     if a.transitions is not None:
         out.transitions = a.transitions + b.transitions
     if a.request_experts is not None:
-        out.request_experts = [_stack_requests(x, a.request_ids, y, b.request_ids, order)
+        # a's rows then b's, reordered like the merged (sorted) request ids
+        out.request_experts = [sparse.vstack([x, y], format="csr")[order]
                                for x, y in zip(a.request_experts, b.request_experts)]
     return out
-
-
-def _stack_requests(x: sparse.csr_matrix, xi: np.ndarray, y: sparse.csr_matrix,
-                    yi: np.ndarray, order: np.ndarray) -> sparse.csr_matrix:
-    """CSR[Rx + Ry, N]: x's rows then y's, reordered by `order` (the merged sorted ids)."""
-    return sparse.vstack([x, y], format="csr")[order]
 
 
 def merge_all(stats: list[RoutingStats], names: list[str] | None = None) -> RoutingStats:
