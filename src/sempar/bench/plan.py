@@ -112,13 +112,14 @@ def plan_specs(G: int, batches: list[torch.Tensor], methods: list[str], model: s
     for bi, ids in enumerate(batches):
         logits, experts = reference(model, ids)
         tr = batch_trace(fit.meta, ids, experts)
-        B, S = ids.shape
+        B = ids.shape[0]
         for m in methods:
             meth = METHODS.get(m)
             solver, policy = meth.placement, meth.scheduling
             rr, targets, prio = torch.arange(B) % G, None, None
             if policy == "alg2":
-                rr = torch.from_numpy(scheds[solver].home_dp(tr, "alg2")[::S, 0].astype(np.int64))
+                # batch_trace's request b is row b, so arrival order is row order
+                rr = torch.from_numpy(scheds[solver].request_ranks(tr, "alg2").astype(np.int64))
             elif policy == "online":
                 dev, conf = scheds[solver].predict(tr)
                 targets = torch.from_numpy(np.ascontiguousarray(dev.T).astype(np.int64))

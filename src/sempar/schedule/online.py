@@ -100,13 +100,20 @@ class OnlineScheduler:
         return rebatched_home(target, self.placement_.num_devices, best, self.batch, "align",
                               scores=S)
 
-    def home_dp(self, trace: RoutingTrace, policy: str = "alg2") -> np.ndarray:
-        """int32[T, L]: every token on its request's DP rank, requests in arrival order."""
+    def request_ranks(self, trace: RoutingTrace, policy: str = "alg2") -> np.ndarray:
+        """int[R]: the DP rank of each request of `trace`, requests in arrival order (first
+        appearance, `requests.request_arrays`), from `policy` (Sem-MoE Alg. 2 by default) on the
+        fitted token table T, unseen tokens mapped by the OOV embedding. The one Alg. 2 code path
+        of `evaluate --mode dp --online` (through `home_dp`) and `sempar bench`'s `sempar-dp`."""
         require_token_ids(trace.meta, "the online request policies")
         tokens, offsets, _ = request_arrays(trace.request_id, trace.token_id)
         sched = REQUEST_POLICIES.get(policy)(self.placement_.num_devices, self.token_device_.table_)
-        ranks = sched.assign(self._mapped(tokens), offsets)          # one per request, arrival order
-        return home_from_ranks(trace.request_id, ranks, trace.meta.num_layers)
+        return sched.assign(self._mapped(tokens), offsets)
+
+    def home_dp(self, trace: RoutingTrace, policy: str = "alg2") -> np.ndarray:
+        """int32[T, L]: every token on its request's DP rank (`request_ranks`)."""
+        return home_from_ranks(trace.request_id, self.request_ranks(trace, policy),
+                               trace.meta.num_layers)
 
     def _mapped(self, token_id: np.ndarray) -> np.ndarray:
         oov = self.token_device_.oov_
