@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -243,6 +244,55 @@ async def ttfb(url: str, payload: bytes, n: int) -> np.ndarray:
     return np.array(out)
 
 
+async def open_loop_ttfb(url: str, payload: bytes, rate: float, n: int) -> np.ndarray:
+    """float[n, 2] seconds: (time to the first body byte, time to the end) of n requests sent
+    open-loop at `rate` per second (request i at i / rate whatever the answers do)."""
+    import aiohttp
+
+    out = np.full((n, 2), np.nan)
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn, auto_decompress=False) as s:
+        async def one(i: int, t_sched: float) -> None:
+            await asyncio.sleep(max(0.0, t_sched - time.perf_counter()))
+            t = time.perf_counter()
+            async with s.post(url, data=payload, headers={"content-type": "application/json"}) as r:
+                await r.content.readany()
+                out[i, 0] = time.perf_counter() - t
+                await r.read()
+                out[i, 1] = time.perf_counter() - t
+        # warm the pool (keep-alive connections), then the timed stream
+        await asyncio.gather(*[one(0, 0.0) for _ in range(8)])
+        t0 = time.perf_counter() + 0.05
+        await asyncio.gather(*[one(i, t0 + i / rate) for i in range(n)])
+    return out
+
+
+def ttfb_side_by_side(direct: str, routed: str, payloads: dict[str, bytes], rate: float,
+                      n: int, rounds: int) -> dict:
+    """Open-loop time to first byte at `rate`, direct and through the router, per payload kind
+    ("stream", "json"), in `rounds` alternating phases of n requests each (so load drift on
+    the shared machine falls on both alike). Percentiles over every round's requests."""
+    got = {(k, w): [] for k in payloads for w in ("direct", "router")}
+    for _ in range(rounds):
+        for k, body in payloads.items():
+            for w, url in (("direct", direct), ("router", routed)):
+                got[k, w].append(asyncio.run(open_loop_ttfb(url, body, rate, n)))
+    out = {"rate": rate, "requests_each": n * rounds, "rounds": rounds}
+    for k in payloads:
+        d, r = np.concatenate(got[k, "direct"]), np.concatenate(got[k, "router"])
+        for q in (50, 99):
+            for w, a in (("direct", d), ("router", r)):
+                out[f"{k}_ttfb_p{q}_{w}_ms"] = float(np.nanpercentile(a[:, 0], q) * 1e3)
+                out[f"{k}_total_p{q}_{w}_ms"] = float(np.nanpercentile(a[:, 1], q) * 1e3)
+            out[f"{k}_ttfb_added_p{q}_ms"] = (out[f"{k}_ttfb_p{q}_router_ms"]
+                                              - out[f"{k}_ttfb_p{q}_direct_ms"])
+        # the per-round added p50 (its spread says how far to trust the pooled figure)
+        out[f"{k}_ttfb_added_p50_by_round_ms"] = [
+            float((np.percentile(b[:, 0], 50) - np.percentile(a[:, 0], 50)) * 1e3)
+            for a, b in zip(got[k, "direct"], got[k, "router"])]
+    return out
+
+
 async def client_rate(kind: str, url: str, payload: bytes, n: int, conc: int = 16) -> float:
     """Requests/s of one upstream client library forwarding alone (what the router spends)."""
     if kind == "httpx":
@@ -267,16 +317,23 @@ async def _rate(go, n: int, conc: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def overhead(rate: float, seconds: float) -> dict:
+def prompt_payloads() -> tuple[int, dict[str, bytes]]:
+    """(prompt tokens, {"json": a non-streamed completion body, "stream": a streamed one}):
+    a 512-token text prompt in tiny-moe64's tokenizer."""
     from sempar.prompt import PromptTokenizer
 
     tok = PromptTokenizer(MODEL)
     words = " ".join(f"w{i} the {i % 97}" for i in range(400))
-    ids = tok.encode(words)[:512]
-    text = tok.tok.decode(ids)
-    payload = json.dumps({"model": "m", "prompt": text, "max_tokens": 1}).encode()
-    stream_payload = json.dumps({"model": "m", "prompt": text, "stream": True}).encode()
-    up_port, r_port = 31811, 31812
+    text = tok.tok.decode(tok.encode(words)[:512])
+    return len(tok.encode(text)), {
+        "json": json.dumps({"model": "m", "prompt": text, "max_tokens": 1}).encode(),
+        "stream": json.dumps({"model": "m", "prompt": text, "stream": True}).encode()}
+
+
+@contextlib.contextmanager
+def servers(up_port: int = 31811, r_port: int = 31812):
+    """(direct URL, routed URL): the stand-in upstream and `sempar router` (4 ranks, a random
+    table, tiny-moe64's tokenizer), each its own process on loopback, stopped on exit."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     procs = []
     with tempfile.TemporaryDirectory() as d:
@@ -292,39 +349,98 @@ def overhead(rate: float, seconds: float) -> dict:
                 stderr=subprocess.DEVNULL))
             wait_port(up_port, procs[0])
             wait_port(r_port, procs[1])
-            direct = f"http://127.0.0.1:{up_port}/v1/completions"
-            routed = f"http://127.0.0.1:{r_port}/v1/completions"
-            run = asyncio.run
-            run(closed_loop(routed, payload, 200, 8))                      # warm both
-            out = {"prompt_tokens": len(tok.encode(text))}
-            out["req_per_s_direct"] = run(closed_loop(direct, payload, 3000, 32))
-            out["req_per_s_router"] = run(closed_loop(routed, payload, 3000, 32))
-            ld, lr = run(open_loop(direct, payload, rate, seconds)), run(open_loop(routed, payload, rate, seconds))
-            for q in (50, 99):
-                out[f"latency_p{q}_direct_ms"] = float(np.percentile(ld, q) * 1e3)
-                out[f"latency_p{q}_router_ms"] = float(np.percentile(lr, q) * 1e3)
-                out[f"added_p{q}_ms"] = out[f"latency_p{q}_router_ms"] - out[f"latency_p{q}_direct_ms"]
-            fd, fr = run(ttfb(direct, stream_payload, 300)), run(ttfb(routed, stream_payload, 300))
-            out["ttfb_median_direct_ms"] = float(np.median(fd) * 1e3)
-            out["ttfb_median_router_ms"] = float(np.median(fr) * 1e3)
-            out["ttfb_added_ms"] = out["ttfb_median_router_ms"] - out["ttfb_median_direct_ms"]
-            for kind in ("aiohttp", "httpx"):
-                out[f"client_{kind}_req_per_s"] = run(client_rate(kind, direct, payload, 2000))
+            yield (f"http://127.0.0.1:{up_port}/v1/completions",
+                   f"http://127.0.0.1:{r_port}/v1/completions")
         finally:
             for p in procs:
                 p.terminate()
                 p.wait(30)
+
+
+def overhead(rate: float, seconds: float) -> dict:
+    ntok, pay = prompt_payloads()
+    payload, stream_payload = pay["json"], pay["stream"]
+    with servers() as (direct, routed):
+        run = asyncio.run
+        run(closed_loop(routed, payload, 200, 8))                      # warm both
+        out = {"prompt_tokens": ntok}
+        out["req_per_s_direct"] = run(closed_loop(direct, payload, 3000, 32))
+        out["req_per_s_router"] = run(closed_loop(routed, payload, 3000, 32))
+        ld, lr = run(open_loop(direct, payload, rate, seconds)), run(open_loop(routed, payload, rate, seconds))
+        for q in (50, 99):
+            out[f"latency_p{q}_direct_ms"] = float(np.percentile(ld, q) * 1e3)
+            out[f"latency_p{q}_router_ms"] = float(np.percentile(lr, q) * 1e3)
+            out[f"added_p{q}_ms"] = out[f"latency_p{q}_router_ms"] - out[f"latency_p{q}_direct_ms"]
+        fd, fr = run(ttfb(direct, stream_payload, 300)), run(ttfb(routed, stream_payload, 300))
+        out["ttfb_median_direct_ms"] = float(np.median(fd) * 1e3)
+        out["ttfb_median_router_ms"] = float(np.median(fr) * 1e3)
+        out["ttfb_added_ms"] = out["ttfb_median_router_ms"] - out["ttfb_median_direct_ms"]
+        for kind in ("aiohttp", "httpx"):
+            out[f"client_{kind}_req_per_s"] = run(client_rate(kind, direct, payload, 2000))
     return out
+
+
+def first_byte(rate: float, n: int, rounds: int) -> dict:
+    """Part `ttfb` (issue 37's target: added <= 1 ms p50 at 200 req/s): `ttfb_side_by_side`."""
+    ntok, pay = prompt_payloads()
+    with servers() as (direct, routed):
+        asyncio.run(closed_loop(routed, pay["json"], 200, 8))          # warm both
+        return {"prompt_tokens": ntok, **ttfb_side_by_side(direct, routed, pay, rate, n, rounds)}
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def ttfb_page(res: dict, path: Path | None) -> None:
+    """docs/results/router-ttfb.md from the `ttfb` part's JSON (printed when path is None)."""
+    t = res["ttfb"]
+    la, lb = res["load_average"], res.get("load_average_after", res["load_average"])
+    lines = ["# `sempar router`: time to first byte (generated)", "",
+             f"*Generated by `python benchmarks/bench_router.py --part ttfb --save J --table P` "
+             f"at commit `{res['commit']}` on {res['time_utc']}, {res['cpus']} CPUs shared with "
+             f"other work (load average {la[0]:.1f} before, {lb[0]:.1f} after): the load "
+             "generator, the router and the upstream share them.*", "",
+             f"Open loop at {t['rate']:.0f} requests/s on loopback, {t['prompt_tokens']}-token "
+             f"text prompts, {t['requests_each']} requests per row ({t['rounds']} alternating "
+             "phases, direct and routed in turn); the upstream a stand-in answering at once "
+             "(JSON, or three server-sent events). Time to first byte: from sending the request "
+             "to the first body byte the client reads. Target (issue 37): the router adds "
+             "<= 1 ms at p50.", "",
+             "| answer | p50 direct | p50 router | added p50 | added p50 per phase | p99 direct "
+             "| p99 router | added p99 | target |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for k, name in (("stream", "streamed (SSE)"), ("json", "not streamed (JSON)")):
+        add = t[f"{k}_ttfb_added_p50_ms"]
+        per = " / ".join(f"{x:.2f}" for x in t[f"{k}_ttfb_added_p50_by_round_ms"])
+        lines.append(f"| {name} | {t[f'{k}_ttfb_p50_direct_ms']:.2f} ms "
+                     f"| {t[f'{k}_ttfb_p50_router_ms']:.2f} ms | **{add:.2f} ms** | {per} "
+                     f"| {t[f'{k}_ttfb_p99_direct_ms']:.2f} ms | {t[f'{k}_ttfb_p99_router_ms']:.2f} ms "
+                     f"| {t[f'{k}_ttfb_added_p99_ms']:.2f} ms | {'met' if add <= 1.0 else 'missed'} |")
+    text = "\n".join(lines) + "\n"
+    if path is None:
+        print(text)
+    else:
+        path.write_text(text)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="all", choices=("quality", "overhead", "all"))
+    ap.add_argument("--part", default="all", choices=("quality", "overhead", "ttfb", "all"))
     ap.add_argument("--routers", default="1,2,4")
     ap.add_argument("--seed", type=int, default=0, help="the fit/held-out split's seed")
     ap.add_argument("--rate", type=float, default=200.0)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--requests", type=int, default=400, help="ttfb: requests per phase")
+    ap.add_argument("--rounds", type=int, default=3, help="ttfb: alternating phases per target")
+    ap.add_argument("--save", type=Path, help="write the results' JSON here")
+    ap.add_argument("--table", type=Path, help="ttfb: write its results page here (markdown)")
+    ap.add_argument("--from", dest="from_", type=Path, help="the results' JSON to tabulate")
     ap.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve_upstream:
@@ -333,11 +449,23 @@ def main() -> None:
         uvicorn.run(upstream_app(), host="127.0.0.1", port=a.serve_upstream, log_level="error",
                     access_log=False)
         return
-    res = {"load_average": os.getloadavg()}
+    if a.from_ is not None:
+        res = json.loads(a.from_.read_text())
+        ttfb_page(res, a.table)
+        return
+    res = {"load_average": os.getloadavg(), "cpus": os.cpu_count(), "commit": _commit(),
+           "time_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if a.part in ("quality", "all"):
         res["quality"] = quality([int(k) for k in a.routers.split(",")], seed=a.seed)
     if a.part in ("overhead", "all"):
         res["overhead"] = overhead(a.rate, a.seconds)
+    if a.part in ("ttfb", "all"):
+        res["ttfb"] = first_byte(a.rate, a.requests, a.rounds)
+        res["load_average_after"] = os.getloadavg()
+    if a.save is not None:
+        a.save.write_text(json.dumps(res, indent=1) + "\n")
+    if a.table is not None and "ttfb" in res:
+        ttfb_page(res, a.table)
     if a.json:
         print(json.dumps(res, indent=1))
         return

@@ -10,14 +10,12 @@ upstream failures are answered by the router state's one helper each (`app.Route
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
 
 import anyio
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from sempar.prompt import PromptError
 from sempar.router.upstream import UpstreamDown, UpstreamTimeout, forward_headers, is_timeout
@@ -53,6 +51,12 @@ def relayed_headers(up) -> dict:
     return {k: v for k, v in up.headers.items() if k.lower() not in RESPONSE_DROP}
 
 
+def relayed_raw_headers(up) -> list[tuple[bytes, bytes]]:
+    """`relayed_headers` as the ASGI start message's list (repeated headers kept, no decoding)."""
+    return [(k.lower(), v) for k, v in up.raw_headers
+            if k.decode("latin-1").lower() not in RESPONSE_DROP]
+
+
 def _log_end(event: str, rid: int, path: str, g: int, n: int, status, t0: float) -> float:
     dt = time.perf_counter() - t0
     log.info(json.dumps({"event": event, "request": rid, "path": path, "rank": g, "tokens": n,
@@ -61,56 +65,57 @@ def _log_end(event: str, rid: int, path: str, g: int, n: int, status, t0: float)
 
 
 async def _disconnected(receive) -> None:
-    """Returns when the client has gone (the body is already read: nothing else arrives)."""
+    """Returns when the client has gone (the body is already read: nothing else arrives; the
+    server also says so once the answer is complete)."""
     while (await receive())["type"] != "http.disconnect":
         pass
 
 
-class Routed(StreamingResponse):
-    """A streamed upstream answer that calls `on_end` exactly once, however it ends (done,
-    upstream error, client gone before or during the stream). The client's disconnect is
-    watched while the stream waits for the upstream, so a gone client cancels the upstream
-    request at once, not at the next chunk."""
-
-    def __init__(self, content, on_end, **kw):
-        super().__init__(content, **kw)
-        self._on_end = on_end
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            async with anyio.create_task_group() as tg:
-                async def stream() -> None:
-                    await self.stream_response(send)
-                    tg.cancel_scope.cancel()
-
-                async def listen() -> None:
-                    await self.listen_for_disconnect(receive)
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(stream)
-                tg.start_soon(listen)
-        except OSError:                             # the client went away mid-send
-            pass
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.body_iterator.aclose()
-            self._on_end()
-
-
 class RoutedRequest:
-    """One routed request: `parse` -> `tokenize` -> `choose` (a rank) -> `forward` -> `relay`.
-    Each step raises `Refused` with the answer when it cannot go on; the rank's slot is held
-    from `choose` to the end of the answer and released exactly once (`release`)."""
+    """One routed request, a raw ASGI handler (no Starlette request / response objects on the
+    hot path: issue 37's time-to-first-byte target): `parse` -> `tokenize` -> `choose` (a rank)
+    -> `forward` -> `relay`. Each step before the answer begins raises `Refused` with the answer
+    when it cannot go on; the rank's slot is held from `choose` to the end of the answer and
+    released exactly once (`release`).
 
-    def __init__(self, st: RouterState, request: Request):
-        self.st, self.request = st, request
-        self.route = request.scope["path"].rstrip("/") or "/"   # /v1/completions/ = /v1/completions
+    From `forward` on, one watcher task waits for the client's disconnect and cancels this
+    request's task when it comes (`_watch`), so a gone client aborts the upstream request at
+    once wherever the request waits (the upstream's headers, a non-streamed body, the next
+    chunk of a stream), with one task per request rather than one per step."""
+
+    def __init__(self, st: RouterState, scope, receive, send):
+        self.st, self.scope, self.receive, self._send = st, scope, receive, send
+        self.route = scope["path"].rstrip("/") or "/"   # /v1/completions/ = /v1/completions
         self.rid = next(st.ids)
         self.g, self.n, self._held = -1, 0, False
         self.t0 = 0.0
+        self.started = False                      # the answer's start message went out
+        self._watcher: asyncio.Task | None = None
+        self._gone = False                        # the watcher saw the client leave
 
-    async def run(self) -> Response:
+    def header(self, name: bytes) -> str | None:
+        for k, v in self.scope["headers"]:
+            if k == name:
+                return v.decode("latin-1")
+        return None
+
+    def header_items(self) -> list[tuple[str, str]]:
+        return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.scope["headers"]]
+
+    async def send(self, message) -> None:
+        self.started = True
+        await self._send(message)
+
+    async def answer(self, response: Response) -> None:
+        """A refusal or failure answer (a Starlette response: not the hot path)."""
+        if not self.started:
+            await response(self.scope, self.receive, self.send)
+
+    async def run(self) -> None:
+        st = self.st
         try:
+            if not st.authorized(self.header(b"authorization") or ""):
+                raise Refused(st.refuse(401, "unauthorized", "missing or wrong API key"))
             raw = await self.read_body()
             big = len(raw) > THREAD_BYTES
             if big:                                # parse, tokenize, score rows: off the loop
@@ -121,39 +126,67 @@ class RoutedRequest:
                 work = tokens
             self.choose(work, int(tokens.size))
         except Refused as r:
-            return r.response
+            return await self.answer(r.response)
         try:
             if self.st.routing_log is not None:    # a big prompt's line is built off the loop
                 line = (await anyio.to_thread.run_sync(self.log_line, tokens) if big
                         else self.log_line(tokens))
                 self.st.routing_log.write(line)
             raw, headers = self.outgoing(raw, body, tokens)
+            self._watch()
             up = await self.forward(headers, raw)
-            return await self.relay(up, bool(body.get("stream")))
+            if body.get("stream"):
+                await self.stream(up)
+            else:
+                await self.whole(up)
         except Refused as r:
             self.release()
-            return r.response
-        except BaseException:                      # cancelled before a response existed
+            await self.answer(r.response)
+        except asyncio.CancelledError:
+            self.release()
+            if not self._gone:                     # the server's own cancel (shutdown): on
+                raise
+            asyncio.current_task().uncancel()      # ours: the client left, nothing to answer
+        except BaseException:
             self.release()
             raise
+        finally:
+            self._unwatch()
+
+    def _watch(self) -> None:
+        task = asyncio.current_task()
+
+        def gone(w: asyncio.Task) -> None:
+            if self._watcher is w and not w.cancelled():
+                self._gone = True
+                task.cancel()
+        self._watcher = asyncio.ensure_future(_disconnected(self.receive))
+        self._watcher.add_done_callback(gone)
+
+    def _unwatch(self) -> None:
+        """Stop watching (before the answer's last message: the server then reports a
+        disconnect that is only the answer's end)."""
+        w, self._watcher = self._watcher, None
+        if w is not None:
+            w.cancel()
 
     async def read_body(self) -> bytes:
         st, limit = self.st, self.st.cfg.max_body_bytes
-        size = self.request.headers.get("content-length")
-        too_large = Refused(st.refuse(413, "too_large", f"request body over {limit} bytes")) \
-            if size is not None and (not size.isdigit() or int(size) > limit) else None
-        if too_large:
-            raise too_large
+        size = self.header(b"content-length")
+        if size is not None and (not size.isdigit() or int(size) > limit):
+            raise Refused(st.refuse(413, "too_large", f"request body over {limit} bytes"))
         chunks, total = [], 0
-        try:
-            async for c in self.request.stream():
-                total += len(c)
-                if total > limit:
-                    raise Refused(st.refuse(413, "too_large", f"request body over {limit} bytes"))
-                chunks.append(c)
-        except ClientDisconnect:
-            raise Refused(st.refuse(499, "client_gone", "client gone")) from None
-        return b"".join(chunks)
+        while True:
+            m = await self.receive()
+            if m["type"] == "http.disconnect":
+                raise Refused(st.refuse(499, "client_gone", "client gone"))
+            c = m.get("body", b"")
+            total += len(c)
+            if total > limit:
+                raise Refused(st.refuse(413, "too_large", f"request body over {limit} bytes"))
+            chunks.append(c)
+            if not m.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def parse_and_tokenize(self, raw: bytes):
         """(body dict, token ids int64[n]); runs in a worker thread for big bodies."""
@@ -196,89 +229,82 @@ class RoutedRequest:
             raw, extra = json.dumps(body, allow_nan=False).encode(), None
         else:
             extra = {eng.header: str(self.g)}
-        return raw, forward_headers(self.request.headers.items(), extra)
+        return raw, forward_headers(self.header_items(), extra)
 
     async def forward(self, headers: dict, raw: bytes):
-        """The upstream response once its headers arrived. The client's disconnect is watched
-        meanwhile (SGLang sends a non-streamed answer's headers only after generating it): a
-        client that leaves cancels the upstream request and frees the rank's slot at once."""
+        """The upstream response once its headers arrived (SGLang sends a non-streamed answer's
+        headers only after generating it; a client that leaves meanwhile cancels this wait, and
+        with it the upstream request)."""
         st = self.st
         self.t0 = time.perf_counter()
-        opening = asyncio.ensure_future(st.upstream.open("POST", self.route, headers, raw))
-        gone = asyncio.ensure_future(_disconnected(self.request.receive))
         try:
-            await asyncio.wait((opening, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not opening.done():
-                opening.cancel()
-        if not opening.done() or opening.cancelled():
-            with contextlib.suppress(BaseException):
-                await opening                       # the upstream connection is closed
-            _log_end("aborted", self.rid, self.route, self.g, self.n, None, self.t0)
-            raise Refused(st.refuse(499, "client_gone", "client gone"))
-        try:
-            up = opening.result()
+            up = await st.upstream.open("POST", self.route, headers, raw)
         except (UpstreamDown, UpstreamTimeout) as err:
             raise Refused(st.upstream_failure(err, self.rid, self.g, self.route)) from None
+        except asyncio.CancelledError:
+            if self._gone:
+                st.refuse(499, "client_gone", "client gone")   # counted and logged
+                _log_end("aborted", self.rid, self.route, self.g, self.n, None, self.t0)
+            raise
         st.metrics.first_byte.observe(time.perf_counter() - self.t0)
         return up
 
-    async def relay(self, up, stream: bool) -> Response:
-        headers = relayed_headers(up)
-        if not stream:
-            return await self.whole(up, headers)
-        return Routed(self.chunks(up), self.on_stream_end(up), status_code=up.status,
-                      headers=headers)
-
-    async def whole(self, up, headers: dict) -> Response:
-        """A non-streamed answer: read whole (fewer writes than a stream), the client's
-        disconnect watched meanwhile so a gone client still cancels the upstream."""
-        st = self.st
-        read = asyncio.ensure_future(up.read())
-        gone = asyncio.ensure_future(_disconnected(self.request.receive))
+    async def whole(self, up) -> None:
+        """A non-streamed answer: read whole (fewer writes than a stream), then sent in one
+        message; the slot is released before it goes and the log line written after."""
+        st, done = self.st, False
         try:
-            await asyncio.wait((read, gone), return_when=asyncio.FIRST_COMPLETED)
-            if not read.done():
-                return st.refuse(499, "client_gone", "client gone")
-            if read.exception() is not None:     # cut mid-body: nothing sent yet
-                return st.upstream_failure(read.exception(), self.rid, self.g, self.route,
-                                           " mid-answer")
-            return Response(read.result(), status_code=up.status, headers=headers)
+            try:
+                data = await up.read()
+            except asyncio.CancelledError:
+                if self._gone:
+                    st.refuse(499, "client_gone", "client gone")
+                raise
+            except Exception as err:                # noqa: BLE001 - cut mid-body: nothing sent yet
+                raise Refused(st.upstream_failure(err, self.rid, self.g, self.route,
+                                                  " mid-answer")) from None
+            done = True
         finally:
-            for t in (read, gone):
-                t.cancel()
-            up.close() if not read.done() or read.cancelled() else up.release()
-            self.release()
-            st.metrics.total.observe(_log_end("done", self.rid, self.route, self.g, self.n,
-                                              up.status, self.t0))
+            up.release() if done else up.close()
+        self._unwatch()
+        self.release()
+        headers = relayed_raw_headers(up)
+        headers.append((b"content-length", str(len(data)).encode()))
+        await self.send({"type": "http.response.start", "status": up.status, "headers": headers})
+        await self.send({"type": "http.response.body", "body": data})
+        st.metrics.total.observe(_log_end("done", self.rid, self.route, self.g, self.n,
+                                          up.status, self.t0))
 
-    async def chunks(self, up):
-        st, self.ok = self.st, False
+    async def stream(self, up) -> None:
+        """A streamed answer, relayed chunk by chunk as it arrives (byte for byte). However it
+        ends (done, upstream cut or timed out, client gone) the upstream is released or
+        aborted, the slot released and one log line written."""
+        st, ok, cut = self.st, False, False
         try:
-            async for c in up.content.iter_any():
-                yield c
-            self.ok = True
-        except Exception as err:           # noqa: BLE001 - the stream is cut: say why in the log
-            self.cut, timeout = True, is_timeout(err)
-            st.metrics.errors.labels("upstream_timeout" if timeout else "upstream_down").inc()
-            log.warning(json.dumps({"event": "upstream_timeout" if timeout else "upstream_cut",
-                                    "request": self.rid, "rank": self.g,
-                                    "detail": type(err).__name__}))
+            await self.send({"type": "http.response.start", "status": up.status,
+                             "headers": relayed_raw_headers(up)})
+            try:
+                async for c in up.content.iter_any():
+                    await self.send({"type": "http.response.body", "body": c, "more_body": True})
+                ok = True
+            except (asyncio.CancelledError, OSError):
+                raise
+            except Exception as err:       # noqa: BLE001 - the stream is cut: say why in the log
+                cut, timeout = True, is_timeout(err)
+                st.metrics.errors.labels("upstream_timeout" if timeout else "upstream_down").inc()
+                log.warning(json.dumps({"event": "upstream_timeout" if timeout else "upstream_cut",
+                                        "request": self.rid, "rank": self.g,
+                                        "detail": type(err).__name__}))
+            self._unwatch()
+            await self.send({"type": "http.response.body", "body": b""})
+        except OSError:                             # the client went away mid-send
+            pass
         finally:
-            if not self.ok:                     # client gone or upstream cut: abort upstream
+            if not ok:                              # never finished: abort the upstream
                 up.close()
+                if not cut:
+                    st.metrics.errors.labels("client_gone").inc()
             up.release()
-            st.metrics.total.observe(_log_end("done" if self.ok else "aborted", self.rid,
-                                              self.route, self.g, self.n, up.status, self.t0))
-
-    def on_stream_end(self, up):
-        self.ok = self.cut = False
-
-        def end() -> None:
-            if not self.ok:                         # never started or cut: abort the upstream
-                up.close()
-                if not self.cut:
-                    self.st.metrics.errors.labels("client_gone").inc()
             self.release()
-        return end
+            st.metrics.total.observe(_log_end("done" if ok else "aborted", self.rid, self.route,
+                                              self.g, self.n, up.status, self.t0))
