@@ -200,3 +200,25 @@ def test_graceful_shutdown_timeout_is_a_json_503_not_a_500(placement_file):  # n
     r = got["r"]
     assert r.status_code == 503 and r.json()["error"]["type"] == "shutting_down"
     assert len(r.text.splitlines()) == 1
+
+
+def test_a_defect_on_the_raw_path_is_a_json_500_and_frees_the_slot(stack, monkeypatch):
+    """The routed paths bypass Starlette (issue 37's time to first byte): an unexpected error
+    there is still one line of JSON (500), never uvicorn's plain text, and the rank is freed."""
+    url, fake, st, _ = stack
+    real = st.engine
+
+    class Broken:
+        def __getattr__(self, name):
+            if name == "header":
+                raise RuntimeError("boom")
+            return getattr(real, name)
+
+    monkeypatch.setattr(st, "engine", Broken())
+    r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "cat dog"}, timeout=10)
+    assert r.status_code == 500
+    assert r.json()["error"]["type"] == "internal_error" and "\n" not in r.text.strip()
+    assert settled(st)
+    monkeypatch.setattr(st, "engine", real)
+    r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "cat dog"}, timeout=10)
+    assert r.status_code == 200

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 
 from sempar.errors import InputError
@@ -51,6 +52,10 @@ def load_router(cfg: RouterConfig, placement_path: str, model_dir: str):
     if placement.num_devices != cfg.dp_size:
         raise InputError(f"--dp-size: {cfg.dp_size}, but the placement is for "
                          f"{placement.num_devices} ranks")
+    # One prompt per call: the tokenizer's thread pool only adds a hand-off, which on a busy
+    # host costs ms (measured under load: p50 0.28 against 0.33-0.46 ms, p90 0.7 against 2-5
+    # ms for 512 tokens). A user's own setting wins.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tokenizer = PromptTokenizer(model_dir)
     policy = make_router_policy(cfg.policy, cfg.dp_size, placement.token_table)
     if cfg.log_routing is not None:
