@@ -222,3 +222,21 @@ def test_a_defect_on_the_raw_path_is_a_json_500_and_frees_the_slot(stack, monkey
     monkeypatch.setattr(st, "engine", real)
     r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "cat dog"}, timeout=10)
     assert r.status_code == 200
+
+
+@pytest.mark.parametrize("stack", [{"read_timeout_s": 0.3, "delay": 2.0}], indirect=True)
+def test_upstream_timeout_mid_stream_is_counted_as_the_upstreams(stack):
+    """A stream the upstream stops feeding ends for the client after --upstream-timeout, is
+    counted as an upstream timeout (not as a client that left: a timeout is an OSError, as a
+    gone client's is), the engine request is aborted and the slot freed."""
+    url, fake, st, _ = stack
+    fake.mode = "hang"
+    before = st.metrics.errors.labels("client_gone")._value.get()
+    with httpx.stream("POST", url + "/v1/completions", json={"prompt": "cat", "stream": True},
+                      timeout=10) as r:
+        body = b"".join(r.iter_raw())
+    assert r.status_code == 200 and body.startswith(b"data: ")
+    assert st.metrics.errors.labels("upstream_timeout")._value.get() >= 1
+    assert st.metrics.errors.labels("client_gone")._value.get() == before
+    assert fake.cancelled.wait(5)
+    assert settled(st)

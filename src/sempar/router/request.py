@@ -283,18 +283,21 @@ class RoutedRequest:
         try:
             await self.send({"type": "http.response.start", "status": up.status,
                              "headers": relayed_raw_headers(up)})
-            try:
-                async for c in up.content.iter_any():
-                    await self.send({"type": "http.response.body", "body": c, "more_body": True})
-                ok = True
-            except (asyncio.CancelledError, OSError):
-                raise
-            except Exception as err:       # noqa: BLE001 - the stream is cut: say why in the log
-                cut, timeout = True, is_timeout(err)
-                st.metrics.errors.labels("upstream_timeout" if timeout else "upstream_down").inc()
-                log.warning(json.dumps({"event": "upstream_timeout" if timeout else "upstream_cut",
-                                        "request": self.rid, "rank": self.g,
-                                        "detail": type(err).__name__}))
+            pieces = up.content.iter_any()
+            while True:
+                try:
+                    c = await pieces.__anext__()
+                except StopAsyncIteration:
+                    ok = True
+                    break
+                except Exception as err:   # noqa: BLE001 - the stream is cut: say why in the log
+                    cut, timeout = True, is_timeout(err)
+                    st.metrics.errors.labels("upstream_timeout" if timeout else "upstream_down").inc()
+                    log.warning(json.dumps({"event": "upstream_timeout" if timeout
+                                            else "upstream_cut", "request": self.rid,
+                                            "rank": self.g, "detail": type(err).__name__}))
+                    break
+                await self.send({"type": "http.response.body", "body": c, "more_body": True})
             self._unwatch()
             await self.send({"type": "http.response.body", "body": b""})
         except OSError:                             # the client went away mid-send
