@@ -21,7 +21,8 @@
     loop at --rate, time to the first body byte direct and through the router side by side,
     streamed and non-streamed answers, in --rounds alternating phases of --requests each;
     p50 / p99 and the per-phase added p50. `--save RUN.json`, then `--from RUN.json ...
-    --table docs/results/router-ttfb.md` writes the results page from one or more runs.
+    --save docs/results/router-ttfb.json --table docs/results/router-ttfb.md` keeps the runs
+    in one JSON and writes the results page from them.
 
     python benchmarks/bench_router.py [--part quality|overhead|ttfb|all] [--routers 1,2,4]
         [--seed 0] [--rate 200] [--seconds 5] [--requests 400] [--rounds 3] [--label L]
@@ -418,7 +419,10 @@ def ttfb_page(runs: list[dict], path: Path | None) -> None:
              "(JSON, or three server-sent events), `sempar router` in its own process with the "
              "default policy (4 ranks, a random token table of 8,000 ids, tiny-moe64's "
              "tokenizer). Time to first byte: from sending the request to the first body byte "
-             "the client reads. Target (issue 37): the router adds <= 1 ms at p50.", "",
+             "the client reads. Target (issue 37): the router adds <= 1 ms at p50. "
+             "\"real-time priority\": the benchmark ran under `chrt -f 10`, so its three "
+             "processes preempt the machine's other work (a stand-in for a dedicated core); "
+             "\"shared\": ordinary priority, queueing behind that work.", "",
              "| run | commit | load | answer | p50 direct | p50 router | added p50 | added p50 "
              "per phase | p99 direct | p99 router | added p99 | target |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -465,7 +469,13 @@ def main() -> None:
                     access_log=False)
         return
     if a.from_ is not None:
-        ttfb_page([json.loads(f.read_text()) for f in a.from_], a.table)
+        runs = []
+        for f in a.from_:                           # a run, or a list of runs (the page's JSON)
+            got = json.loads(f.read_text())
+            runs += got if isinstance(got, list) else [got]
+        if a.save is not None:
+            a.save.write_text(json.dumps(runs, indent=1) + "\n")
+        ttfb_page(runs, a.table)
         return
     res = {"label": a.label, "load_average": os.getloadavg(), "cpus": os.cpu_count(),
            "commit": _commit(),
