@@ -1,11 +1,13 @@
-"""`RoutedRequest`: one routed request of the router, step by step: `parse` (size-limited body,
-strict JSON: no NaN / Infinity) -> `tokenize` (bodies over `THREAD_BYTES` parsed, tokenized and
-scored in a worker thread, so the event loop, /health included, never waits behind a big prompt)
--> `choose` (the policy's streaming `submit`; `complete` when the answer ends, however it ends)
--> `forward` (the rank in the engine's field or header; the client's disconnect watched until the
-upstream's headers arrive, so a client that leaves cancels the engine request and frees its slot
-at once) -> `relay` (the answer streamed back chunk by chunk, byte for byte). Refusals and
-upstream failures are answered by the router state's one helper each (`app.RouterState`)."""
+"""`RoutedRequest`: one routed request of the router, a raw ASGI handler (issue 37: no Starlette
+request / response objects on the hot path), step by step: `parse` (size-limited body, strict
+JSON: no NaN / Infinity) -> `tokenize` (bodies over `THREAD_BYTES` parsed, tokenized and scored
+in a worker thread, so the event loop, /health included, never waits behind a big prompt) ->
+`choose` (the policy's streaming `submit`; `complete` when the answer ends, however it ends) ->
+`forward` (the rank in the engine's field or header; from here to the answer's end one task
+watches for the client's disconnect, so a client that leaves cancels the engine request and
+frees its slot at once) -> `whole` / `stream` (the answer sent in one message, or streamed
+back chunk by chunk, byte for byte). Refusals and upstream failures are answered by the router
+state's one helper each (`app.RouterState`)."""
 
 from __future__ import annotations
 
