@@ -48,41 +48,58 @@ def request_admissible(k: Sequence[int], g: int, slack: float = BALANCE_SLACK,
     """Whether rank g may take the next request: after it, every count int k[G] is inside the
     band (`request_band`) and the shortfall below the band's lower edge over the next `horizon`
     requests (default 3 G) can still be made up, one rank per request."""
+    return admissible_ranks(k, slack, horizon)[g]
+
+
+def admissible_ranks(k: Sequence[int], slack: float = BALANCE_SLACK,
+                     horizon: int | None = None) -> list[bool]:
+    """bool[G]: `request_admissible` for every rank at once. The lower edge lo(t) never falls as
+    t grows, so the shortfall only needs checking at the first t of each new edge (it is
+    constant, and t larger, until the next): O(horizon + G x edges), the router's hot path."""
     G, N = len(k), sum(k) + 1
-    lo, hi = request_band(N, G, slack)
-    if k[g] + 1 > hi:
-        return False
-    after = list(k)
-    after[g] += 1
+    hi = request_band(N, G, slack)[1]
+    ok = [x + 1 <= hi for x in k]
+    last = None
+    ceil = math.ceil
     for t in range(0, (3 * G if horizon is None else horizon) + 1):
-        lo_t = request_band(N + t, G, slack)[0]
-        if sum(max(0, lo_t - x) for x in after) > t:
-            return False
-    return True
+        m = (N + t) / G                            # request_band's lower edge, inlined
+        lo = ceil(m - (slack * m if slack * m > 1.0 else 1.0) - 1e-9)
+        if lo == last:
+            continue
+        last = lo
+        short = sum(lo - x for x in k if x < lo)
+        # taking the request lifts rank g by one: the shortfall drops by one if g was below lo
+        for g in range(G):
+            if ok[g] and short - (k[g] < lo) > t:
+                ok[g] = False
+    return ok
 
 
-def token_excess(c: Sequence[int], k: Sequence[int], g: int, n: int, n_max: int,
+def token_excess(c: Sequence[int], k: Sequence[int], n: int, n_max: int,
                  slack: float = BALANCE_SLACK, rho: float = 0.5,
-                 proj_slack: float | None = None) -> float:
-    """How far (tokens) giving a request of n tokens to rank g leaves the ranks outside the token
-    bands, the largest over the ranks (0: inside both). c int[G] tokens and k int[G] requests per
-    rank so far; n_max the longest request so far (this one included).
+                 proj_slack: float | None = None) -> list[float]:
+    """float[G]: for each rank g, how far (tokens) giving it a request of n tokens leaves the
+    ranks outside the token bands, the largest over the ranks (0: inside both). c int[G] tokens
+    and k int[G] requests per rank so far; n_max the longest request so far (this one included).
 
     Two bands around the mean M after the request: the tokens themselves within slack x M +
     rho x n_max, and the *projected* tokens (each rank's tokens once its request count is
     brought to the mean at the stream's mean length, c + (N / G - k) x C / N) within proj_slack
-    (default slack) x M.
-    The projection keeps a rank that is behind in requests (the request band will force
-    requests on it) from being ahead in tokens: without it tokens drift to 26 % on GPT-OSS-20B."""
+    (default slack) x M. The projection keeps a rank that is behind in requests (the request
+    band will force requests on it) from being ahead in tokens: without it tokens drift to 26 %
+    above the mean on GPT-OSS-20B. M, N and C do not depend on g, so each rank's figure with and
+    without the request is computed once: O(G)."""
     G = len(c)
     C, N = sum(c) + n, sum(k) + 1
-    mean, avg = C / G, C / N
+    mean, avg, m = C / G, C / N, N / G
     real_band = slack * mean + rho * n_max
     proj_band = (slack if proj_slack is None else proj_slack) * mean
-    worst = 0.0
-    for h in range(G):
-        x, y = (c[h] + n, k[h] + 1) if h == g else (c[h], k[h])
-        v = max(abs(x - mean) - real_band, abs(x + (N / G - y) * avg - mean) - proj_band)
-        if v > worst:
-            worst = v
-    return worst
+
+    def out(x: float, y: int) -> float:
+        return max(abs(x - mean) - real_band, abs(x + (m - y) * avg - mean) - proj_band, 0.0)
+
+    without = [out(c[h], k[h]) for h in range(G)]
+    order = sorted(range(G), key=without.__getitem__, reverse=True)
+    top, second = order[0], (order[1] if G > 1 else order[0])
+    rest = [without[second] if g == top else without[top] for g in range(G)] if G > 1 else [0.0]
+    return [max(out(c[g] + n, k[g] + 1), rest[g]) for g in range(G)]

@@ -45,7 +45,7 @@ import numpy as np
 
 from sempar.errors import InputError
 from sempar.predict.token_table import TokenTable
-from sempar.schedule.balance import BALANCE_SLACK, request_admissible, token_excess
+from sempar.schedule.balance import BALANCE_SLACK, admissible_ranks, token_excess
 from sempar.schedule.requests import REQUEST_POLICIES, Prepared, RequestPolicy
 
 
@@ -142,12 +142,14 @@ class Expert(RequestPolicy):
         cand = [g for g in pref if ok is None or ok[g]] or pref
         # (1) requests, hard: inside the band and schedulable in it (balance.py); the rank
         # with the fewest requests always passes, so it is only empty under the router's mask.
-        adm = [g for g in cand if request_admissible(k, g, s)] or \
+        band = admissible_ranks(k, s)
+        adm = [g for g in cand if band[g]] or \
             [min(cand, key=lambda g: (k[g], c[g]))]
         # (2) tokens: the ranks that keep every rank inside both token bands, else the one
         # that leaves the least outside (ties: best score, i.e. `pref`'s order).
         self.n_max = max(self.n_max, n)
-        exc = [token_excess(c, k, g, n, self.n_max, s, self.rho, self.token_slack) for g in adm]
+        ex = token_excess(c, k, n, self.n_max, s, self.rho, self.token_slack)
+        exc = [ex[g] for g in adm]
         least = min(exc)
         adm = [g for g, e in zip(adm, exc) if e <= max(least, 0.0)]
         # (3) in flight: within inflight_slack of the mean; the least-loaded rank always passes
