@@ -6,7 +6,7 @@ Contract, for any arrival pattern (sequential, bursty, concurrent), once the str
 
 - requests: every rank's count k[g] within `slack` x m of m, exactly. Guaranteed: the band
   [m - D(N), m + D(N)] with D(N) = max(1, slack x m) is kept from the first request on
-  (`request_admissible`), so at N = 20 G (D = 1) the counts lie in {m - 1, m, m + 1}. A rank
+  (`admissible_ranks`), so at N = 20 G (D = 1) the counts lie in {m - 1, m, m + 1}. A rank
   may take a request only if the counts stay inside the band and stay *schedulable* in it: for
   every t = 0 .. horizon further requests, the ranks' total shortfall below the band's lower
   edge at N + t is at most t (each request lifts one rank by one). Keeping the most-behind rank
@@ -16,11 +16,12 @@ Contract, for any arrival pattern (sequential, bursty, concurrent), once the str
 - tokens: every rank's tokens c[g] within `slack` x the mean M of M, up to one request: the
   contract is |c[g] - M| <= slack x M + n_max (n_max the longest request so far). Exactly
   5 % is impossible for some lengths (one request of 100 x the mean length puts its rank
-  ~75 x the mean request above M at G = 4, whoever takes it); `token_excess` is what a choice
-  would leave above the exact 5 % band, and the policies take a rank with no excess when the
-  request band allows one, else the one with the least (ties: the fewest tokens so far). This
-  is a property over random arrivals (tests/schedule/test_policy_balance.py), not a worst-case
-  theorem: an adversary that sees the choices can push the tokens further.
+  ~75 x the mean request above M at G = 4, whoever takes it). `token_excess` is what each
+  choice would leave outside two bands, the tokens' own (slack x M + rho x n_max, inside the
+  contract) and the projected tokens' (`token_excess`); the policies take a rank with no excess
+  when the request band allows one, else the one with the least. This is a property over
+  random arrivals (tests/schedule/test_policy_balance.py), not a worst-case theorem: an
+  adversary that sees the choices can push the tokens further.
 
 Scores only choose among the ranks these rules admit, so the expert affinity spends the slack.
 """
