@@ -24,9 +24,17 @@
     --save docs/results/router-ttfb.json --table docs/results/router-ttfb.md` keeps the runs
     in one JSON and writes the results page from them.
 
-    python benchmarks/bench_router.py [--part quality|overhead|ttfb|all] [--routers 1,2,4]
-        [--seed 0] [--rate 200] [--seconds 5] [--requests 400] [--rounds 3] [--label L]
-        [--save RUN.json] [--json]
+(d) splits (issue 37): the single-router policies of (a) on the held-out parts of several
+    splits (`--seeds`, placement re-solved per split), their share of each split's ceiling and
+    its mean, and the balance contract's figures from 20 x G requests on (schedule/balance.py):
+    the largest per-rank |requests - mean| / mean and |tokens - mean| / mean at any request, and
+    the tokens' once the longest request so far is allowed on top. `--out-json` / `--table`
+    write docs/results/router-splits.{json,md} (`--from JSON --table MD` regenerates the table).
+
+    python benchmarks/bench_router.py [--part quality|overhead|ttfb|splits|all]
+        [--routers 1,2,4] [--seed 0] [--seeds 0,1,2] [--rate 200] [--seconds 5]
+        [--requests 400] [--rounds 3] [--label L] [--save RUN.json] [--json]
+        [--out-json F] [--table F] [--from F ...]
 """
 
 from __future__ import annotations
@@ -150,6 +158,86 @@ def quality(routers: list[int], ep: int = 4, seed: int = 0) -> dict:
     for v in out["policies"].values():
         v["ratio_to_round_robin"] = v["lar"] / base
     return out
+
+
+def contract_figures(r: np.ndarray, lens: np.ndarray, G: int) -> dict:
+    """The balance contract's figures of ranks int[R] (arrival order) with lengths int[R]: the
+    largest deviations from the per-rank mean, over every prefix of >= 20 x G requests."""
+    from sempar.schedule.requests import BALANCE_FROM
+
+    R = r.size
+    K, C = np.zeros((R, G)), np.zeros((R, G))
+    K[np.arange(R), r] = 1
+    C[np.arange(R), r] = lens
+    K, C = K.cumsum(0)[BALANCE_FROM * G - 1:], C.cumsum(0)[BALANCE_FROM * G - 1:]
+    km, cm = K.mean(1, keepdims=True), C.mean(1, keepdims=True)
+    n_max = np.maximum.accumulate(lens)[BALANCE_FROM * G - 1:]
+    return {"requests_dev": float((np.abs(K - km) / km).max()),
+            "tokens_dev": float((np.abs(C - cm) / cm).max()),
+            "tokens_dev_less_longest": float(((np.abs(C - cm).max(1) - n_max) / cm[:, 0]).max())}
+
+
+def splits(seeds: list[int], ep: int = 4) -> dict:
+    """{seed: {ceiling, policies: {name: figures}}} and the mean share per policy (module doc, c)."""
+    from bench_placement_real import load_real
+    from sempar.placement import solve
+    from sempar.placement.metrics import placement_figures
+    from sempar.schedule.homes import home_from_ranks, oracle_home_dp
+    from sempar.schedule.requests import make_policy, request_arrays
+    from sempar.trace import split_by_request
+
+    with tempfile.TemporaryDirectory() as d:
+        traces = load_real(["gpt-oss-20b-mmlu"], d)
+    if not traces:
+        return {"skipped": "gpt-oss-20b-mmlu.npz is absent"}
+    out: dict = {"ep": ep, "seeds": {}}
+    for seed in seeds:
+        fit, ev = split_by_request(traces["gpt-oss-20b-mmlu"], seed=seed)
+        p = solve("sempar", fit, num_devices=ep, mode="dp")
+        L, G = ev.meta.num_layers, ep
+        tok, off, _ = request_arrays(ev.request_id, ev.token_id)
+        lens = np.diff(off)
+        ceiling = placement_figures(p, ev.experts, oracle_home_dp(p, ev))["lar_mean"]
+        res = {"requests": int(lens.size), "tokens": int(lens.sum()), "ceiling": ceiling,
+               "policies": {}}
+        for name in POLICIES:
+            pol = make_policy(name, G, p.token_table)
+            r = replay(pol, tok, off, pol.window)
+            x = placement_figures(p, ev.experts, home_from_ranks(ev.request_id, r, L))["lar_mean"]
+            res["policies"][name] = {"lar": x, "share_of_ceiling": x / ceiling,
+                                     **contract_figures(r, lens, G)}
+        out["seeds"][str(seed)] = res
+    out["mean_share"] = {name: float(np.mean([v["policies"][name]["share_of_ceiling"]
+                                              for v in out["seeds"].values()]))
+                         for name in POLICIES}
+    return out
+
+
+def splits_table(res: dict, meta: str) -> str:
+    """docs/results/router-splits.md from `splits`' result."""
+    seeds = list(res["seeds"])
+    head = ("| policy | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | requests dev "
+            "| tokens dev | tokens dev less the longest |")
+    rows = [head, "| --- |" + " ---: |" * (len(seeds) + 4)]
+    for name in POLICIES:
+        f = [res["seeds"][s]["policies"][name] for s in seeds]
+        rows.append(f"| {name} | " + " | ".join(f"{v['share_of_ceiling']:.3f}" for v in f)
+                    + f" | **{res['mean_share'][name]:.3f}** | "
+                    + " | ".join(f"{max(v[k] for v in f):.3f}" for k in
+                                 ("requests_dev", "tokens_dev", "tokens_dev_less_longest")) + " |")
+    ceil = ", ".join(f"{res['seeds'][s]['ceiling']:.4f} ({res['seeds'][s]['requests']} requests)"
+                     for s in seeds)
+    return ("# `sempar router` policies over splits (generated)\n\n"
+            f"*Generated by `benchmarks/bench_router.py --part splits` {meta}.*\n\n"
+            f"GPT-OSS-20B (MMLU), EP {res['ep']}: per split (20/80 by request, seed s) the `sempar` "
+            "dp placement solved on the fit part and the held-out requests replayed in arrival "
+            "order through each policy's streaming form (completions FIFO after 8 G in flight). "
+            "Share of the balanced request-level ceiling (each round of G requests matched to "
+            f"the ranks knowing the real routing; LAR {ceil}); the balance contract's figures "
+            "are the worst over the splits and over every prefix of >= 20 x G requests "
+            "(contract: requests <= 0.05, tokens less the longest request so far <= 0.05; "
+            "`round-robin`, `alg2` claim requests only, `least-inflight`, `balanced` nothing).\n\n"
+            + "\n".join(rows) + "\n")
 
 
 # -- (b) overhead -----------------------------------------------------------------------------
@@ -447,7 +535,10 @@ def ttfb_page(runs: list[dict], path: Path | None) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="all", choices=("quality", "overhead", "ttfb", "all"))
+    ap.add_argument("--part", default="all",
+                    choices=("quality", "overhead", "ttfb", "splits", "all"))
+    ap.add_argument("--seeds", default="0,1,2", help="the splits' seeds (--part splits)")
+    ap.add_argument("--out-json", default=None, help="splits: write the result's JSON here")
     ap.add_argument("--routers", default="1,2,4")
     ap.add_argument("--seed", type=int, default=0, help="the fit/held-out split's seed")
     ap.add_argument("--rate", type=float, default=200.0)
@@ -456,9 +547,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=400, help="ttfb: requests per phase")
     ap.add_argument("--rounds", type=int, default=3, help="ttfb: alternating phases per target")
     ap.add_argument("--save", type=Path, help="write the results' JSON here")
-    ap.add_argument("--table", type=Path, help="ttfb: write its results page here (markdown)")
+    ap.add_argument("--table", type=Path,
+                    help="ttfb / splits: write the results page here (markdown)")
     ap.add_argument("--from", dest="from_", type=Path, nargs="+",
-                    help="ttfb: the runs' JSON to tabulate")
+                    help="ttfb: the runs' JSON to tabulate; with --part splits: its one JSON")
     ap.add_argument("--label", default="", help="ttfb: what this run is (kept in its JSON)")
     ap.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -467,6 +559,9 @@ def main() -> None:
 
         uvicorn.run(upstream_app(), host="127.0.0.1", port=a.serve_upstream, log_level="error",
                     access_log=False)
+        return
+    if a.part == "splits":
+        write_splits(a)
         return
     if a.from_ is not None:
         runs = []
@@ -507,6 +602,31 @@ def main() -> None:
                   f"{v['tokens_max_mean']:>9.3f}{v['tokens_min_mean']:>9.3f}{v['prefix_hit_share']:>8.4f}")
     for k, v in res.get("overhead", {}).items():
         print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
+
+
+def write_splits(a) -> None:
+    """--part splits, or --from JSON: print the table, write --out-json / --table."""
+    import platform
+
+    if a.from_:
+        res = json.loads(Path(a.from_[0]).read_text())
+    else:
+        load = os.getloadavg()
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=Path(__file__).parent).stdout.strip()
+        res = splits([int(s) for s in a.seeds.split(",")])
+        res["meta"] = (f"at commit `{commit}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+                       f", {os.cpu_count()} CPUs ({platform.machine()}), load "
+                       + " / ".join(f"{x:.1f}" for x in load))
+        if a.out_json:
+            Path(a.out_json).write_text(json.dumps(res, indent=1) + "\n")
+    if "skipped" in res:
+        print(res["skipped"])
+        return
+    md = splits_table(res, res.get("meta", ""))
+    print(md)
+    if a.table:
+        Path(a.table).write_text(md)
 
 
 if __name__ == "__main__":

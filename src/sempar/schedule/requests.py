@@ -46,11 +46,10 @@ import scipy.sparse as sp
 from sempar.errors import InputError
 from sempar.predict.token_table import TokenTable
 from sempar.registry import Registry
+from sempar.schedule.balance import BALANCE_FROM, BALANCE_SLACK  # noqa: F401 (re-exported)
 
 REQUEST_POLICIES: Registry[type["RequestPolicy"]] = Registry("request policy")
 ORDERS = ("interleaved", "by-domain")
-BALANCE_SLACK = 0.05    # the balance contract: per-rank requests / tokens within 5 % of the mean
-BALANCE_FROM = 20       # ... once the stream holds 20 x G requests
 DENSE_MAX = 1 << 24      # largest token id served by the dense id -> row map (64 MiB of int32)
 
 
