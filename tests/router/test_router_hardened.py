@@ -70,6 +70,7 @@ def test_health_answers_while_a_big_prompt_tokenizes(stack):
                                headers={"content-type": "application/json"}, timeout=120)
 
     th = threading.Thread(target=post)
+    t_start = time.monotonic()
     th.start()
     time.sleep(0.5)                                        # the body is in, tokenizing began
     slow, answered = [], 0
@@ -79,9 +80,13 @@ def test_health_answers_while_a_big_prompt_tokenizes(stack):
         slow.append(time.monotonic() - t0)
         answered += 1
         time.sleep(0.05)
+    tokenizing = time.monotonic() - t_start
     th.join(120)
     assert done["r"].status_code == 200
-    assert answered >= 3 and max(slow) < 1.0, (answered, slow)   # on the loop: 9 s
+    # On the loop one /health waits out the whole tokenizing (9 s here); off it, each answers
+    # in well under a second, or a third of the tokenizing time on a machine loaded enough to
+    # slow both down alike.
+    assert answered >= 3 and max(slow) < max(1.0, tokenizing / 3), (answered, slow, tokenizing)
 
 
 @pytest.mark.parametrize("stack", [{"api_key": "s3cret"}], indirect=True)
