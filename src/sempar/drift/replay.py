@@ -102,7 +102,7 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
             moved, dt = 0, 0.0
             if s > 0 and pol.update is not None:
                 t0 = time.perf_counter()
-                nxt = pol.update(p, part(max(0, a - cfg.window), a), cfg)
+                nxt = pol.update(p, part(max(0, a - cfg.span(pol)), a), cfg)
                 dt = time.perf_counter() - t0
                 moved = int(copied_experts(p, nxt).sum())
                 p = nxt
