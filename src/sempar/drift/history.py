@@ -31,10 +31,11 @@ class History:
     decay: float = 0.5
     robust: bool = True      # the bound on every window of the history, not on their blend
     slack: float = 0.05      # older windows' bound: the window's + slack
-    thin: int = 4            # older windows: every thin-th row (cost), weighed thin x
+    rows: int = 4096         # rows kept of the last window (cost: an evenly spaced subsample)
+    older_rows: int = 1024   # rows kept of each older window
 
     def __post_init__(self) -> None:
-        if self.windows < 0 or not 0.0 < self.decay <= 1.0:
+        if self.windows < 0 or not 0.0 < self.decay <= 1.0 or min(self.rows, self.older_rows) < 1:
             raise InputError(f"history: windows {self.windows} / decay {self.decay} out of range")
 
     def span(self, window: int) -> int:
@@ -53,3 +54,22 @@ def history_rows(trace: RoutingTrace, window: int, history: History
     age = np.empty(trace.num_tokens, np.int64)
     age[rows] = np.repeat(age_r, np.diff(starts))
     return history.decay ** age.astype(np.float64), age
+
+
+def history_sample(trace: RoutingTrace, window: int, history: History
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows int64[n], weight float64[n], age int64[n]): the rows the incremental step fits,
+    per window at most `rows` (the last) / `older_rows` (the others) evenly spaced rows (in
+    arrival order, so every request keeps its share), each weighed `decay ** age` x the
+    window's rows per kept row (the window's total weight is kept)."""
+    w, age = history_rows(trace, window, history)
+    keep, weight = [], []
+    for a in np.unique(age):
+        idx = np.flatnonzero(age == a)
+        cap = history.rows if a == 0 else history.older_rows
+        take = idx[np.linspace(0, idx.size - 1, min(cap, idx.size)).astype(np.int64)]
+        keep.append(take)
+        weight.append(w[take] * (idx.size / take.size))
+    rows = np.concatenate(keep)
+    order = np.argsort(rows, kind="stable")
+    return rows[order], np.concatenate(weight)[order], age[rows[order]]

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from sempar.drift.history import History, history_rows
+from sempar.drift.history import History, history_sample
 from sempar.placement.migration import align_devices
 from sempar.placement.placement import Placement
 from sempar.placement.rebalance import RebalanceConfig, rebalance
@@ -87,9 +87,7 @@ def _eplb(current: Placement, window: RoutingTrace, cfg: ReplayConfig) -> Placem
 
 def _incremental(current: Placement, seen: RoutingTrace, cfg: ReplayConfig) -> Placement:
     h = cfg.history
-    w, age = history_rows(seen, cfg.window, h)
-    keep = np.flatnonzero((age == 0) | (np.arange(age.size) % h.thin == 0))
-    w, age = w[keep] * np.where(age[keep] == 0, 1.0, h.thin), age[keep]
+    keep, w, age = history_sample(seen, cfg.window, h)
     caps = cfg.rebalance.max_imbalance + h.slack * (np.arange(h.windows + 1) > 0)
     return rebalance(current, seen.experts[keep], cfg.rebalance, w,
                      age if h.robust else None, caps)[0]

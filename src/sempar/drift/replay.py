@@ -121,5 +121,6 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
     out.update({"ep": cfg.ep, "every": cfg.every, "window": cfg.window, "requests": R,
                 "steps": len(bounds), "start_solve_s": start_s,
                 "expert_bytes": cfg.rebalance.expert_bytes,
-                "rebalance": asdict(cfg.rebalance), "max_imbalance": cfg.max_imbalance})
+                "rebalance": asdict(cfg.rebalance), "history": asdict(cfg.history),
+                "max_imbalance": cfg.max_imbalance})
     return out

@@ -67,7 +67,9 @@ class RebalanceConfig:
     horizon_s: float = 300.0            # a locality move must pay its copy back within this
     link_gbps: float = 50.0             # GB/s of the link weights are copied over (copy time)
     batch: int = BATCH                  # tp batch of the exact homes
-    candidates: int = 6                 # moves per layer re-evaluated exactly each round
+    candidates: int = 12                # moves per layer re-evaluated exactly each round
+    trade: float = 0.1                  # balance moves: local activations one unit of overload
+                                        # cut is worth (0: the largest cut, locality breaks ties)
 
     def __post_init__(self) -> None:
         if self.max_moves < 0 or not 1.0 <= self.max_imbalance < 100:
@@ -189,7 +191,8 @@ class _Layer:
         return float(np.maximum(load - self.cap, 0.0).sum())
 
 
-def _candidates(st: _Layer, balance: bool, limit: int) -> list[tuple[str, int, int]]:
+def _candidates(st: _Layer, balance: bool, limit: int, trade: float = 0.0
+                ) -> list[tuple[str, int, int]]:
     """Up to `limit` moves of layer `st`, best first by an estimate with the homes held fixed:
     ("swap", slot p1, slot p2) or ("retarget", slot p, new expert)."""
     G, N, row = st.G, st.N, st.row
@@ -220,7 +223,7 @@ def _candidates(st: _Layer, balance: bool, limit: int) -> list[tuple[str, int, i
             new1, new2 = L[dev][:, None] + delta, L[dev][None, :] - delta
             cut += (over[dev][:, None] + over[dev][None, :] - np.maximum(new1 - cap, 0.0)
                     - np.maximum(new2 - cap, 0.0))
-        score = np.where(ok & (cut > EPS), cut + gain / max(T, 1) * 1e-3, -np.inf)
+        score = np.where(ok & (cut > EPS), cut + max(trade, 1e-3 / max(T, 1)) * gain, -np.inf)
     else:
         score = np.where(ok & (gain > EPS), gain / 2.0, -np.inf)       # per expert copied
     flat = np.argsort(-score, axis=None)[:limit]
@@ -265,7 +268,7 @@ def _propose(l: int, st: _Layer, cfg: RebalanceConfig, T: int):
     S = st.row.size // G
     balance = st.overload() > EPS
     best = None
-    for mv in _candidates(st, balance, cfg.candidates):
+    for mv in _candidates(st, balance, cfg.candidates, cfg.trade):
         new = _apply(st.row, mv)
         local, load, _ = st.figures(new)
         imb = imbalance(load)
@@ -275,7 +278,7 @@ def _propose(l: int, st: _Layer, cfg: RebalanceConfig, T: int):
             cut = st.overload() - st.overload(load)
             if cut <= EPS:
                 continue
-            key = (cut, gain)
+            key = (cut + cfg.trade * (local - st.local), gain)
         else:
             if imb > max(cfg.max_imbalance, st.imbalance) + EPS or gain <= EPS:
                 continue
