@@ -11,7 +11,8 @@ Streams (`sempar.drift.streams`), each replayed at EP 4 (`sempar.drift.replay`):
   requests).
 Steps of 16 requests with a window of 16 on ESFT (10 steps), 64 with a window of 32 on MMLU (8
 steps): the `resolve` policy's full sempar solve per step
-is the cost on 2 loaded cores, so few, large steps; every request of each trace after the
+is the cost on 2 loaded cores, so few, large steps; `sempar-incremental` keeps 3 windows of
+load history (`--history`, `sempar.drift.history`); every request of each trace after the
 warm-up window is served (no subsample).
 Targets (issue 38), on each stream where `static` drifts above imbalance p95 1.15:
 sempar-incremental LAR >= 0.95 x resolve's, imbalance p95 <= 1.10, migrated bytes <= 20 % of

@@ -11,8 +11,10 @@ update it from the last `--window` requests:
 - `eplb-periodic`: DeepSeek EPLB on the window's expert loads (`placement/eplb.py`), what
   SGLang's `--enable-eplb` (every `--eplb-rebalance-num-iterations`) and vLLM's EPLB
   (`step_interval`) do: load only, no locality, no migration price; aligned likewise;
-- `sempar-incremental`: `placement.rebalance` on the window (budgeted moves, exact gain per
-  byte, the imbalance bound, the payback rule).
+- `sempar-incremental`: `placement.rebalance` on the window and its load history
+  (`drift.history`: the bound on each of the last windows, the objective weighed by age;
+  budgeted moves, exact gain per byte, the payback rule). The only policy that keeps a history:
+  the others see the last `window` requests, as the engines' EPLB sees its recorder's window.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 The stream's requests in arrival order: the first `window` requests are the warm-up every policy
 starts from (its `start` solve); then steps of `every` requests. Before step s > 0 each policy
-may update its placement from the last `window` requests served; then the step's requests are
+may update its placement from the last `window` requests served (`sempar-incremental`: and the
+`history` windows before them, `ReplayConfig.span`); then the step's requests are
 served on it. Per step and policy (`StepFigures`):
 
 - `lar`: exact-home LAR of the step's requests (tp mode: `schedule.homes.oracle_home`, equal
