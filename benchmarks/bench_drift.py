@@ -11,7 +11,8 @@ Streams (`sempar.drift.streams`), each replayed at EP 4 (`sempar.drift.replay`):
   requests).
 Steps of 16 requests with a window of 16 on ESFT (10 steps), 64 with a window of 32 on MMLU (8
 steps): the `resolve` policy's full sempar solve per step
-is the cost on 2 loaded cores, so few, large steps; every request of each trace after the
+is the cost on 2 loaded cores, so few, large steps; `sempar-incremental` keeps 3 windows of
+load history (`--history`, `sempar.drift.history`); every request of each trace after the
 warm-up window is served (no subsample).
 Targets (issue 38), on each stream where `static` drifts above imbalance p95 1.15:
 sempar-incremental LAR >= 0.95 x resolve's, imbalance p95 <= 1.10, migrated bytes <= 20 % of
@@ -41,8 +42,9 @@ STREAMS = {
 }
 
 
-def run_stream(name: str, ep: int, max_moves: int, max_imbalance: float) -> dict:
+def run_stream(name: str, ep: int, max_moves: int, max_imbalance: float, history: int = 3) -> dict:
     from sempar.commands.rebalance import config
+    from sempar.drift.history import History
     from sempar.drift.policies import ReplayConfig
     from sempar.drift.replay import replay
     from sempar.drift.streams import drift_stream
@@ -53,7 +55,8 @@ def run_stream(name: str, ep: int, max_moves: int, max_imbalance: float) -> dict
     trace = read_trace(assets_dir() / "traces" / f"{asset}.parquet", optional=("domain",))
     stream = drift_stream(trace, order, switch_every=k, mix=0.8, seed=0)
     rb = config(trace.meta.model, max_moves, None, max_imbalance, 300.0, 20000.0, 50.0, None)
-    cfg = ReplayConfig(ep=ep, every=every, window=window, jobs=1, rebalance=rb)
+    cfg = ReplayConfig(ep=ep, every=every, window=window, jobs=1, rebalance=rb,
+                       history=History(windows=history))
     t0 = time.perf_counter()
     out = replay(stream, POLICIES, cfg)
     out.update({"stream": name, "asset": asset, "order": order, "switch_every": k,
@@ -177,6 +180,8 @@ def main() -> None:
     ap.add_argument("--ep", type=int, default=4)
     ap.add_argument("--max-moves", type=int, default=32)
     ap.add_argument("--max-imbalance", type=float, default=1.05)
+    ap.add_argument("--history", type=int, default=3,
+                    help="sempar-incremental: windows of load history (0: the window alone)")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--append", action="store_true", help="add to the results --json holds")
     ap.add_argument("--from", dest="from_", type=Path, help="read results instead of running")
@@ -189,7 +194,7 @@ def main() -> None:
     else:
         results = json.loads(a.json.read_text()) if a.append and a.json.exists() else []
         for name in a.streams.split(","):
-            r = run_stream(name, a.ep, a.max_moves, a.max_imbalance)
+            r = run_stream(name, a.ep, a.max_moves, a.max_imbalance, a.history)
             results.append(r)
             for n, p in r["policies"].items():
                 print(f"{name:14s} {n:20s} LAR {p['lar_mean']:.4f}  imb p95 "

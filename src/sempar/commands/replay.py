@@ -36,6 +36,9 @@ def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: reques
            max_imbalance: float = typer.Option(1.05, "--max-imbalance", callback=bound(1.0, 100.0),
                                                help="sempar-incremental: the window's bound (as "
                                                     "`place`'s fit cap, for 1.10 on new requests)"),
+           history: int = typer.Option(3, "--history", callback=bound(0, 64),
+                                       help="sempar-incremental: windows of load history "
+                                            "beyond --window its bound also holds on"),
            horizon: float = typer.Option(300.0, "--horizon", callback=bound(0.0, 1e9, lo_open=True),
                                          help="s: sempar-incremental's payback horizon"),
            tokens_per_s: float = typer.Option(20000.0, "--tokens-per-s",
@@ -58,6 +61,7 @@ def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: reques
 
     from sempar.atomic import atomic_folder, check_folder_output
     from sempar.commands.rebalance import config
+    from sempar.drift.history import History
     from sempar.console import emit_json
     from sempar.drift.policies import ReplayConfig
     from sempar.drift.replay import replay as run
@@ -71,7 +75,7 @@ def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: reques
     rb = config(stream.meta.model, max_moves, None, max_imbalance, horizon, tokens_per_s, 50.0,
                 expert_bytes)
     cfg = ReplayConfig(ep=ep, every=every, window=window, max_steps=max_steps, seed=seed,
-                       jobs=jobs, rebalance=rb)
+                       jobs=jobs, rebalance=rb, history=History(windows=history))
     with ExitStack() as stack:
         pdir = (stack.enter_context(atomic_folder(placements, "replay placements", trace))
                 if placements is not None else None)

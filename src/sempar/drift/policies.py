@@ -11,8 +11,10 @@ update it from the last `--window` requests:
 - `eplb-periodic`: DeepSeek EPLB on the window's expert loads (`placement/eplb.py`), what
   SGLang's `--enable-eplb` (every `--eplb-rebalance-num-iterations`) and vLLM's EPLB
   (`step_interval`) do: load only, no locality, no migration price; aligned likewise;
-- `sempar-incremental`: `placement.rebalance` on the window (budgeted moves, exact gain per
-  byte, the imbalance bound, the payback rule).
+- `sempar-incremental`: `placement.rebalance` on the window and its load history
+  (`drift.history`: the bound on each of the last windows, the objective weighed by age;
+  budgeted moves, exact gain per byte, the payback rule). The only policy that keeps a history:
+  the others see the last `window` requests, as the engines' EPLB sees its recorder's window.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
+from sempar.drift.history import History, history_sample
 from sempar.placement.migration import align_devices
 from sempar.placement.placement import Placement
 from sempar.placement.rebalance import RebalanceConfig, rebalance
@@ -40,6 +45,11 @@ class ReplayConfig:
     jobs: int | None = 1                # worker processes of the sempar solves
     max_imbalance: float = 1.05         # the sempar solves' fit cap (`place`'s default)
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
+    history: History = field(default_factory=History)   # sempar-incremental's load history
+
+    def span(self, policy: "ReplayPolicy") -> int:
+        """Requests `policy`'s update sees: the window, and the history where it keeps one."""
+        return self.history.span(self.window) if policy.history else self.window
 
 
 @dataclass(frozen=True)
@@ -47,7 +57,7 @@ class ReplayPolicy:
     """start: "sempar" or "eplb" (the first window's solve); update: (current placement,
     window trace, config) -> next placement, or None (never updates). Capabilities: full_layout
     (each update re-lays every layer), locality (optimises exact-home LAR), budgeted (bounded
-    moves per update), help."""
+    moves per update), history (sees `ReplayConfig.history` beyond the window), help."""
 
     start: str
     update: Callable[[Placement, RoutingTrace, ReplayConfig], Placement] | None
@@ -55,6 +65,7 @@ class ReplayPolicy:
     locality: bool
     budgeted: bool
     help: str
+    history: bool = False
 
 
 POLICIES: Registry[ReplayPolicy] = Registry("replay policy")
@@ -76,8 +87,12 @@ def _eplb(current: Placement, window: RoutingTrace, cfg: ReplayConfig) -> Placem
     return align_devices(current, solve_window("eplb", window, cfg))
 
 
-def _incremental(current: Placement, window: RoutingTrace, cfg: ReplayConfig) -> Placement:
-    return rebalance(current, window.experts, cfg.rebalance)[0]
+def _incremental(current: Placement, seen: RoutingTrace, cfg: ReplayConfig) -> Placement:
+    h = cfg.history
+    keep, w, age = history_sample(seen, cfg.window, h)
+    caps = cfg.rebalance.max_imbalance + h.slack * (np.arange(h.windows + 1) > 0)
+    return rebalance(current, seen.experts[keep], cfg.rebalance, w,
+                     age if h.robust else None, caps)[0]
 
 
 POLICIES.add("static", ReplayPolicy("sempar", None, False, True, True,
@@ -87,4 +102,5 @@ POLICIES.add("resolve", ReplayPolicy("sempar", _resolve, True, True, False,
 POLICIES.add("eplb-periodic", ReplayPolicy("eplb", _eplb, True, False, False,
                                            "DeepSeek EPLB on every window's loads (the engines')"))
 POLICIES.add("sempar-incremental", ReplayPolicy("sempar", _incremental, False, True, True,
-                                                "sempar rebalance on every window"))
+                                                "sempar rebalance on every window and its "
+                                                "load history", history=True))

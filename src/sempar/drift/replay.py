@@ -2,7 +2,8 @@
 
 The stream's requests in arrival order: the first `window` requests are the warm-up every policy
 starts from (its `start` solve); then steps of `every` requests. Before step s > 0 each policy
-may update its placement from the last `window` requests served; then the step's requests are
+may update its placement from the last `window` requests served (`sempar-incremental`: and the
+`history` windows before them, `ReplayConfig.span`); then the step's requests are
 served on it. Per step and policy (`StepFigures`):
 
 - `lar`: exact-home LAR of the step's requests (tp mode: `schedule.homes.oracle_home`, equal
@@ -102,7 +103,7 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
             moved, dt = 0, 0.0
             if s > 0 and pol.update is not None:
                 t0 = time.perf_counter()
-                nxt = pol.update(p, part(max(0, a - cfg.window), a), cfg)
+                nxt = pol.update(p, part(max(0, a - cfg.span(pol)), a), cfg)
                 dt = time.perf_counter() - t0
                 moved = int(copied_experts(p, nxt).sum())
                 p = nxt
@@ -121,5 +122,6 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
     out.update({"ep": cfg.ep, "every": cfg.every, "window": cfg.window, "requests": R,
                 "steps": len(bounds), "start_solve_s": start_s,
                 "expert_bytes": cfg.rebalance.expert_bytes,
-                "rebalance": asdict(cfg.rebalance), "max_imbalance": cfg.max_imbalance})
+                "rebalance": asdict(cfg.rebalance), "history": asdict(cfg.history),
+                "max_imbalance": cfg.max_imbalance})
     return out

@@ -67,7 +67,9 @@ class RebalanceConfig:
     horizon_s: float = 300.0            # a locality move must pay its copy back within this
     link_gbps: float = 50.0             # GB/s of the link weights are copied over (copy time)
     batch: int = BATCH                  # tp batch of the exact homes
-    candidates: int = 6                 # moves per layer re-evaluated exactly each round
+    candidates: int = 12                # moves per layer re-evaluated exactly each round
+    trade: float = 0.1                  # balance moves: local activations one unit of overload
+                                        # cut is worth (0: the largest cut, locality breaks ties)
 
     def __post_init__(self) -> None:
         if self.max_moves < 0 or not 1.0 <= self.max_imbalance < 100:
@@ -138,27 +140,41 @@ def placement_hash(p: Placement) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+def imbalance(load: np.ndarray) -> float:
+    """The worst scenario's max / mean device load; load float[H, G]."""
+    return float((load.max(axis=1) / np.maximum(load.mean(axis=1), EPS)).max())
+
+
 class _Layer:
     """One layer's window state: its slot row int32[P], the window's experts int[T, k], and the
     exact figures (local activations, served load float[G]) of the row."""
 
     def __init__(self, row: np.ndarray, experts: np.ndarray, G: int, N: int,
-                 order: np.ndarray, batch: int, max_imbalance: float):
+                 order: np.ndarray, batch: int, max_imbalance: float, weight: np.ndarray,
+                 group: np.ndarray, caps: np.ndarray):
         self.G, self.N, self.order, self.batch = G, N, order, batch
-        self.cap = max_imbalance * experts.size / G        # served activations per device
         self.experts = np.asarray(experts, np.intp)
+        k = self.experts.shape[1]
+        self.weight = weight                                  # float64[T] per row
+        self.wk = np.repeat(weight, k)                        # per activation, [T * k]
+        self.H = int(group.max()) + 1                         # scenarios the bound holds on
+        self.gk = np.repeat(group, k) * G                     # scenario offset per activation
+        tot = np.bincount(group, weight, minlength=self.H) * k
+        self.cap = (caps * tot / G)[:, None]                  # float[H, 1] per device
         self.set(np.asarray(row, np.int32).copy())
 
-    def figures(self, row: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
-        """(local activations, served load float[G], home int64[T]) of slot row `row`."""
+    def figures(self, row: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """(weighted local activations, weighted served load float[H, G] per scenario,
+        home int64[T]) of slot row `row`."""
         G, S = self.G, row.size // self.G
         hosts = np.zeros((G, self.N), bool)
         hosts[np.repeat(np.arange(G), S), row] = True
         hits = hosts[:, self.experts].sum(axis=2).T                        # [T, G]
         home = capacity_home(hits, self.batch)
         serve = table(hosts, self.order)[home[:, None], self.experts]      # [T, k]
-        load = np.bincount(serve.ravel(), minlength=G).astype(np.float64)
-        return int(hits[np.arange(home.size), home].sum()), load, home
+        load = np.bincount(self.gk + serve.ravel(), self.wk,
+                           minlength=self.H * G).reshape(self.H, G)
+        return float(hits[np.arange(home.size), home] @ self.weight), load, home
 
     def set(self, row: np.ndarray) -> None:
         self.row = row
@@ -166,25 +182,29 @@ class _Layer:
 
     @property
     def imbalance(self) -> float:
-        return float(self.load.max() / max(self.load.mean(), EPS))
+        return imbalance(self.load)
 
     def overload(self, load: np.ndarray | None = None) -> float:
-        """Served load above the cap, summed over devices (0 within the bound)."""
+        """Served load above the cap, summed over devices and scenarios (0 within the
+        bound)."""
         load = self.load if load is None else load
         return float(np.maximum(load - self.cap, 0.0).sum())
 
 
-def _candidates(st: _Layer, balance: bool, limit: int) -> list[tuple[str, int, int]]:
+def _candidates(st: _Layer, balance: bool, limit: int, trade: float = 0.0
+                ) -> list[tuple[str, int, int]]:
     """Up to `limit` moves of layer `st`, best first by an estimate with the homes held fixed:
     ("swap", slot p1, slot p2) or ("retarget", slot p, new expert)."""
     G, N, row = st.G, st.N, st.row
     S = row.size // G
     dev = np.repeat(np.arange(G), S)                                     # device of each slot
-    T = st.home.size
-    W = np.bincount((st.home[:, None] * N + st.experts).ravel(),
-                    minlength=G * N).reshape(G, N).astype(np.float64)   # [G, N] by home
+    T = st.weight.sum()
+    Wh = np.bincount(st.gk * N + (st.home[:, None] * N + st.experts).ravel(), st.wk,
+                     minlength=st.H * G * N).reshape(st.H, G, N)         # [H, G, N] by home
+    W = Wh.sum(axis=0)                                                   # [G, N]
     cnt = np.bincount(row, minlength=N)
-    share = W.sum(axis=0) / np.maximum(cnt, 1)                           # [N] load per copy
+    share_h = Wh.sum(axis=1) / np.maximum(cnt, 1)                        # [H, N] load per copy
+    share = share_h.sum(axis=0)
     hosts = np.zeros((G, N), bool)
     hosts[dev, row] = True
     out: list[tuple[float, tuple[str, int, int]]] = []
@@ -194,14 +214,16 @@ def _candidates(st: _Layer, balance: bool, limit: int) -> list[tuple[str, int, i
             - W[dev, e][:, None] - W[dev, e][None, :])                  # [p1, p2]
     ok = (dev[:, None] < dev[None, :]) & ~hosts[dev[None, :], e[:, None]] \
         & ~hosts[dev[:, None], e[None, :]]
-    delta = share[e][None, :] - share[e][:, None]                        # load into dev(p1)
     if balance:                        # total overload above the cap, cut (_swap_search's rule)
-        L, cap = st.load, st.cap
-        over = np.maximum(L - cap, 0.0)
-        new1, new2 = L[dev][:, None] + delta, L[dev][None, :] - delta
-        cut = (over[dev][:, None] + over[dev][None, :] - np.maximum(new1 - cap, 0.0)
-               - np.maximum(new2 - cap, 0.0))
-        score = np.where(ok & (cut > EPS), cut + gain / max(T, 1) * 1e-3, -np.inf)
+        cut = np.zeros((row.size, row.size))
+        for h in range(st.H):          # per scenario, summed
+            L, cap = st.load[h], st.cap[h, 0]
+            delta = share_h[h, e][None, :] - share_h[h, e][:, None]      # load into dev(p1)
+            over = np.maximum(L - cap, 0.0)
+            new1, new2 = L[dev][:, None] + delta, L[dev][None, :] - delta
+            cut += (over[dev][:, None] + over[dev][None, :] - np.maximum(new1 - cap, 0.0)
+                    - np.maximum(new2 - cap, 0.0))
+        score = np.where(ok & (cut > EPS), cut + max(trade, 1e-3 / max(T, 1)) * gain, -np.inf)
     else:
         score = np.where(ok & (gain > EPS), gain / 2.0, -np.inf)       # per expert copied
     flat = np.argsort(-score, axis=None)[:limit]
@@ -216,7 +238,8 @@ def _candidates(st: _Layer, balance: bool, limit: int) -> list[tuple[str, int, i
             rgain = W[g] - W[g, e[spare]][:, None]                       # [spare, N]
             rgain[hosts[g]] = -np.inf
             if balance:                # off an overloaded device: its copy's share leaves
-                rscore = np.where((st.load[g] > st.cap)[:, None], share[e[spare]][:, None]
+                rscore = np.where((st.load[:, g] > st.cap).any(axis=0)[:, None],
+                                  share[e[spare]][:, None]
                                   - share[None, :] + rgain / max(T, 1) * 1e-3, -np.inf)
                 rscore[hosts[g]] = -np.inf
             else:
@@ -245,17 +268,17 @@ def _propose(l: int, st: _Layer, cfg: RebalanceConfig, T: int):
     S = st.row.size // G
     balance = st.overload() > EPS
     best = None
-    for mv in _candidates(st, balance, cfg.candidates):
+    for mv in _candidates(st, balance, cfg.candidates, cfg.trade):
         new = _apply(st.row, mv)
         local, load, _ = st.figures(new)
-        imb = float(load.max() / max(load.mean(), EPS))
+        imb = imbalance(load)
         gain = (local - st.local) / max(T, 1)
         copies = 2 if mv[0] == "swap" else 1
         if balance:
             cut = st.overload() - st.overload(load)
             if cut <= EPS:
                 continue
-            key = (cut, gain)
+            key = (cut + cfg.trade * (local - st.local), gain)
         else:
             if imb > max(cfg.max_imbalance, st.imbalance) + EPS or gain <= EPS:
                 continue
@@ -282,11 +305,14 @@ def payback_s(move: Move, cfg: RebalanceConfig) -> float:
 
 
 def rebalance(placement: Placement, experts: np.ndarray,
-              cfg: RebalanceConfig = RebalanceConfig()) -> tuple[Placement, RebalanceResult]:
+              cfg: RebalanceConfig = RebalanceConfig(),
+              weight: np.ndarray | None = None, group: np.ndarray | None = None,
+              group_caps: np.ndarray | None = None) -> tuple[Placement, RebalanceResult]:
     """The incremental step (module docstring): (new placement, what was done).
 
     placement: the serving placement (L layers, G devices); experts: int[T, L, k] the window's
-    routing. The new placement has the same shape; its `info["parent"]` is the SHA-256 of
+    routing; weight: float[T] each row's weight in the objective and the bound (None: equal;
+    `drift.history` weighs a load history by age). The new placement has the same shape; its `info["parent"]` is the SHA-256 of
     `placement` (`placement_hash`) and `info["rebalance"]` the summary; a token table, now stale,
     is dropped (exact homes need none).
     """
@@ -301,8 +327,20 @@ def rebalance(placement: Placement, experts: np.ndarray,
                          f"{placement.num_experts} experts")
     G, N = placement.num_devices, placement.num_experts
     order = node_order(placement.node_of)
+    w = np.ones(T) if weight is None else np.asarray(weight, np.float64)
+    if w.shape != (T,) or not np.all(np.isfinite(w)) or w.min() < 0 or w.sum() <= 0:
+        raise InputError(f"rebalance: row weights must be float[{T}], non-negative, not all 0")
+    w = w * (T / w.sum())                   # mean 1: gains stay per (weighted) window token
+    grp = np.zeros(T, np.int64) if group is None else np.asarray(group, np.int64)
+    if grp.shape != (T,) or grp.min() < 0:
+        raise InputError(f"rebalance: row scenarios must be int[{T}], non-negative")
+    ids, grp = np.unique(grp, return_inverse=True)
+    grp = grp.reshape(-1)
+    caps = np.full(ids.size, cfg.max_imbalance)
+    if group_caps is not None:
+        caps = np.maximum(np.asarray(group_caps, np.float64)[ids], 1.0)
     layers = [_Layer(placement.phy2log[l], experts[:, l], G, N, order, cfg.batch,
-                     cfg.max_imbalance)
+                     cfg.max_imbalance, w, grp, caps)
               for l in range(L)]
     res = RebalanceResult(lar_before=sum(s.local for s in layers) / (T * L * experts.shape[2]),
                           imbalance_before=[s.imbalance for s in layers])

@@ -1,0 +1,75 @@
+"""A load history for the incremental step: the last requests weighed by age, so that the step
+fits the next window's predicted traffic instead of the last window alone.
+
+Every policy of `sempar replay` sees the last `window` requests; under a mix that changes, the
+last window is a poor forecast of the next (a placement fitted to it balances the last task and
+clusters the next one's experts). An exponentially weighted history is the plain forecast of a
+drifting mean (ours: the papers place offline and never forecast): request r, `age` whole windows
+before the update (0: the window itself), weighs `decay ** age`; `windows` windows of history
+beyond the window are kept (older ones weigh little and cost rows). `history_weights` gives each
+row of the history trace its request's weight; `placement.rebalance` takes them as row weights
+in both its objective (exact-home LAR) and its bound (served load per device).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sempar.drift.streams import request_table
+from sempar.errors import InputError
+from sempar.trace.schema import RoutingTrace
+
+
+@dataclass(frozen=True)
+class History:
+    """How much of the past the incremental step sees: `windows` windows beyond the last one,
+    request weights `decay ** age` (age in windows, 0 for the last window)."""
+
+    windows: int = 3
+    decay: float = 0.5
+    robust: bool = True      # the bound on every window of the history, not on their blend
+    slack: float = 0.05      # older windows' bound: the window's + slack
+    rows: int = 4096         # rows kept of the last window (cost: an evenly spaced subsample)
+    older_rows: int = 1024   # rows kept of each older window
+
+    def __post_init__(self) -> None:
+        if self.windows < 0 or not 0.0 < self.decay <= 1.0 or min(self.rows, self.older_rows) < 1:
+            raise InputError(f"history: windows {self.windows} / decay {self.decay} out of range")
+
+    def span(self, window: int) -> int:
+        """Requests the step sees: the window and `windows` windows before it."""
+        return window * (1 + self.windows)
+
+
+def history_rows(trace: RoutingTrace, window: int, history: History
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(weight float64[T], age int64[T]) of each row: its request's age in whole windows of
+    requests before the trace's last request (0: the last window; the trace's requests in
+    arrival order) and `decay ** age`."""
+    _, _, rows, starts = request_table(trace)
+    R = starts.size - 1
+    age_r = (R - 1 - np.arange(R)) // max(window, 1)                     # [R] in windows
+    age = np.empty(trace.num_tokens, np.int64)
+    age[rows] = np.repeat(age_r, np.diff(starts))
+    return history.decay ** age.astype(np.float64), age
+
+
+def history_sample(trace: RoutingTrace, window: int, history: History
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows int64[n], weight float64[n], age int64[n]): the rows the incremental step fits,
+    per window at most `rows` (the last) / `older_rows` (the others) evenly spaced rows (in
+    arrival order, so every request keeps its share), each weighed `decay ** age` x the
+    window's rows per kept row (the window's total weight is kept)."""
+    w, age = history_rows(trace, window, history)
+    keep, weight = [], []
+    for a in np.unique(age):
+        idx = np.flatnonzero(age == a)
+        cap = history.rows if a == 0 else history.older_rows
+        take = idx[np.linspace(0, idx.size - 1, min(cap, idx.size)).astype(np.int64)]
+        keep.append(take)
+        weight.append(w[take] * (idx.size / take.size))
+    rows = np.concatenate(keep)
+    order = np.argsort(rows, kind="stable")
+    return rows[order], np.concatenate(weight)[order], age[rows[order]]
