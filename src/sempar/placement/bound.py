@@ -110,10 +110,11 @@ def layer_bound(experts: np.ndarray, N: int, G: int) -> dict:
 def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConfig()) -> dict:
     """{"lar_mean": the bound on the capacity-bound exact-home LAR (mean over layers) of any
     placement of `trace`'s experts on G devices, "per_layer": [float], "per_layer_method":
-    ["device configuration LP" | "pair budget"] (the lower at each layer), "method": its name}."""
+    ["device configuration LP" | "pair budget"] (the lower at each layer), "witness": per layer
+    int64[N] (the LP's rounded placement, experts in device order) or None, "method": its name}."""
     L, N, k = trace.meta.num_layers, trace.meta.num_experts, trace.meta.top_k
     T = trace.num_tokens
-    per, how = [], []
+    per, how, witness = [], [], []
     with threadpool_limits(1):      # 64 x 64 eigensolves, small LPs: threads only contend
         for l in range(L):
             ex = np.asarray(trace.experts[:, l], np.int64)
@@ -122,9 +123,10 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
             use_cfg = cfg is not None and cfg["local"] < pair
             per.append((cfg["local"] if use_cfg else pair) / max(T * k, 1))
             how.append(CONFIG_METHOD if use_cfg else PAIR_METHOD)
+            witness.append(None if cfg is None else cfg["witness"])
     names = [m for m in (CONFIG_METHOD, PAIR_METHOD) if m in how]
     return {"lar_mean": float(np.mean(per)) if per else 0.0, "per_layer": per,
-            "per_layer_method": how, "method": " + ".join(names) or PAIR_METHOD}
+            "per_layer_method": how, "witness": witness, "method": " + ".join(names) or PAIR_METHOD}
 
 
 CONFIG_METHOD = "device configuration LP (capacity-bound, HiGHS)"

@@ -114,8 +114,14 @@ def device_values(experts: np.ndarray, N: int, G: int, batch: int = BATCH,
 
 def config_bound(experts: np.ndarray, N: int, G: int, config: BoundConfig = BoundConfig()
                  ) -> dict | None:
-    """{"local": the LP bound on local activations at this layer (module step 2), "seconds"},
-    or None where C(N, N / G) exceeds config.max_device_sets or the LP did not finish."""
+    """{"local": the bound on local activations at this layer (module step 2), "witness": int64[N]
+    a placement's experts in device order (slot // S = device) rounded from the LP, "seconds"},
+    or None where C(N, N / G) exceeds config.max_device_sets or HiGHS did not finish.
+
+    The bound is the Lagrangian form sum_e mu_e + G max_D [V(D) - mu(D)] at the LP's duals mu,
+    evaluated here over every D: valid for ANY mu (relax "each expert on one device" with price
+    mu_e, then every device picks its best set alone), so it does not rest on HiGHS's tolerances;
+    at the LP's optimum it equals the LP's value."""
     S = N // G
     if N % G or comb(N, S) > config.max_device_sets:
         return None
@@ -128,8 +134,21 @@ def config_bound(experts: np.ndarray, N: int, G: int, config: BoundConfig = Boun
                   options={"time_limit": config.time_limit_s})
     if res.status != 0:
         return None
-    # The dual's value bounds the LP (weak duality); HiGHS's optimum meets it to ~1e-7 relative,
-    # so a hair of slack keeps the bound valid.
-    local = float(-res.fun) * (1 + 1e-7) + 1e-6
-    return {"local": min(local, float(np.asarray(experts).size)),
-            "seconds": time.perf_counter() - t0}
+    mu = -np.asarray(res.eqlin.marginals, np.float64)          # prices of "e on one device"
+    local = float(mu.sum() + G * (V - mu[D].sum(axis=1)).max())
+    return {"local": min(local * (1 + 1e-12), float(np.asarray(experts).size)),
+            "witness": _round(D, res.x, N, G), "seconds": time.perf_counter() - t0}
+
+
+def _round(D: np.ndarray, w: np.ndarray, N: int, G: int) -> np.ndarray:
+    """int64[N]: the LP's device sets by decreasing weight, each taken while disjoint from
+    those taken; the experts left fill the remaining devices in id order."""
+    used = np.zeros(N, bool)
+    groups = []
+    for j in np.argsort(-w, kind="stable")[: 4 * N]:
+        if w[j] <= 1e-9 or len(groups) == G:
+            break
+        if not used[D[j]].any():
+            groups.append(D[j])
+            used[D[j]] = True
+    return np.concatenate([*groups, np.flatnonzero(~used)]).astype(np.int64)
