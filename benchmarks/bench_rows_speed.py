@@ -20,6 +20,7 @@ reports as oracle_lar_mean / imbalance_max_mean).
 
     python benchmarks/bench_rows_speed.py [--trace dsv2=PATH] [--trace gpt=PATH] [--ep 4 8]
         [--paths new old] [--held-out] [--json]
+    python benchmarks/bench_rows_speed.py --table docs/results/optimality-bound.json
 
 Traces default to the real `full-traces/` of shared/data/real (SEMPAR_REAL_DATA), imported
 with `sempar import arrays` into --cache-dir. Wall times depend on the machine's load (the
@@ -105,6 +106,20 @@ def case(name: str, trace_path: Path, ep: int, path: str, held_out: bool) -> dic
     return row
 
 
+def gap_table(rows: list[dict]) -> str:
+    """The markdown table of docs/placement.md ("How far from optimal") from this benchmark's
+    --json rows: per case sempar in-sample, best known, the bound and its method, the gap."""
+    names = {"dsv2": "DeepSeek-V2-Lite", "gpt": "GPT-OSS-20B"}
+    out = ["| case | sempar in-sample | best known | bound (method) | gap |",
+           "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        method = r.get("bound_method", "").split(" (")[0]
+        out.append(f"| {names.get(r['trace'], r['trace'])} EP {r['ep']} | {r['in_sample']:.4f} | "
+                   f"{r.get('best_known', r['in_sample']):.4f} | {r['bound']:.4f} ({method}) | "
+                   f"{r['gap']:.2f} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", action="append", default=[], metavar="NAME=PATH")
@@ -115,7 +130,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
                                                           "/tmp/sempar-bench-rows"))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--table", metavar="JSON", help="print the gap table of a --json output, run nothing")
     args = ap.parse_args(argv)
+    if args.table:
+        print(gap_table(json.loads(Path(args.table).read_text())))
+        return
     given = dict(t.split("=", 1) for t in args.trace)
     rows = []
     for name in args.cases:
