@@ -19,6 +19,7 @@ from sempar.placement.device_bound import BoundConfig, config_bound, device_sets
 from sempar.placement.metrics import placement_figures
 from sempar.placement.sempar.solver import sempar_solve
 from sempar.schedule.homes import oracle_home
+from sempar.schedule.optimality import BOUND_REF, optimality_refs
 from sempar.trace import read_trace
 
 
@@ -87,6 +88,22 @@ def test_bound_is_above_the_optimum_of_every_partition(G, k, seed, clustered):
     assert b["local"] <= ex.size
 
 
+@pytest.mark.parametrize("G,beta", [(2, 1.02), (4, 1.1), (4, 1.3)])
+def test_balanced_bound_is_above_the_optimum_of_every_balanced_partition(G, beta):
+    N, batch = 8, 12
+    ex = rows(60, N, 3, 7, clustered=True)
+    count = np.bincount(ex.ravel(), minlength=N)
+    cap = beta * count.sum() / G
+    ok = [p for p in partitions(tuple(range(N)), N // G)
+          if max(count[list(g)].sum() for g in p) <= cap]
+    b = config_bound(ex, N, G, BoundConfig(batch=batch), max_imbalance=beta)
+    if not ok:                                  # no balanced partition: nothing to bound
+        return
+    best = max(best_assignment(ex, p, batch) for p in ok)
+    assert b["local"] >= best - 1e-9
+    assert b["local"] <= config_bound(ex, N, G, BoundConfig(batch=batch))["local"] + 1e-9
+
+
 def test_layer_bound_is_above_the_capacity_bound_oracle_of_random_placements():
     N, G, k = 8, 4, 3
     ex = rows(300, N, k, 5, clustered=True)
@@ -113,3 +130,7 @@ def test_real_routing_bound_is_above_sempar_in_sample():
     assert set(b["per_layer_method"]) == {CONFIG_METHOD}      # C(32, 4) device sets: enumerated
     assert np.all(np.asarray(ins["lar"]) <= np.asarray(b["per_layer"]) + 1e-12)
     assert b["lar_mean"] < 0.9                 # and far below the trivial 1.0
+    refs = optimality_refs(trace, G, placement, 1.05)[BOUND_REF]
+    assert refs["max_imbalance"] >= 1.05 and refs["bound_any_balance"] == b["lar_mean"]
+    assert ins["lar_mean"] <= refs["best_known_in_sample"] <= refs["lar_mean"] <= b["lar_mean"]
+    assert refs["gap"] == pytest.approx(ins["lar_mean"] / refs["lar_mean"])

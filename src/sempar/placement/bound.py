@@ -107,10 +107,13 @@ def layer_bound(experts: np.ndarray, N: int, G: int) -> dict:
             "star": star, "eigen": eig}
 
 
-def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConfig()) -> dict:
+def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConfig(),
+                    max_imbalance: float | None = None) -> dict:
     """{"lar_mean": the bound on the capacity-bound exact-home LAR (mean over layers) of any
     placement of `trace`'s experts on G devices, "per_layer": [float], "per_layer_method":
-    ["device configuration LP" | "pair budget"] (the lower at each layer), "witness": per layer
+    ["device configuration LP" | "pair budget"] (the lower at each layer), "max_imbalance": the
+    balance the bound assumes of every placement (None: any; the pair budget assumes none, so it
+    is valid for both), "witness": per layer
     int64[N] (the LP's rounded placement, experts in device order) or None, "method": its name}."""
     L, N, k = trace.meta.num_layers, trace.meta.num_experts, trace.meta.top_k
     T = trace.num_tokens
@@ -119,14 +122,14 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
         for l in range(L):
             ex = np.asarray(trace.experts[:, l], np.int64)
             pair = layer_bound(ex, N, G)["local"]
-            cfg = config_bound(ex, N, G, config)
+            cfg = config_bound(ex, N, G, config, max_imbalance)
             use_cfg = cfg is not None and cfg["local"] < pair
             per.append((cfg["local"] if use_cfg else pair) / max(T * k, 1))
             how.append(CONFIG_METHOD if use_cfg else PAIR_METHOD)
             witness.append(None if cfg is None else cfg["witness"])
     names = [m for m in (CONFIG_METHOD, PAIR_METHOD) if m in how]
     return {"lar_mean": float(np.mean(per)) if per else 0.0, "per_layer": per,
-            "per_layer_method": how, "witness": witness, "method": " + ".join(names) or PAIR_METHOD}
+            "per_layer_method": how, "witness": witness, "max_imbalance": max_imbalance, "method": " + ".join(names) or PAIR_METHOD}
 
 
 CONFIG_METHOD = "device configuration LP (capacity-bound, HiGHS)"

@@ -112,11 +112,16 @@ def device_values(experts: np.ndarray, N: int, G: int, batch: int = BATCH,
     return V
 
 
-def config_bound(experts: np.ndarray, N: int, G: int, config: BoundConfig = BoundConfig()
-                 ) -> dict | None:
+def config_bound(experts: np.ndarray, N: int, G: int, config: BoundConfig = BoundConfig(),
+                 max_imbalance: float | None = None) -> dict | None:
     """{"local": the bound on local activations at this layer (module step 2), "witness": int64[N]
     a placement's experts in device order (slot // S = device) rounded from the LP, "seconds"},
     or None where C(N, N / G) exceeds config.max_device_sets or HiGHS did not finish.
+
+    max_imbalance: None (any placement), or only placements whose device loads at this layer
+    (activations served, sum of the experts' counts) are at most max_imbalance x the mean T k / G:
+    the device sets above that load are dropped from the LP, so every such placement is still
+    one of its points.
 
     The bound is the Lagrangian form sum_e mu_e + G max_D [V(D) - mu(D)] at the LP's duals mu,
     evaluated here over every D: valid for ANY mu (relax "each expert on one device" with price
@@ -127,6 +132,12 @@ def config_bound(experts: np.ndarray, N: int, G: int, config: BoundConfig = Boun
         return None
     t0 = time.perf_counter()
     D = device_sets(N, S)
+    if max_imbalance is not None:
+        count = np.bincount(np.asarray(experts, np.int64).ravel(), minlength=N)
+        load = count[D].sum(axis=1)
+        D = D[load <= max_imbalance * count.sum() / G * (1 + 1e-12)]
+        if D.shape[0] == 0:
+            return None
     V = device_values(experts, N, G, config.batch, D)
     A = csr_matrix((np.ones(D.size), (D.ravel(), np.repeat(np.arange(D.shape[0]), S))),
                    shape=(N, D.shape[0]))
