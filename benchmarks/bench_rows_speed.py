@@ -109,13 +109,15 @@ def gap_table(rows: list[dict]) -> str:
     """The markdown table of docs/placement.md ("How far from optimal") from this benchmark's
     --json rows: per case sempar in-sample, best known, the bound and its method, the gap."""
     names = {"dsv2": "DeepSeek-V2-Lite", "gpt": "GPT-OSS-20B"}
-    out = ["| case | sempar in-sample | best known | bound (method) | gap |",
-           "| --- | --- | --- | --- | --- |"]
+    out = ["| case | sempar in-sample | best known | bound (method) | gap | beta "
+           "| bound, any balance |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         method = r.get("bound_method", "").split(" (")[0]
         out.append(f"| {names.get(r['trace'], r['trace'])} EP {r['ep']} | {r['in_sample']:.4f} | "
                    f"{r.get('best_known', r['in_sample']):.4f} | {r['bound']:.4f} ({method}) | "
-                   f"{r['gap']:.2f} |")
+                   f"{r['gap']:.2f} | {r.get('max_imbalance', float('nan')):.3f} | "
+                   f"{r.get('bound_any_balance', r['bound']):.4f} |")
     return "\n".join(out)
 
 
@@ -129,7 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
                                                           "/tmp/sempar-bench-rows"))
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--table", metavar="JSON", help="print the gap table of a --json output, run nothing")
+    ap.add_argument("--table", metavar="JSON",
+                    help="print the gap table of a --json output, run nothing")
     args = ap.parse_args(argv)
     if args.table:
         print(gap_table(json.loads(Path(args.table).read_text())))

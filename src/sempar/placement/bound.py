@@ -129,7 +129,8 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
             witness.append(None if cfg is None else cfg["witness"])
     names = [m for m in (CONFIG_METHOD, PAIR_METHOD) if m in how]
     return {"lar_mean": float(np.mean(per)) if per else 0.0, "per_layer": per,
-            "per_layer_method": how, "witness": witness, "max_imbalance": max_imbalance, "method": " + ".join(names) or PAIR_METHOD}
+            "per_layer_method": how, "witness": witness, "max_imbalance": max_imbalance,
+            "method": " + ".join(names) or PAIR_METHOD}
 
 
 CONFIG_METHOD = "device configuration LP (capacity-bound, HiGHS)"

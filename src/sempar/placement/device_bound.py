@@ -55,7 +55,8 @@ class BoundConfig:
 
 
 def _colex_rank(sets: np.ndarray) -> np.ndarray:
-    """int64[...]: the colex rank of each sorted i-subset in sets int[..., i] (sum C(c_j, j + 1))."""
+    """int64[...]: the colex rank of each sorted i-subset in sets int[..., i]
+    (sum over j of C(c_j, j + 1))."""
     out = np.zeros(sets.shape[:-1], np.int64)
     for j in range(sets.shape[-1]):
         c = sets[..., j]
