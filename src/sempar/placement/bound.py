@@ -113,11 +113,11 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
     placement of `trace`'s experts on G devices, "per_layer": [float], "per_layer_method":
     ["device configuration LP" | "pair budget"] (the lower at each layer), "max_imbalance": the
     balance the bound assumes of every placement (None: any; the pair budget assumes none, so it
-    is valid for both), "witness": per layer
+    is valid for both), "lar_mean_any_balance": the bound over every placement, "witness": per layer
     int64[N] (the LP's rounded placement, experts in device order) or None, "method": its name}."""
     L, N, k = trace.meta.num_layers, trace.meta.num_experts, trace.meta.top_k
     T = trace.num_tokens
-    per, how, witness = [], [], []
+    per, how, witness, per_any = [], [], [], []
     with threadpool_limits(1):      # 64 x 64 eigensolves, small LPs: threads only contend
         for l in range(L):
             ex = np.asarray(trace.experts[:, l], np.int64)
@@ -127,8 +127,10 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
             per.append((cfg["local"] if use_cfg else pair) / max(T * k, 1))
             how.append(CONFIG_METHOD if use_cfg else PAIR_METHOD)
             witness.append(None if cfg is None else cfg["witness"])
+            per_any.append(min(pair, pair if cfg is None else cfg["local_any"]) / max(T * k, 1))
     names = [m for m in (CONFIG_METHOD, PAIR_METHOD) if m in how]
     return {"lar_mean": float(np.mean(per)) if per else 0.0, "per_layer": per,
+            "lar_mean_any_balance": float(np.mean(per_any)) if per_any else 0.0,
             "per_layer_method": how, "witness": witness, "max_imbalance": max_imbalance,
             "method": " + ".join(names) or PAIR_METHOD}
 

@@ -115,14 +115,15 @@ def device_values(experts: np.ndarray, N: int, G: int, batch: int = BATCH,
 
 def config_bound(experts: np.ndarray, N: int, G: int, config: BoundConfig = BoundConfig(),
                  max_imbalance: float | None = None) -> dict | None:
-    """{"local": the bound on local activations at this layer (module step 2), "witness": int64[N]
-    a placement's experts in device order (slot // S = device) rounded from the LP, "seconds"},
+    """{"local": the bound on local activations at this layer (module step 2), "local_any": the
+    same over every placement (= "local" without max_imbalance), "witness": int64[N] a
+    placement's experts in device order (slot // S = device) rounded from the LP, "seconds"},
     or None where C(N, N / G) exceeds config.max_device_sets or HiGHS did not finish.
 
     max_imbalance: None (any placement), or only placements whose device loads at this layer
     (activations served, sum of the experts' counts) are at most max_imbalance x the mean T k / G:
     the device sets above that load are dropped from the LP, so every such placement is still
-    one of its points.
+    one of its points (no such set or partition: "local" is "local_any", still valid).
 
     The bound is the Lagrangian form sum_e mu_e + G max_D [V(D) - mu(D)] at the LP's duals mu,
     evaluated here over every D: valid for ANY mu (relax "each expert on one device" with price
@@ -133,13 +134,28 @@ def config_bound(experts: np.ndarray, N: int, G: int, config: BoundConfig = Boun
         return None
     t0 = time.perf_counter()
     D = device_sets(N, S)
+    V = device_values(experts, N, G, config.batch, D)
+    top = float(np.asarray(experts).size)
+    full = _lp_bound(D, V, N, G, config)
+    if full is None:
+        return None
+    out = {"local": min(full[0], top), "local_any": min(full[0], top), "witness": full[1]}
     if max_imbalance is not None:
         count = np.bincount(np.asarray(experts, np.int64).ravel(), minlength=N)
-        load = count[D].sum(axis=1)
-        D = D[load <= max_imbalance * count.sum() / G * (1 + 1e-12)]
-        if D.shape[0] == 0:
-            return None
-    V = device_values(experts, N, G, config.batch, D)
+        keep = count[D].sum(axis=1) <= max_imbalance * count.sum() / G * (1 + 1e-12)
+        part = _lp_bound(D[keep], V[keep], N, G, config) if keep.any() else None
+        if part is not None:
+            out["local"], out["witness"] = min(part[0], out["local"]), part[1]
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _lp_bound(D: np.ndarray, V: np.ndarray, N: int, G: int, config: BoundConfig
+              ) -> tuple[float, np.ndarray] | None:
+    """(the Lagrangian bound at the LP's duals over the device sets D int[n, S] with values
+    V float64[n], the LP's rounded partition), or None where HiGHS did not finish (or found
+    no partition in D)."""
+    S = D.shape[1]
     A = csr_matrix((np.ones(D.size), (D.ravel(), np.repeat(np.arange(D.shape[0]), S))),
                    shape=(N, D.shape[0]))
     res = linprog(-V, A_eq=A, b_eq=np.ones(N), bounds=(0, None), method="highs",
@@ -148,8 +164,7 @@ def config_bound(experts: np.ndarray, N: int, G: int, config: BoundConfig = Boun
         return None
     mu = -np.asarray(res.eqlin.marginals, np.float64)          # prices of "e on one device"
     local = float(mu.sum() + G * (V - mu[D].sum(axis=1)).max())
-    return {"local": min(local * (1 + 1e-12), float(np.asarray(experts).size)),
-            "witness": _round(D, res.x, N, G), "seconds": time.perf_counter() - t0}
+    return local * (1 + 1e-12), _round(D, res.x, N, G)
 
 
 def _round(D: np.ndarray, w: np.ndarray, N: int, G: int) -> np.ndarray:
