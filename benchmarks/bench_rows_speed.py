@@ -10,13 +10,17 @@ old per-row path (`row_sets=False`, behind the flag for this comparison).
 Per (trace, EP, path): `solve_s` (wall of `sempar.placement.solve`, as `sempar place` runs it),
 `cpu_s` (CPU of the solve, forked layer workers included), `in_sample` (capacity-bound
 exact-home LAR on the whole trace the placement was solved on), `bound` (placement/bound.py:
-an upper bound on that figure for ANY placement) and `gap` = in_sample / bound, then with
+an upper bound on that figure for ANY placement; `bound_method` which, `bound_s` its time), `gap`
+= in_sample / bound and `best_known` (per layer the better of sempar's placement and the bound's
+LP-rounded one, schedule/optimality.py: the solver's share of the gap is best_known / in_sample),
+then with
 `--held-out` the placement solved on the 20 % fit split (`evaluate --split`) and its held-out
 exact-home LAR and imbalance on the other 80 % (what `evaluate --split --objective rows`
 reports as oracle_lar_mean / imbalance_max_mean).
 
     python benchmarks/bench_rows_speed.py [--trace dsv2=PATH] [--trace gpt=PATH] [--ep 4 8]
         [--paths new old] [--held-out] [--json]
+    python benchmarks/bench_rows_speed.py --table docs/results/optimality-bound.json
 
 Traces default to the real `full-traces/` of shared/data/real (SEMPAR_REAL_DATA), imported
 with `sempar import arrays` into --cache-dir. Wall times depend on the machine's load (the
@@ -35,12 +39,10 @@ import time
 from pathlib import Path
 
 from sempar.placement.base import PlacementProblem
-from sempar.placement.bound import lar_upper_bound
-from sempar.placement.metrics import placement_figures
+from sempar.schedule.optimality import BOUND_REF, optimality_refs
 from sempar.placement.sempar.config import SemparConfig
 from sempar.placement.sempar.solver import sempar_solve
 from sempar.schedule.evaluate import figures_for, unconstrained_oracle_lar
-from sempar.schedule.homes import oracle_home
 from sempar.trace import read_trace, split_by_request
 
 REAL = Path(os.environ.get("SEMPAR_REAL_DATA", Path(__file__).resolve().parents[2] / "shared"
@@ -82,12 +84,17 @@ def timed_solve(trace, ep: int, path: str):
 def case(name: str, trace_path: Path, ep: int, path: str, held_out: bool) -> dict:
     trace = read_trace(trace_path)
     placement, wall, cpu = timed_solve(trace, ep, path)
-    ins = placement_figures(placement, trace.experts, oracle_home(placement, trace.experts))
-    bound = lar_upper_bound(trace, ep)["lar_mean"]
+    t0 = time.perf_counter()
+    b = optimality_refs(trace, ep, placement, PlacementProblem(trace, ep).max_imbalance)[BOUND_REF]
+    bound_s = time.perf_counter() - t0
     row = {"trace": name, "tokens": trace.num_tokens, "ep": ep, "path": path,
            "solve_s": round(wall, 2), "cpu_s": round(cpu, 2),
-           "in_sample": round(ins["lar_mean"], 4), "bound": round(bound, 4),
-           "gap": round(ins["lar_mean"] / bound, 4)}
+           "in_sample": round(b["sempar_in_sample"], 4), "bound": round(b["lar_mean"], 4),
+           "gap": round(b["gap"], 4),
+           "best_known": round(b.get("best_known_in_sample", b["sempar_in_sample"]), 4),
+           "max_imbalance": round(b["max_imbalance"], 4),
+           "bound_any_balance": round(b["bound_any_balance"], 4),
+           "bound_method": b["bound"], "bound_s": round(bound_s, 1)}
     if held_out:
         fit, eval_ = split_by_request(trace, seed=0)
         pl, wall2, cpu2 = timed_solve(fit, ep, path)
@@ -96,6 +103,22 @@ def case(name: str, trace_path: Path, ep: int, path: str, held_out: bool) -> dic
                    held_out_exact_lar=round(f["oracle_lar_mean"], 4),
                    held_out_imbalance=round(f["imbalance_max_mean"], 4))
     return row
+
+
+def gap_table(rows: list[dict]) -> str:
+    """The markdown table of docs/placement.md ("How far from optimal") from this benchmark's
+    --json rows: per case sempar in-sample, best known, the bound and its method, the gap."""
+    names = {"dsv2": "DeepSeek-V2-Lite", "gpt": "GPT-OSS-20B"}
+    out = ["| case | sempar in-sample | best known | bound (method) | gap | beta "
+           "| bound, any balance |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        method = r.get("bound_method", "").split(" (")[0]
+        out.append(f"| {names.get(r['trace'], r['trace'])} EP {r['ep']} | {r['in_sample']:.4f} | "
+                   f"{r.get('best_known', r['in_sample']):.4f} | {r['bound']:.4f} ({method}) | "
+                   f"{r['gap']:.2f} | {r.get('max_imbalance', float('nan')):.3f} | "
+                   f"{r.get('bound_any_balance', r['bound']):.4f} |")
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -108,7 +131,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
                                                           "/tmp/sempar-bench-rows"))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--table", metavar="JSON",
+                    help="print the gap table of a --json output, run nothing")
     args = ap.parse_args(argv)
+    if args.table:
+        print(gap_table(json.loads(Path(args.table).read_text())))
+        return
     given = dict(t.split("=", 1) for t in args.trace)
     rows = []
     for name in args.cases:

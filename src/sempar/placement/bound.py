@@ -24,6 +24,10 @@ can afford; docs/placement.md):
 
 Valid for every placement and trace; how tight it is on real routing: docs/placement.md. Rows with
 the same expert set are one weighted item (the counts only see the set).
+
+The pair budget drops the homes' capacity; `device_bound.config_bound` (the device-configuration
+LP) keeps it and is far tighter where its C(N, N / G) device sets can be enumerated: each layer
+keeps the lower of the two (both are valid).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from sempar.placement.device_bound import BoundConfig, config_bound
 from sempar.trace.schema import RoutingTrace
 
 
@@ -102,13 +107,33 @@ def layer_bound(experts: np.ndarray, N: int, G: int) -> dict:
             "star": star, "eigen": eig}
 
 
-def lar_upper_bound(trace: RoutingTrace, G: int) -> dict:
-    """{"lar_mean": the bound on the exact-home LAR (mean over layers) of any placement of
-    `trace`'s experts on G devices, "per_layer": [float], "method": its name}."""
+def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConfig(),
+                    max_imbalance: float | None = None) -> dict:
+    """{"lar_mean": the bound on the capacity-bound exact-home LAR (mean over layers) of any
+    placement of `trace`'s experts on G devices, "per_layer": [float], "per_layer_method":
+    ["device configuration LP" | "pair budget"] (the lower at each layer), "max_imbalance": the
+    balance the bound assumes of every placement (None: any; the pair budget assumes none, so it
+    is valid for both), "lar_mean_any_balance": the bound over every placement, "witness": per layer
+    int64[N] (the LP's rounded placement, experts in device order) or None, "method": its name}."""
     L, N, k = trace.meta.num_layers, trace.meta.num_experts, trace.meta.top_k
     T = trace.num_tokens
-    with threadpool_limits(1):      # 64 x 64 eigensolves: threads only contend
-        per = [layer_bound(np.asarray(trace.experts[:, l], np.int64), N, G)["local"]
-               / max(T * k, 1) for l in range(L)]
+    per, how, witness, per_any = [], [], [], []
+    with threadpool_limits(1):      # 64 x 64 eigensolves, small LPs: threads only contend
+        for l in range(L):
+            ex = np.asarray(trace.experts[:, l], np.int64)
+            pair = layer_bound(ex, N, G)["local"]
+            cfg = config_bound(ex, N, G, config, max_imbalance)
+            use_cfg = cfg is not None and cfg["local"] < pair
+            per.append((cfg["local"] if use_cfg else pair) / max(T * k, 1))
+            how.append(CONFIG_METHOD if use_cfg else PAIR_METHOD)
+            witness.append(None if cfg is None else cfg["witness"])
+            per_any.append(min(pair, pair if cfg is None else cfg["local_any"]) / max(T * k, 1))
+    names = [m for m in (CONFIG_METHOD, PAIR_METHOD) if m in how]
     return {"lar_mean": float(np.mean(per)) if per else 0.0, "per_layer": per,
-            "method": "pair budget (star / Donath-Hoffman eigenvalue bound on co-located pairs)"}
+            "lar_mean_any_balance": float(np.mean(per_any)) if per_any else 0.0,
+            "per_layer_method": how, "witness": witness, "max_imbalance": max_imbalance,
+            "method": " + ".join(names) or PAIR_METHOD}
+
+
+CONFIG_METHOD = "device configuration LP (capacity-bound, HiGHS)"
+PAIR_METHOD = "pair budget (star / Donath-Hoffman eigenvalue bound on co-located pairs)"

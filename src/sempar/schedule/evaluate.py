@@ -153,7 +153,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
     for mode in modes:
         out[mode]["refs"] = ceiling_refs(out[mode]["methods"], mode)
     if "tp" in out and out["tp"]["methods"] and not redundant:   # how far from optimal
-        out["tp"]["refs"].update(optimality_refs(fit, ep, ours))  # (schedule/optimality.py)
+        out["tp"]["refs"].update(                              # (schedule/optimality.py)
+            optimality_refs(fit, ep, ours, options.max_imbalance))
     return out
 
 
