@@ -94,7 +94,7 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
             if progress:
                 progress(f"screen EP {G}: {v.label()} r={v.redundant}")
             try:
-                p = fc.prepare(v, sample_tokens=SCREEN_TOKENS, served=served)
+                p = fc.prepare(v, sample_tokens=SCREEN_TOKENS, served=served, screen=True)
             except InputError as e:
                 skipped.append({"ep": G, **_row(v, G), "reason": str(e)})
                 continue
