@@ -284,3 +284,28 @@ def test_bench_forecast_is_calibrated_compute_plus_communication(small_trace):
     assert res["free"]["dp"]["forecast_layer_seconds"] * layers < 0.5
     with pytest.raises(InputError, match="hosts"):
         compare_bench({**bench, "hosts": 3}, Forecaster(tr, dims, topo, acc))
+
+
+def test_sensitivity_reprices_cached_batches_as_a_fresh_forecast(small_trace):
+    """A compute-scaled copy (sensitivity.scaled) reuses the simulated batches of the step
+    table and only re-prices the experts: the same table as a forecaster built at that scale;
+    the plan's screen table holds the full-budget bucket alone and estimates capacity from it."""
+    from dataclasses import replace
+
+    from sempar.serving.sensitivity import scaled
+
+    topo = load_topology("pcie-upi8")
+    v = resolve("sglang").variants[0]
+    fc = _forecaster(small_trace, topo)
+    p = fc.prepare(v)
+    slow = scaled(fc, 1.3).prepare(v)
+    assert len(fc._steps) == 1                      # the scaled copy hit the cache
+    fresh = _forecaster(small_trace, topo)
+    fresh.acc = replace(fresh.acc, compute_scale=fresh.acc.compute_scale * 1.3)
+    want = fresh.prepare(v)
+    assert np.array_equal(slow.table.comm, want.table.comm)
+    assert np.allclose(slow.table.expert, want.table.expert, rtol=1e-12)
+    assert (slow.table.expert > p.table.expert)[p.table.count > 0].any()
+    screen = fc.prepare(v, sample_tokens=2048, screen=True)
+    assert screen.table.count[:-1].sum() == 0 and screen.table.count[-1] > 0
+    assert screen.capacity(512, 128) == pytest.approx(p.capacity(512, 128), rel=0.15)

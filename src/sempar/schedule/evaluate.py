@@ -90,7 +90,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
                    modes: tuple[str, ...] = ATTENTION_MODES,
                    progress: Callable[[str], None] | None = None,
                    extra: Callable[[Placement, str], dict] | None = None,
-                   chunk_slack: float = 0.0) -> dict[str, dict]:
+                   chunk_slack: float = 0.0,
+                   placements: dict | None = None) -> dict[str, dict]:
     """{mode: the `evaluate --json` contract}, every placement solved once for all modes.
 
     `options` (None: the defaults) go whole to every solver (`base.solve`), each mode's solve
@@ -98,6 +99,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
     entry says it ("chunk_slack").
     `extra(placement, mode)` adds keys to each deployable method's entry (`evaluate --online`
     passes the online schedulers' figures; the data flow keeps schedulers downstream of here).
+    `placements`: a dict that receives {(method, mode): placement} of every solve, so a caller
+    judging the same fit split again (the demo's online stage) reuses them.
     """
     options = options or SolveOptions()
     nodes, redundant = options.num_nodes, options.redundant
@@ -144,6 +147,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
             seconds = round(time.perf_counter() - t0, 4)
             free = unconstrained_oracle_lar(placement, eval_)
             for mode in group:
+                if placements is not None:
+                    placements[(name, mode)] = placement
                 out[mode]["methods"][name] = dict(
                     figures_for(placement, eval_, mode, free, chunk_slack), solve_seconds=seconds)
                 if extra is not None and name != ORACLE:

@@ -42,7 +42,7 @@ from sempar.serving.engine import EngineConfig, run
 from sempar.serving.hardware import Accelerator
 from sempar.serving.metrics import SLO_KEYS, run_metrics, slos_from
 from sempar.serving.roofline import Roofline
-from sempar.serving.steptable import StepTable, build_step_table
+from sempar.serving.steptable import StepTable, sample_steps
 from sempar.serving.systems import Variant, resolve
 from sempar.serving.slo_search import SearchConfig, search
 from sempar.serving.workload import make_workload, stable_arrivals
@@ -143,6 +143,7 @@ class Forecaster:
         self._placements: dict = {}
         self._homes: dict = {}
         self._served: dict = {}         # DP homes under the served lengths (ranks.py)
+        self._steps: dict = {}          # simulated step-table batches per deployment (prepare)
         _, first, counts = np.unique(self.eval.request_id, return_index=True, return_counts=True)
         order = np.argsort(first, kind="stable")
         self._req_first, self._req_tokens = first[order], counts[order].astype(np.int64)
@@ -193,12 +194,15 @@ class Forecaster:
                               home_rule(PIPELINES.get(v.pipeline), v))
 
     def prepare(self, v: Variant, sample_tokens: int | None = None,
-                served: tuple[str, int, int] | None = None) -> Prepared:
+                served: tuple[str, int, int] | None = None, screen: bool = False) -> Prepared:
         """The deployment of variant `v`; `sample_tokens` (default steptable.SAMPLE_TOKENS)
         tokens are drawn per batch-size bucket. `served` = (lengths, input_len, output_len) of
         the runs to come: an Attention-DP request policy then ranks the requests by the tokens
         the simulation serves for them (ranks.py), and their tokens' homes follow; without it
-        the policy sees the trace's lengths."""
+        the policy sees the trace's lengths. `screen`: the step table holds the full-budget
+        bucket alone, enough for `Prepared.capacity` (the plan's screen), not for a run.
+        The simulated batches of a full table are cached per deployment (`_steps`, shared
+        with `sensitivity.scaled` copies, whose compute scale only re-prices them)."""
         pipe = PIPELINES.get(v.pipeline)
         G = self.G
         pl = self.placement_for(v)
@@ -220,8 +224,15 @@ class Forecaster:
         cfg = EngineConfig(inst, self.budget * scale, self.max_running * scale, cap)
         opts = SimOptions(**{"hidden": self.dims.hidden, "dtype_bytes": self.dims.dtype_bytes,
                              **self.sim})
-        table = build_step_table(self.eval.experts, home, pl, self.topo, pipe, opts, roof,
-                                 cfg.budget * inst, seed=self.seed, sample_tokens=sample_tokens)
+        key = (v, sample_tokens, served)
+        steps = None if screen else self._steps.get(key)
+        if steps is None:
+            steps = sample_steps(self.eval.experts, home, pl, self.topo, pipe, opts,
+                                 cfg.budget * inst, seed=self.seed, sample_tokens=sample_tokens,
+                                 top_only=screen)
+            if not screen:
+                self._steps[key] = steps
+        table = steps.table(roof)
         rank = (home[self._req_first, 0] if (home is not None and not tp)
                 else np.zeros(self._req_first.size, np.int32))
         return Prepared(v, cfg, roof, table, self._req_tokens, np.asarray(rank, np.int32),

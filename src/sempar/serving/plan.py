@@ -94,7 +94,7 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
             if progress:
                 progress(f"screen EP {G}: {v.label()} r={v.redundant}")
             try:
-                p = fc.prepare(v, sample_tokens=SCREEN_TOKENS, served=served)
+                p = fc.prepare(v, sample_tokens=SCREEN_TOKENS, served=served, screen=True)
             except InputError as e:
                 skipped.append({"ep": G, **_row(v, G), "reason": str(e)})
                 continue
@@ -204,18 +204,26 @@ def _found(f: dict) -> dict:
 def attribution(fc, v: Variant, final: dict, base: dict, forecast, served, progress=None
                 ) -> list[dict]:
     """What the gain of deployment `v` (figures `final`) over the baseline (`base`) is made
-    of: SGLang's launch changed one part at a time -- the placement (with its replica slots;
-    a locality placement in two steps: eplb's balance, then the placement's locality), then
+    of: SGLang's launch changed one part at a time -- the placement (eplb's balance without
+    replicas, then eplb with the deployment's replica slots: the redundancy, then a locality
+    placement's locality with the same slots), then
     the request policy (Attention DP), then the pipeline -- each step forecast like the
     plan's deployments; `gain` = its throughput under the SLO / the previous step's."""
     G = fc.G
     steps = []
     if v.placement not in ("vanilla", "eplb"):
-        # balance apart from locality: eplb (load only) first, then the placement itself
-        steps.append(("placement: balance (eplb)", Variant("eplb", "sglang-ep",
-                                                           redundant=v.redundant)))
+        # balance apart from locality: eplb (load only) first, then its replica slots (the
+        # redundancy, eplb's own use of them), then the placement itself with the same slots
+        steps.append(("placement: balance (eplb)", Variant("eplb", "sglang-ep")))
+        if v.redundant_slots(G):
+            steps.append((f"redundancy ({v.redundant_slots(G)} slots, eplb)",
+                          Variant("eplb", "sglang-ep", redundant=v.redundant)))
         steps.append((f"placement: locality ({v.placement})",
                       Variant(v.placement, "sglang-ep", redundant=v.redundant)))
+    elif v.placement == "eplb" and v.redundant_slots(G):
+        steps.append(("placement: balance (eplb)", Variant("eplb", "sglang-ep")))
+        steps.append((f"redundancy ({v.redundant_slots(G)} slots, eplb)",
+                      Variant("eplb", "sglang-ep", redundant=v.redundant)))
     elif v.placement != "vanilla" or v.redundant_slots(G):
         steps.append(("placement: balance (eplb)" if v.placement == "eplb" else "placement",
                       Variant(v.placement, "sglang-ep", redundant=v.redundant)))

@@ -119,23 +119,48 @@ def expert_loads(experts: np.ndarray, home: np.ndarray | None, placement: Placem
     return copies, active
 
 
-def build_step_table(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
-                     topo: Topology, pipeline: Pipeline, opts: SimOptions, roofline: Roofline,
-                     max_tokens: int, seed: int = 0, sample_tokens: int | None = None) -> StepTable:
-    """Tabulate buckets 1, 2, 4, ... up to the first power of two >= max_tokens.
+@dataclass
+class StepSamples:
+    """The sampled batches of a step table before compute is priced: comm, a2a float64[B, MAX_S]
+    (simulated, independent of the accelerator's compute), count int64[B], lar, and per
+    tabulated bucket b its (b, copies, active) float64[S, L, G] (`expert_loads`). `table` prices
+    the experts with a roofline; the plan's sensitivity (compute x 1.3 / 0.7) re-prices the same
+    samples instead of simulating them again (forecast.Forecaster.prepare caches them)."""
 
-    experts int[T, L, k] and home int32[T, L] (None without expert parallelism): the simulated
-    split's routing and the homes the system gives its tokens."""
+    sizes: np.ndarray
+    comm: np.ndarray
+    a2a: np.ndarray
+    count: np.ndarray
+    lar: float | None
+    loads: list
+
+    def table(self, roofline: Roofline) -> StepTable:
+        expert = np.zeros_like(self.comm)
+        for b, c, a in self.loads:
+            expert[b, :c.shape[0]] = roofline.expert_seconds(c, a)
+        return StepTable(self.sizes, self.comm, expert, self.count, self.lar, self.a2a)
+
+
+def sample_steps(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
+                 topo: Topology, pipeline: Pipeline, opts: SimOptions, max_tokens: int,
+                 seed: int = 0, sample_tokens: int | None = None,
+                 top_only: bool = False) -> StepSamples:
+    """The batches of `build_step_table`, simulated, before the roofline prices the experts.
+    top_only: the largest bucket alone (what `forecast.Prepared.capacity`, the plan's screen,
+    reads: an iteration at the full token budget); the other rows stay empty (count 0) and
+    only `StepTable.mean` at the largest size is defined."""
     rng = np.random.default_rng(seed)
     T = experts.shape[0]
     nb = int(np.ceil(np.log2(max(2, max_tokens)))) + 1
     sizes = 2 ** np.arange(nb, dtype=np.int64)
     comm = np.zeros((nb, MAX_S))
     a2a = np.zeros((nb, MAX_S))
-    expert = np.zeros((nb, MAX_S))
     count = np.zeros(nb, np.int64)
+    loads = []
     lar_num = lar_den = 0.0
     for b, n in enumerate(sizes.tolist()):
+        if top_only and b < nb - 1:
+            continue
         S = int(np.clip((sample_tokens or SAMPLE_TOKENS) // n, MIN_S, MAX_S))
         idx = rng.choice(T, S * n, replace=S * n > T)
         ex = np.ascontiguousarray(experts[idx])
@@ -145,9 +170,22 @@ def build_step_table(experts: np.ndarray, home: np.ndarray | None, placement: Pl
         a2a[b, :S] = res["per_batch"]["a2a_seconds"]
         c, a = expert_loads(ex, h, placement, topo, opts.token_bytes, S, n,
                             pipeline.expert_parallel)
-        expert[b, :S] = roofline.expert_seconds(c, a)
+        loads.append((b, c, a))
         count[b] = S
         if res["total"]["lar_mean"] is not None:
             lar_num += res["total"]["lar_mean"] * S * n
             lar_den += S * n
-    return StepTable(sizes, comm, expert, count, lar_num / lar_den if lar_den else None, a2a)
+    return StepSamples(sizes, comm, a2a, count, lar_num / lar_den if lar_den else None, loads)
+
+
+def build_step_table(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
+                     topo: Topology, pipeline: Pipeline, opts: SimOptions, roofline: Roofline,
+                     max_tokens: int, seed: int = 0, sample_tokens: int | None = None,
+                     top_only: bool = False) -> StepTable:
+    """Tabulate buckets 1, 2, 4, ... up to the first power of two >= max_tokens (`top_only`:
+    the largest alone, `sample_steps`).
+
+    experts int[T, L, k] and home int32[T, L] (None without expert parallelism): the simulated
+    split's routing and the homes the system gives its tokens."""
+    return sample_steps(experts, home, placement, topo, pipeline, opts, max_tokens, seed,
+                        sample_tokens, top_only).table(roofline)

@@ -140,9 +140,11 @@ def test_held_out_prediction_and_calibration(case):
     fit_imb = imbalance(X.sum(axis=0))
     pred = predicted_imbalance(loose, fit, HeldOut(replicates=20))
     assert pred >= fit_imb                                      # resampling only adds spread
-    # a new sample as large as the fit one: at or above the 4x larger held-out set's, not far
+    # the population's loads (one resample): near the 4x larger held-out set's; a new sample
+    # as large as the fit one (two resamples) predicts more spread
     held = exact(loose, ev)["imbalance_max_mean"]
-    assert held - 0.02 <= pred <= held + 0.08
+    assert held - 0.04 <= pred <= held + 0.06
+    assert predicted_imbalance(loose, fit, HeldOut(replicates=20, resamples=2)) > pred
     # a tight held-out target lowers the fit cap and the predicted imbalance with it
     tight = solve("sempar", fit, num_devices=G, objective="rows", max_imbalance=1.2,
                   held_out_imbalance=1.0)

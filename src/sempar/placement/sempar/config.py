@@ -139,6 +139,9 @@ class SemparConfig:
     bootstrap predicts a held-out imbalance above the target (held_out.py)."""
     held_out_replicates: int = 50
     """`rows` objective: request bootstrap replicates of that prediction."""
+    held_out_resamples: int = 1
+    """`rows` objective: the new requests that prediction is for: 1, the population's loads (a
+    deployment's long run); 2, a new sample as large as the fit sample (held_out.py)."""
     block_layers: int = BLOCK_LAYERS
     """Consecutive layers a forked worker takes at a time (the affinity statistics gather the
     trace's selections that many layers at once)."""
