@@ -101,33 +101,23 @@ def _local(paths: list[str], settings: StatsSettings, jobs: int, address: str | 
 
 def _ray(paths: list[str], settings: StatsSettings, jobs: int, address: str | None
          ) -> Iterator[RoutingStats]:
-    try:
-        import ray
-    except ImportError:
-        raise InputError("--ray: Ray is not installed (pip install 'sempar[ray]')") from None
-    started = not ray.is_initialized()
-    if started:
-        kw = {"num_cpus": jobs} if address in (None, "local") else {"address": address}
-        ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-                 runtime_env={"env_vars": {k: os.environ[k] for k in ("PYTHONPATH",)
-                                           if k in os.environ}}, **kw)
-    try:
-        task = ray.remote(num_cpus=1)(build_shard)
-        refs = [task.remote(p, settings) for p in paths[:jobs]]
-        for i in range(len(paths)):
-            res = ray.get(refs[i])
-            if i + jobs < len(paths):
-                refs.append(task.remote(paths[i + jobs], settings))
-            refs[i] = None
-            yield res
-    except ray.exceptions.RayTaskError as err:
-        cause = err.cause if isinstance(getattr(err, "cause", None), InputError) else None
-        if cause is not None:
-            raise cause from None
-        raise
-    finally:
-        if started:
-            ray.shutdown()
+    from sempar.ray_cluster import ray_session, ray_task_error
+
+    with ray_session(address, jobs) as ray:
+        try:
+            task = ray.remote(num_cpus=1)(build_shard)
+            refs = [task.remote(p, settings) for p in paths[:jobs]]
+            for i in range(len(paths)):
+                res = ray.get(refs[i])
+                if i + jobs < len(paths):
+                    refs.append(task.remote(paths[i + jobs], settings))
+                refs[i] = None
+                yield res
+        except ray.exceptions.RayTaskError as err:
+            cause = ray_task_error(err)
+            if cause is not None:
+                raise cause from None
+            raise
 
 
 RUNNERS: Registry[Callable] = Registry("stats runner")
