@@ -67,6 +67,10 @@ def test_merged_shards_equal_the_whole(seed, cuts, budget):
     whole = stats_of(trace, sample_rows=budget)
     parts = [stats_of(s, sample_rows=budget) for s in shards]
     assert_same(merge_all(parts), whole)
+    running = stats_of(shards[0], sample_rows=budget)     # build_stats' consuming fold
+    for s in shards[1:]:
+        running = merge(running, stats_of(s, sample_rows=budget), consume=True)
+    assert_same(running, whole)
     # the sample is the rows objective's rule on the whole trace
     rows = sample_requests(trace.request_id, budget, 0)
     assert np.array_equal(whole.sample["row"], rows)

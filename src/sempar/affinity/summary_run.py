@@ -154,7 +154,7 @@ def build_stats(paths: list[str], settings: StatsSettings, *, runner: str = "loc
     with small_pages():
         for i, stats in enumerate(run(list(map(str, paths)), settings, max(1, jobs),
                                       ray_address)):
-            out = stats if out is None else merge(out, stats, str(paths[i]))
+            out = stats if out is None else merge(out, stats, str(paths[i]), consume=True)
             del stats
             if progress:
                 progress(1)
