@@ -67,6 +67,10 @@ def test_merged_shards_equal_the_whole(seed, cuts, budget):
     whole = stats_of(trace, sample_rows=budget)
     parts = [stats_of(s, sample_rows=budget) for s in shards]
     assert_same(merge_all(parts), whole)
+    running = stats_of(shards[0], sample_rows=budget)     # build_stats' consuming fold
+    for s in shards[1:]:
+        running = merge(running, stats_of(s, sample_rows=budget), consume=True)
+    assert_same(running, whole)
     # the sample is the rows objective's rule on the whole trace
     rows = sample_requests(trace.request_id, budget, 0)
     assert np.array_equal(whole.sample["row"], rows)
@@ -176,3 +180,26 @@ def test_ray_local_cluster_builds_the_same_stats(tmp_path):
     local = build_stats(paths, settings_)
     on_ray = build_stats(paths, settings_, runner="ray", jobs=2, ray_address="local")
     assert_same(on_ray, local)
+
+
+def test_token_counts_in_small_chunks_equal_one_chunk():
+    """The token tables counted chunk by chunk (many flushes) equal one chunk's, and the
+    direct counts of the trace (summary_build.chunk_token_counts)."""
+    from scipy import sparse
+
+    trace = uneven_trace(7)
+    one = stats_of(trace, parts=("tokens",))
+    b = StatsBuilder(trace.meta, trace.domains, ("tokens",), 0, 60, "t", chunk_ids=50)
+    for lo in range(0, trace.num_tokens, 7):
+        sl = slice(lo, lo + 7)
+        b.add({"token_id": trace.token_id[sl], "request_id": trace.request_id[sl],
+               "position": trace.position[sl], "experts": trace.experts[sl], "domain": None})
+    many = b.finish()
+    V, N, k = trace.meta.vocab_size, trace.meta.num_experts, trace.meta.top_k
+    for l in range(trace.meta.num_layers):
+        ref = sparse.csr_matrix((np.ones(trace.num_tokens * k, np.int64),
+                                 (np.repeat(trace.token_id, k), trace.experts[:, l].ravel())),
+                                shape=(V, N))
+        ref.sum_duplicates()
+        for m in (one.tokens[l], many.tokens[l]):
+            assert m.has_canonical_format and (m != ref).nnz == 0

@@ -137,8 +137,12 @@ def _lowest(a: tuple[int, int] | None, b: tuple[int, int] | None) -> tuple[int, 
     return min(a, b)
 
 
-def merge(a: RoutingStats, b: RoutingStats, where: str = "stats") -> RoutingStats:
-    """The stats of a's trace followed by b's (module docstring)."""
+def merge(a: RoutingStats, b: RoutingStats, where: str = "stats", *,
+          consume: bool = False) -> RoutingStats:
+    """The stats of a's trace followed by b's (module docstring). `consume`: a and b are not
+    used again (a running merge), so the token tables are summed layer by layer in place and
+    each operand's layer dropped as soon as it is summed: the merge then holds one layer's
+    sum beside the operands, not a second copy of every table."""
     check_same_model(a, b, where)
     both = np.intersect1d(a.request_ids, b.request_ids)
     if both.size:
@@ -155,7 +159,13 @@ def merge(a: RoutingStats, b: RoutingStats, where: str = "stats") -> RoutingStat
         out.sample, out.sample_cut = resample(cat, out.request_ids, out.request_rows,
                                               a.sample_rows, a.seed,
                                               _lowest(a.sample_cut, b.sample_cut))
-    if a.tokens is not None:
+    if a.tokens is not None and consume:
+        tables = a.tokens
+        for l in range(len(tables)):
+            tables[l] = tables[l] + b.tokens[l]
+            b.tokens[l] = None
+        out.tokens = tables
+    elif a.tokens is not None:
         out.tokens = [x + y for x, y in zip(a.tokens, b.tokens)]
     if a.coactivation is not None:
         out.coactivation = a.coactivation + b.coactivation

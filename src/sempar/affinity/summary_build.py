@@ -5,10 +5,15 @@ int[n], request_id int[n], position int[n], experts int[n, L, k], domain int16[n
 and keeps only sums and the sample's candidate rows, so a shard is never whole in memory:
 
 - loads: one bincount per layer;
-- tokens: per layer, the block's (token, expert) counts by one bincount over its distinct
-  tokens x N cells, as CSR rows of the token ids; the blocks' CSRs are summed every
-  `flush_blocks` blocks (a sum of CSRs is a linear merge; summing each block into the running
-  table would rescan it every block);
+- tokens: blocks are held until a chunk of `chunk_ids` expert ids (about `CHUNK_IDS` bytes
+  of uint8 ids), then counted in one pass per layer (`chunk_token_counts`): the chunk's rows
+  are sorted by token id once (shared by every layer), each layer's int32 keys
+  rank(token) x N + expert are then sorted in runs (a stable sort merges them) and the
+  distinct keys with their run lengths are the layer's (token, expert) counts, as CSR [V, N]
+  added to the running table (a linear merge). Why not a bincount over the chunk's distinct
+  tokens x N cells (the first version, per block): a chunk touches ~10 of the N = 256 experts
+  per token and layer, so the cells outnumber the ids 4-15x, and scanning them cost 3-4x the
+  sort on DeepSeek-V3-shape traces (`benchmarks/bench_stats.py`);
 - coactivation / transitions: bincounts over the (e, f) pair keys of each row;
 - request-experts: per layer bincounts over (request, expert) keys of the block;
 - sample: the rows of the requests that can still be in the shard's sample. The running cut
@@ -26,7 +31,40 @@ from sempar.affinity.request_sample import bottom_requests, cut_after, request_p
 from sempar.affinity.summary import SAMPLE_COLUMNS, RoutingStats
 from sempar.trace.schema import TraceMeta
 
-FLUSH_BLOCKS = 16
+CHUNK_IDS = 1 << 28      # expert ids per token-count chunk (uint8: 256 MiB; 580k DSv3 rows)
+
+
+def chunk_token_counts(ts: np.ndarray, exs: np.ndarray, V: int, N: int
+                       ) -> list[sparse.csr_matrix]:
+    """Per layer, the (token, expert) counts of rows sorted by token id, ts int[n] (sorted)
+    with experts exs int[n, L, k], as canonical CSR int64[V, N] (module docstring)."""
+    ut, cnt = np.unique(ts, return_counts=True)
+    U, k = ut.size, exs.shape[2]
+    slot_rank = np.repeat(np.arange(U, dtype=np.int32), cnt * k)    # rank of each id's token
+    row_nnz_at = np.zeros(V + 1, np.int64)
+    out = []
+    for l in range(exs.shape[1]):
+        e = np.ascontiguousarray(exs[:, l]).ravel()
+        # stable counting sort by expert (numpy's radix sort for uint8): within an expert
+        # the ids stay in token order, so equal (expert, token) pairs are adjacent
+        p = np.argsort(e, kind="stable")
+        r, es = slot_rank[p], e[p]
+        first = np.empty(r.size, bool)
+        first[0] = True
+        np.not_equal(r[1:], r[:-1], out=first[1:])
+        first[1:] |= es[1:] != es[:-1]
+        at = np.flatnonzero(first)
+        val = np.diff(np.append(at, r.size))
+        # expert-major [N, U] is canonical as built; its transpose as CSR is token-major
+        em = np.zeros(N + 1, np.int64)
+        np.cumsum(np.bincount(es[at], minlength=N), out=em[1:])
+        tm = sparse.csr_matrix((val, r[at], em), shape=(N, U)).T.tocsr()
+        row_nnz_at[1:] = 0
+        row_nnz_at[1:][ut] = np.diff(tm.indptr)
+        indptr = np.cumsum(row_nnz_at).astype(tm.indptr.dtype)
+        out.append(sparse.csr_matrix((tm.data.astype(np.int64), tm.indices, indptr),
+                                     shape=(V, N)))
+    return out
 
 
 def _pair_counts(a: np.ndarray, b: np.ndarray, N: int) -> np.ndarray:
@@ -40,7 +78,7 @@ class StatsBuilder:
     """Accumulates the blocks of one shard (module docstring) into a `RoutingStats`."""
 
     def __init__(self, meta: TraceMeta, domains: list[str], parts: tuple[str, ...], seed: int,
-                 sample_rows: int, name: str, flush_blocks: int = FLUSH_BLOCKS):
+                 sample_rows: int, name: str, chunk_ids: int = CHUNK_IDS):
         self.meta, self.domains, self.parts = meta, list(domains), tuple(parts)
         self.seed, self.sample_rows, self.name = seed, sample_rows, name
         L, N = meta.num_layers, meta.num_experts
@@ -49,8 +87,9 @@ class StatsBuilder:
         self.loads = np.zeros((L, N), np.int64)
         self._req_ids = np.zeros(0, np.int64)
         self._req_rows = np.zeros(0, np.int64)
-        self._flush = flush_blocks
-        self._tok_pending: list[list[sparse.csr_matrix]] = [[] for _ in range(L)]
+        self._chunk_ids = chunk_ids
+        self._tok_pending: list[tuple[np.ndarray, np.ndarray]] = []    # (token_id, experts)
+        self._tok_pending_ids = 0
         self._tokens = ([sparse.csr_matrix((self.V, N), dtype=np.int64) for _ in range(L)]
                         if "tokens" in parts else None)
         self.coactivation = np.zeros((L, N, N), np.int64) if "coactivation" in parts else None
@@ -98,28 +137,23 @@ class StatsBuilder:
                                      ).astype(np.int64)
 
     def _add_tokens(self, tok: np.ndarray, ex: np.ndarray) -> None:
-        utok, uinv = np.unique(tok, return_inverse=True)
-        U, N = utok.size, self.N
-        base = uinv[:, None] * N
-        mark = np.empty(U * N, bool)
-        for l in range(self.L):
-            key = (base + ex[:, l]).ravel()
-            c = np.bincount(key, minlength=U * N)
-            # flatnonzero of a bool mark: about 2.5x faster than of the int64 counts
-            nz = np.flatnonzero(np.not_equal(c, 0, out=mark))     # sorted by (token, expert)
-            row = utok[nz // N]
-            indptr = np.zeros(self.V + 1, np.int64)
-            indptr[1:] = np.cumsum(np.bincount(row, minlength=self.V))
-            m = sparse.csr_matrix((c[nz].astype(np.int64), (nz % N).astype(np.int32), indptr),
-                                  shape=(self.V, N))
-            self._tok_pending[l].append(m)
-            if len(self._tok_pending[l]) >= self._flush:
-                self._flush_tokens(l)
+        # copies: the block's arrays may be views of Arrow buffers that are reused
+        self._tok_pending.append((tok.copy(), np.array(ex, copy=True)))
+        self._tok_pending_ids += ex.size
+        if self._tok_pending_ids >= self._chunk_ids:
+            self._flush_tokens()
 
-    def _flush_tokens(self, l: int) -> None:
-        for m in self._tok_pending[l]:
-            self._tokens[l] = self._tokens[l] + m
-        self._tok_pending[l] = []
+    def _flush_tokens(self) -> None:
+        if not self._tok_pending:
+            return
+        tok = np.concatenate([p[0] for p in self._tok_pending])
+        order = np.argsort(tok, kind="stable")
+        ex = np.concatenate([p[1] for p in self._tok_pending])
+        self._tok_pending, self._tok_pending_ids = [], 0       # the blocks go before the copy
+        counts = chunk_token_counts(tok[order], ex[order], self.V, self.N)
+        del tok, ex
+        for l, m in enumerate(counts):
+            self._tokens[l] = m if self._tokens[l].nnz == 0 else self._tokens[l] + m
 
     def _add_sample(self, arrays: dict[str, np.ndarray], n: int) -> None:
         blk = {"row": np.arange(self.rows, self.rows + n, dtype=np.int64),
@@ -149,8 +183,7 @@ class StatsBuilder:
                            [(self.name, self.rows)], self.loads, self._req_ids, self._req_rows,
                            coactivation=self.coactivation, transitions=self.transitions)
         if self._tokens is not None:
-            for l in range(self.L):
-                self._flush_tokens(l)
+            self._flush_tokens()
             out.tokens = self._tokens
         if "request-experts" in self.parts:
             out.request_experts = [self._request_table(l) for l in range(self.L)]

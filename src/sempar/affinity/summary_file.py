@@ -18,6 +18,7 @@ flipped bit anywhere is a one-line refusal. Arrays:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -94,19 +95,68 @@ def checksum(header: dict, arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
+_ST_DTYPES = {"int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
+              "uint16": "U16", "uint32": "U32", "uint64": "U64", "float64": "F64",
+              "float32": "F32", "bool": "BOOL"}
+
+
+def _pieces(stats: RoutingStats) -> dict[str, tuple[np.dtype, tuple, list[np.ndarray]]]:
+    """The file's arrays as (dtype, shape, pieces in order), the token tables' per-layer
+    arrays left unconcatenated (`to_arrays`' content without its copies)."""
+    out = {}
+    small = to_arrays(dataclasses.replace(stats, tokens=None, request_experts=None))
+    for k, v in small.items():
+        out[k] = (v.dtype, v.shape, [v])
+    for prefix, tables in (("tokens", stats.tokens), ("request_experts", stats.request_experts)):
+        if tables is None:
+            continue
+        data = [np.ascontiguousarray(t.data, np.int64) for t in tables]
+        ind = [np.ascontiguousarray(t.indices, np.int32) for t in tables]
+        nnz = sum(d.size for d in data)
+        out[f"{prefix}.data"] = (np.dtype(np.int64), (nnz,), data)
+        out[f"{prefix}.indices"] = (np.dtype(np.int32), (nnz,), ind)
+        out[f"{prefix}.indptr"] = (np.dtype(np.int64), (len(tables), tables[0].shape[0] + 1),
+                                   [np.ascontiguousarray(t.indptr, np.int64) for t in tables])
+        out[f"{prefix}.offsets"] = (np.dtype(np.int64), (len(tables) + 1,), [np.concatenate(
+            [[0], np.cumsum([d.size for d in data])]).astype(np.int64)])
+    return out
+
+
 def save_stats(stats: RoutingStats, path: str | os.PathLike, option: str = "--out") -> None:
-    """Write `stats` atomically at `path` (the output rule checked)."""
-    from safetensors.numpy import save_file
+    """Write `stats` atomically at `path` (the output rule checked), streamed array by array
+    in the safetensors layout (8-byte little-endian header size, JSON header, the arrays'
+    bytes in header order): `safetensors.numpy.save_file` builds the whole file in memory
+    beside a packed copy of every table (3x the stats at peak: 4.7 GB for the 1.3 GB stats
+    of 20M DeepSeek-V3-shape tokens); `load_stats` reads it with safetensors."""
+    import struct
 
     from sempar.atomic import atomic_path
-    from sempar.native_path import utf8_path
 
-    arrays = to_arrays(stats)
+    pieces = _pieces(stats)
     header = _header(stats)
-    header["sha256"] = checksum(header, arrays)
+    h = hashlib.sha256(json.dumps(header, sort_keys=True, separators=(",", ":")).encode())
+    table, at = {}, 0
+    for name in sorted(pieces):
+        dtype, shape, parts = pieces[name]
+        h.update(f"{name}|{dtype.str}|{tuple(shape)}".encode())
+        size = 0
+        for part in parts:
+            h.update(memoryview(part).cast("B"))
+            size += part.nbytes
+        table[name] = {"dtype": _ST_DTYPES[dtype.name], "shape": list(shape),
+                       "data_offsets": [at, at + size]}
+        at += size
+    header["sha256"] = h.hexdigest()
+    table["__metadata__"] = {HEADER_KEY: json.dumps(header)}
+    blob = json.dumps(table, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
     with atomic_path(path, suffix=".safetensors", option=option) as tmp:
-        with utf8_path(tmp.parent) as folder:
-            save_file(arrays, os.path.join(folder, tmp.name), metadata={HEADER_KEY: json.dumps(header)})
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(blob)))
+            f.write(blob)
+            for name in sorted(pieces):
+                for part in pieces[name][2]:
+                    f.write(memoryview(part).cast("B"))
 
 
 def load_stats(path: str | os.PathLike) -> RoutingStats:

@@ -19,7 +19,12 @@ from sempar.errors import InputError
 
 
 def evaluate(ctx: typer.Context,
-             fit: Path = typer.Option(..., "--fit", help="trace the placements are solved on"),
+             fit: Optional[Path] = typer.Option(None, "--fit",
+                                                help="trace the placements are solved on"),
+             fit_stats: Optional[Path] = typer.Option(
+                 None, "--fit-stats", help="fit statistics (`sempar stats build`) instead of "
+                 "--fit: the sempar placement solved from them (as `place --stats`) is "
+                 "evaluated on --eval"),
              eval_file: Optional[Path] = typer.Option(None, "--eval", help="held-out trace"),
              ep: int = ep_option(..., "EP degree G"),
              nodes: int = nodes_option(1),
@@ -55,6 +60,12 @@ def evaluate(ctx: typer.Context,
     from sempar.trace import read_trace, split_by_request
 
     options = solve_options(ctx)          # passed whole to every solve, the matrix's too
+    if (fit is None) == (fit_stats is None):
+        raise InputError("evaluate: give one of --fit or --fit-stats")
+    if fit_stats is not None:
+        _evaluate_stats(fit_stats, eval_file, ep, methods, options, split, cross, online,
+                        chunk_slack, as_json)
+        return
     if split == (eval_file is not None):
         raise InputError("evaluate: give --eval EVAL, or --split to divide --fit 20/80 by request")
     names = SOLVERS.names() if methods == "all" else [m.strip() for m in methods.split(",")]
@@ -104,6 +115,45 @@ def evaluate(ctx: typer.Context,
     print_evaluation(out, result)
     if cross:
         print_cross(out, result["cross_dataset"])
+
+
+def _evaluate_stats(stats_file: Path, eval_file: Optional[Path], ep: int, methods: str,
+                    options, split: bool, cross: bool, online: bool, chunk_slack: float,
+                    as_json: bool) -> None:
+    """`evaluate --fit-stats`: the sempar placement solved from statistics
+    (placement/from_stats.py), judged on --eval (`schedule.evaluate.evaluate_fitted`)."""
+    import time
+
+    from sempar.affinity.summary_file import load_stats
+    from sempar.placement.from_stats import check_stats_solve, solve_from_stats
+    from sempar.report.console import print_evaluation
+    from sempar.schedule.evaluate import evaluate_fitted
+    from sempar.trace import read_trace
+
+    for flag, given in (("--split", split), ("--cross-dataset", cross), ("--online", online)):
+        if given:
+            raise InputError(f"{flag}: reads the fit trace's rows; not with --fit-stats")
+    if eval_file is None:
+        raise InputError("evaluate --fit-stats: give --eval EVAL")
+    names = ["sempar"] if methods == "all" else [m.strip() for m in methods.split(",")]
+    stats = load_stats(stats_file)
+    for name in names:
+        check_stats_solve(stats, name, options)
+    eval_trace = read_trace(eval_file, optional=("domain",))
+    if stats.meta.first_difference(eval_trace.meta) is not None:
+        raise InputError("--eval: the eval trace's model shape differs from the fit stats'")
+    t0 = time.perf_counter()
+    placement = solve_from_stats(stats, num_devices=ep, options=options)
+    seconds = round(time.perf_counter() - t0, 4)
+    fit = {"tokens": stats.rows, "requests": int(stats.request_ids.size),
+           "stats": str(stats_file), "shards": len(stats.shards)}
+    result = evaluate_fitted(placement, eval_trace, ep, options, fit, seconds=seconds,
+                             fit_token_ids=stats.meta.has_token_ids,
+                             chunk_slack=chunk_slack)
+    if as_json:
+        emit_json(result)
+        return
+    print_evaluation(out, result)
 
 
 def register(app: typer.Typer) -> None:

@@ -38,6 +38,10 @@ def place(ctx: typer.Context,
           objective: str = objective_option(),
           held_out_imbalance: float = held_out_option(),
           jobs: Optional[int] = jobs_option(),
+          ray: Optional[str] = typer.Option(
+              None, "--ray", help="with --stats: the per-layer solves as Ray tasks on a local "
+                                  "cluster (local, --jobs CPUs), the running one (auto) or an "
+                                  "address; the same placement; default: no Ray"),
           out_file: Path = typer.Option(..., "--out", help="placement.json to write")) -> None:
     """Solve an expert placement on a fit trace and write it as JSON."""
     from sempar.atomic import check_output
@@ -47,9 +51,11 @@ def place(ctx: typer.Context,
     options = solve_options(ctx)               # checked before any file is read
     if (trace is None) == (stats_file is None):
         raise InputError("place: give one of --trace or --stats")
+    if ray is not None and (stats_file is None or not ray.strip()):
+        raise InputError("--ray: give local, auto or a cluster address, with --stats")
     check_output(out_file, trace if stats_file is None else stats_file)
     if stats_file is not None:
-        _place_from_stats(stats_file, out_file, method, ep, fit_fraction, options)
+        _place_from_stats(stats_file, out_file, method, ep, fit_fraction, options, ray)
         return
     fit = read_trace(trace, optional=("domain",))
     if fit_fraction is not None:
@@ -63,7 +69,7 @@ def place(ctx: typer.Context,
 
 
 def _place_from_stats(stats_file: Path, out_file: Path, method: str, ep: int,
-                      fit_fraction: Optional[float], options) -> None:
+                      fit_fraction: Optional[float], options, ray: Optional[str] = None) -> None:
     """`place --stats`: placement/from_stats.py, its refusals checked before the solve."""
     from sempar.affinity.summary_file import load_stats
     from sempar.placement.from_stats import check_stats_solve, solve_from_stats
@@ -72,7 +78,16 @@ def _place_from_stats(stats_file: Path, out_file: Path, method: str, ep: int,
         raise InputError("--fit-fraction: does not apply to --stats (split the shards instead)")
     stats = load_stats(stats_file)
     check_stats_solve(stats, method, options)
-    p = solve_from_stats(stats, num_devices=ep, options=options)
+    if ray is None:
+        p = solve_from_stats(stats, num_devices=ep, options=options)
+    else:
+        from sempar.placement.sempar._pool import usable_cpus
+        from sempar.placement.sempar.ray_layers import RayLayers
+        from sempar.ray_cluster import ray_session
+
+        with ray_session(ray, options.jobs or usable_cpus()) as session:
+            p = solve_from_stats(stats, num_devices=ep, options=options,
+                                 mapper=RayLayers(session))
     p.save(out_file)
     sys.stderr.write(f"wrote {out_file}: {method} from statistics of {stats.rows} rows, "
                      f"{p.num_layers} layers, {ep} devices x {p.slots_per_device} slots\n")

@@ -65,7 +65,7 @@ def stats_build(traces: List[Path] = typer.Option(..., "--trace",
     """Build the statistics of trace shards (their concatenation, in order) and write them."""
     from sempar.affinity.stats_parts import DEFAULT_PARTS
     from sempar.affinity.summary_file import save_stats
-    from sempar.affinity.summary_run import StatsSettings, build_stats
+    from sempar.affinity.summary_run import StatsSettings, build_stats, small_pages
     from sempar.atomic import check_output
     from sempar.progress import progress_bar
 
@@ -78,7 +78,8 @@ def stats_build(traces: List[Path] = typer.Option(..., "--trace",
     with progress_bar(f"stats of {len(traces)} shard(s)", len(traces)) as advance:
         stats = build_stats([str(t) for t in traces], settings, runner=runner, jobs=jobs,
                             ray_address=ray, progress=advance)
-    save_stats(stats, out_file)
+    with small_pages():
+        save_stats(stats, out_file)
     _report(stats, out_file, as_json)
 
 

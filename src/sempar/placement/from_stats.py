@@ -17,6 +17,7 @@ fit rows' co-activation across devices).
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import numpy as np
 from scipy import sparse
@@ -79,9 +80,13 @@ def check_stats_solve(stats: RoutingStats, method: str, options: SolveOptions) -
 
 
 def solve_from_stats(stats: RoutingStats, *, num_devices: int,
-                     options: SolveOptions | None = None, **knobs) -> Placement:
+                     options: SolveOptions | None = None, mapper: Callable | None = None,
+                     **knobs) -> Placement:
     """`sempar`'s rows-objective placement from `stats` under `options` (with `knobs` set over
-    them, as `base.solve` takes them; module docstring)."""
+    them, as `base.solve` takes them; module docstring). `mapper` runs tp mode's per-layer
+    solves (`_pool.map_layers`' signature; default: forked workers, `--jobs`;
+    `sempar.ray_layers.RayLayers`: Ray tasks); the placement does not depend on it."""
+    from sempar.placement.sempar._pool import map_layers
     from sempar.placement.sempar.solver import sempar_solve
 
     options = dataclasses.replace(options or SolveOptions(objective="rows"), **knobs)
@@ -89,7 +94,7 @@ def solve_from_stats(stats: RoutingStats, *, num_devices: int,
     meta = stats.meta
     problem = PlacementProblem.of(stats.sample_trace(), num_devices, options)
     cfg = SemparConfig.for_shape(stats.rows, meta.num_layers, meta.num_experts, num_devices)
-    placement = sempar_solve(problem, cfg)
+    placement = sempar_solve(problem, cfg, mapper=mapper or map_layers)
     if meta.has_token_ids:
         if stats.tokens is None:
             placement.token_table = None

@@ -191,3 +191,34 @@ def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
     options = options or SolveOptions()
     return evaluate_modes(fit, eval_, ep, options, methods=methods, modes=(options.mode,),
                           progress=progress, extra=extra, chunk_slack=chunk_slack)[options.mode]
+
+
+def evaluate_fitted(placement: Placement, eval_: RoutingTrace, ep: int, options: SolveOptions,
+                    fit: dict, *, fit_token_ids: bool = True, seconds: float | None = None,
+                    chunk_slack: float = 0.0) -> dict:
+    """The `evaluate --json` contract (one mode, `options.mode`) for one placement fitted
+    elsewhere: `evaluate --fit-stats`, the `sempar` placement solved from `RoutingStats`
+    (placement/from_stats.py). The figures are `figures_for`'s, as `evaluate_modes` gives them
+    for the placement fitted on the trace the stats summarise (the same placement: equal
+    figures, tested); `fit` describes the fit data ({"tokens", "requests", ...}). The
+    optimality references (`schedule/optimality.py`) read the fit trace's rows and are left
+    out. When the fit data (`fit_token_ids`) or the eval trace has no token ids, both are read
+    as having none, as `evaluate_modes` does: the placement's token table is dropped."""
+    mode = options.mode
+    check_slack(chunk_slack, "--chunk-slack")
+    if mode not in ATTENTION_MODES:
+        raise InputError(f"--mode: {mode!r} is not one of {', '.join(ATTENTION_MODES)}")
+    if not (fit_token_ids and eval_.meta.has_token_ids):
+        placement.token_table = None
+        eval_ = without_token_ids(eval_)
+    out = {"ep": ep, "nodes": options.num_nodes, "mode": mode, "redundant": options.redundant,
+           "fit": dict(fit), "eval": {"tokens": eval_.num_tokens, "requests": eval_.num_requests},
+           "methods": {}}
+    if chunk_slack and mode == "tp":
+        out["chunk_slack"] = chunk_slack
+    figs = figures_for(placement, eval_, mode, None, chunk_slack)
+    if seconds is not None:
+        figs["solve_seconds"] = seconds
+    out["methods"][placement.method] = figs
+    out["refs"] = ceiling_refs(out["methods"], mode)
+    return out
