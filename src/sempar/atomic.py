@@ -24,6 +24,7 @@ exits with 128 + signal, so a killed run leaves nothing behind (design.md, Conve
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -42,6 +43,7 @@ from sempar.output_rule import (MARKER, check_folder_output, check_input, check_
 
 _live: set[Path] = set()          # temporaries of this process (files or folders we created)
 _handlers_installed = False
+_signalled: int | None = None     # 128 + the SIGTERM / SIGHUP this process took, once taken
 
 
 def _make_parents(real: Path) -> list[Path]:
@@ -90,9 +92,13 @@ def _on_signal(signum, frame) -> None:
     run went on to the end with its temporary already gone. So the handler also arms SIGALRM:
     if the process is still alive `EXIT_GRACE_S` seconds later (the exit was lost, or the
     unwinding hangs), it leaves by `os._exit` with the same code; the temporaries are already
-    removed. No lock is taken here (a handler may interrupt a thread's start)."""
+    removed. No lock is taken here (a handler may interrupt a thread's start).
+    A lost exit can also let the run reach its commit before the alarm: `_refuse_if_signalled`
+    there and the atexit hook keep a signalled run from swapping an output in or exiting 0."""
+    global _signalled
     _remove_live()
     code = 128 + signum
+    _signalled = code
     with contextlib.suppress(ValueError, OSError):
         signal.signal(signal.SIGALRM, lambda *_: os._exit(code))
         signal.alarm(EXIT_GRACE_S)
@@ -109,7 +115,23 @@ def install_signal_cleanup() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) in (signal.SIG_DFL, None):
             signal.signal(sig, _on_signal)
+    atexit.register(_exit_if_signalled)
     _handlers_installed = True
+
+
+def _refuse_if_signalled() -> None:
+    """Called just before an output is swapped in: a run that took SIGTERM / SIGHUP (whose
+    exit some C code swallowed) must not commit."""
+    if _signalled is not None:
+        raise SystemExit(_signalled)
+
+
+def _exit_if_signalled() -> None:
+    """atexit: a signalled run that reached a normal exit leaves with 128 + signal, its
+    temporaries removed."""
+    if _signalled is not None:
+        _remove_live()
+        os._exit(_signalled)
 
 
 @contextlib.contextmanager
@@ -153,7 +175,9 @@ def atomic_path(target: str | os.PathLike, suffix: str = "", option: str = "--ou
         os.chmod(tmp_path, mode)
         yield tmp_path
         check_output(real, option=option)     # still a regular file (or absent) right now
-        os.replace(tmp_path, real)
+        with _signals_held():
+            _refuse_if_signalled()
+            os.replace(tmp_path, real)
         record_output(real)                   # sempar's own now: a later run may replace it
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -222,6 +246,7 @@ def atomic_folder(target: str | os.PathLike, kind: str, *inputs: str | os.PathLi
         write_marker(build, kind)
         real = check_folder_output(target, *inputs, option=option, force=force, legacy=legacy)
         with _signals_held():           # a half-swapped folder would mix old and new files
+            _refuse_if_signalled()
             _swap_in(build, real, holder)
         made = []
     finally:

@@ -303,3 +303,26 @@ def test_sigterm_during_a_folder_output_leaves_nothing(tmp_path):
             proc.kill()
     assert rc == 128 + signal.SIGTERM
     assert list(tmp_path.iterdir()) == []
+
+
+def test_signal_whose_exit_is_lost_never_commits(tmp_path):
+    """C code can swallow the handler's SystemExit (seen once in CI: synth went on to the end,
+    recreated its temporary and exited 0). The run must still neither swap in its output nor
+    exit 0, and must leave no temporary."""
+    out = tmp_path / "o.txt"
+    code = f"""
+import signal
+from pathlib import Path
+from sempar import atomic
+with atomic.atomic_path({str(out)!r}) as tmp:
+    tmp.write_text("half")
+    try:
+        atomic._on_signal(signal.SIGTERM, None)     # the exit the C code swallows
+    except SystemExit:
+        pass
+    signal.alarm(0)
+    Path(tmp).write_text("whole")                   # the writer reopens its path
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr
+    assert list(tmp_path.iterdir()) == []
