@@ -251,9 +251,12 @@ def test_device_out_refused_by_cli(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_signal_to_synth_leaves_no_temporary(sig, tmp_path):
     out = tmp_path / "big.parquet"
+    # The signal's default disposition in the child: a test run under `nohup` would pass on
+    # SIGHUP ignored, and sempar rightly leaves a disposition someone else chose in place.
     proc = subprocess.Popen([sys.executable, "-m", "sempar.cli", "synth", "--preset", "deepseek-v3",
                              "--tokens", "3000000", "--out", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
     try:
         deadline = time.time() + 60
         while not _tmp_leftovers(tmp_path) and time.time() < deadline and proc.poll() is None:
