@@ -91,7 +91,7 @@ def plan(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
     t0 = time.perf_counter()
     try:
         from sempar.eplb.config import PluginConfig
-        from sempar.eplb.policy import rebalance
+        from sempar.eplb.policy import rebalance_report
         from sempar.eplb.source import SourceMismatch, load_source
 
         w = np.asarray(weight, np.float64)
@@ -102,8 +102,8 @@ def plan(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
         src = load_source(path, num_layers=L, num_experts=N, num_ranks=num_ranks, model=model,
                           max_age_s=cfg.max_age_s, sample_rows=cfg.lar_rows, seed=cfg.seed,
                           settle_s=cfg.settle_s)
-        m, report = rebalance(w, num_replicas, num_groups, num_nodes, num_ranks, old_map, src,
-                              cfg)
+        m, report = rebalance_report(w, num_replicas, num_groups, num_nodes, num_ranks,
+                                     old_map, src, cfg)
         bad = check_map(m, L, num_replicas, N, num_ranks)
         if bad:
             raise ValueError(f"sempar's map is unusable ({bad})")

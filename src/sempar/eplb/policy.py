@@ -243,7 +243,17 @@ def _lar(sample: np.ndarray, maps: np.ndarray, G: int, N: int) -> float:
 
 def rebalance(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
               num_ranks: int, old_map: np.ndarray | None, source: Source,
-              config: PluginConfig = PluginConfig()) -> tuple[np.ndarray, RebalanceReport]:
+              config: PluginConfig = PluginConfig()) -> np.ndarray:
+    """physical_to_logical int64[L, P] of one rebalance (`rebalance_report`'s map; the engine
+    policies' signature plus FILE and the config)."""
+    return rebalance_report(weight, num_replicas, num_groups, num_nodes, num_ranks, old_map,
+                            source, config)[0]
+
+
+def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
+                     num_ranks: int, old_map: np.ndarray | None, source: Source,
+                     config: PluginConfig = PluginConfig()
+                     ) -> tuple[np.ndarray, RebalanceReport]:
     """(physical_to_logical int64[L, P], what was done): one rebalance (module docstring).
 
     weight float[L, N]: the engine's live load window per logical expert; num_replicas P (a

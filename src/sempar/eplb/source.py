@@ -123,9 +123,15 @@ def _read(path: str, key: tuple, sample_rows: int, seed: int) -> Source:
 
 def _from_placement(path: str, key: tuple) -> Source:
     from sempar.placement.placement import Placement
+
+    return source_from_placement(Placement.load(path), path, key)
+
+
+def source_from_placement(p, path: str = "<placement>", key: tuple = ()) -> Source:
+    """`Source` of a `Placement` in memory (`sempar replay` passes one; FILE goes through
+    `load_source`)."""
     from sempar.placement.sempar.rows import first_copy_device
 
-    p = Placement.load(path)
     home = first_copy_device(p)
     L, N, G = p.num_layers, p.num_experts, p.num_devices
     S = p.slots_per_device
@@ -144,7 +150,12 @@ def _from_placement(path: str, key: tuple) -> Source:
 def _from_stats(path: str, key: tuple, sample_rows: int, seed: int) -> Source:
     from sempar.affinity.summary_file import load_stats
 
-    st = load_stats(path)
+    return source_from_stats(load_stats(path), path, key, sample_rows, seed)
+
+
+def source_from_stats(st, path: str = "<stats>", key: tuple = (), sample_rows: int = 4096,
+                      seed: int = 0) -> Source:
+    """`Source` of a `RoutingStats` in memory (as `source_from_placement`)."""
     L, N = st.meta.num_layers, st.meta.num_experts
     sample = None
     if st.sample is not None and "experts" in st.sample and st.sample["experts"].shape[0]:
