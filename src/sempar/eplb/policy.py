@@ -222,7 +222,9 @@ def _row(hosts: np.ndarray, old_row: np.ndarray | None, S: int) -> np.ndarray:
             row[g * S:(g + 1) * S] = new
             continue
         old = old_row[g * S:(g + 1) * S]
-        keep = np.isin(old, new)
+        first = np.zeros(old.size, bool)                      # the engines' own maps may
+        first[np.unique(old, return_index=True)[1]] = True    # put two copies on one rank
+        keep = np.isin(old, new) & first
         slot = np.where(keep, old, -1)
         slot[~keep] = np.setdiff1d(new, old, assume_unique=False)
         row[g * S:(g + 1) * S] = slot

@@ -89,9 +89,9 @@ def partition(A: np.ndarray, G: int, seed: int = 0) -> np.ndarray:
     if rows.size == 0:                      # no co-activation at all: contiguous groups
         return np.arange(N, dtype=np.int64) // cap
     xadj = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=N))])
-    opts = pymetis.Options(seed=seed)
-    _, part = pymetis.part_graph(G, xadj=xadj, adjncy=cols, eweights=W[rows, cols],
-                                 options=opts)
+    _, part = pymetis.part_graph(G, pymetis.CSRAdjacency(xadj.astype(np.int64),
+                                                         cols.astype(np.int64)),
+                                 eweights=W[rows, cols], options=pymetis.Options(seed=seed))
     part = np.asarray(part, np.int64)
     onehot = np.zeros((N, G))
     onehot[np.arange(N), part] = 1.0
