@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import G, R, broken_files
+from eplb_cases import G, R, broken_files
 from sempar.eplb.config import PluginConfig
 from sempar.eplb.engine import check_map
 from sempar.eplb.policy import _hosts, _imbalance, _loads, _locality, rebalance_report

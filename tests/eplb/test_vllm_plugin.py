@@ -11,7 +11,7 @@ from types import SimpleNamespace as NS
 import numpy as np
 import pytest
 
-from conftest import G, R, broken_files
+from eplb_cases import G, R, broken_files
 from engines import env, sempar_entry_point
 
 pytest.importorskip("vllm", reason="vLLM is not installed (the `engines` extra)")
