@@ -32,7 +32,7 @@ class PluginConfig:
     max_moves: int | None = None
     max_bytes: float | None = None
     expert_bytes: float | None = None
-    max_imbalance: float = 1.05
+    max_imbalance: float = 1.02
     min_gain: float = 0.005
     max_age_s: float | None = None
     settle_s: float = 30.0
