@@ -96,12 +96,12 @@ def _engine_module(dist: str, rel: str, name: str):
 
 
 def _figures(m: np.ndarray, w: np.ndarray, A: np.ndarray, ex: np.ndarray, G: int) -> dict:
-    from sempar.eplb.policy import _hosts, _imbalance, _lar, _loads, _locality
+    from sempar.eplb.policy import _hosts, _imbalance, _lar, _locality, map_loads
 
     L, N = w.shape
     hosts = [_hosts(m[l], G, N) for l in range(L)]
-    return {"imbalance": float(np.mean([_imbalance(_loads(h, w[l])) for l, h in enumerate(hosts)])),
-            "imbalance_max": float(np.max([_imbalance(_loads(h, w[l])) for l, h in enumerate(hosts)])),
+    imb = [_imbalance(map_loads(m[l], w[l], G)) for l in range(L)]
+    return {"imbalance": float(np.mean(imb)), "imbalance_max": float(np.max(imb)),
             "locality": float(np.mean([_locality(h, A[l], float(A[l].sum()))
                                        for l, h in enumerate(hosts)])),
             "lar": _lar(ex, m, G, N)}

@@ -13,7 +13,7 @@ import pytest
 from eplb_cases import G, R, broken_files
 from sempar.eplb.config import PluginConfig
 from sempar.eplb.engine import check_map
-from sempar.eplb.policy import _hosts, _imbalance, _loads, _locality, rebalance_report
+from sempar.eplb.policy import _hosts, _imbalance, _locality, map_loads, rebalance_report
 from sempar.eplb.source import SourceMismatch, load_source
 from sempar.placement.eplb import rebalance_experts as eplb_default
 
@@ -25,7 +25,7 @@ def _src(path, L=6, N=64, ranks=G, **kw):
 def _figures(m, w, A):
     N = w.shape[1]
     hosts = [_hosts(m[l], G, N) for l in range(w.shape[0])]
-    return (np.mean([_imbalance(_loads(h, w[l])) for l, h in enumerate(hosts)]),
+    return (np.mean([_imbalance(map_loads(m[l], w[l], G)) for l in range(w.shape[0])]),
             np.mean([_locality(h, A[l], float(A[l].sum())) for l, h in enumerate(hosts)]))
 
 
