@@ -33,6 +33,7 @@ def _swap_loop(load, hosts, ee, share, aff, A, S, cap_ratio, max_swaps):  # prag
     G = load.size
     P = ee.size
     N = share.size
+    cut = np.empty((S, P))
     for it in range(max_swaps):
         mean = load.sum() / G
         h = 0
@@ -42,42 +43,34 @@ def _swap_loop(load, hosts, ee, share, aff, A, S, cap_ratio, max_swaps):  # prag
         if load[h] <= cap_ratio * mean + EPS:
             return it
         best = 0.0
-        for i in range(h * S, (h + 1) * S):
-            a = ee[i]
+        for i in range(S):                        # pass 1: every allowed swap's cut
+            a = ee[h * S + i]
             for j in range(P):
+                cut[i, j] = -1.0
                 d = j // S
-                if d == h:
-                    continue
                 b = ee[j]
                 delta = share[a] - share[b]
-                if delta <= EPS or hosts[d, a] or hosts[h, b]:
+                if d == h or delta <= EPS or hosts[d, a] or hosts[h, b]:
                     continue
-                cut = load[h] - max(load[h] - delta, load[d] + delta)
-                if cut > best:
-                    best = cut
+                cut[i, j] = load[h] - max(load[h] - delta, load[d] + delta)
+                best = max(best, cut[i, j])
         if best <= EPS:
             return it
         low = np.inf
         bi = -1
         bj = -1
-        for i in range(h * S, (h + 1) * S):
-            a = ee[i]
+        for i in range(S):                        # pass 2: the least affinity lost
+            a = ee[h * S + i]
             for j in range(P):
-                d = j // S
-                if d == h:
+                if cut[i, j] < 0.5 * best or cut[i, j] <= EPS:
                     continue
                 b = ee[j]
-                delta = share[a] - share[b]
-                if delta <= EPS or hosts[d, a] or hosts[h, b]:
-                    continue
-                cut = load[h] - max(load[h] - delta, load[d] + delta)
-                if cut < 0.5 * best or cut <= EPS:
-                    continue
+                d = j // S
                 ab = A[a, b]
                 loss = aff[h, a] + aff[d, b] - (aff[d, a] - ab) - (aff[h, b] - ab)
                 if loss < low:
                     low = loss
-                    bi = i
+                    bi = h * S + i
                     bj = j
         a = ee[bi]
         b = ee[bj]
