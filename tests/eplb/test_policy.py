@@ -148,3 +148,22 @@ def test_plan_keeps_engine_maps_with_two_copies_on_a_rank(files, monkeypatch):
     m = engine.plan(w, P, 1, 1, G, old, logging.getLogger("test"))
     assert m is not None and np.array_equal(m, old)
     assert engine.LAST["fallback_reason"] is None
+
+
+def test_placement_with_more_replicas_than_the_engine(files, tmp_path):
+    """A placement solved with 8 redundant slots (18 distinct experts on device 0) serves an
+    engine with none: the extra primaries move, the map is valid."""
+    from sempar.placement.placement import Placement
+
+    w = files["window"]
+    L, N = w.shape
+    rows = []
+    for l in range(L):
+        rest = np.arange(18, N)
+        others = np.concatenate([rest, rest[:8]]).reshape(3, 18)     # 46 experts + 8 replicas
+        rows.append(np.concatenate([np.arange(18), others.ravel()]))
+    f = tmp_path / "r8.json"
+    Placement(np.stack(rows), N, G, info={"model": files["model"]}).save(f)
+    m, rep = rebalance_report(w, N, 1, 1, G, None, _src(f))
+    assert check_map(m, L, N, N, G, distinct=True) is None
+    assert rep.locality_after > 0.5                          # most of the groups kept
