@@ -167,3 +167,15 @@ def test_placement_with_more_replicas_than_the_engine(files, tmp_path):
     m, rep = rebalance_report(w, N, 1, 1, G, None, _src(f))
     assert check_map(m, L, N, N, G, distinct=True) is None
     assert rep.locality_after > 0.5                          # most of the groups kept
+
+
+def test_profile_run_and_hierarchy_arguments(files):
+    """vLLM's profile run hands an all-zero window: a valid map, no error; the hierarchy
+    arguments (expert groups, nodes) do not change sempar's map."""
+    w = files["window"]
+    L, N = w.shape
+    src = _src(files["stats"])
+    zero, _ = rebalance_report(np.zeros_like(w), N + R, 1, 1, G, None, src)
+    assert check_map(zero, L, N + R, N, G, distinct=True) is None
+    flat = rebalance_report(w, N + R, 1, 1, G, None, src)[0]
+    assert np.array_equal(flat, rebalance_report(w, N + R, 8, 2, G, None, src)[0])
