@@ -179,3 +179,19 @@ def test_profile_run_and_hierarchy_arguments(files):
     assert check_map(zero, L, N + R, N, G, distinct=True) is None
     flat = rebalance_report(w, N + R, 1, 1, G, None, src)[0]
     assert np.array_equal(flat, rebalance_report(w, N + R, 8, 2, G, None, src)[0])
+
+
+def test_small_budget_still_balances(files):
+    """A budget too small for any whole layer: the layers above the bound get balance swaps
+    only, within the budget."""
+    w = files["window"]
+    N = w.shape[1]
+    src = _src(files["stats"])
+    m = rebalance_report(w, N + R, 1, 1, G, None, src)[0]
+    skew = w * np.random.default_rng(0).uniform(0.3, 1.7, w.shape)    # the load drifted
+    full = rebalance_report(skew, N + R, 1, 1, G, m, src)[1]
+    assert full.imbalance_before > PluginConfig().max_imbalance + 0.01
+    assert max(full.per_layer_moves) > 6
+    m2, rep = rebalance_report(skew, N + R, 1, 1, G, m, src, PluginConfig(max_moves=6))
+    assert 0 < rep.moves <= 6 and int((m2 != m).sum()) == rep.moves
+    assert rep.imbalance_after < rep.imbalance_before

@@ -23,8 +23,9 @@ Per layer l (live load w float[N], P = G x S slots, R = P - N redundant):
    copied.
 6. **Budget**: a layer is re-laid only when its imbalance falls or its locality rises by
    `min_gain`; the re-laid layers are taken by gain per slot moved until the move budget
-   (`PluginConfig.move_budget`) is spent; the others keep the old map. Without an old map
-   (the first call) every layer is laid out.
+   (`PluginConfig.move_budget`) is spent; the others keep the old map, except that a layer
+   still above `max_imbalance` gets balance swaps only (step 4 on its old layout) from what
+   the budget has left. Without an old map (the first call) every layer is laid out.
 
 Locality of a layer = the share of FILE's pair affinity whose two experts share a device
 (1.0 = all of FILE's co-location kept). Ours: the steps and their order (no engine or paper
@@ -198,6 +199,25 @@ def _layout(w: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: 
     return hosts
 
 
+def _rebalance_only(w: np.ndarray, old_row: np.ndarray, A: np.ndarray, G: int, S: int,
+                    cfg: PluginConfig, max_swaps: int) -> np.ndarray | None:
+    """bool[G, N]: the old layout of a layer with only balance swaps (step 4, at most
+    `max_swaps`), the copies as they are; None when the old row has an empty slot or two
+    copies of an expert on one rank (no swap is defined on it)."""
+    N = w.size
+    hosts = np.ascontiguousarray(_hosts(old_row, G, N))     # one compiled layout of swap_loop
+    if (old_row < 0).any() or (hosts.sum(axis=1) != S).any():
+        return None
+    cnt = hosts.sum(axis=0)
+    share = (w / np.maximum(cnt, 1)).astype(np.float64)
+    load = hosts.astype(np.float64) @ share
+    aff = (hosts.astype(np.float32) @ A).astype(np.float64)
+    ee = np.nonzero(hosts)[1].astype(np.int64)
+    swap_loop(load, hosts, ee, share, aff, np.ascontiguousarray(A, np.float32), S,
+              float(cfg.max_imbalance), max_swaps)
+    return hosts
+
+
 def _row(hosts: np.ndarray, old_row: np.ndarray | None, S: int) -> np.ndarray:
     """int64[P] slot row of `hosts` bool[G, N]; an expert staying on its device keeps its old
     slot (step 5), the others fill the freed slots in expert order."""
@@ -320,6 +340,26 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
             out[l] = new_rows[l]
         else:
             imb1[l], loc1[l] = imb0[l], loc0[l]
+    # step 6b: layers the budget left out that are above the bound get balance swaps only,
+    # two slots each, from what the budget has left (worst layer first)
+    left = None if budget is None else budget - spent
+    for l in sorted((l for l in range(L) if l not in take), key=lambda l: -imb0[l]):
+        if (left is not None and left < 2) or imb0[l] <= config.max_imbalance + config.min_gain:
+            continue
+        swaps = config.swaps_per_slot * S if left is None else min(config.swaps_per_slot * S,
+                                                                   left // 2)
+        hosts = _rebalance_only(w[l], old[l], source.affinity[l], G, S, config, swaps)
+        if hosts is None:
+            continue
+        row = _row(hosts, old[l], S)
+        moved = int((row != old[l]).sum())
+        i1 = _imbalance(_loads(hosts, w[l]))
+        if moved and i1 < imb0[l] - EPS and (left is None or moved <= left):
+            out[l] = row
+            imb1[l] = i1
+            loc1[l] = _locality(hosts, source.affinity[l], float(source.affinity[l].sum()))
+            if left is not None:
+                left -= moved
     report.per_layer_moves = ([int(x) for x in (out != old).sum(axis=1)] if old is not None
                               else [P] * L)
     report.moves = int(sum(report.per_layer_moves))
