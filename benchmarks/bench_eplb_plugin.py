@@ -203,8 +203,8 @@ def tables(rows: list[dict]) -> str:
     for r in rows:
         first = r["sempar_first_call"]
         out += [f"**{r['shape']}**: {r['layers']} MoE layers x {r['experts']} experts, EP "
-                f"{r['ep']}, R {r['redundant']}, {r['windows']} windows of "
-                f"{r['tokens']} tokens' last 80%; load average {r['load_average'][0]:.1f} "
+                f"{r['ep']}, R {r['redundant']}; {r['windows']} load windows: the last 80% of the "
+                f"trace's {r['tokens']} tokens (fit: the first 20%); load average {r['load_average'][0]:.1f} "
                 f"(cores {r['cpu_affinity']}). sempar's first call on a FILE version (read + "
                 f"partition): {first['cpu_seconds']:.2f} s CPU, {first['seconds']:.2f} s wall.",
                 "",
