@@ -71,7 +71,7 @@ def place(ctx: typer.Context,
 def _place_from_stats(stats_file: Path, out_file: Path, method: str, ep: int,
                       fit_fraction: Optional[float], options, ray: Optional[str] = None) -> None:
     """`place --stats`: placement/from_stats.py, its refusals checked before the solve."""
-    from sempar.affinity.summary_file import load_stats
+    from sempar.stats.file import load_stats
     from sempar.placement.from_stats import check_stats_solve, solve_from_stats
 
     if fit_fraction is not None:

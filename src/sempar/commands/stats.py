@@ -1,5 +1,5 @@
 """`sempar stats build`, `sempar stats merge`, `sempar stats info`: mergeable routing statistics
-of trace shards (affinity/summary.py), built here or as Ray tasks, for `place --stats`."""
+of trace shards (stats/routing_stats.py), built here or as Ray tasks, for `place --stats`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ SHARDS_MAX = 100_000      # files on one command line: each is opened and its he
 
 
 def _parts(value: Optional[str]) -> Optional[str]:
-    from sempar.affinity.stats_parts import STATS_PARTS
+    from sempar.stats.parts import STATS_PARTS
     from sempar.commands._options import check_names
 
     check_names("--parts", value, STATS_PARTS)
@@ -29,7 +29,7 @@ def _parts(value: Optional[str]) -> Optional[str]:
 
 
 def _parts_help() -> str:
-    from sempar.affinity.stats_parts import DEFAULT_PARTS, STATS_PARTS
+    from sempar.stats.parts import DEFAULT_PARTS, STATS_PARTS
 
     items = "; ".join(f"{n}: {STATS_PARTS.get(n).holds}" for n in STATS_PARTS.names())
     return (f"comma-separated parts beside loads and request sizes (default "
@@ -63,9 +63,9 @@ def stats_build(traces: List[Path] = typer.Option(..., "--trace",
                 as_json: bool = json_option("print the stats' summary as one JSON object")
                 ) -> None:
     """Build the statistics of trace shards (their concatenation, in order) and write them."""
-    from sempar.affinity.stats_parts import DEFAULT_PARTS
-    from sempar.affinity.summary_file import save_stats
-    from sempar.affinity.summary_run import StatsSettings, build_stats, small_pages
+    from sempar.stats.parts import DEFAULT_PARTS
+    from sempar.stats.file import save_stats
+    from sempar.stats.run import StatsSettings, build_stats, small_pages
     from sempar.atomic import check_output
     from sempar.progress import progress_bar
 
@@ -90,8 +90,8 @@ def stats_merge(inputs: List[Path] = typer.Option(..., "--stats",
                 as_json: bool = json_option("print the stats' summary as one JSON object")
                 ) -> None:
     """Merge stats files (of consecutive shards, in order) into one."""
-    from sempar.affinity.summary import merge_all
-    from sempar.affinity.summary_file import load_stats, save_stats
+    from sempar.stats.routing_stats import merge_all
+    from sempar.stats.file import load_stats, save_stats
     from sempar.atomic import check_output
 
     if len(inputs) > SHARDS_MAX:
@@ -106,7 +106,7 @@ def stats_merge(inputs: List[Path] = typer.Option(..., "--stats",
 def stats_info(file: Path = typer.Argument(..., help="stats file"),
                as_json: bool = json_option()) -> None:
     """Summarise a stats file: model, rows, requests, parts, sample, shards."""
-    from sempar.affinity.summary_file import load_stats
+    from sempar.stats.file import load_stats
 
     _report(load_stats(file), None, as_json)
 

@@ -2,7 +2,7 @@
 
 `build_shard(path, settings)` streams one trace file (`trace.io.iter_blocks`, a row group at a
 time) through a `StatsBuilder`; `build_stats(paths, settings, runner)` builds every shard and
-folds the results into one with `summary.merge` in the order the paths were given, so the result
+folds the results into one with `routing_stats.merge` in the order the paths were given, so the result
 is the stats of the shards' concatenation. Runners (`RUNNERS`, by name):
 
 - `local` (the default; no Ray needed): `jobs` processes of this machine
@@ -23,15 +23,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from sempar.affinity.summary import DEFAULT_PARTS, SAMPLE_ROWS, RoutingStats, merge, resolve_parts
-from sempar.affinity.summary_build import StatsBuilder
+from sempar.stats.routing_stats import DEFAULT_PARTS, SAMPLE_ROWS, RoutingStats, merge, resolve_parts
+from sempar.stats.build import StatsBuilder
 from sempar.errors import InputError
 from sempar.registry import Registry
 
 
 @dataclass(frozen=True, kw_only=True)
 class StatsSettings:
-    """What a shard's stats hold: parts (`summary.PARTS`), the sample's seed and row budget."""
+    """What a shard's stats hold: parts (`routing_stats.PARTS`), the sample's seed and row budget."""
 
     parts: tuple[str, ...] = DEFAULT_PARTS
     seed: int = 0

@@ -26,7 +26,7 @@ import os
 import numpy as np
 from scipy import sparse
 
-from sempar.affinity.summary import SAMPLE_COLUMNS, RoutingStats
+from sempar.stats.routing_stats import SAMPLE_COLUMNS, RoutingStats
 from sempar.errors import InputError
 from sempar.trace.schema import TraceMeta
 
