@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 
 from sempar.stats.sample import sample_requests
-from sempar.affinity.routing_stats import AffinityStats
+from sempar.affinity.affinity_stats import AffinityStats
 from sempar.placement.base import PlacementProblem, token_table_row
 from sempar.placement.placement import Placement
 from sempar.placement.sempar.held_out import HeldOut, calibrated_solve
