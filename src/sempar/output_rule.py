@@ -150,6 +150,26 @@ def _resolve(target: str | os.PathLike, option: str) -> Path:
     return Path(os.path.realpath(target))
 
 
+def _writable(folder: Path) -> bool:
+    """Whether a file can be made in `folder`: `os.access`, then a probe file made and removed
+    (root passes `os.access` on /sys and /proc, where no file can be made: the run would fail
+    only after its work, naming its temporary file)."""
+    import tempfile
+
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".sempar-probe.", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError:
+        pass
+    return True
+
+
 def _check_parent(real: Path, option: str) -> None:
     parent = real.parent
     existing = parent
@@ -159,7 +179,7 @@ def _check_parent(real: Path, option: str) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise InputError(f"{option}: {existing} is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not _writable(existing):
         raise InputError(f"{option}: {existing} is not writable")
 
 
@@ -177,7 +197,7 @@ def check_output(target: str | os.PathLike, *inputs: str | os.PathLike | None,
         if wrong:
             raise InputError(f"{option}: {target} {wrong}; sempar writes "
                              f"{'folders' if folder else 'only regular files'} there")
-        if not os.access(real if folder else real.parent, os.W_OK | os.X_OK):
+        if not _writable(real if folder else real.parent):
             raise InputError(f"{option}: {real if folder else real.parent} is not writable")
         if not folder and _inputs is not None and not owned_file(real) and not _package_build(real):
             link = f" (a symlink to {real})" if os.path.islink(target) else ""

@@ -43,6 +43,19 @@ def _check_ray(value: Optional[str]) -> Optional[str]:
     return value
 
 
+def _check_token_parts(chosen: tuple[str, ...], traces: List[Path]) -> None:
+    """An explicit --parts naming a part that needs token ids is refused on a trace without
+    them (the default set drops such parts quietly: nothing was asked for by name)."""
+    from sempar.stats.parts import STATS_PARTS
+    from sempar.trace.io import read_header
+
+    needs = [p for p in chosen if STATS_PARTS.get(p).needs_token_ids]
+    for t in traces if needs else ():
+        if not read_header(t)[2].has_token_ids:
+            raise InputError(f"--parts {needs[0]}: {t} has no token ids (imported without "
+                             f"them); leave {needs[0]} out of --parts")
+
+
 @stats_app.command("build")
 def stats_build(traces: List[Path] = typer.Option(..., "--trace",
                                                   help="trace shard (Parquet); repeat, in order"),
@@ -73,6 +86,8 @@ def stats_build(traces: List[Path] = typer.Option(..., "--trace",
         raise InputError(f"--trace: {len(traces)} shards; at most {SHARDS_MAX}")
     check_output(out_file, *traces)
     chosen = tuple(p.strip() for p in parts.split(",") if p.strip()) if parts else DEFAULT_PARTS
+    if parts:
+        _check_token_parts(chosen, traces)
     settings = StatsSettings(parts=chosen, seed=seed, sample_rows=sample_rows)
     runner = "local" if ray is None else "ray"
     with progress_bar(f"stats of {len(traces)} shard(s)", len(traces)) as advance:

@@ -21,7 +21,7 @@ Merging (`merge`) is associative and exact: the counts of a concatenation are th
 shards' (bit for bit), and the sample of a concatenation is the sample rule applied to the
 union of the shards' samples (`stats.sample`'s docstring says why), the second operand's row
 indices shifted by the first's row count. Requests must not straddle shards (refused, one
-line). Shards of different models (`TraceMeta.first_difference`) are refused, one line.
+line). Shards of different models (`TraceMeta.model_difference`: name, type or shape) are refused, one line.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class RoutingStats:
 
 def check_same_model(a: RoutingStats, b: RoutingStats, where: str) -> None:
     """One line when `b` cannot be merged into `a` (model shape, parts, sample settings)."""
-    diff = a.meta.first_difference(b.meta)
+    diff = a.meta.model_difference(b.meta)
     if diff:
         raise InputError(f"{where}: another model ({diff}: {getattr(a.meta, diff)!r} vs "
                          f"{getattr(b.meta, diff)!r}); shards of one trace only")

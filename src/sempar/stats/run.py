@@ -127,7 +127,7 @@ RUNNERS.add("ray", _ray)
 
 def check_shards(paths: list) -> None:
     """One line, before any work, when a shard is unreadable or of another model than the
-    first (`TraceMeta.first_difference`)."""
+    first (`TraceMeta.model_difference`: name, type or shape)."""
     from sempar.trace.io import read_header
 
     first = None
@@ -136,7 +136,7 @@ def check_shards(paths: list) -> None:
         if first is None:
             first = (p, meta)
             continue
-        diff = first[1].first_difference(meta)
+        diff = first[1].model_difference(meta)
         if diff:
             raise InputError(f"{p}: another model than {first[0]} ({diff}: "
                              f"{getattr(meta, diff)!r} vs {getattr(first[1], diff)!r}); "
