@@ -38,9 +38,9 @@ def _parts_help() -> str:
 
 
 def _check_ray(value: Optional[str]) -> Optional[str]:
-    if value is not None and not value.strip():
-        raise InputError("--ray: give auto, local or a cluster address")
-    return value
+    from sempar.ray_cluster import check_address
+
+    return check_address(value)
 
 
 def _check_token_parts(chosen: tuple[str, ...], traces: List[Path]) -> None:
@@ -71,6 +71,9 @@ def stats_build(traces: List[Path] = typer.Option(..., "--trace",
                                                   help="build the shards as Ray tasks: local (a "
                                                        "local cluster), auto (the running one) "
                                                        "or an address; default: no Ray"),
+                ray_timeout: float = typer.Option(30.0, "--ray-timeout",
+                                                  callback=bound(0.1, 3600.0),
+                                                  help="seconds to reach the --ray cluster"),
                 jobs: int = typer.Option(1, "--jobs", callback=bound(1, 4096),
                                          help="shards built at once (processes or Ray CPUs)"),
                 as_json: bool = json_option("print the stats' summary as one JSON object")
@@ -92,7 +95,7 @@ def stats_build(traces: List[Path] = typer.Option(..., "--trace",
     runner = "local" if ray is None else "ray"
     with progress_bar(f"stats of {len(traces)} shard(s)", len(traces)) as advance:
         stats = build_stats([str(t) for t in traces], settings, runner=runner, jobs=jobs,
-                            ray_address=ray, progress=advance)
+                            ray_address=ray, progress=advance, ray_timeout=ray_timeout)
     with small_pages():
         save_stats(stats, out_file)
     _report(stats, out_file, as_json)

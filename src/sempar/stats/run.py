@@ -79,8 +79,8 @@ def _build_shard(path: str, settings: StatsSettings) -> RoutingStats:
     return builder.finish()
 
 
-def _local(paths: list[str], settings: StatsSettings, jobs: int, address: str | None
-           ) -> Iterator[RoutingStats]:
+def _local(paths: list[str], settings: StatsSettings, jobs: int, address: str | None,
+           timeout: float) -> Iterator[RoutingStats]:
     if jobs <= 1 or len(paths) == 1:
         for p in paths:
             yield build_shard(p, settings)
@@ -99,11 +99,11 @@ def _local(paths: list[str], settings: StatsSettings, jobs: int, address: str | 
             yield res
 
 
-def _ray(paths: list[str], settings: StatsSettings, jobs: int, address: str | None
-         ) -> Iterator[RoutingStats]:
+def _ray(paths: list[str], settings: StatsSettings, jobs: int, address: str | None,
+         timeout: float) -> Iterator[RoutingStats]:
     from sempar.ray_cluster import ray_session, ray_task_error
 
-    with ray_session(address, jobs) as ray:
+    with ray_session(address, jobs, timeout) as ray:
         try:
             task = ray.remote(num_cpus=1)(build_shard)
             refs = [task.remote(p, settings) for p in paths[:jobs]]
@@ -145,15 +145,17 @@ def check_shards(paths: list) -> None:
 
 def build_stats(paths: list[str], settings: StatsSettings, *, runner: str = "local",
                 jobs: int = 1, ray_address: str | None = None,
-                progress: Callable[[int], None] | None = None) -> RoutingStats:
+                progress: Callable[[int], None] | None = None,
+                ray_timeout: float = 30.0) -> RoutingStats:
     """The stats of the concatenation of the trace files `paths`, in order (module docstring).
-    `progress(1)` is called as each shard is merged."""
+    `progress(1)` is called as each shard is merged; `ray_timeout`: seconds to reach the
+    cluster at `ray_address` (`ray_cluster.ray_session`)."""
     run = RUNNERS.get(runner)
     check_shards(paths)
     out = None
     with small_pages():
         for i, stats in enumerate(run(list(map(str, paths)), settings, max(1, jobs),
-                                      ray_address)):
+                                      ray_address, ray_timeout)):
             out = stats if out is None else merge(out, stats, str(paths[i]), consume=True)
             del stats
             if progress:
