@@ -209,6 +209,23 @@ def check_output(target: str | os.PathLike, *inputs: str | os.PathLike | None,
     return real
 
 
+def check_distinct_outputs(*outputs: tuple[str, str | os.PathLike | None]) -> None:
+    """One line when two outputs of one run, (option, path) pairs (None: not asked for), are
+    the same path or one lies inside the other (a folder output swapped in would remove the
+    other's files): each output needs its own place."""
+    seen: list[tuple[str, str, str]] = []
+    for option, path in outputs:
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        for other, other_path, other_real in seen:
+            if real == other_real or _inside(real, other_real) or _inside(other_real, real):
+                how = "the same path as" if real == other_real else "nested with"
+                raise InputError(f"{option}: {path} is {how} {other} {other_path}; give each "
+                                 "output of the run its own path")
+        seen.append((option, str(path), real))
+
+
 # ---- what sempar wrote: the signed marker ----------------------------------------------------
 
 def _key_paths() -> list[Path]:
