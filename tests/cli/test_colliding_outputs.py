@@ -43,3 +43,4 @@ def test_replay_refusals_name_replays_options(tmp_path):
 def test_profile_topology_and_plot_collide(tmp_path):
     out = tmp_path / "topo.json"
     refused(["profile", "--ep", "2", "--out", out, "--plot", out], tmp_path, "its own path", out)
+
