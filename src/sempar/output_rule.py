@@ -151,23 +151,16 @@ def _resolve(target: str | os.PathLike, option: str) -> Path:
 
 
 def _writable(folder: Path) -> bool:
-    """Whether a file can be made in `folder`: `os.access`, then a probe file made and removed
-    (root passes `os.access` on /sys and /proc, where no file can be made: the run would fail
-    only after its work, naming its temporary file)."""
-    import tempfile
-
+    """Whether a file can be made in `folder`, without making one (a refused run touches
+    nothing): `os.access`, and a file system with room for files at all. Root passes
+    `os.access` on /sys and /proc, kernel file systems of no blocks where no file can be made:
+    the run would fail only after its work, naming its temporary file."""
     if not os.access(folder, os.W_OK | os.X_OK):
         return False
     try:
-        fd, probe = tempfile.mkstemp(prefix=".sempar-probe.", dir=folder)
+        return os.statvfs(folder).f_blocks > 0
     except OSError:
-        return False
-    os.close(fd)
-    try:
-        os.unlink(probe)
-    except OSError:
-        pass
-    return True
+        return True
 
 
 def _check_parent(real: Path, option: str) -> None:

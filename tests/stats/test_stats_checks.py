@@ -214,22 +214,27 @@ def test_explicit_token_parts_on_a_trace_without_token_ids_are_refused(tmp_path)
 
 
 def test_an_output_folder_where_no_file_can_be_made_is_refused_first(tmp_path, monkeypatch):
-    """Root passes os.access on /sys; the check makes (and removes) a file there instead."""
-    import tempfile
+    """Root passes os.access on /sys (a file system of no blocks): refused before the build,
+    not after it naming the temporary file; the folder is not touched."""
+    import os
 
     from sempar.trace.io import write_trace
 
     write_trace(build_trace(T=120, R=12), tmp_path / "t.parquet")
-    real = tempfile.mkstemp
     sealed = tmp_path / "sealed"
     sealed.mkdir()
+    real = os.statvfs
 
-    def mkstemp(*args, dir=None, **kw):
-        if dir is not None and str(dir) == str(sealed):
-            raise PermissionError(1, "Operation not permitted")
-        return real(*args, dir=dir, **kw)
+    class NoBlocks:
+        f_blocks = 0
 
-    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(os, "statvfs", lambda p: NoBlocks() if str(p) == str(sealed)
+                        else real(p))
+    before = sealed.stat().st_mtime_ns
     refused(["stats", "build", "--trace", tmp_path / "t.parquet", "--out", sealed / "x.stats"],
             tmp_path, "not writable", sealed / "x.stats")
-    assert list(sealed.iterdir()) == []
+    assert list(sealed.iterdir()) == [] and sealed.stat().st_mtime_ns == before
+    monkeypatch.undo()
+    if os.geteuid() == 0 and os.path.isdir("/sys") and os.statvfs("/sys").f_blocks == 0:
+        refused(["stats", "build", "--trace", tmp_path / "t.parquet", "--out", "/sys/x.stats"],
+                tmp_path, "not writable")
