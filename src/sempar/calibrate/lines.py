@@ -64,8 +64,10 @@ def check_dims(d: ModelDims, where: str) -> ModelDims:
     if d.dense_layers and not d.dense_intermediate:
         raise InputError(f"{where}: {d.dense_layers} dense layers of intermediate size 0")
     if d.mla is not None:
-        if not isinstance(d.mla, tuple) or len(d.mla) != 4 or any(isinstance(v, bool) or not isinstance(v, int) or
-                                  not 0 <= v <= 1 << 16 for v in d.mla) or 0 in d.mla[1:]:
+        ranks = d.mla if isinstance(d.mla, tuple) else ()
+        if len(ranks) != 4 or 0 in ranks[1:] or any(
+                isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1 << 16
+                for v in ranks):
             raise InputError(f"{where}: mla {d.mla!r} is not (q_lora_rank, kv_lora_rank, rope, "
                              "nope) with the last three positive")
     return d

@@ -141,7 +141,8 @@ def _pairs(stats: RoutingStats) -> None:
     co = stats.coactivation
     if co is not None:
         if co.shape != (L, N, N):
-            raise InputError(f"the stats file's coactivation has shape {co.shape}, not ({L}, {N}, {N})")
+            raise InputError(f"the stats file's coactivation has shape {co.shape}, not "
+                             f"({L}, {N}, {N})")
         rs = _nonneg_sum(co, 2, "coactivation")
         if (co != co.transpose(0, 2, 1)).any() or \
                 (np.diagonal(co, axis1=1, axis2=2) != loads).any() or (rs != loads * k).any():

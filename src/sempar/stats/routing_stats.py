@@ -21,7 +21,8 @@ Merging (`merge`) is associative and exact: the counts of a concatenation are th
 shards' (bit for bit), and the sample of a concatenation is the sample rule applied to the
 union of the shards' samples (`stats.sample`'s docstring says why), the second operand's row
 indices shifted by the first's row count. Requests must not straddle shards (refused, one
-line). Shards of different models (`TraceMeta.model_difference`: name, type or shape) are refused, one line.
+line). Shards of different models (`TraceMeta.model_difference`: name, type or shape) are
+refused, one line.
 """
 
 from __future__ import annotations
