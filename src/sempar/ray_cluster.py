@@ -88,7 +88,9 @@ def ray_session(address: str | None, cpus: int, timeout: float = CONNECT_TIMEOUT
     started = not ray.is_initialized()
     if started:
         local = address in (None, "local")
-        if not local and address != "auto":
+        if address == "auto" and os.environ.get("RAY_ADDRESS"):   # where "auto" leads
+            _reachable(check_address(os.environ["RAY_ADDRESS"], "RAY_ADDRESS"), timeout)
+        elif not local and address != "auto":
             _reachable(address, timeout)
         knobs = {k: os.environ.get(k) for k in ("RAY_gcs_server_request_timeout_seconds",
                                                  "RAY_gcs_rpc_server_reconnect_timeout_s")}

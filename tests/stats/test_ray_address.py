@@ -38,3 +38,17 @@ def test_an_address_where_nothing_listens_is_one_line(tmp_path, shard):
     out = tmp_path / "x.stats"
     refused(["stats", "build", "--trace", shard, "--ray", f"127.0.0.1:{port}",
              "--ray-timeout", "5", "--out", out], tmp_path, "cannot reach a Ray cluster", out)
+
+
+def test_auto_leads_where_ray_address_says_and_is_checked_alike(tmp_path, shard, monkeypatch):
+    pytest.importorskip("ray")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "x.stats"
+    monkeypatch.setenv("RAY_ADDRESS", "garbage:::")
+    refused(["stats", "build", "--trace", shard, "--ray", "auto", "--out", out], tmp_path,
+            "RAY_ADDRESS", out)
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    refused(["stats", "build", "--trace", shard, "--ray", "auto", "--ray-timeout", "5",
+             "--out", out], tmp_path, "cannot reach a Ray cluster", out)

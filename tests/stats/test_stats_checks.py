@@ -71,6 +71,8 @@ FORGED = {   # the audit's cases: each recomputes the hash, each used to load (o
                                                          lambda x: _set(x, (0, 1, 2), x[0, 1, 2] + 1))),
     "a part it does not hold": lambda h, a: (
         {**h, "parts": [p for p in h["parts"] if p != "transitions"]}, a),
+    "an escape sequence in the model name": lambda h, a: (
+        {**h, "meta": {**h["meta"], "model": "toy\x1b[2J"}}, a),
 }
 
 
@@ -81,6 +83,7 @@ def test_forged_stats_are_refused_in_one_line(good, tmp_path, case):
     forge(header, arrays, path)
     line = refused(["stats", "info", path], tmp_path)
     assert "checksum" not in line, line        # the hash matched: the contents were refused
+    assert "\x1b" not in line
 
 
 def test_the_unforged_file_loads(good, tmp_path):

@@ -6,7 +6,8 @@ figure is read from it, each violation one line (`InputError`) naming the part:
 
 - header: parts known and in `PARTS` order (token parts only with token ids), seed and
   sample size in range, shards [name, rows] with rows in [0, `TOKENS_MAX`], domains distinct
-  strings, the sample cut a (uint64 priority, int64 id) pair;
+  strings, the sample cut a (uint64 priority, int64 id) pair, and no control character in a
+  name the verbs print (model, shards, domains);
 - the arrays are exactly those the parts hold, of the dtypes and shapes the writer gives;
 - `loads` int64[L, N] non-negative, each layer summing to rows x k (every row selects k
   distinct experts per layer, so no sum overflows once rows x k x k < 2^62);
@@ -23,6 +24,8 @@ figure is read from it, each violation one line (`InputError`) naming the part:
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 from scipy import sparse
@@ -42,8 +45,23 @@ def _int(value, name: str, lo: int, hi: int) -> int:
     return value
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _plain(value: str, name: str) -> None:
+    """Names the verbs print (model, shards, domains) hold no control characters: an escape
+    sequence in a forged file would reach the user's terminal."""
+    if _CONTROL.search(value):
+        raise InputError(f"the stats header's {name} {ascii(value[:40])} holds control characters")
+
+
 def check_header(header: dict) -> None:
     """The header's fields beside `meta` (module docstring); one line on the first bad one."""
+    meta = header.get("meta")
+    if isinstance(meta, dict):
+        for key in ("model", "model_type"):
+            if isinstance(meta.get(key), str):
+                _plain(meta[key], key)
     parts = header.get("parts")
     if not isinstance(parts, list) or any(not isinstance(p, str) for p in parts):
         raise InputError("the stats header's parts is not a list of names")
@@ -61,10 +79,13 @@ def check_header(header: dict) -> None:
         if not (isinstance(s, list) and len(s) == 2 and isinstance(s[0], str)):
             raise InputError(f"the stats header's shard {s!r} is not [name, rows]")
         _int(s[1], "shard rows", 0, TOKENS_MAX)
+        _plain(s[0], "shard name")
     domains = header.get("domains")
     if not isinstance(domains, list) or any(not isinstance(d, str) for d in domains) \
             or len(set(domains)) != len(domains):
         raise InputError("the stats header's domains is not a list of distinct names")
+    for d in domains:
+        _plain(d, "domain")
     cut = header.get("sample_cut")
     if cut is not None:
         if not (isinstance(cut, list) and len(cut) == 2):
