@@ -129,3 +129,16 @@ def test_every_mutation_of_a_line_is_refused_or_priced(tmp_path, data):
             assert math.isfinite(ln[k]) and ln[k] >= 0, (k, ln)
     for k in ("median_abs_error", "p90_abs_error", "max_abs_error"):
         assert math.isfinite(res[k]) and res[k] >= 0
+
+
+@pytest.mark.parametrize("field, value", [("hidden", 0), ("num_experts", 0), ("top_k", 999),
+                                          ("moe_intermediate", -8)])
+def test_profile_dims_are_checked_alike(tmp_path, field, value):
+    from sempar.serving.accel_profile import shipped_profile
+
+    raw = shipped_profile("h100").to_json()
+    raw["entries"][0]["dims"][field] = value
+    (tmp_path / "p.json").write_text(json.dumps(raw))
+    write(tmp_path / "m.jsonl", good_lines())
+    refused(["calibrate", "check", "--accelerator-profile", tmp_path / "p.json",
+             "--measurements", tmp_path / "m.jsonl"], tmp_path, field)

@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 
 from sempar.errors import InputError
-from sempar.serving.dims import DIMS, ModelDims
+from sempar.serving.dims import DIMS, ModelDims, check_dims
 
 PART_OPS = {"moe block": "moe_block", "attention layer": "attention", "lm head": "lm_head",
             "dense mlp": "dense_mlp"}
@@ -37,40 +37,8 @@ def model_dims(name: str) -> ModelDims:
     return lookup(name)
 
 
-# Sizes of a model shape taken from a user's file (a checkpoint's config.json, a line's dims):
-# far beyond any real MoE (DeepSeek-V3: hidden 7168, 128 heads, 256 experts, 61 layers) and
-# far below what makes a measurement or a price meaningless or unbounded.
-DIM_LIMITS = {"hidden": (1, 1 << 16), "heads": (1, 1 << 10), "kv_heads": (1, 1 << 10),
-              "head_dim": (1, 1 << 12), "moe_intermediate": (1, 1 << 18),
-              "moe_layers": (1, 10_000), "dense_layers": (0, 10_000),
-              "dense_intermediate": (0, 1 << 18), "vocab": (1, 2**31 - 1),
-              "num_experts": (1, 1 << 20), "top_k": (1, 1 << 20), "shared_experts": (0, 1 << 10),
-              "shared_intermediate": (0, 1 << 18), "dtype_bytes": (1, 8)}
 MEASUREMENTS_BYTES_MAX = 64 << 20       # a measurements file (the full H100 grid: ~1 MB)
 LINE_BYTES_MAX = 1 << 16                # one measurement line (with its dims: ~500 bytes)
-
-
-def check_dims(d: ModelDims, where: str) -> ModelDims:
-    """`d` when every size is an integer in `DIM_LIMITS`, top-k at most the experts and the
-    MLA ranks sane; else one line naming the field (before any measuring or pricing)."""
-    if not isinstance(d.name, str) or not d.name.strip() or len(d.name) > 200:
-        raise InputError(f"{where}: the model name {str(d.name)[:40]!r} is not a name")
-    for name, (lo, hi) in DIM_LIMITS.items():
-        v = getattr(d, name)
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise InputError(f"{where}: {name} {v!r} is not an integer in [{lo}, {hi}]")
-    if d.top_k > d.num_experts:
-        raise InputError(f"{where}: top_k {d.top_k} exceeds num_experts {d.num_experts}")
-    if d.dense_layers and not d.dense_intermediate:
-        raise InputError(f"{where}: {d.dense_layers} dense layers of intermediate size 0")
-    if d.mla is not None:
-        ranks = d.mla if isinstance(d.mla, tuple) else ()
-        if len(ranks) != 4 or 0 in ranks[1:] or any(
-                isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1 << 16
-                for v in ranks):
-            raise InputError(f"{where}: mla {d.mla!r} is not (q_lora_rank, kv_lora_rank, rope, "
-                             "nope) with the last three positive")
-    return d
 
 
 def _dims(line: dict, where: str) -> ModelDims:
