@@ -5,7 +5,9 @@ are checked before any array is read) whose metadata entry "sempar" is a JSON ob
 version, the trace's model metadata (`TraceMeta.to_json`), domains, parts, seed, sample_rows,
 shards [[name, rows]], sample_cut, and "sha256": the SHA-256 of the object without that key
 (sorted keys, compact) followed by each array's name, dtype, shape and bytes in name order. A
-flipped bit anywhere is a one-line refusal. Arrays:
+flipped bit anywhere is a one-line refusal. The hash has no key: it detects damage, it is no
+signature (whoever edits a file can recompute it), so `load_stats` then checks every part's
+contents (`stats.checks`). Arrays:
 
 - `loads` int64[L, N]; `request_ids`, `request_rows` int64[R];
 - `sample.<column>` (part "sample"): row int64[S], token_id, request_id, position, experts
