@@ -96,7 +96,7 @@ def synth(cache: Path, tokens: int, shards: int, whole: bool) -> tuple[list[Path
 def same_stats(a: Path, b: Path) -> bool:
     import numpy as np
 
-    from sempar.affinity.summary_file import load_stats
+    from sempar.stats.file import load_stats
 
     x, y = load_stats(a), load_stats(b)
     ok = np.array_equal(x.loads, y.loads) and np.array_equal(x.request_rows, y.request_rows)

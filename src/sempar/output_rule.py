@@ -150,6 +150,19 @@ def _resolve(target: str | os.PathLike, option: str) -> Path:
     return Path(os.path.realpath(target))
 
 
+def _writable(folder: Path) -> bool:
+    """Whether a file can be made in `folder`, without making one (a refused run touches
+    nothing): `os.access`, and a file system with room for files at all. Root passes
+    `os.access` on /sys and /proc, kernel file systems of no blocks where no file can be made:
+    the run would fail only after its work, naming its temporary file."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:
+        return os.statvfs(folder).f_blocks > 0
+    except OSError:
+        return True
+
+
 def _check_parent(real: Path, option: str) -> None:
     parent = real.parent
     existing = parent
@@ -159,7 +172,7 @@ def _check_parent(real: Path, option: str) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise InputError(f"{option}: {existing} is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not _writable(existing):
         raise InputError(f"{option}: {existing} is not writable")
 
 
@@ -177,7 +190,7 @@ def check_output(target: str | os.PathLike, *inputs: str | os.PathLike | None,
         if wrong:
             raise InputError(f"{option}: {target} {wrong}; sempar writes "
                              f"{'folders' if folder else 'only regular files'} there")
-        if not os.access(real if folder else real.parent, os.W_OK | os.X_OK):
+        if not _writable(real if folder else real.parent):
             raise InputError(f"{option}: {real if folder else real.parent} is not writable")
         if not folder and _inputs is not None and not owned_file(real) and not _package_build(real):
             link = f" (a symlink to {real})" if os.path.islink(target) else ""
@@ -187,6 +200,23 @@ def check_output(target: str | os.PathLike, *inputs: str | os.PathLike | None,
     else:
         _check_parent(real, option)
     return real
+
+
+def check_distinct_outputs(*outputs: tuple[str, str | os.PathLike | None]) -> None:
+    """One line when two outputs of one run, (option, path) pairs (None: not asked for), are
+    the same path or one lies inside the other (a folder output swapped in would remove the
+    other's files): each output needs its own place."""
+    seen: list[tuple[str, str, str]] = []
+    for option, path in outputs:
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        for other, other_path, other_real in seen:
+            if real == other_real or _inside(real, other_real) or _inside(other_real, real):
+                how = "the same path as" if real == other_real else "nested with"
+                raise InputError(f"{option}: {path} is {how} {other} {other_path}; give each "
+                                 "output of the run its own path")
+        seen.append((option, str(path), real))
 
 
 # ---- what sempar wrote: the signed marker ----------------------------------------------------

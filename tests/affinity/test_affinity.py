@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from sempar.affinity import load, requests, routing_stats, token_stats, transitions
+from sempar.affinity import load, requests, affinity_stats, token_stats, transitions
 from sempar.affinity.analysis import analyze_trace
 from sempar.errors import InputError
 from sempar.trace.schema import RoutingTrace, TraceMeta
@@ -49,7 +49,7 @@ def test_quantiles_known_and_empty():
 def test_activation_counts_by_hand():
     tok = np.array([0, 1, 0, 2])
     ex = np.array([[0, 1], [2, 3], [1, 3], [0, 2]])
-    c = routing_stats.activation_counts(tok, ex, 4, 4)
+    c = affinity_stats.activation_counts(tok, ex, 4, 4)
     assert c.shape == (4, 4)
     np.testing.assert_array_equal(c, [[1, 2, 0, 1], [0, 0, 1, 1], [1, 0, 1, 0], [0, 0, 0, 0]])
 
@@ -229,7 +229,7 @@ def test_device_states_majority_and_ties():
     dev = transitions.contiguous_devices(8, 4)                     # [0,0,1,1,2,2,3,3]
 
     def states(e, ties="top1"):
-        return routing_stats.device_states(e, routing_stats.layout_hosts(dev, 4, e.shape[1]), ties)
+        return affinity_stats.device_states(e, affinity_stats.layout_hosts(dev, 4, e.shape[1]), ties)
 
     # k=2: a tie between two devices always goes to the top-1 expert's device
     e2 = np.array([[[2, 6], [6, 2]], [[0, 1], [7, 0]]])            # [T=2, L=2, k=2]
@@ -731,12 +731,12 @@ def test_affinity_counts_match_dense_counts(monkeypatch, chunk_bins):
     whatever the chunking; a forgotten layer counts again to the same table."""
     from conftest import build_trace
 
-    monkeypatch.setattr(routing_stats, "CHUNK_BINS", chunk_bins)
+    monkeypatch.setattr(affinity_stats, "CHUNK_BINS", chunk_bins)
     trace = build_trace(T=2000, R=40, L=3, N=8, k=2, vocab=60)
-    st = routing_stats.AffinityStats(trace)
+    st = affinity_stats.AffinityStats(trace)
     tok = np.searchsorted(st.tokens, trace.token_id)
     for l in range(3):
-        ref = routing_stats.activation_counts(tok, trace.experts[:, l].astype(np.int64), st.U, 8)
+        ref = affinity_stats.activation_counts(tok, trace.experts[:, l].astype(np.int64), st.U, 8)
         C = st.counts(l)
         assert C.has_sorted_indices and C.dtype == np.float32
         np.testing.assert_array_equal(C.toarray(), ref)
@@ -751,7 +751,7 @@ def test_device_share_cached_equals_from_occurrences():
     from conftest import build_trace
 
     trace = build_trace(T=2000, R=40, L=3, N=8, k=2, vocab=60)
-    cached, bare = routing_stats.AffinityStats(trace), routing_stats.AffinityStats(trace, 0)
+    cached, bare = affinity_stats.AffinityStats(trace), affinity_stats.AffinityStats(trace, 0)
     dev = np.array([0, 1, 2, 0, 1, 2, 0, 1])
     for l in range(3):
         cached.counts(l)

@@ -12,13 +12,14 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 TOP = ("sempar.cli", "sempar.commands", "sempar.__main__")   # __main__: `python -m sempar`
 # The data flow of design.md, left to right: trace (capture/ writes traces from a running
-# engine, so it sits right after) -> affinity (predictors in predict/) ->
+# engine, so it sits right after) -> affinity (mergeable statistics in stats/, predictors in
+# predict/) ->
 # placement -> schedule -> comm / runtime -> report; the testbed, the serving and chiplet
 # simulators, the exports and the bench's orchestration build on them (the HTTP router runs the
 # request policies of schedule/ on placements, and `plan` prints its command; the exports, which
 # need only placements, before serving: `plan` asks the exporter whether its command runs). Modules outside this
 # list (errors, atomic, registry, paths, models, console, tiny, corpus, ...) are shared tools.
-LAYERS = ("trace", "capture", "affinity", "predict", "placement", "schedule", "comm", "report",
+LAYERS = ("trace", "capture", "affinity", "stats", "predict", "placement", "schedule", "comm", "report",
           "costroute", "runtime", "testbed", "router", "export", "serving", "calibrate", "drift",
           "chiplet", "bench")
 

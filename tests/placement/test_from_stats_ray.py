@@ -12,7 +12,7 @@ from sempar.trace.io import write_trace
 
 def test_ray_layer_solves_equal_the_local_ones(tmp_path):
     pytest.importorskip("ray")
-    from sempar.affinity.summary_run import StatsSettings, build_stats
+    from sempar.stats.run import StatsSettings, build_stats
     from sempar.placement.from_stats import solve_from_stats
     from sempar.placement.sempar.ray_layers import RayLayers
     from sempar.ray_cluster import ray_session

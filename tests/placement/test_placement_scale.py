@@ -17,7 +17,7 @@ import pytest
 import sklearn.cluster  # noqa: F401  (semmoe imports it lazily: keep the import out of the peak)
 
 from sempar.placement import SOLVERS, solve
-from sempar.affinity.routing_stats import AffinityStats
+from sempar.affinity.affinity_stats import AffinityStats
 from sempar.placement.base import PlacementProblem
 from sempar.placement.metrics import placement_figures
 from sempar.schedule.homes import home_tp_contiguous, home_tp_table

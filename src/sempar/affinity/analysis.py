@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from sempar.affinity import load, requests, routing_stats, token_stats, transitions
+from sempar.affinity import load, requests, affinity_stats, token_stats, transitions
 from sempar.errors import InputError
 from sempar.trace.ops import split_by_request, split_by_token
 from sempar.trace.schema import RoutingTrace
@@ -124,8 +124,8 @@ def analyze_trace(trace: RoutingTrace, devices: int = 8, seed: int = 0,
         info["lookback"] = ("not computed: the trace's slots are in its engine's unsorted "
                             "top-k order (slots_sorted false), so slot 0 is not the top-1 expert")
     device_of = transitions.contiguous_devices(N, devices)
-    hosts = routing_stats.layout_hosts(device_of, devices, L)
-    dev = routing_stats.device_states(trace.experts, hosts,
+    hosts = affinity_stats.layout_hosts(device_of, devices, L)
+    dev = affinity_stats.device_states(trace.experts, hosts,
                                       ties="top1" if sorted_slots else "lowest").astype(np.int32)
     lb_device = transitions.lookback_accuracy(dev, dev[:, :, None], devices, fit, MAX_LOOKBACK)
     masses = [transitions.topk_mass(transitions.pair_counts(trace.experts[:, l],

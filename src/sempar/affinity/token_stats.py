@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sempar.affinity.routing_stats import activation_counts
+from sempar.affinity.affinity_stats import activation_counts
 
 QUANTILES = (25, 50, 75)
 

@@ -5,7 +5,7 @@ Definitions (our choices where the papers are open):
 - A token's **state** at layer l is its top-1 expert (slot 0: the trace lists experts by
   decreasing router weight). At **device level** the state is the device hosting most of its k
   experts under the contiguous layout of N experts on G devices (what engines do by default),
-  ties going to the device of the highest-ranked expert (`routing_stats.device_states`,
+  ties going to the device of the highest-ranked expert (`affinity_stats.device_states`,
   ties="top1").
 - **Look-back prediction with n layers** (Sem-MoE B.1 builds the same table over device
   sequences): fit on the fit rows a table context -> counts of the items selected at layer l,

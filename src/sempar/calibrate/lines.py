@@ -15,12 +15,11 @@ with `error` (a case the device refused) are skipped.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from sempar.errors import InputError
-from sempar.serving.dims import DIMS, ModelDims
+from sempar.serving.dims import DIMS, ModelDims, check_dims
 
 PART_OPS = {"moe block": "moe_block", "attention layer": "attention", "lm head": "lm_head",
             "dense mlp": "dense_mlp"}
@@ -38,13 +37,19 @@ def model_dims(name: str) -> ModelDims:
     return lookup(name)
 
 
+MEASUREMENTS_BYTES_MAX = 64 << 20       # a measurements file (the full H100 grid: ~1 MB)
+LINE_BYTES_MAX = 1 << 16                # one measurement line (with its dims: ~500 bytes)
+
+
 def _dims(line: dict, where: str) -> ModelDims:
     d = line.get("dims")
     if isinstance(d, dict):
         try:
-            return ModelDims(**{**d, "mla": tuple(d["mla"]) if d.get("mla") else None})
+            mla = d.get("mla")
+            dims = ModelDims(**{**d, "mla": tuple(mla) if isinstance(mla, list) else mla})
         except TypeError:
             raise InputError(f"{where}: dims is not a ModelDims object") from None
+        return check_dims(dims, f"{where}: dims")
     if not isinstance(line.get("model"), str):
         raise InputError(f"{where}: no model name")
     return model_dims(line["model"])
@@ -65,9 +70,13 @@ def to_point(line: dict, where: str) -> dict:
     m = float(_num(line, "measured_us", where, integer=False))
     if "T" in line or "ep" in line:
         E, T = _num(line, "E", where), _num(line, "T", where)
+        if E > dims.num_experts:
+            raise InputError(f"{where}: E {E} experts on a rank of a model with "
+                             f"{dims.num_experts}")
         return {"op": "moe_block", "model": dims.name, "dims": dims, "experts_per_rank": E,
                 "tokens": T, "measured_us": m}
-    op = PART_OPS.get(line.get("part"))
+    part = line.get("part")
+    op = PART_OPS.get(part) if isinstance(part, str) else None
     if op is None:
         raise InputError(f"{where}: part {line.get('part')!r} is not one of {', '.join(PART_OPS)}")
     p = {"op": op, "model": dims.name, "dims": dims, "tokens": _num(line, "tokens", where),
@@ -83,19 +92,23 @@ def read_lines(path: str | Path) -> tuple[dict, list[tuple[dict, dict]]]:
     """(header, [(line, point)]) of a measurements file; InputError naming a bad line."""
     from sempar.output_rule import check_input
 
+    from sempar.safe_json import json_lines
+
     p = check_input(path, "measurements file")
+    size = p.stat().st_size
+    if size > MEASUREMENTS_BYTES_MAX:
+        raise InputError(f"{path}: {size} bytes is above the limit {MEASUREMENTS_BYTES_MAX} "
+                         "for a measurements file")
     header: dict = {}
     out = []
-    with open(p, encoding="utf-8", errors="replace") as f:
-        for i, raw in enumerate(f, 1):
+    try:
+        f = open(p, "rb")
+    except OSError as err:
+        raise InputError(f"{path}: cannot be read ({err.strerror or err})") from None
+    with f:       # each line size- and depth-checked before it is parsed (safe_json)
+        for i, _raw, line in json_lines(f, str(path), LINE_BYTES_MAX):
             if i > MAX_LINES:
                 raise InputError(f"{path}: more than {MAX_LINES} lines")
-            if not raw.strip():
-                continue
-            try:
-                line = json.loads(raw)
-            except ValueError:
-                raise InputError(f"{path}:{i}: not a JSON object") from None
             if not isinstance(line, dict):
                 raise InputError(f"{path}:{i}: not a JSON object")
             if "error" in line:
@@ -148,10 +161,11 @@ def dims_from_dir(folder: str | Path) -> ModelDims:
             mla = (int(c.get("q_lora_rank") or 0), int(c["kv_lora_rank"]),
                    int(c["qk_rope_head_dim"]), int(c["qk_nope_head_dim"]))
         hd = int(c.get("v_head_dim") or c.get("head_dim") or h // nh)
-        return ModelDims(Path(d).name, h, nh, int(c.get("num_key_value_heads") or nh), hd,
+        dims = ModelDims(Path(d).name, h, nh, int(c.get("num_key_value_heads") or nh), hd,
                          int(c.get("moe_intermediate_size") or c["intermediate_size"]),
                          layers - dense, dense, int(c.get("intermediate_size") or 0) if dense else 0,
                          int(c["vocab_size"]), N, k, int(c.get("n_shared_experts") or 0),
                          mla=mla)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise InputError(f"--model-dir {folder}: config.json lacks a MoE shape field ({e})") from None
+    return check_dims(dims, f"--model-dir {folder}: config.json")

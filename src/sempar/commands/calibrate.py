@@ -103,8 +103,9 @@ def calibrate_cmd(
     dev = device.strip().lower()
     if not (dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit())):
         raise InputError(f"--device {device!r}: cuda, cuda:N or cpu")
-    from sempar.output_rule import check_output
+    from sempar.output_rule import check_distinct_outputs, check_output
 
+    check_distinct_outputs(("--out", out_path), ("--measurements-out", lines_out))
     check_output(out_path, option="--out")
     if lines_out is not None:
         check_output(lines_out, option="--measurements-out")

@@ -9,6 +9,7 @@ import typer
 
 from sempar.bounds import REQUESTS_MAX, bound
 from sempar.commands._options import json_option, names_option, seed_option
+from sempar.errors import InputError
 
 
 def _orders():
@@ -37,7 +38,15 @@ def drift(trace: Path = typer.Option(..., "--trace", help="trace with request do
     from sempar.trace.io import write_trace
 
     check_output(out_file, trace)
-    stream = drift_stream(read_trace(trace), order, switch_every, mix, seed)
+    source = read_trace(trace)
+    if order == "groups":               # else it would silently be --order tasks
+        from sempar.drift.streams import GROUPS
+
+        other = [d for d in source.domains if d.replace(" ", "_") not in GROUPS]
+        if other or not source.domains:
+            raise InputError(f"--order groups: the trace's domains are not MMLU subjects "
+                             f"({other[0] if other else 'none'!r}); use --order tasks")
+    stream = drift_stream(source, order, switch_every, mix, seed)
     write_trace(stream, out_file)
     ph = phases(stream)
     sys.stderr.write(f"wrote {out_file}: {stream.num_requests} requests, {len(ph)} phases "

@@ -124,7 +124,7 @@ def _evaluate_stats(stats_file: Path, eval_file: Optional[Path], ep: int, method
     (placement/from_stats.py), judged on --eval (`schedule.evaluate.evaluate_fitted`)."""
     import time
 
-    from sempar.affinity.summary_file import load_stats
+    from sempar.stats.file import load_stats
     from sempar.placement.from_stats import check_stats_solve, solve_from_stats
     from sempar.report.console import print_evaluation
     from sempar.schedule.evaluate import evaluate_fitted

@@ -42,10 +42,13 @@ def place(ctx: typer.Context,
               None, "--ray", help="with --stats: the per-layer solves as Ray tasks on a local "
                                   "cluster (local, --jobs CPUs), the running one (auto) or an "
                                   "address; the same placement; default: no Ray"),
+          ray_timeout: float = typer.Option(30.0, "--ray-timeout", callback=bound(0.1, 3600.0),
+                                            help="seconds to reach the --ray cluster"),
           out_file: Path = typer.Option(..., "--out", help="placement.json to write")) -> None:
     """Solve an expert placement on a fit trace and write it as JSON."""
     from sempar.atomic import check_output
     from sempar.placement import solve
+    from sempar.ray_cluster import check_address
     from sempar.trace import read_trace
 
     options = solve_options(ctx)               # checked before any file is read
@@ -53,9 +56,11 @@ def place(ctx: typer.Context,
         raise InputError("place: give one of --trace or --stats")
     if ray is not None and (stats_file is None or not ray.strip()):
         raise InputError("--ray: give local, auto or a cluster address, with --stats")
+    check_address(ray)
     check_output(out_file, trace if stats_file is None else stats_file)
     if stats_file is not None:
-        _place_from_stats(stats_file, out_file, method, ep, fit_fraction, options, ray)
+        _place_from_stats(stats_file, out_file, method, ep, fit_fraction, options, ray,
+                          ray_timeout)
         return
     fit = read_trace(trace, optional=("domain",))
     if fit_fraction is not None:
@@ -69,9 +74,10 @@ def place(ctx: typer.Context,
 
 
 def _place_from_stats(stats_file: Path, out_file: Path, method: str, ep: int,
-                      fit_fraction: Optional[float], options, ray: Optional[str] = None) -> None:
+                      fit_fraction: Optional[float], options, ray: Optional[str] = None,
+                      ray_timeout: float = 30.0) -> None:
     """`place --stats`: placement/from_stats.py, its refusals checked before the solve."""
-    from sempar.affinity.summary_file import load_stats
+    from sempar.stats.file import load_stats
     from sempar.placement.from_stats import check_stats_solve, solve_from_stats
 
     if fit_fraction is not None:
@@ -85,7 +91,7 @@ def _place_from_stats(stats_file: Path, out_file: Path, method: str, ep: int,
         from sempar.placement.sempar.ray_layers import RayLayers
         from sempar.ray_cluster import ray_session
 
-        with ray_session(ray, options.jobs or usable_cpus()) as session:
+        with ray_session(ray, options.jobs or usable_cpus(), ray_timeout) as session:
             p = solve_from_stats(stats, num_devices=ep, options=options,
                                  mapper=RayLayers(session))
     p.save(out_file)

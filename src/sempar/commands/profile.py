@@ -120,7 +120,9 @@ def register(app: typer.Typer) -> None:
         if plot is not None and not fidelity:
             raise InputError("--plot needs the fidelity cases (drop --no-fidelity)")
         from sempar.atomic import check_output
+        from sempar.output_rule import check_distinct_outputs
 
+        check_distinct_outputs(("--out", out), ("--plot", plot))
         check_output(out)
         if plot is not None:
             check_output(plot, out, option="--plot")

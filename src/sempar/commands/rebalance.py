@@ -47,7 +47,7 @@ def rebalance(placement: Path = typer.Option(..., "--placement", help="the servi
     from sempar.console import emit_json
     from sempar.errors import InputError
     from sempar.placement import Placement
-    from sempar.placement.rebalance import rebalance as step
+    from sempar.placement.rebalance import check_window, rebalance as step
     from sempar.trace import read_trace
 
     check_output(out_file, placement, trace)
@@ -55,6 +55,7 @@ def rebalance(placement: Path = typer.Option(..., "--placement", help="the servi
     if cur.num_devices != ep:
         raise InputError(f"--ep {ep}: the placement has {cur.num_devices} devices")
     window = read_trace(trace, optional=())
+    check_window(cur, window.meta)
     cfg = config(window.meta.model, max_moves, max_bytes, max_imbalance, horizon, tokens_per_s,
                  link_gbps, expert_bytes, remote_bytes)
     new, res = step(cur, window.experts, cfg)

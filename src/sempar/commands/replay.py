@@ -67,9 +67,12 @@ def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: reques
     from sempar.drift.replay import replay as run
     from sempar.trace import read_trace
 
-    for folder in (plot, placements):
+    from sempar.output_rule import check_distinct_outputs
+
+    check_distinct_outputs(("--plot", plot), ("--placements", placements))
+    for option, folder in (("--plot", plot), ("--placements", placements)):
         if folder is not None:
-            check_folder_output(folder, trace)
+            check_folder_output(folder, trace, option=option)
     stream = read_trace(trace, optional=("domain",))
     names = [n.strip() for n in policies.split(",") if n.strip()]
     rb = config(stream.meta.model, max_moves, None, max_imbalance, horizon, tokens_per_s, 50.0,
@@ -77,7 +80,8 @@ def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: reques
     cfg = ReplayConfig(ep=ep, every=every, window=window, max_steps=max_steps, seed=seed,
                        jobs=jobs, rebalance=rb, history=History(windows=history))
     with ExitStack() as stack:
-        pdir = (stack.enter_context(atomic_folder(placements, "replay placements", trace))
+        pdir = (stack.enter_context(atomic_folder(placements, "replay placements", trace,
+                                                option="--placements"))
                 if placements is not None else None)
 
         def on_step(name, fig, p) -> None:
@@ -94,7 +98,7 @@ def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: reques
     if plot is not None:
         from sempar.drift.plot import plot_replay
 
-        with atomic_folder(plot, "replay plot", trace) as build:
+        with atomic_folder(plot, "replay plot", trace, option="--plot") as build:
             plot_replay(result, build / "replay.png")
     if as_json:
         emit_json(result)

@@ -38,6 +38,10 @@ def router(placement: Path = typer.Option(..., "--placement", help="sempar place
                                                       help="JSONL of (request, tokens, rank)"),
            graceful: float = typer.Option(30.0, "--graceful-seconds", callback=POSITIVE_SECONDS,
                                           help="shutdown waits this long for in-flight streams"),
+           tokenize_bytes: int = typer.Option(16 << 20, "--max-tokenize-bytes",
+                                              callback=bound(1, 1 << 30),
+                                              help="bytes of big prompts tokenized at once "
+                                                   "(memory ~140x); beyond -> 429"),
            ) -> None:
     """Route OpenAI-style requests to the DP rank whose experts they use (Sem-MoE Alg. 2)."""
     from sempar.router.config import RouterConfig
@@ -46,7 +50,7 @@ def router(placement: Path = typer.Option(..., "--placement", help="sempar place
     cfg = RouterConfig(upstream=upstream, engine=engine, dp_size=dp_size, host=host, port=port,
                        policy=policy, max_inflight_per_rank=max_inflight, max_body_bytes=max_body,
                        read_timeout_s=timeout, api_key=api_key, log_routing=log_routing,
-                       graceful_s=graceful)
+                       graceful_s=graceful, tokenize_bytes=tokenize_bytes)
     app = load_router(cfg, str(placement), str(model_dir))
     serve(cfg, app)
 

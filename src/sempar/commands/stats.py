@@ -1,5 +1,5 @@
 """`sempar stats build`, `sempar stats merge`, `sempar stats info`: mergeable routing statistics
-of trace shards (affinity/summary.py), built here or as Ray tasks, for `place --stats`."""
+of trace shards (stats/routing_stats.py), built here or as Ray tasks, for `place --stats`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ SHARDS_MAX = 100_000      # files on one command line: each is opened and its he
 
 
 def _parts(value: Optional[str]) -> Optional[str]:
-    from sempar.affinity.stats_parts import STATS_PARTS
+    from sempar.stats.parts import STATS_PARTS
     from sempar.commands._options import check_names
 
     check_names("--parts", value, STATS_PARTS)
@@ -29,7 +29,7 @@ def _parts(value: Optional[str]) -> Optional[str]:
 
 
 def _parts_help() -> str:
-    from sempar.affinity.stats_parts import DEFAULT_PARTS, STATS_PARTS
+    from sempar.stats.parts import DEFAULT_PARTS, STATS_PARTS
 
     items = "; ".join(f"{n}: {STATS_PARTS.get(n).holds}" for n in STATS_PARTS.names())
     return (f"comma-separated parts beside loads and request sizes (default "
@@ -38,9 +38,22 @@ def _parts_help() -> str:
 
 
 def _check_ray(value: Optional[str]) -> Optional[str]:
-    if value is not None and not value.strip():
-        raise InputError("--ray: give auto, local or a cluster address")
-    return value
+    from sempar.ray_cluster import check_address
+
+    return check_address(value)
+
+
+def _check_token_parts(chosen: tuple[str, ...], traces: List[Path]) -> None:
+    """An explicit --parts naming a part that needs token ids is refused on a trace without
+    them (the default set drops such parts quietly: nothing was asked for by name)."""
+    from sempar.stats.parts import STATS_PARTS
+    from sempar.trace.io import read_header
+
+    needs = [p for p in chosen if STATS_PARTS.get(p).needs_token_ids]
+    for t in traces if needs else ():
+        if not read_header(t)[2].has_token_ids:
+            raise InputError(f"--parts {needs[0]}: {t} has no token ids (imported without "
+                             f"them); leave {needs[0]} out of --parts")
 
 
 @stats_app.command("build")
@@ -58,14 +71,17 @@ def stats_build(traces: List[Path] = typer.Option(..., "--trace",
                                                   help="build the shards as Ray tasks: local (a "
                                                        "local cluster), auto (the running one) "
                                                        "or an address; default: no Ray"),
+                ray_timeout: float = typer.Option(30.0, "--ray-timeout",
+                                                  callback=bound(0.1, 3600.0),
+                                                  help="seconds to reach the --ray cluster"),
                 jobs: int = typer.Option(1, "--jobs", callback=bound(1, 4096),
                                          help="shards built at once (processes or Ray CPUs)"),
                 as_json: bool = json_option("print the stats' summary as one JSON object")
                 ) -> None:
     """Build the statistics of trace shards (their concatenation, in order) and write them."""
-    from sempar.affinity.stats_parts import DEFAULT_PARTS
-    from sempar.affinity.summary_file import save_stats
-    from sempar.affinity.summary_run import StatsSettings, build_stats, small_pages
+    from sempar.stats.parts import DEFAULT_PARTS
+    from sempar.stats.file import save_stats
+    from sempar.stats.run import StatsSettings, build_stats, small_pages
     from sempar.atomic import check_output
     from sempar.progress import progress_bar
 
@@ -73,11 +89,13 @@ def stats_build(traces: List[Path] = typer.Option(..., "--trace",
         raise InputError(f"--trace: {len(traces)} shards; at most {SHARDS_MAX}")
     check_output(out_file, *traces)
     chosen = tuple(p.strip() for p in parts.split(",") if p.strip()) if parts else DEFAULT_PARTS
+    if parts:
+        _check_token_parts(chosen, traces)
     settings = StatsSettings(parts=chosen, seed=seed, sample_rows=sample_rows)
     runner = "local" if ray is None else "ray"
     with progress_bar(f"stats of {len(traces)} shard(s)", len(traces)) as advance:
         stats = build_stats([str(t) for t in traces], settings, runner=runner, jobs=jobs,
-                            ray_address=ray, progress=advance)
+                            ray_address=ray, progress=advance, ray_timeout=ray_timeout)
     with small_pages():
         save_stats(stats, out_file)
     _report(stats, out_file, as_json)
@@ -90,8 +108,8 @@ def stats_merge(inputs: List[Path] = typer.Option(..., "--stats",
                 as_json: bool = json_option("print the stats' summary as one JSON object")
                 ) -> None:
     """Merge stats files (of consecutive shards, in order) into one."""
-    from sempar.affinity.summary import merge_all
-    from sempar.affinity.summary_file import load_stats, save_stats
+    from sempar.stats.routing_stats import merge_all
+    from sempar.stats.file import load_stats, save_stats
     from sempar.atomic import check_output
 
     if len(inputs) > SHARDS_MAX:
@@ -106,7 +124,7 @@ def stats_merge(inputs: List[Path] = typer.Option(..., "--stats",
 def stats_info(file: Path = typer.Argument(..., help="stats file"),
                as_json: bool = json_option()) -> None:
     """Summarise a stats file: model, rows, requests, parts, sample, shards."""
-    from sempar.affinity.summary_file import load_stats
+    from sempar.stats.file import load_stats
 
     _report(load_stats(file), None, as_json)
 

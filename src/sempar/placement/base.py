@@ -117,7 +117,7 @@ def coclustered_placement(p: PlacementProblem, name: str, expert_device: np.ndar
     """The placement and token table of a co-clustering solver.
 
     expert_device int[L, N]: device of each expert (N/G each); stats: the fit trace's
-    `affinity.routing_stats.AffinityStats` (tokens, per-layer counts); token_device int[L, U]: the
+    `affinity.affinity_stats.AffinityStats` (tokens, per-layer counts); token_device int[L, U]: the
     solver's token clusters, where -1 (or token_device None for all) sends the token where most
     of its expected activations land (lowest device on ties). The table's confidence is the
     share of the token's expected activations on its device. Built one layer at a time from the

@@ -8,7 +8,7 @@ k-means.
 
 Per MoE layer l, with E = G co-clusters (one per device), N experts, U fit tokens, the
 token -> expert confidence table Cp[l] (U x N, rows sum to 1) and the token frequency a (U),
-both from `affinity.routing_stats.AffinityStats`:
+both from `affinity.affinity_stats.AffinityStats`:
 
 - Alg. 1 lines 1-2: p_matrix_ep = ones(N, E) / E, p_matrix_tk = ones(U, E) / E.
 - `sample` (lines 3-23): each sample visits the rows and draws a label from
@@ -85,7 +85,7 @@ from scipy import sparse
 from threadpoolctl import threadpool_limits
 
 from sempar.errors import InputError
-from sempar.affinity.routing_stats import AffinityStats
+from sempar.affinity.affinity_stats import AffinityStats
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement
 from sempar.placement.cem_sampling import sample_batch
 from sempar.placement.placement import Placement

@@ -1,7 +1,7 @@
 """Placements solved from `RoutingStats` instead of a whole trace (`sempar place --stats`).
 
 The `sempar` solver's `rows` objective (placement/sempar/rows.py) solves on a seeded sample of
-whole fit requests (`affinity.request_sample`, at most `SemparConfig.row_sample` rows) and
+whole fit requests (`stats.sample`, at most `SemparConfig.row_sample` rows) and
 builds the placement's token table from the whole fit trace's token x expert counts. A
 `RoutingStats` holds exactly that sample (part "sample", the same rule, merged exactly across
 shards) and those counts (part "tokens"), so the solve here runs the same code on the same
@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 from scipy import sparse
 
-from sempar.affinity.summary import RoutingStats
+from sempar.stats.routing_stats import RoutingStats
 from sempar.errors import InputError
 from sempar.placement.base import PlacementProblem, token_table_row
 from sempar.placement.placement import Placement

@@ -7,7 +7,7 @@ Balanced KMeans performs a two-stage balanced KMeans clustering for tokens and e
 predicted routing affinity separately." That is all the paper says; the rest below is our choice.
 
 Both work per MoE layer on the fit trace's statistics from
-`affinity.routing_stats.AffinityStats`: token frequency a[u] and token -> expert confidence
+`affinity.affinity_stats.AffinityStats`: token frequency a[u] and token -> expert confidence
 Cp[l, u, e] (so the co-activation count of token u and expert e is c[u, e] = a[u] * k *
 Cp[l, u, e], an integer). One cluster = one device; every
 expert is placed once (no replicas), N/G experts per device. Both return, besides the placement,
@@ -54,7 +54,7 @@ from scipy import sparse
 from scipy.optimize import linear_sum_assignment
 from threadpoolctl import threadpool_limits
 
-from sempar.affinity.routing_stats import AffinityStats
+from sempar.affinity.affinity_stats import AffinityStats
 from sempar.console import warnings_as_note
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement
 from sempar.placement.placement import Placement

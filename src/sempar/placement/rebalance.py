@@ -304,6 +304,26 @@ def payback_s(move: Move, cfg: RebalanceConfig) -> float:
     return math.inf if saved <= 0 else move.bytes / saved
 
 
+def check_window(placement: Placement, meta) -> None:
+    """One line unless the window (`meta`: its `TraceMeta`) is routing of the model the
+    placement was solved for: the same expert and layer counts, and the same model name, HF
+    model type, MoE layer ids and expert groups where the placement records them
+    (`Placement.info`, `placement.base`). Expert ids below the placement's count are not
+    enough: an 8-expert window fits a 64-expert placement's ids."""
+    if meta.num_experts != placement.num_experts or meta.num_layers != placement.num_layers:
+        raise InputError(f"--trace: a window of {meta.num_layers} layers x {meta.num_experts} "
+                         f"experts; the placement places {placement.num_layers} x "
+                         f"{placement.num_experts}: another model")
+    info = placement.info
+    mine = {"model": meta.model, "model_type": meta.model_type,
+            "layer_ids": list(meta.layers), "num_expert_groups": meta.num_expert_groups}
+    for key, value in mine.items():
+        theirs = info.get(key)
+        if theirs is not None and value is not None and theirs != value:
+            raise InputError(f"--trace: the window's {key} {value!r} is not the placement's "
+                             f"{theirs!r}: routing of another model")
+
+
 def rebalance(placement: Placement, experts: np.ndarray,
               cfg: RebalanceConfig = RebalanceConfig(),
               weight: np.ndarray | None = None, group: np.ndarray | None = None,

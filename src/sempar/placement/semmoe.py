@@ -81,7 +81,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 
-from sempar.affinity.routing_stats import AffinityStats
+from sempar.affinity.affinity_stats import AffinityStats
 from sempar.console import warnings_as_note
 from sempar.placement.base import SOLVERS, PlacementProblem, coclustered_placement
 from sempar.placement.placement import Placement, RequestClusters

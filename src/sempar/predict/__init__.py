@@ -1,6 +1,6 @@
 """Routing predictors fitted on a trace: token -> expert (Cp), token -> device (T, Tp), device n-grams (A, Ap)."""
 
-from sempar.affinity.routing_stats import device_states
+from sempar.affinity.affinity_stats import device_states
 from sempar.predict.accuracy import combine, prediction_accuracy
 from sempar.predict.confidence import ExpertConfidence
 from sempar.predict.ngram import DeviceNgram

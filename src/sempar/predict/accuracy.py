@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from sempar.errors import InputError
-from sempar.affinity.routing_stats import device_states
+from sempar.affinity.affinity_stats import device_states
 from sempar.predict.device_state import check_placement, local_share
 from sempar.predict.ngram import DeviceNgram
 from sempar.predict.token_device import TokenDevice

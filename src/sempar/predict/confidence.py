@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sempar.affinity.routing_stats import layer_counts
+from sempar.affinity.affinity_stats import layer_counts
 from sempar.errors import InputError
 from sempar.predict.oov import EmbeddingOOV, fitted_mapper, resolve
 from sempar.trace.schema import RoutingTrace

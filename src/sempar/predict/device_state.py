@@ -4,7 +4,7 @@ Both papers model "the activation device sequence rather than the activation exp
 D^(l) is "the device index where the chosen expert locates at the l-th layer". A token selects k
 experts, so we define its **device state** at layer l as the device hosting the most of its k
 real selected experts under the placement; an expert with replicas counts for every device that
-hosts it; ties go to the lowest device id (`affinity.routing_stats.device_states`). This state
+hosts it; ties go to the lowest device id (`affinity.affinity_stats.device_states`). This state
 is also the ground truth the token and n-gram tables are scored against: sending the
 token there makes the most of its activations local.
 

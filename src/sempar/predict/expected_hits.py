@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 
-from sempar.affinity.routing_stats import layer_counts
+from sempar.affinity.affinity_stats import layer_counts
 from sempar.predict.device_state import fit_inputs
 from sempar.predict.oov import EmbeddingOOV, fitted_mapper
 from sempar.trace.schema import RoutingTrace

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from sempar.errors import InputError
-from sempar.affinity.routing_stats import device_states
+from sempar.affinity.affinity_stats import device_states
 from sempar.predict.device_state import check_placement
 from sempar.trace.schema import RoutingTrace
 

@@ -28,7 +28,7 @@ import numpy as np
 from scipy import sparse
 
 from sempar.errors import InputError
-from sempar.affinity.routing_stats import device_states, layer_counts
+from sempar.affinity.affinity_stats import device_states, layer_counts
 from sempar.predict.device_state import fit_inputs
 from sempar.predict.oov import EmbeddingOOV, fitted_mapper
 from sempar.predict.token_table import TokenTable

@@ -14,8 +14,9 @@ answer streamed back chunk by chunk, byte for byte). GET /v1/models is forwarded
 it (`authorized`, the one check). Errors are OpenAI-style JSON objects on one line, from one
 helper (`refuse`) and one for upstream failures (`upstream_failure`: 502 refused / dropped,
 504 timed out): 400 bad JSON or prompt, 401 without the key, 404 unknown route, 413 body too
-large, 429 every rank at its in-flight bound (Retry-After). Logs are JSON lines that never carry
-headers or prompt text.
+large, 429 every rank at its in-flight bound or the big prompts being tokenized at their byte
+bound (`RouterState.admit_big`; Retry-After). Logs are JSON lines that never carry headers or
+prompt text.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ class RouterState:
         self.upstream = Upstream(cfg.upstream, cfg.connect_timeout_s, cfg.read_timeout_s)
         self.ids = itertools.count()
         self.routing_log = None
+        self.tokenizing = 0       # bytes of big bodies in worker threads now (`admit_big`)
         self._key = f"{cfg.api_key}".encode() if cfg.api_key is not None else None
 
     def refuse(self, status: int, kind: str, message: str,
@@ -117,6 +119,19 @@ class RouterState:
             return True
         scheme, _, token = authorization.strip().partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._key)
+
+    def admit_big(self, n: int) -> bool:
+        """Whether a big body of n bytes may be parsed and tokenized now: the bytes in worker
+        threads stay within `cfg.tokenize_bytes` (one body always goes), so the tokenizers'
+        memory is bounded however many big prompts arrive; the caller answers 429 when not and
+        calls `done_big(n)` when its work ends. (Event-loop only: no lock needed.)"""
+        if self.tokenizing and self.tokenizing + n > self.cfg.tokenize_bytes:
+            return False
+        self.tokenizing += n
+        return True
+
+    def done_big(self, n: int) -> None:
+        self.tokenizing -= n
 
     def acquire(self, tokens, n: int) -> int | None:
         """The rank for a request of n tokens (int64[n], or the policy's `prepare`d form), its

@@ -29,7 +29,10 @@ class RouterConfig:
     router stops sending it more (all ranks full -> 429); max_body_bytes: the request body limit;
     connect_timeout_s / read_timeout_s: to the upstream (read: between two received chunks);
     api_key: when set, clients must send `Authorization: Bearer KEY`; log_routing: a JSONL file
-    of (request, tokens, rank); graceful_s: how long shutdown waits for in-flight streams."""
+    of (request, tokens, rank); graceful_s: how long shutdown waits for in-flight streams;
+    tokenize_bytes: bytes of big bodies (over `request.THREAD_BYTES`) parsed and tokenized at
+    once in worker threads (a tokenizer holds ~140x a prompt's bytes: 2.2 GB for 15 MB), one
+    body always admitted, beyond it 429 + Retry-After."""
 
     upstream: str
     engine: str
@@ -44,6 +47,7 @@ class RouterConfig:
     api_key: str | None = None
     log_routing: Path | None = None
     graceful_s: float = 30.0
+    tokenize_bytes: int = MAX_BODY_BYTES
 
     @property
     def upstream_shown(self) -> str:
@@ -61,7 +65,8 @@ class RouterConfig:
         if not ok:
             raise InputError(f"--upstream: {shown!r} is not http(s)://host:port")
         object.__setattr__(self, "upstream", self.upstream.rstrip("/"))
-        for name, lo in (("dp_size", 1), ("max_inflight_per_rank", 1), ("max_body_bytes", 1)):
+        for name, lo in (("dp_size", 1), ("max_inflight_per_rank", 1), ("max_body_bytes", 1),
+                         ("tokenize_bytes", 1)):
             if getattr(self, name) < lo:
                 raise InputError(f"--{name.replace('_', '-')}: {getattr(self, name)} (need >= {lo})")
         if not 0 <= self.port <= 65535:

@@ -1,7 +1,8 @@
 """`RoutedRequest`: one routed request of the router, a raw ASGI handler (issue 37: no Starlette
 request / response objects on the hot path), step by step: `parse` (size-limited body, strict
 JSON: no NaN / Infinity) -> `tokenize` (bodies over `THREAD_BYTES` parsed, tokenized and scored
-in a worker thread, so the event loop, /health included, never waits behind a big prompt) ->
+in a worker thread, so the event loop, /health included, never waits behind a big prompt; their
+bytes in threads at once bounded, 429 beyond) ->
 `choose` (the policy's streaming `submit`; `complete` when the answer ends, however it ends) ->
 `forward` (the rank in the engine's field or header; from here to the answer's end one task
 watches for the client's disconnect, so a client that leaves cancels the engine request and
@@ -121,8 +122,7 @@ class RoutedRequest:
             raw = await self.read_body()
             big = len(raw) > THREAD_BYTES
             if big:                                # parse, tokenize, score rows: off the loop
-                body, tokens = await anyio.to_thread.run_sync(self.parse_and_tokenize, raw)
-                work = await anyio.to_thread.run_sync(self.st.policy.prepare, tokens)
+                body, tokens, work = await self.tokenize_big(raw)
             else:
                 body, tokens = self.parse_and_tokenize(raw)
                 work = tokens
@@ -189,6 +189,21 @@ class RoutedRequest:
             chunks.append(c)
             if not m.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def tokenize_big(self, raw: bytes):
+        """(body, tokens, the policy's prepared form) of a big body, in worker threads, within
+        the router's tokenizing byte bound (`RouterState.admit_big`): 429 + Retry-After beyond."""
+        st, n = self.st, len(raw)
+        if not st.admit_big(n):
+            raise Refused(st.refuse(429, "tokenizer_busy",
+                                    f"big prompts of {st.tokenizing} bytes are being tokenized "
+                                    f"(bound {st.cfg.tokenize_bytes})",
+                                    headers={"Retry-After": "1"}))
+        try:
+            body, tokens = await anyio.to_thread.run_sync(self.parse_and_tokenize, raw)
+            return body, tokens, await anyio.to_thread.run_sync(st.policy.prepare, tokens)
+        finally:
+            st.done_big(n)
 
     def parse_and_tokenize(self, raw: bytes):
         """(body dict, token ids int64[n]); runs in a worker thread for big bodies."""

@@ -74,6 +74,9 @@ def check_routing_log(path, *inputs) -> None:
     from sempar.output_rule import check_output
 
     real = check_output(path, *inputs, option="--log-routing")
+    if not real.parent.is_dir():        # appended to for the router's life: not made here
+        raise InputError(f"--log-routing: the folder {real.parent} does not exist; make it "
+                         "first")
     if not real.exists() or real.stat().st_size == 0:
         return
     try:
@@ -106,22 +109,40 @@ def bind(cfg: RouterConfig):
     return sock
 
 
-def serve(cfg: RouterConfig, app) -> None:
-    """Run `app` until SIGTERM / SIGINT (uvicorn's handlers), JSON-line logs on stderr."""
-    import uvicorn
-
+def json_logs() -> logging.Logger:
+    """The router's logger, and uvicorn's, writing JSON lines on stderr (`JsonLines`): uvicorn's
+    own warnings ("Invalid HTTP request received.") included, their tracebacks left out."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLines())
     log = logging.getLogger("sempar.router")
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO)
     log.propagate = False
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        other = logging.getLogger(name)
+        other.handlers[:] = [handler] if name == "uvicorn" else []
+        other.propagate = name != "uvicorn"
+        other.setLevel(logging.WARNING)
+    return log
+
+
+def uvicorn_config(cfg: RouterConfig, app):
+    """uvicorn's Config for the router: no logging config of its own (`json_logs` holds),
+    no access log (ours are the structured lines), graceful shutdown after `cfg.graceful_s`."""
+    import uvicorn
+
+    return uvicorn.Config(app, log_level="warning", access_log=False, log_config=None,
+                          timeout_graceful_shutdown=cfg.graceful_s, loop="auto", http="auto",
+                          limit_concurrency=None, server_header=False, date_header=False)
+
+
+def serve(cfg: RouterConfig, app) -> None:
+    """Run `app` until SIGTERM / SIGINT (uvicorn's handlers), JSON-line logs on stderr."""
+    import uvicorn
+
+    log = json_logs()
     sock = bind(cfg)
     log.info(json.dumps({"event": "start", "host": cfg.host, "port": sock.getsockname()[1],
                          "upstream": cfg.upstream_shown, "engine": cfg.engine,
                          "dp_size": cfg.dp_size, "policy": cfg.policy}))
-    # uvicorn's access log would print request lines; ours (above) are the structured ones.
-    config = uvicorn.Config(app, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=cfg.graceful_s, loop="auto", http="auto",
-                            limit_concurrency=None, server_header=False, date_header=False)
-    uvicorn.Server(config).run(sockets=[sock])
+    uvicorn.Server(uvicorn_config(cfg, app)).run(sockets=[sock])

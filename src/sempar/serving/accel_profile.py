@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from sempar.errors import InputError
-from sempar.serving.dims import ModelDims
+from sempar.serving.dims import ModelDims, check_dims
 from sempar.serving.hardware import ACCELERATORS, Accelerator
 from sempar.serving.roof_parts import RoofParts
 
@@ -165,12 +165,13 @@ def _entry(path, i: int, raw) -> Entry:
     if not isinstance(d, dict) or set(d) - names or not {"name", "hidden"} <= set(d):
         raise _bad(path, f"entries[{i}].dims is not a ModelDims object")
     try:
-        dims = ModelDims(**{**d, "mla": tuple(d["mla"]) if d.get("mla") else None})
-        ints = [getattr(dims, f.name) for f in fields(ModelDims) if f.name not in ("name", "mla")]
-        if not all(isinstance(v, int) and 0 <= v < 2 ** 40 for v in ints):
-            raise ValueError
-    except (TypeError, ValueError):
+        mla = d.get("mla")
+        dims = check_dims(ModelDims(**{**d, "mla": tuple(mla) if isinstance(mla, list) else mla}),
+                          f"entries[{i}].dims")
+    except TypeError:
         raise _bad(path, f"entries[{i}].dims has a field that is not a non-negative integer") from None
+    except InputError as err:
+        raise _bad(path, str(err)) from None
     t, m = raw.get("tokens"), raw.get("measured_us")
     ok = (isinstance(t, list) and isinstance(m, list) and 0 < len(t) == len(m) <= 10_000
           and all(isinstance(x, int) and 0 < x < 2 ** 40 for x in t)

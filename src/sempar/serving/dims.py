@@ -117,3 +117,39 @@ def model_dims(model: str) -> ModelDims:
                      c["num_hidden_layers"] - dense, dense, c.get("intermediate_size", 0),
                      c["vocab_size"], c["num_local_experts"], c["num_experts_per_tok"],
                      dtype_bytes=2)
+
+
+# Sizes of a model shape taken from a user's file (a checkpoint's config.json, a line's dims):
+# far beyond any real MoE (DeepSeek-V3: hidden 7168, 128 heads, 256 experts, 61 layers) and
+# far below what makes a measurement or a price meaningless or unbounded.
+DIM_LIMITS = {"hidden": (1, 1 << 16), "heads": (1, 1 << 10), "kv_heads": (1, 1 << 10),
+              "head_dim": (1, 1 << 12), "moe_intermediate": (1, 1 << 18),
+              "moe_layers": (1, 10_000), "dense_layers": (0, 10_000),
+              "dense_intermediate": (0, 1 << 18), "vocab": (1, 2**31 - 1),
+              "num_experts": (1, 1 << 20), "top_k": (1, 1 << 20), "shared_experts": (0, 1 << 10),
+              "shared_intermediate": (0, 1 << 18), "dtype_bytes": (1, 8)}
+
+
+def check_dims(d: ModelDims, where: str) -> ModelDims:
+    """`d` when every size is an integer in `DIM_LIMITS`, top-k at most the experts and the
+    MLA ranks sane; else one line naming the field (before any measuring or pricing). Every
+    ModelDims read from a user's file goes through it: `calibrate --model-dir`, measurement
+    lines (`calibrate.lines`), profile entries (`accel_profile`)."""
+    if not isinstance(d.name, str) or not d.name.strip() or len(d.name) > 200:
+        raise InputError(f"{where}: the model name {str(d.name)[:40]!r} is not a name")
+    for name, (lo, hi) in DIM_LIMITS.items():
+        v = getattr(d, name)
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise InputError(f"{where}: {name} {v!r} is not an integer in [{lo}, {hi}]")
+    if d.top_k > d.num_experts:
+        raise InputError(f"{where}: top_k {d.top_k} exceeds num_experts {d.num_experts}")
+    if d.dense_layers and not d.dense_intermediate:
+        raise InputError(f"{where}: {d.dense_layers} dense layers of intermediate size 0")
+    if d.mla is not None:
+        ranks = d.mla if isinstance(d.mla, tuple) else ()
+        if len(ranks) != 4 or 0 in ranks[1:] or any(
+                isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1 << 16
+                for v in ranks):
+            raise InputError(f"{where}: mla {d.mla!r} is not (q_lora_rank, kv_lora_rank, rope, "
+                             "nope) with the last three positive")
+    return d

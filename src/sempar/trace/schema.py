@@ -191,6 +191,16 @@ class TraceMeta:
                 return name
         return None
 
+    def model_difference(self, other: "TraceMeta") -> str | None:
+        """The first field saying the two come from different models: the model's name, its
+        HF `model_type` when both know it, or a shape field (`first_difference`); None when
+        they may be the same model. Shards and windows of one model must agree on all."""
+        if self.model != other.model:
+            return "model"
+        if None not in (self.model_type, other.model_type) and self.model_type != other.model_type:
+            return "model_type"
+        return self.first_difference(other)
+
 
 @dataclass
 class RoutingTrace:

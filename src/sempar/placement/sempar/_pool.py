@@ -5,7 +5,7 @@ platform that can fork, the layers go to `jobs` worker processes forked from thi
 workers see the caller's arrays (the trace, its statistics) without copying or pickling them:
 only the layer index goes out and fn's result (plain numpy arrays and numbers) comes back.
 Each worker takes `block` consecutive layers at a time (the affinity statistics gather the
-trace's selections `routing_stats.BLOCK_LAYERS` layers at once), fewer when there are too few
+trace's selections `affinity_stats.BLOCK_LAYERS` layers at once), fewer when there are too few
 layers to give every worker a block. With `jobs` <= 1, one layer, no fork (not Linux/macOS)
 or inside another map, fn runs here, in order: the serial run. A worker that dies (killed, out
 of memory) raises `concurrent.futures.process.BrokenProcessPool` here rather than leaving the

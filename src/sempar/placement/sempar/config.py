@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sempar.affinity.routing_stats import BLOCK_LAYERS
+from sempar.affinity.affinity_stats import BLOCK_LAYERS
 from sempar.errors import check_choice
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sempar.affinity.routing_stats import AffinityStats
+from sempar.affinity.affinity_stats import AffinityStats
 from sempar.placement import serving
 from sempar.placement.base import PlacementProblem
 from sempar.placement.placement import Placement, RequestClusters

@@ -21,7 +21,7 @@ Objectives (`PlacementProblem.objective`):
   rule is named), `rows` when the trace has no token ids.
 
 Choices (the issue leaves them open): above `max_rows` fit rows, whole fit requests are
-sampled (seeded, `affinity.request_sample`: the rule a merged `RoutingStats` sample follows too)
+sampled (seeded, `stats.sample`: the rule a merged `RoutingStats` sample follows too)
 until the cap, so the solve stays bounded on large traces; the placement's
 token table, when the fit trace has token ids, is rebuilt for the real ids with the
 co-clustering rule (`base.token_table_row`: each token on the device holding most of its
@@ -36,8 +36,8 @@ from typing import Callable
 
 import numpy as np
 
-from sempar.affinity.request_sample import sample_requests
-from sempar.affinity.routing_stats import AffinityStats
+from sempar.stats.sample import sample_requests
+from sempar.affinity.affinity_stats import AffinityStats
 from sempar.placement.base import PlacementProblem, token_table_row
 from sempar.placement.placement import Placement
 from sempar.placement.sempar.held_out import HeldOut, calibrated_solve

@@ -70,7 +70,7 @@ from typing import Callable
 import numpy as np
 
 from sempar.affinity.requests import request_counts
-from sempar.affinity.routing_stats import AffinityStats
+from sempar.affinity.affinity_stats import AffinityStats
 from sempar.errors import InputError
 from sempar.placement.capacity import place_leftovers, proposal_rounds
 from sempar.placement.base import (SOLVERS, PlacementProblem, coclustered_placement,

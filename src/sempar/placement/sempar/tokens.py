@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sempar.affinity.routing_stats import AffinityStats
+from sempar.affinity.affinity_stats import AffinityStats
 from sempar.placement.capacity import BATCH
 from sempar.placement.sempar.load import onehot
 

@@ -11,7 +11,7 @@ request in the whole trace's prefix is in its shard's prefix too (the shard's re
 it are a subset of the whole trace's), so the whole trace's sample is the same rule applied
 to the union of the shards' samples, restricted to the requests ordered before every shard's
 first left-out request (`cut_after`): below the lowest such cut the union holds every request,
-so its running row counts are the whole trace's (`affinity.summary`). Requests must not
+so its running row counts are the whole trace's (`stats.routing_stats`). Requests must not
 straddle shards.
 """
 
@@ -52,7 +52,7 @@ def cut_after(priority: np.ndarray, request_id: np.ndarray, chosen: np.ndarray
               ) -> tuple[int, int] | None:
     """(priority, id) of the first request the sample rule left out (the requests are the
     three arrays' entries, `chosen` the kept indices from `bottom_requests`), None when none was:
-    every request ordered below it is in the sample, which merging needs (`affinity.summary`)."""
+    every request ordered below it is in the sample, which merging needs (`stats.routing_stats`)."""
     out = np.ones(priority.size, bool)
     out[chosen] = False
     if not out.any():

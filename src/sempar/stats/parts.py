@@ -1,4 +1,4 @@
-"""The optional parts of `RoutingStats` (affinity/summary.py), registered once by name with
+"""The optional parts of `RoutingStats` (stats/routing_stats.py), registered once by name with
 what each holds, whether it needs token ids and whether it is built by default. A light module
 (no numpy): the CLI lists the parts in its help without importing the statistics code."""
 

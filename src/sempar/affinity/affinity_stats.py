@@ -1,4 +1,5 @@
-"""Routing statistics of a trace, one module for placement, predict and analysis alike.
+"""Affinity statistics of a trace (`AffinityStats` and the counts it is built from), one module for
+placement, predict and analysis alike.
 
 Functions of one layer's selections (experts int[T, k]) or of a whole trace (int[T, L, k]):
 

@@ -2,7 +2,7 @@
 
 `build_shard(path, settings)` streams one trace file (`trace.io.iter_blocks`, a row group at a
 time) through a `StatsBuilder`; `build_stats(paths, settings, runner)` builds every shard and
-folds the results into one with `summary.merge` in the order the paths were given, so the result
+folds the results into one with `routing_stats.merge` in the order the paths were given, so the result
 is the stats of the shards' concatenation. Runners (`RUNNERS`, by name):
 
 - `local` (the default; no Ray needed): `jobs` processes of this machine
@@ -23,15 +23,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from sempar.affinity.summary import DEFAULT_PARTS, SAMPLE_ROWS, RoutingStats, merge, resolve_parts
-from sempar.affinity.summary_build import StatsBuilder
+from sempar.stats.routing_stats import DEFAULT_PARTS, SAMPLE_ROWS, RoutingStats, merge, resolve_parts
+from sempar.stats.build import StatsBuilder
 from sempar.errors import InputError
 from sempar.registry import Registry
 
 
 @dataclass(frozen=True, kw_only=True)
 class StatsSettings:
-    """What a shard's stats hold: parts (`summary.PARTS`), the sample's seed and row budget."""
+    """What a shard's stats hold: parts (`routing_stats.PARTS`), the sample's seed and row budget."""
 
     parts: tuple[str, ...] = DEFAULT_PARTS
     seed: int = 0
@@ -79,8 +79,8 @@ def _build_shard(path: str, settings: StatsSettings) -> RoutingStats:
     return builder.finish()
 
 
-def _local(paths: list[str], settings: StatsSettings, jobs: int, address: str | None
-           ) -> Iterator[RoutingStats]:
+def _local(paths: list[str], settings: StatsSettings, jobs: int, address: str | None,
+           timeout: float) -> Iterator[RoutingStats]:
     if jobs <= 1 or len(paths) == 1:
         for p in paths:
             yield build_shard(p, settings)
@@ -99,11 +99,11 @@ def _local(paths: list[str], settings: StatsSettings, jobs: int, address: str | 
             yield res
 
 
-def _ray(paths: list[str], settings: StatsSettings, jobs: int, address: str | None
-         ) -> Iterator[RoutingStats]:
+def _ray(paths: list[str], settings: StatsSettings, jobs: int, address: str | None,
+         timeout: float) -> Iterator[RoutingStats]:
     from sempar.ray_cluster import ray_session, ray_task_error
 
-    with ray_session(address, jobs) as ray:
+    with ray_session(address, jobs, timeout) as ray:
         try:
             task = ray.remote(num_cpus=1)(build_shard)
             refs = [task.remote(p, settings) for p in paths[:jobs]]
@@ -127,7 +127,7 @@ RUNNERS.add("ray", _ray)
 
 def check_shards(paths: list) -> None:
     """One line, before any work, when a shard is unreadable or of another model than the
-    first (`TraceMeta.first_difference`)."""
+    first (`TraceMeta.model_difference`: name, type or shape)."""
     from sempar.trace.io import read_header
 
     first = None
@@ -136,7 +136,7 @@ def check_shards(paths: list) -> None:
         if first is None:
             first = (p, meta)
             continue
-        diff = first[1].first_difference(meta)
+        diff = first[1].model_difference(meta)
         if diff:
             raise InputError(f"{p}: another model than {first[0]} ({diff}: "
                              f"{getattr(meta, diff)!r} vs {getattr(first[1], diff)!r}); "
@@ -145,15 +145,17 @@ def check_shards(paths: list) -> None:
 
 def build_stats(paths: list[str], settings: StatsSettings, *, runner: str = "local",
                 jobs: int = 1, ray_address: str | None = None,
-                progress: Callable[[int], None] | None = None) -> RoutingStats:
+                progress: Callable[[int], None] | None = None,
+                ray_timeout: float = 30.0) -> RoutingStats:
     """The stats of the concatenation of the trace files `paths`, in order (module docstring).
-    `progress(1)` is called as each shard is merged."""
+    `progress(1)` is called as each shard is merged; `ray_timeout`: seconds to reach the
+    cluster at `ray_address` (`ray_cluster.ray_session`)."""
     run = RUNNERS.get(runner)
     check_shards(paths)
     out = None
     with small_pages():
         for i, stats in enumerate(run(list(map(str, paths)), settings, max(1, jobs),
-                                      ray_address)):
+                                      ray_address, ray_timeout)):
             out = stats if out is None else merge(out, stats, str(paths[i]), consume=True)
             del stats
             if progress:

@@ -6,7 +6,7 @@ the placement objectives and evaluations that need no raw order read:
 - `loads` int64[L, N]: token-expert activations per layer (always);
 - requests (always): `request_ids` int64[R] sorted, `request_rows` int64[R] rows each;
 - `sample` (part "sample"): the rows of a seeded sample of whole requests of at most
-  `sample_rows` rows (`affinity.request_sample`), with their row index in the whole trace, in
+  `sample_rows` rows (`stats.sample`), with their row index in the whole trace, in
   trace order: the rows objective's fit sample (`placement/sempar/rows.py`);
 - `tokens` (part "tokens", traces with token ids): per layer the token x expert counts
   c[l, u, e] as CSR [V, N] (Sem-MoE §3.2's activation table T^(l), rows by token id);
@@ -19,9 +19,10 @@ the placement objectives and evaluations that need no raw order read:
 
 Merging (`merge`) is associative and exact: the counts of a concatenation are the sums of the
 shards' (bit for bit), and the sample of a concatenation is the sample rule applied to the
-union of the shards' samples (`request_sample`'s docstring says why), the second operand's row
+union of the shards' samples (`stats.sample`'s docstring says why), the second operand's row
 indices shifted by the first's row count. Requests must not straddle shards (refused, one
-line). Shards of different models (`TraceMeta.first_difference`) are refused, one line.
+line). Shards of different models (`TraceMeta.model_difference`: name, type or shape) are
+refused, one line.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import sparse
 
-from sempar.affinity.request_sample import below, bottom_requests, cut_after, request_priority
+from sempar.stats.sample import below, bottom_requests, cut_after, request_priority
 from sempar.errors import InputError
-from sempar.affinity.stats_parts import DEFAULT_PARTS, PARTS, STATS_PARTS
+from sempar.stats.parts import DEFAULT_PARTS, PARTS, STATS_PARTS
 from sempar.trace.schema import RoutingTrace, TraceMeta
 
 SAMPLE_ROWS = 200_000                          # `SemparConfig.row_sample`'s default
@@ -94,7 +95,7 @@ class RoutingStats:
 
 def check_same_model(a: RoutingStats, b: RoutingStats, where: str) -> None:
     """One line when `b` cannot be merged into `a` (model shape, parts, sample settings)."""
-    diff = a.meta.first_difference(b.meta)
+    diff = a.meta.model_difference(b.meta)
     if diff:
         raise InputError(f"{where}: another model ({diff}: {getattr(a.meta, diff)!r} vs "
                          f"{getattr(b.meta, diff)!r}); shards of one trace only")

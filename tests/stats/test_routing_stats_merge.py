@@ -1,4 +1,4 @@
-"""Mergeable routing statistics (affinity/summary*.py): the stats of a concatenation equal the
+"""Mergeable routing statistics (stats/): the stats of a concatenation equal the
 merge of its shards' stats, whatever the cut; merging is associative; the file round-trips and
 refuses damage; the CLI refuses mixed models and straddling requests with one line; a placement
 from statistics equals the placement from the trace; a local Ray cluster builds the same stats.
@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import build_trace, run_cli, write_unchecked
-from sempar.affinity.request_sample import sample_requests
-from sempar.affinity.summary import PARTS, merge, merge_all
-from sempar.affinity.summary_build import StatsBuilder
-from sempar.affinity.summary_file import load_stats, save_stats
+from sempar.stats.sample import sample_requests
+from sempar.stats.routing_stats import PARTS, merge, merge_all
+from sempar.stats.build import StatsBuilder
+from sempar.stats.file import load_stats, save_stats
 from sempar.trace.io import write_trace
 
 ALL = PARTS
@@ -168,7 +168,7 @@ def test_place_from_stats_equals_place_from_trace(tmp_path):
 
 def test_ray_local_cluster_builds_the_same_stats(tmp_path):
     pytest.importorskip("ray")
-    from sempar.affinity.summary_run import StatsSettings, build_stats
+    from sempar.stats.run import StatsSettings, build_stats
 
     trace = build_trace(T=600, R=60)
     paths = []
@@ -184,7 +184,7 @@ def test_ray_local_cluster_builds_the_same_stats(tmp_path):
 
 def test_token_counts_in_small_chunks_equal_one_chunk():
     """The token tables counted chunk by chunk (many flushes) equal one chunk's, and the
-    direct counts of the trace (summary_build.chunk_token_counts)."""
+    direct counts of the trace (stats.build.chunk_token_counts)."""
     from scipy import sparse
 
     trace = uneven_trace(7)

@@ -17,7 +17,7 @@ and keeps only sums and the sample's candidate rows, so a shard is never whole i
 - coactivation / transitions: bincounts over the (e, f) pair keys of each row;
 - request-experts: per layer bincounts over (request, expert) keys of the block;
 - sample: the rows of the requests that can still be in the shard's sample. The running cut
-  (`request_sample`: the first request whose prefix passes `sample_rows` on the rows seen so
+  (`stats.sample`: the first request whose prefix passes `sample_rows` on the rows seen so
   far) only moves down as rows arrive, so a request past it is dropped for good; the exact
   rule is applied once the shard ends.
 """
@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 
-from sempar.affinity.request_sample import bottom_requests, cut_after, request_priority
-from sempar.affinity.summary import SAMPLE_COLUMNS, RoutingStats
+from sempar.stats.sample import bottom_requests, cut_after, request_priority
+from sempar.stats.routing_stats import SAMPLE_COLUMNS, RoutingStats
 from sempar.trace.schema import TraceMeta
 
 CHUNK_IDS = 1 << 28      # expert ids per token-count chunk (uint8: 256 MiB; 580k DSv3 rows)

@@ -5,7 +5,9 @@ are checked before any array is read) whose metadata entry "sempar" is a JSON ob
 version, the trace's model metadata (`TraceMeta.to_json`), domains, parts, seed, sample_rows,
 shards [[name, rows]], sample_cut, and "sha256": the SHA-256 of the object without that key
 (sorted keys, compact) followed by each array's name, dtype, shape and bytes in name order. A
-flipped bit anywhere is a one-line refusal. Arrays:
+flipped bit anywhere is a one-line refusal. The hash has no key: it detects damage, it is no
+signature (whoever edits a file can recompute it), so `load_stats` then checks every part's
+contents (`stats.checks`). Arrays:
 
 - `loads` int64[L, N]; `request_ids`, `request_rows` int64[R];
 - `sample.<column>` (part "sample"): row int64[S], token_id, request_id, position, experts
@@ -26,7 +28,7 @@ import os
 import numpy as np
 from scipy import sparse
 
-from sempar.affinity.summary import SAMPLE_COLUMNS, RoutingStats
+from sempar.stats.routing_stats import SAMPLE_COLUMNS, RoutingStats
 from sempar.errors import InputError
 from sempar.trace.schema import TraceMeta
 
@@ -44,11 +46,15 @@ def _pack_tables(prefix: str, tables: list[sparse.csr_matrix]) -> dict[str, np.n
                                                 ).astype(np.int64)}
 
 
-def _unpack_tables(prefix: str, arrays: dict[str, np.ndarray], cols: int
+def _unpack_tables(prefix: str, arrays: dict[str, np.ndarray], layers: int, cols: int
                    ) -> list[sparse.csr_matrix]:
     indptr, off = arrays[f"{prefix}.indptr"], arrays[f"{prefix}.offsets"]
     ind, data = arrays[f"{prefix}.indices"], arrays[f"{prefix}.data"]
-    if off.ndim != 1 or off.size != indptr.shape[0] + 1 or off[-1] != ind.size:
+    if indptr.ndim != 2 or indptr.shape[0] != layers or indptr.shape[1] < 1 \
+            or ind.ndim != 1 or data.shape != ind.shape:
+        raise InputError(f"stats file: {prefix} tables have the wrong shapes")
+    if off.ndim != 1 or off.size != indptr.shape[0] + 1 or off[0] != 0 or off[-1] != ind.size \
+            or (np.diff(off) < 0).any():
         raise InputError(f"stats file: {prefix} tables are inconsistent")
     out = []
     for l in range(indptr.shape[0]):
@@ -91,8 +97,13 @@ def checksum(header: dict, arrays: dict[str, np.ndarray]) -> str:
     for name in sorted(arrays):
         a = arrays[name]
         h.update(f"{name}|{a.dtype.str}|{a.shape}".encode())
-        h.update(memoryview(np.ascontiguousarray(a)).cast("B"))
+        h.update(_raw(a))
     return h.hexdigest()
+
+
+def _raw(a: np.ndarray) -> memoryview | bytes:
+    """The array's bytes without a copy (memoryview cannot cast an empty [0, N, N] view)."""
+    return memoryview(np.ascontiguousarray(a)).cast("B") if a.size else b""
 
 
 _ST_DTYPES = {"int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
@@ -141,7 +152,7 @@ def save_stats(stats: RoutingStats, path: str | os.PathLike, option: str = "--ou
         h.update(f"{name}|{dtype.str}|{tuple(shape)}".encode())
         size = 0
         for part in parts:
-            h.update(memoryview(part).cast("B"))
+            h.update(_raw(part))
             size += part.nbytes
         table[name] = {"dtype": _ST_DTYPES[dtype.name], "shape": list(shape),
                        "data_offsets": [at, at + size]}
@@ -156,7 +167,7 @@ def save_stats(stats: RoutingStats, path: str | os.PathLike, option: str = "--ou
             f.write(blob)
             for name in sorted(pieces):
                 for part in pieces[name][2]:
-                    f.write(memoryview(part).cast("B"))
+                    f.write(_raw(part))
 
 
 def load_stats(path: str | os.PathLike) -> RoutingStats:
@@ -191,26 +202,34 @@ def load_stats(path: str | os.PathLike) -> RoutingStats:
 
 
 def _from_parts(header: dict, arrays: dict[str, np.ndarray], path) -> RoutingStats:
+    """The stats of a file whose hash matched, every part checked (`stats.checks`: the hash
+    has no key, so a matching one says nothing about who wrote the contents)."""
+    from sempar.stats.checks import check_arrays, check_header, check_stats
+
     try:
         meta = TraceMeta.from_json(header["meta"])
+        check_header(header)
         parts = tuple(header["parts"])
         L, N = meta.num_layers, meta.num_experts
+        check_arrays(arrays, list(parts), L)
         if arrays["loads"].shape != (L, N):
-            raise InputError(f"{path}: loads shape {arrays['loads'].shape} is not ({L}, {N})")
+            raise InputError(f"loads shape {arrays['loads'].shape} is not ({L}, {N})")
         cut = header.get("sample_cut")
         stats = RoutingStats(meta, list(header["domains"]), parts, int(header["seed"]),
                              int(header["sample_rows"]), [(str(n), int(r)) for n, r in header["shards"]],
                              arrays["loads"], arrays["request_ids"], arrays["request_rows"],
                              sample_cut=(int(cut[0]), int(cut[1])) if cut else None)
-    except (KeyError, TypeError, ValueError) as err:
+        if "sample" in parts:
+            stats.sample = {c: arrays[f"sample.{c}"] for c in SAMPLE_COLUMNS
+                            if f"sample.{c}" in arrays}
+        if "tokens" in parts:
+            stats.tokens = _unpack_tables("tokens", arrays, L, N)
+        stats.coactivation = arrays.get("coactivation")
+        stats.transitions = arrays.get("transitions")
+        if "request-experts" in parts:
+            stats.request_experts = _unpack_tables("request_experts", arrays, L, N)
+        return check_stats(stats)
+    except InputError as err:
+        raise InputError(f"{path}: {err}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise InputError(f"{path}: the stats file misses or mangles {err}") from None
-    if "sample" in parts:
-        stats.sample = {c: arrays[f"sample.{c}"] for c in SAMPLE_COLUMNS
-                        if f"sample.{c}" in arrays}
-    if "tokens" in parts:
-        stats.tokens = _unpack_tables("tokens", arrays, N)
-    stats.coactivation = arrays.get("coactivation")
-    stats.transitions = arrays.get("transitions")
-    if "request-experts" in parts:
-        stats.request_experts = _unpack_tables("request_experts", arrays, N)
-    return stats
