@@ -44,7 +44,7 @@ def test_rolling_window_refresh(tiny_trace, tmp_path):
     a = window(shards[:2])
     b = window(shards[1:])                                   # the window rolled on
     assert b is not a
-    from sempar.affinity.summary_file import load_stats
+    from sempar.stats.file import load_stats
 
     want = sum(load_stats(s).coactivation for s in shards[1:]).astype(np.float32)
     idx = np.arange(N)

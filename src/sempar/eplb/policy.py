@@ -240,7 +240,7 @@ def _row(hosts: np.ndarray, old_row: np.ndarray | None, S: int) -> np.ndarray:
 
 def _lar(sample: np.ndarray, maps: np.ndarray, G: int, N: int) -> float:
     """Share of the sample's activations on the device hosting most of each row's k experts
-    (the device state, `affinity.routing_stats.device_states`' rule), all layers."""
+    (the device state, `affinity.affinity_stats.device_states`' rule), all layers."""
     T, L, k = sample.shape
     local = 0.0
     for l in range(L):

@@ -162,7 +162,7 @@ def source_from_placement(p, path: str = "<placement>", key: tuple = ()) -> Sour
 
 
 def _from_stats(path: str, key: tuple, sample_rows: int, seed: int) -> Source:
-    from sempar.affinity.summary_file import load_stats
+    from sempar.stats.file import load_stats
 
     return source_from_stats(load_stats(path), path, key, sample_rows, seed)
 
