@@ -65,8 +65,8 @@ def _trace(shape: str, tokens: int, cache: Path):
 
 
 def _stats_file(fit, path: Path) -> None:
-    from sempar.affinity.summary_build import StatsBuilder
-    from sempar.affinity.summary_file import save_stats
+    from sempar.stats.build import StatsBuilder
+    from sempar.stats.file import save_stats
 
     b = StatsBuilder(fit.meta, fit.domains, ("sample", "coactivation"), 0, 200_000, "fit")
     step = 1 << 16

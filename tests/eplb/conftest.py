@@ -24,8 +24,8 @@ def tiny_trace():
 @pytest.fixture(scope="session")
 def files(tiny_trace, tmp_path_factory):
     """{"stats": path, "placement": path, "window": float[L, N] live load of other requests}."""
-    from sempar.affinity.summary_build import StatsBuilder
-    from sempar.affinity.summary_file import save_stats
+    from sempar.stats.build import StatsBuilder
+    from sempar.stats.file import save_stats
     from sempar.eplb.source import partition
     from sempar.placement.placement import Placement
     from sempar.trace import read_trace
