@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from eplb_fixtures import files, tiny_trace  # noqa: F401  (fixtures)
 
 
 def test_export_vllm_prints_the_plugin_launch(files, tmp_path):

@@ -16,6 +16,7 @@ from sempar.eplb.engine import check_map
 from sempar.eplb.policy import _hosts, _imbalance, _locality, map_loads, rebalance_report
 from sempar.eplb.source import SourceMismatch, load_source
 from sempar.placement.eplb import rebalance_experts as eplb_default
+from eplb_fixtures import files, tiny_trace  # noqa: F401  (fixtures)
 
 
 def _src(path, L=6, N=64, ranks=G, **kw):

@@ -12,6 +12,7 @@ import pytest
 
 from eplb_cases import G
 from sempar.eplb.source import load_source
+from eplb_fixtures import files, tiny_trace  # noqa: F401  (fixtures)
 
 
 def _cli(*args):

@@ -16,6 +16,7 @@ import pytest
 
 from eplb_cases import G, R, broken_files
 from engines import env, sempar_entry_point
+from eplb_fixtures import files, tiny_trace  # noqa: F401  (fixtures)
 
 torch = pytest.importorskip("torch")
 

@@ -13,6 +13,7 @@ import pytest
 
 from eplb_cases import G, R, broken_files
 from engines import env, sempar_entry_point
+from eplb_fixtures import files, tiny_trace  # noqa: F401  (fixtures)
 
 pytest.importorskip("vllm", reason="vLLM is not installed (the `engines` extra)")
 torch = pytest.importorskip("torch")

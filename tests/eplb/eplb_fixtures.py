@@ -1,4 +1,5 @@
-"""Fixtures of the engine-balancer plug-in tests: FILEs made from the shipped tiny-moe64 trace
+"""Fixtures of the engine-balancer plug-in tests (imported by name: a conftest.py here would shadow
+tests/conftest.py's helpers, which other folders import as `conftest`): FILEs made from the shipped tiny-moe64 trace
 (6 MoE layers x 64 experts, top-8), a stats file and a placement JSON, for EP 4 with 4
 redundant slots (P = 68)."""
 
