@@ -19,7 +19,9 @@ from sempar.comm.topology_presets import load_topology
 from sempar.serving.dims import model_dims
 from sempar.serving.forecast import Forecaster
 from sempar.serving.setup import accelerator_for
-from sempar.serving.plan import plan
+from sempar.serving.metrics import SLOSpec
+from sempar.serving.plan import PlanOptions, plan
+from sempar.serving.workload import WorkloadSpec
 from sempar.serving.slo_search import SearchConfig
 
 
@@ -86,12 +88,14 @@ def plan_case(trace_file: Path, printed: str, topology: str, cfg: DemoServeConfi
                     solve_rows=dict(solve_rows))
     if fc_cache is not None:
         fc.share_placements(fc_cache.setdefault((str(trace_file), fc.G, fc.topo.num_nodes), fc))
-    return plan(lambda G: fc, [fc.G], printed, {}, n_rates=cfg.n_rates, duration=cfg.duration,
-                top=cfg.top, methods=list(methods), policies=list(cfg.policies),
-                pipelines=[p for p in cfg.pipelines if p in PIPELINES],
-                input_len=cfg.input_len, output_len=cfg.output_len, search_cfg=cfg.search,
-                redundant=list(cfg.redundant), attribute=True, per_pipeline=True,
-                progress=progress)
+    return plan(lambda G: fc, [fc.G], printed,
+                WorkloadSpec(duration=cfg.duration, input_len=cfg.input_len,
+                             output_len=cfg.output_len, n_rates=cfg.n_rates),
+                SLOSpec(),
+                PlanOptions(top=cfg.top, methods=tuple(methods), policies=cfg.policies,
+                            pipelines=tuple(p for p in cfg.pipelines if p in PIPELINES),
+                            search=cfg.search, redundant=cfg.redundant, attribute=True,
+                            per_pipeline=True), progress=progress)
 
 
 def run_stage(ctx, cfg: DemoServeConfig = DemoServeConfig()) -> dict | None:

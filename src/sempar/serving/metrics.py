@@ -19,12 +19,30 @@ searched in slo_search.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from sempar.serving.engine import RunLog, Workload
 
 SLO_KEYS = ("ttft", "tpot", "p90_tbt", "e2e")
 SLO_STAT = {"ttft": "ttft_p99", "tpot": "tpot_mean", "p90_tbt": "p90_tbt", "e2e": "e2e_p50"}
+
+
+@dataclass(frozen=True)
+class SLOSpec:
+    """The SLO a forecast judges by: `keys` that must hold together (`plan`; `serve-sim`
+    searches each of SLO_KEYS alone), each at `scale` x its statistic under the lightest load
+    of the baseline, unless `given` in seconds ({key: s}, `--slo`; given keys replace `keys` in
+    `plan`)."""
+
+    keys: tuple[str, ...] = ("ttft", "e2e")
+    scale: float = 5.0
+    given: dict = field(default_factory=dict)
+
+    def slos(self, light: dict) -> dict:
+        """SLO per key (slos_from) from the lightest load's figures."""
+        return slos_from(light, self.scale, self.given)
 
 
 def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from sempar.atomic import atomic_folder, write_text_atomic
-from sempar.commands.demo import system  # noqa: F401  (registers the downstream stages)
-from sempar.commands.demo.stages import STAGES, DemoContext
+from sempar.demo import system  # noqa: F401  (registers the downstream stages)
+from sempar.demo.stages import STAGES, DemoContext
 from sempar.progress import steps
 from sempar.console import json_text
 from sempar.report.html import HtmlReport

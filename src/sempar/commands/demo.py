@@ -20,7 +20,7 @@ def demo(out_dir: Path = typer.Option(Path("sempar-demo"), "--out", help="folder
          accelerator_profile: Optional[Path] = accelerator_profile_option()) -> None:
     """Run every stage sempar has on the embedded default data; write report.html and summary.json."""
     from sempar.atomic import check_folder_output
-    from sempar.commands.demo.run import run_demo
+    from sempar.demo.run import run_demo
 
     check_folder_output(out_dir, force=force)
     if accelerator_profile is not None:         # refused before any stage runs

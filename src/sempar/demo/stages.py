@@ -67,7 +67,7 @@ def stage_trace(ctx: DemoContext) -> dict:
 
 @STAGES.register("analyze")
 def stage_analyze(ctx: DemoContext) -> dict:
-    from sempar.commands.analyze import analyze_to
+    from sempar.report.analysis import analyze_to
     from sempar.report.sections import add_analysis
 
     out = {}
