@@ -313,3 +313,33 @@ def test_sensitivity_reprices_cached_batches_as_a_fresh_forecast(small_trace):
     screen = fc.prepare(v, sample_tokens=2048, screen=True)
     assert screen.table.count[:-1].sum() == 0 and screen.table.count[-1] > 0
     assert screen.capacity(512, 128) == pytest.approx(p.capacity(512, 128), rel=0.15)
+
+
+def test_tbt_is_measured_per_request(small_trace):
+    """p90 TBT reads each request's span of iterations (first to last token): every running
+    request gets a token in every iteration of its span (no request waits outside the batch
+    in this engine), so the per-request gaps equal the iterations weighted by decode tokens,
+    and a request's gaps add up to its time from first to last token."""
+    from sempar.serving.engine import run
+    from sempar.serving.metrics import request_gaps, run_metrics, weighted_quantile
+    from sempar.serving.workload import make_workload, stable_arrivals
+
+    fc = _forecaster(small_trace, load_topology("pcie-upi8"))
+    p = fc.prepare(resolve("sglang").variants[0])
+    cap = p.capacity(128, 16)
+    for rate in (0.3 * cap, 3.0 * cap):             # light load and overload
+        arr = stable_arrivals(rate, 2.0, 0)
+        w = make_workload(arr, "fixed", 128, 16, p.request_tokens, p.request_rank,
+                          np.random.default_rng(0))
+        log = run(w, p.cfg, p.step_seconds, 4.0)
+        gap, count = request_gaps(log)
+        assert np.array_equal(count, log.it_decode)
+        held = count > 0
+        assert np.allclose(gap[held], log.it_dt[held])
+        done = log.last_it >= 0
+        ends = log.it_end
+        span = ends[log.last_it[done]] - ends[log.first_it[done]]
+        fin = np.isfinite(log.finish)
+        assert np.allclose(span[fin[done]], (log.finish - log.first_token)[fin & done])
+        m = run_metrics(w, log, 2.0)
+        assert m["p90_tbt"] == pytest.approx(weighted_quantile(log.it_dt, log.it_decode, 0.9))

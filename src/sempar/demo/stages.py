@@ -86,8 +86,13 @@ def stage_real(ctx: DemoContext) -> dict | None:
 
     folder = olmoe_aggregates_dir()
     if folder is None:
-        ctx.report.heading("Real routing")
-        ctx.report.paragraph("shared/data/real was not found (set SEMPAR_REAL_DATA); skipped.")
+        ctx.report.heading("Real routing: OLMoE and Mixtral aggregates (optional)")
+        ctx.report.paragraph("An optional section compares the dev traces' routing statistics "
+                             "with per-domain expert-count aggregates of OLMoE-1B-7B and "
+                             "Mixtral (`.npz` files; `sempar analyze --olmoe-aggregates DIR`). "
+                             "To add it, put them in a folder `olmoe-routing-aggregates/` and "
+                             "set SEMPAR_REAL_DATA to the folder holding it. Everything else in "
+                             "this report comes with sempar.", note=True)
         return None
     from sempar.affinity.aggregates import analyze_aggregates
     from sempar.report.aggregate_plots import plot_aggregates

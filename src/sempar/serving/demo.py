@@ -125,7 +125,7 @@ def run_stage(ctx, cfg: DemoServeConfig = DemoServeConfig()) -> dict | None:
                            "real routing's statistics")
     # the answer and its evidence open the report; the earlier stages follow as the appendix
     ctx.report.parts[:] = ctx.report.parts[n0:] + ctx.report.parts[:n0]
-    keep = ("model", "topology", "accelerator", "compute_model", "sensitivity", "slos", "slo_keys", "rates", "noise", "choice",
+    keep = ("model", "topology", "eps", "accelerator", "compute_model", "sensitivity", "slos", "slo_keys", "rates", "noise", "choice",
             "attribution", "search", "budget", "wall_seconds")
     return {"cases": [{**{k: r[k] for k in keep},
                        "baseline": {k: v for k, v in r["baseline"].items() if k != "curve"},
