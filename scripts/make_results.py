@@ -68,12 +68,38 @@ def _tp_gap_body(rows: list[dict]) -> str:
     return bench_tp_gap.tables(rows)
 
 
+def _is_demo(data) -> bool:
+    return isinstance(data, dict) and {"stages", "seconds"} <= data.keys() \
+        and "serve" in data["stages"]
+
+
+def _demo_body(runs: list[dict]) -> str:
+    """The answer `sempar demo` prints, then each stage's wall and CPU seconds."""
+    from sempar.serving.report import answer_line     # imports sempar: only for this page
+
+    lines = []
+    for run in runs:
+        cases = (run["stages"].get("serve") or {}).get("cases", [])
+        lines += ["The answer `sempar demo` prints (forecast; gain over SGLang's launch under "
+                  "the SLO, [interval]):", ""]
+        lines += [f"- {answer_line(c)}" for c in cases]
+        cpu = run.get("cpu_seconds", {})
+        lines += ["", "| stage | wall s | CPU s |", "| --- | ---: | ---: |"]
+        lines += [f"| {k} | {v:.1f} | {cpu[k]:.1f} |" if k in cpu else f"| {k} | {v:.1f} | |"
+                  for k, v in run["seconds"].items()]
+        lines += [f"| total | {sum(run['seconds'].values()):.1f} | "
+                  + (f"{sum(cpu.values()):.1f} |" if cpu else "|"), ""]
+    return "\n".join(lines)
+
+
 # kind -> (recogniser, page title, benchmark that writes it, body formatter)
 KINDS = {      # the first whose recogniser accepts a file names its page
     "placement-real": (_is_placement_real, "Placement quality on real routing (held out)",
                        "benchmarks/bench_placement.py --real-only --json", _placement_body),
     "placement": (_is_placement, "Placement quality on held-out routing",
                   "benchmarks/bench_placement.py --json", _placement_body),
+    "demo": (_is_demo, "`sempar demo`: the answer and where its time goes",
+             "sempar demo (its summary.json)", _demo_body),
     "tp-gap": (_is_tp_gap, "The Attention-TP gap, term by term, and Sem-MoE's TP setting",
                "benchmarks/bench_tp_gap.py --json", _tp_gap_body),
 }
@@ -94,10 +120,14 @@ def read_input(path: str):
     try:
         data = json.loads(line)
     except json.JSONDecodeError as e:
-        raise BadInput(f"{path}: not JSON ({e.msg} at column {e.colno})") from None
+        try:                            # an indented file (the demo's summary.json): whole
+            with open(path) as f:
+                data = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise BadInput(f"{path}: not JSON ({e.msg} at column {e.colno})") from None
     for kind, (recognise, *_rest) in KINDS.items():
         if recognise(data):
-            return kind, data
+            return kind, data if isinstance(data, list) else [data]
     raise BadInput(f"{path}: not the --json output of a benchmark this script knows "
                    f"({', '.join(v[2] for v in KINDS.values())})")
 

@@ -92,16 +92,16 @@ def calibration_note(results: list[dict]) -> str | None:
 # What each demo topology is, in words, so a heading never names GPUs the links are not of:
 # the forecast prices compute with the accelerator (`--accelerator`) and links with the topology.
 TOPOLOGY_WORDS = {
-    "pcie-upi8": "one server: 2 sockets x 4 GPUs on PCIe, sockets joined by UPI",
-    "a100x4-ib": "2 nodes x 4 GPUs: NVLink in a node, InfiniBand between (a100x4-ib's links)",
-    "nvlink8": "one server: 8 GPUs on NVLink",
-    "hetero-cloud": "CAMoE's emulated cloud: 4 nodes x 2 GPUs on shaped links",
+    "pcie-upi8": "one server, 2 sockets x 4 GPUs on PCIe joined by UPI",
+    "a100x4-ib": "2 nodes x 4 GPUs, NVLink inside, InfiniBand between",
+    "nvlink8": "one server, 8 GPUs on NVLink",
+    "hetero-cloud": "CAMoE's emulated cloud, 4 nodes x 2 GPUs on shaped links",
 }
 
 
 def setup_text(res: dict) -> str:
     """"EP 8 on pcie-upi8 (what that is), H100 compute": the plan's devices, links and compute."""
-    ep = (res.get("eps") or [None])[0]
+    ep = (res.get("eps") or [r["ep"] for r in res.get("ranked") or []] or [None])[0]
     words = TOPOLOGY_WORDS.get(str(res["topology"]).split(":")[0])
     return (f"EP {ep} on {res['topology']}" + (f" ({words})" if words else "")
             + f", {str(res['accelerator']).upper()} compute")
