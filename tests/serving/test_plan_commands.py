@@ -196,6 +196,8 @@ def test_answer_first_screen(tmp_path):
     then "how sure"; the evidence after it."""
     from sempar.report.html import HtmlReport
     from sempar.serving.plots import plot_gains
+    from html import escape
+
     from sempar.serving.report import answer_line, answer_section
 
     results = [_fake_plan("deepseek-v2-lite"), _fake_plan("gpt-oss-20b")]
@@ -210,7 +212,7 @@ def test_answer_first_screen(tmp_path):
     assert "deploy sempar placement on sglang-ep, expert, 8 redundant slots: 1.30x [1.27, 1.33]" \
         in lines[0]
     assert "a100x4-ib" not in lines[0] and "EP 8 on pcie-upi8 (one server" in lines[0]
-    assert all(html.index(x) < html.index("data:image/png") for x in lines)
+    assert all(html.index(escape(x)) < html.index("data:image/png") for x in lines)
     assert html.index("data:image/png") < html.index("Made of: placement: balance")
     assert "deploy sglang-ep with the sempar placement, request policy expert, 8 redundant" in html
     assert "1.30x [1.27, 1.33]" in html
