@@ -1,7 +1,7 @@
 """`sempar cost-route`: CAMoE's cost-aware routing (issue 6 item 4).
 
     sempar cost-route sweep --model tiny-moe64 --topology hetero-cloud --ep 8 \\
-        --corpus /work/cache/corpus [--lambdas 0,0.05,0.1,0.15,0.2,0.25] [--json] [--plot DIR]
+        --corpus DIR [--lambdas 0,0.05,0.1,0.15,0.2,0.25] [--json] [--plot DIR]
     sempar cost-route tables --model tiny-moe64 --topology pcie-upi8 --ep 8 --corpus DIR --out t.json
 """
 
