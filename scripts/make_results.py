@@ -89,7 +89,7 @@ def _demo_body(runs: list[dict]) -> str:
                   for k, v in run["seconds"].items()]
         lines += [f"| total | {sum(run['seconds'].values()):.1f} | "
                   + (f"{sum(cpu.values()):.1f} |" if cpu else "|"), ""]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
 
 
 # kind -> (recogniser, page title, benchmark that writes it, body formatter)
