@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from sempar.commands.profile import run_profile
+from sempar.testbed.profile_run import run_profile
 from sempar.testbed.fidelity import (fidelity_cases, fidelity_report, gloo_collectives,
                                       plot_fidelity)
 from sempar.testbed.launch import launch

@@ -24,6 +24,7 @@ import time
 from sempar.comm.topology_presets import load_topology
 from sempar.serving.dims import model_dims
 from sempar.serving.forecast import Forecaster, compare
+from sempar.serving.workload import WorkloadSpec
 from sempar.serving.hardware import ACCELERATORS
 from sempar.serving.systems import resolve
 from sempar.trace import read_trace
@@ -86,7 +87,7 @@ def sweep(fc: Forecaster, args, out: dict) -> None:
         # on stderr as it goes, so a run cut short still tells where its time went
         sys.stderr.write(f"{time.perf_counter() - t3:8.1f} s wall {now - c3:8.1f} s CPU  {msg}\n")
 
-    res = compare(fc, SWEEP_SYSTEMS, None, args.sweep_duration, progress=progress)
+    res = compare(fc, SWEEP_SYSTEMS, WorkloadSpec(duration=args.sweep_duration), progress=progress)
     phases[last[1]] += time.process_time() - last[0]
     out["b_sweep"] = {"systems": SWEEP_SYSTEMS, "rates": res["rates"],
                       "duration_per_rate_s": args.sweep_duration,

@@ -31,7 +31,7 @@ from sempar.chiplet.simulate import simulate
 from sempar.chiplet.strategies import resolve
 from sempar.chiplet.sweeps import buffer_x_ddr, microslice_x_buffer, scaling
 from sempar.chiplet.workload import TOKEN_COUNTS, assemble, plain_instances
-from sempar.commands.stream import load_workload
+from sempar.chiplet.workload import load_workload
 from sempar.trace import read_trace
 
 MODEL_NAMES = ("phi-3.5-moe", "yuan2.0-m32", "deepseek-moe-16b", "qwen3-30b-a3b")

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from sempar.commands.profile import run_profile
+from sempar.testbed.profile_run import run_profile
 from sempar.testbed import netns, shaping
 
 TARGET = 0.15

@@ -23,16 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_placement_table  # noqa: E402  (benchmarks/ is not a package)
+from results_stamp import stamp  # noqa: E402
 
 
 class BadInput(Exception):
@@ -81,12 +79,38 @@ def _eplb_plugin_body(rows: list[dict]) -> str:
     return bench_eplb_plugin.tables(rows)
 
 
+def _is_demo(data) -> bool:
+    return isinstance(data, dict) and {"stages", "seconds"} <= data.keys() \
+        and "serve" in data["stages"]
+
+
+def _demo_body(runs: list[dict]) -> str:
+    """The answer `sempar demo` prints, then each stage's wall and CPU seconds."""
+    from sempar.serving.report import answer_line     # imports sempar: only for this page
+
+    lines = []
+    for run in runs:
+        cases = (run["stages"].get("serve") or {}).get("cases", [])
+        lines += ["The answer `sempar demo` prints (forecast; gain over SGLang's launch under "
+                  "the SLO, [interval]):", ""]
+        lines += [f"- {answer_line(c)}" for c in cases]
+        cpu = run.get("cpu_seconds", {})
+        lines += ["", "| stage | wall s | CPU s |", "| --- | ---: | ---: |"]
+        lines += [f"| {k} | {v:.1f} | {cpu[k]:.1f} |" if k in cpu else f"| {k} | {v:.1f} | |"
+                  for k, v in run["seconds"].items()]
+        lines += [f"| total | {sum(run['seconds'].values()):.1f} | "
+                  + (f"{sum(cpu.values()):.1f} |" if cpu else "|"), ""]
+    return "\n".join(lines) + "\n"
+
+
 # kind -> (recogniser, page title, benchmark that writes it, body formatter)
 KINDS = {      # the first whose recogniser accepts a file names its page
     "placement-real": (_is_placement_real, "Placement quality on real routing (held out)",
                        "benchmarks/bench_placement.py --real-only --json", _placement_body),
     "placement": (_is_placement, "Placement quality on held-out routing",
                   "benchmarks/bench_placement.py --json", _placement_body),
+    "demo": (_is_demo, "`sempar demo`: the answer and where its time goes",
+             "sempar demo (its summary.json)", _demo_body),
     "tp-gap": (_is_tp_gap, "The Attention-TP gap, term by term, and Sem-MoE's TP setting",
                "benchmarks/bench_tp_gap.py --json", _tp_gap_body),
     "eplb-plugin": (_is_eplb_plugin, "sempar's EPLB plug-in against the engines' own balancer",
@@ -109,70 +133,22 @@ def read_input(path: str):
     try:
         data = json.loads(line)
     except json.JSONDecodeError as e:
-        raise BadInput(f"{path}: not JSON ({e.msg} at column {e.colno})") from None
+        try:                            # an indented file (the demo's summary.json): whole
+            with open(path) as f:
+                data = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise BadInput(f"{path}: not JSON ({e.msg} at column {e.colno})") from None
     for kind, (recognise, *_rest) in KINDS.items():
         if recognise(data):
-            return kind, data
+            return kind, data if isinstance(data, list) else [data]
     raise BadInput(f"{path}: not the --json output of a benchmark this script knows "
                    f"({', '.join(v[2] for v in KINDS.values())})")
-
-
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-
-
-def commit() -> str:
-    """HEAD's short hash, `-dirty` when src/ or benchmarks/ differ from it; `unknown` outside git."""
-    head = _git("rev-parse", "--short", "HEAD")
-    if not head:
-        return "unknown"
-    dirty = _git("status", "--porcelain", "--", "src", "benchmarks")
-    return head + ("-dirty" if dirty else "")
-
-
-def machine() -> str:
-    """`N CPUs (nproc), MODEL NAME`."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next((ln.split(":", 1)[1].strip() for ln in f
-                         if ln.startswith("model name")), name)
-    except OSError:
-        pass
-    return f"{cpus} CPUs (nproc), {name}"
-
-
-def _utc(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
-
-
-def stamp(inputs: list[str], command: str | None, note: str | None) -> str:
-    """The page's stamp table (markdown)."""
-    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    rows = [("commit", f"`{commit()}`"),
-            ("benchmark output written", _utc(max(os.path.getmtime(p) for p in inputs))),
-            ("page generated", _utc(time.time())),
-            ("machine", machine()),
-            ("load average at generation (1 / 5 / 15 min)", load)]
-    if command:
-        rows.append(("command", f"`{command}`"))
-    if note:
-        rows.append(("scope", note))
-    return "| stamp | |\n| --- | --- |\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
 
 
 def page(kind: str, data: list, inputs: list[str], command: str | None, note: str | None) -> str:
     _, title, bench, body = KINDS[kind]
     return (f"# {title}\n\n"
-            f"<!-- generated by scripts/make_results.py from `{bench}`; do not edit by hand -->\n"
-            f"Generated by `scripts/make_results.py` from `{bench}` output "
-            f"({', '.join(f'`{Path(p).name}`' for p in inputs)}); do not edit by hand.\n\n"
-            + stamp(inputs, command, note) + "\n" + body(data))
+            + stamp("scripts/make_results.py", bench, inputs, command, note) + "\n" + body(data))
 
 
 def _write(target: Path, text: str) -> None:

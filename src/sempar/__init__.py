@@ -1,6 +1,6 @@
 """sempar: semantic parallelism for Mixture-of-Experts inference.
 
-The data flows one way (see design.md): trace -> affinity -> placement -> schedulers ->
+The data flows one way (see docs/design.md): trace -> affinity -> placement -> schedulers ->
 simulate or run -> report.
 """
 

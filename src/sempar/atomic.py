@@ -19,7 +19,7 @@ mount or a shell's working directory on it) is kept. Any other non-empty folder 
 with `force` renamed aside to `NAME.sempar-old-TIMESTAMP` (never deleted).
 
 Signals: SIGTERM and SIGHUP (like SIGINT) remove every live temporary before the process
-exits with 128 + signal, so a killed run leaves nothing behind (design.md, Conventions).
+exits with 128 + signal, so a killed run leaves nothing behind (docs/design.md, Conventions).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The `sempar` command (design.md, Command-line contract).
+"""The `sempar` command (docs/design.md, Command-line contract).
 
 Exit codes: 0 success, 2 bad input or usage (one line on stderr naming what is wrong), 1 anything
 else. `--json` prints one JSON object on stdout and nothing else there; progress goes to stderr.

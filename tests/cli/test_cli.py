@@ -115,6 +115,9 @@ def test_demo_writes_report_and_summary(tmp_path):
         assert summary["stages"]["real-aggregates"]["models"]["olmoe"]["layers"]
         assert "Real routing" in html
     check_demo_answer(out, summary, html)
+    # the terminal gets the answer, one line per case, and where the report is
+    assert r.stdout.count("SGLang's launch under") == len(summary["stages"]["serve"]["cases"])
+    assert f"wrote {out / 'report.html'}" in r.stdout
 
 
 def check_demo_answer(out, summary: dict, html: str) -> None:

@@ -17,11 +17,12 @@ TOP = ("sempar.cli", "sempar.commands", "sempar.__main__")   # __main__: `python
 # placement -> schedule -> comm / runtime -> report; the testbed, the serving and chiplet
 # simulators, the exports and the bench's orchestration build on them (the HTTP router runs the
 # request policies of schedule/ on placements, and `plan` prints its command; the exports, which
-# need only placements, before serving: `plan` asks the exporter whether its command runs). Modules outside this
+# need only placements, before serving: `plan` asks the exporter whether its command runs; the
+# demo, which runs every stage into one report, last). Modules outside this
 # list (errors, atomic, registry, paths, models, console, tiny, corpus, ...) are shared tools.
 LAYERS = ("trace", "capture", "affinity", "stats", "predict", "placement", "schedule", "comm", "report",
           "costroute", "runtime", "testbed", "router", "export", "serving", "calibrate", "drift",
-          "chiplet", "bench")
+          "chiplet", "bench", "demo")
 
 
 def _modules() -> dict[str, Path]:

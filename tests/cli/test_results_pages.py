@@ -131,3 +131,27 @@ def test_real_cases_get_their_page_with_exact_and_cross_tables(tmp_path, capsys)
     assert code == 0, err
     text = (out / "placement.md").read_text()
     assert EXPECTED_TABLE in text and "| sempar | 0.600 (1.08) 100% |" in text
+
+
+def test_demo_page_has_the_printed_answer_and_stage_times(tmp_path, capsys):
+    """The demo's summary.json (indented) becomes docs/results/demo.md: the answer lines the
+    demo prints and each stage's wall and CPU seconds, under the one stamp."""
+    case = {"model": "gpt-oss-20b", "topology": "a100x4-ib", "accelerator": "h100", "eps": [8],
+            "slo_keys": ["ttft", "e2e"],
+            "baseline": {"throughput_under_slo": 1000.0, "throughput_interval": [990.0, 1010.0]},
+            "ranked": [{"placement": "sempar", "pipeline": "sglang-ep", "policy": "round-robin",
+                        "redundant": 0, "ep": 8, "throughput_under_slo": 1300.0,
+                        "throughput_interval": [1300.0, 1320.0]}]}
+    summary = {"stages": {"serve": {"cases": [case]}}, "seconds": {"trace": 1.0, "serve": 99.0},
+               "cpu_seconds": {"trace": 0.5, "serve": 90.0}}
+    src = tmp_path / "summary.json"
+    src.write_text(json.dumps(summary, indent=1))
+    out = tmp_path / "results"
+    code, err = _run(capsys, str(src), "--out", str(out), "--note", "demo run")
+    assert code == 0, err
+    text = (out / "demo.md").read_text()
+    assert "| stamp | |" in text and "| scope | demo run |" in text
+    assert ("- gpt-oss-20b, EP 8 on a100x4-ib (2 nodes x 4 GPUs, NVLink inside, InfiniBand "
+            "between), H100 compute: deploy sempar placement on sglang-ep, round-robin, no "
+            "redundant slots: 1.30x [1.29, 1.33] SGLang's launch under TTFT + E2E") in text
+    assert "| serve | 99.0 | 90.0 |" in text and "| total | 100.0 | 90.5 |" in text

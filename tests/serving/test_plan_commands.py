@@ -196,7 +196,9 @@ def test_answer_first_screen(tmp_path):
     then "how sure"; the evidence after it."""
     from sempar.report.html import HtmlReport
     from sempar.serving.plots import plot_gains
-    from sempar.serving.report import answer_section
+    from html import escape
+
+    from sempar.serving.report import answer_line, answer_section
 
     results = [_fake_plan("deepseek-v2-lite"), _fake_plan("gpt-oss-20b")]
     png = plot_gains(results, tmp_path / "gains.png")
@@ -205,6 +207,13 @@ def test_answer_first_screen(tmp_path):
     answer_section(rep, results, png)
     html = rep.render()
     assert html.index("Answer: what to deploy") < html.index("data:image/png") < html.index("How sure")
+    # one line per case first (deploy what, gain, interval), then the chart, then the details
+    lines = [answer_line(r) for r in results]
+    assert "deploy sempar placement on sglang-ep, expert, 8 redundant slots: 1.30x [1.27, 1.33]" \
+        in lines[0]
+    assert "a100x4-ib" not in lines[0] and "EP 8 on pcie-upi8 (one server" in lines[0]
+    assert all(html.index(escape(x)) < html.index("data:image/png") for x in lines)
+    assert html.index("data:image/png") < html.index("Made of: placement: balance")
     assert "deploy sglang-ep with the sempar placement, request policy expert, 8 redundant" in html
     assert "1.30x [1.27, 1.33]" in html
     assert "placement: balance (eplb) 1.10x, placement: locality (sempar) 1.10x" in html

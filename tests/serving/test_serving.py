@@ -16,6 +16,8 @@ from sempar.comm.topology_presets import load_topology
 from sempar.serving.dims import model_dims
 from sempar.serving.engine import EngineConfig, Workload, run
 from sempar.serving.forecast import Forecaster, compare
+from sempar.serving.metrics import SLOSpec
+from sempar.serving.workload import WorkloadSpec
 from sempar.serving.metrics import SLO_KEYS, run_metrics, weighted_quantile
 from sempar.serving.roofline import Roofline
 from sempar.serving.systems import SYSTEMS, resolve
@@ -105,8 +107,9 @@ def test_doubling_bandwidth_never_lowers_throughput(small_trace):
         assert (pf.table.comm <= ps.table.comm).all() and (pf.table.comm < ps.table.comm).any()
         cap = ps.capacity(128, 16)
         rates = [round(cap * f, 1) for f in (0.3, 0.8, 2.0, 4.0)]
-        slow, fast = (compare(fc, [name], rates, 600 / rates[-1], input_len=128, output_len=16,
-                              slo_given=slo) for fc in (slow_fc, fast_fc))
+        load = WorkloadSpec(rates=tuple(rates), duration=600 / rates[-1], input_len=128,
+                            output_len=16)
+        slow, fast = (compare(fc, [name], load, SLOSpec(given=slo)) for fc in (slow_fc, fast_fc))
         for a, b in zip(slow["systems"][name]["curve"], fast["systems"][name]["curve"]):
             if a["rate"] >= 2 * cap:
                 assert b["throughput"] >= a["throughput"], (name, a["rate"])
@@ -216,8 +219,8 @@ def test_balanced_policy_balances_the_served_requests(small_trace):
 
 def test_slos_are_set_per_attention_mode(small_trace):
     fc = _forecaster(small_trace, load_topology("pcie-upi8"))
-    res = compare(fc, ["sglang", "ds-moe", "sglang-eplb"], [20.0, 60.0], 2.0, input_len=128,
-                  output_len=16)
+    res = compare(fc, ["sglang", "ds-moe", "sglang-eplb"],
+                  WorkloadSpec(rates=(20.0, 60.0), duration=2.0, input_len=128, output_len=16))
     assert res["slo_baselines"] == {"dp": "sglang", "tp": "ds-moe"}
     for name, base in (("sglang", "sglang"), ("ds-moe", "ds-moe"), ("sglang-eplb", "sglang")):
         light = res["systems"][base]["curve"][0]
@@ -226,8 +229,9 @@ def test_slos_are_set_per_attention_mode(small_trace):
         assert s["slos"]["e2e"] == pytest.approx(5 * light["e2e_p50"])
         assert s["slos"]["ttft"] == pytest.approx(5 * light["ttft_p99"])
     assert res["slos"] == res["slos_by_attention"]["dp"] != res["slos_by_attention"]["tp"]
-    given = compare(fc, ["sglang", "ds-moe"], [20.0], 2.0, input_len=128, output_len=16,
-                    slo_given={"e2e": 3.0})
+    given = compare(fc, ["sglang", "ds-moe"],
+                    WorkloadSpec(rates=(20.0,), duration=2.0, input_len=128, output_len=16),
+                    SLOSpec(given={"e2e": 3.0}))
     assert {m: s["e2e"] for m, s in given["slos_by_attention"].items()} == {"dp": 3.0, "tp": 3.0}
 
 
@@ -309,3 +313,33 @@ def test_sensitivity_reprices_cached_batches_as_a_fresh_forecast(small_trace):
     screen = fc.prepare(v, sample_tokens=2048, screen=True)
     assert screen.table.count[:-1].sum() == 0 and screen.table.count[-1] > 0
     assert screen.capacity(512, 128) == pytest.approx(p.capacity(512, 128), rel=0.15)
+
+
+def test_tbt_is_measured_per_request(small_trace):
+    """p90 TBT reads each request's span of iterations (first to last token): every running
+    request gets a token in every iteration of its span (no request waits outside the batch
+    in this engine), so the per-request gaps equal the iterations weighted by decode tokens,
+    and a request's gaps add up to its time from first to last token."""
+    from sempar.serving.engine import run
+    from sempar.serving.metrics import request_gaps, run_metrics, weighted_quantile
+    from sempar.serving.workload import make_workload, stable_arrivals
+
+    fc = _forecaster(small_trace, load_topology("pcie-upi8"))
+    p = fc.prepare(resolve("sglang").variants[0])
+    cap = p.capacity(128, 16)
+    for rate in (0.3 * cap, 3.0 * cap):             # light load and overload
+        arr = stable_arrivals(rate, 2.0, 0)
+        w = make_workload(arr, "fixed", 128, 16, p.request_tokens, p.request_rank,
+                          np.random.default_rng(0))
+        log = run(w, p.cfg, p.step_seconds, 4.0)
+        gap, count = request_gaps(log)
+        assert np.array_equal(count, log.it_decode)
+        held = count > 0
+        assert np.allclose(gap[held], log.it_dt[held])
+        done = log.last_it >= 0
+        ends = log.it_end
+        span = ends[log.last_it[done]] - ends[log.first_it[done]]
+        fin = np.isfinite(log.finish)
+        assert np.allclose(span[fin[done]], (log.finish - log.first_token)[fin & done])
+        m = run_metrics(w, log, 2.0)
+        assert m["p90_tbt"] == pytest.approx(weighted_quantile(log.it_dt, log.it_decode, 0.9))

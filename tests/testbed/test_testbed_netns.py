@@ -80,7 +80,7 @@ def test_shaped_tcp_stream_crosses_the_testbed():
 def test_failing_run_tears_down():
     """A rank that dies inside a testbed run: every rank exits, the error names it, and no
     namespace of ours is left (`ip netns list`)."""
-    from sempar.commands.profile import run_profile
+    from sempar.testbed.profile_run import run_profile
     from sempar.testbed.launch import LaunchError
 
     tag = f"fr{os.getpid()}"

@@ -3,7 +3,7 @@
 Composes token_stats (Sem-MoE Table 1, kurtosis), transitions (inter-layer affinity, look-back
 prediction), requests (request activation vectors by domain) and load (per-batch long tail).
 Arrays the plots need are kept on the result; `to_json()` gives the contract
-(design.md: `analyze --json`).
+(docs/design.md: `analyze --json`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ experts and reduce inter-chiplet communication". Ours:
 - a token's home at layer l is the die hosting most of its experts at layer l-1 (its hidden state
   stays there after the combine), so co-located experts keep tokens on one die.
 
-The profile is the first 20% of the iterations (design.md's fit/evaluate split; in-sample for
+The profile is the first 20% of the iterations (docs/design.md's fit/evaluate split; in-sample for
 those). Relocation happens between iterations and is not charged. `hydra` runs on the paper's EP
 (one whole expert per die), `hydra-db` on ours with double buffering (ep.py).
 

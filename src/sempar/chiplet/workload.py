@@ -23,6 +23,7 @@ ids N .. N + shared - 1 and every token.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from dataclasses import KW_ONLY, dataclass, field
 
 import numpy as np
@@ -205,3 +206,27 @@ def plain_instances(wl: Workload) -> Instances:
             its.append(i)
     return Instances(np.concatenate(parts), np.array(offs), np.concatenate(reqs), np.array(lay),
                      np.array(its), np.concatenate(ctxs), wl.model.total_experts)
+
+
+def load_workload(model: str, trace: Path | str | None, tokens_per_iter: int, iterations: int, seed: int):
+    """The model and its workload: from `trace`, or a synthetic trace of the model's own shape."""
+    from sempar.chiplet.models import MODELS
+    from sempar.errors import InputError
+
+    m = MODELS.get(model)
+    if trace is not None:
+        from sempar.trace import read_trace
+        if not Path(trace).exists():
+            raise InputError(f"--trace: {trace} does not exist")
+        tr = read_trace(trace)
+        source = str(trace)
+    else:
+        from sempar.trace.presets import PRESETS
+        from sempar.trace.schema import TraceMeta
+        from sempar.trace.synth import synthesize
+        shape = PRESETS.get(m.name) if m.name in PRESETS else TraceMeta(m.name, m.layers, m.experts, m.top_k, 32000)
+        need = tokens_per_iter * iterations
+        tokens = int(need * 1.3) + 1024
+        tr = synthesize(shape, tokens, requests=max(2, tokens // 160), seed=seed)
+        source = f"synthetic:{m.name}"
+    return m, assemble(tr, m, tokens_per_iter, iterations, source=source)

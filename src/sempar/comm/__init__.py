@@ -1,4 +1,4 @@
-"""Communication model (design.md, comm/): topologies with alpha-beta links, the collectives of
+"""Communication model (docs/design.md, comm/): topologies with alpha-beta links, the collectives of
 each pipeline, and the all-to-all time simulator behind `sempar simulate`."""
 
 from sempar.comm.topology import PHASES, Topology  # noqa: F401

@@ -1,7 +1,7 @@
 """Runs of the simulator from a trace file: one (placement, pipeline, topology) or a grid of
 methods x pipelines x topologies (`sempar simulate --compare`), with a table and a PNG.
 
-Protocol (design.md): the trace is split by request, 20% to fit (placement solvers, online
+Protocol (docs/design.md): the trace is split by request, 20% to fit (placement solvers, online
 schedulers), 80% simulated. `--placement` is a placement JSON or a method name solved on the fit
 split for the topology's devices and nodes (a JSON's device count must match the topology).
 """

@@ -1,4 +1,4 @@
-"""Pipelines: the collectives of one MoE layer, per design.md (Vocabulary, Pipelines).
+"""Pipelines: the collectives of one MoE layer, per docs/design.md (Vocabulary, Pipelines).
 
 | name | attention | per MoE layer | home of a token | dedup | metadata |
 | --- | --- | --- | --- | --- | --- |

@@ -1,6 +1,6 @@
 """The simulator: trace + placement + homes + topology + pipeline -> bytes per pair and seconds.
 
-Per batch of `batch` consecutive tokens (2,048 by default, design.md's tp batch) and per MoE
+Per batch of `batch` consecutive tokens (2,048 by default, docs/design.md's tp batch) and per MoE
 layer, the pipeline's collectives (pipelines.py) become byte matrices float64[G, G]; their time:
 
 - all-to-all phases (metadata, dispatch, combine): CAMoE eq. 9, max over directed pairs of
@@ -29,7 +29,7 @@ The serving replica of an activation is the one nearest to the token's home unde
 topology (cost of one hidden vector on the dispatch links; home first, ties to the lower id:
 `placement.serving.cost_order`, the node order of the evaluator and the runtime where the links
 follow the placement's nodes).
-LAR and remote copies (design.md): over (token, layer, expert) the share served on the home
+LAR and remote copies (docs/design.md): over (token, layer, expert) the share served on the home
 device, and per (token, layer) the distinct remote devices.
 """
 

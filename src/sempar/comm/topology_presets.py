@@ -1,7 +1,7 @@
 """Topology presets and loading (comm/topology.py defines `Topology`).
 
 Presets, registered in `TOPOLOGIES` and built by `topology_preset(name, nodes=N)`;; figures from
-design.md and the papers, the rest marked as our assumption:
+docs/design.md and the papers, the rest marked as our assumption:
 
 - `nvlink8`: 8 GPUs, 900 GB/s each way between every pair (s-MoE server A, H100 NVLink4);
   alpha 429 ns = CAMoE Fig. 3 direct NVLink write latency.

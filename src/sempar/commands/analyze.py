@@ -18,39 +18,7 @@ from sempar.bounds import DEVICES_MAX, TOKENS_MAX, bound
 from sempar.commands._options import ep_option, json_option, renamed, seed_option
 from sempar.console import emit_json, err, json_text
 from sempar.errors import InputError
-
-
-def analyze_to(trace_path: Path, devices: int, seed: int, max_tokens: int,
-               fig_dir: Path | None, quiet: bool = False,
-               control: bool = False) -> tuple[dict, dict[str, Path]]:
-    """(contract JSON, {figure: path}) for one trace file; figures only when fig_dir is given.
-
-    With `control`, result["control"] holds the summary of a random router of the same shape
-    on the same tokens (affinity.control)."""
-    from sempar.affinity.analysis import analyze_trace
-    from sempar.progress import steps
-    from sempar.trace import read_trace
-
-    trace = read_trace(trace_path)
-    if quiet:
-        analysis = analyze_trace(trace, devices=devices, seed=seed, max_tokens=max_tokens)
-    else:
-        with steps("analyze", 4 if trace.domain is not None else 3) as step:
-            analysis = analyze_trace(trace, devices=devices, seed=seed, max_tokens=max_tokens,
-                                     progress=step)
-    result = analysis.to_json()
-    if control:
-        from sempar.affinity.control import random_router_like
-
-        ctrl = analyze_trace(random_router_like(trace, seed), devices=devices, seed=seed,
-                             max_tokens=max_tokens, embed=False).to_json()
-        result["control"] = {"summary": ctrl["summary"], "layers": ctrl["layers"]}
-    plots: dict[str, Path] = {}
-    if fig_dir is not None:
-        from sempar.report.plots import plot_analysis
-
-        plots = plot_analysis(analysis, fig_dir, trace.domains)
-    return result, plots
+from sempar.report.analysis import analyze_to
 
 
 def run_analyze(trace_path: Path | None, out_dir: Path | None, devices: int = 8, seed: int = 0,

@@ -1,7 +1,7 @@
 """`sempar cost-route`: CAMoE's cost-aware routing (issue 6 item 4).
 
     sempar cost-route sweep --model tiny-moe64 --topology hetero-cloud --ep 8 \\
-        --corpus /work/cache/corpus [--lambdas 0,0.05,0.1,0.15,0.2,0.25] [--json] [--plot DIR]
+        --corpus DIR [--lambdas 0,0.05,0.1,0.15,0.2,0.25] [--json] [--plot DIR]
     sempar cost-route tables --model tiny-moe64 --topology pcie-upi8 --ep 8 --corpus DIR --out t.json
 """
 
@@ -30,17 +30,16 @@ def _lambdas(text: str) -> tuple[float, ...]:
     return tuple(LAMBDAS.parse(text) or ())
 
 
-def _config(model, topology, ep, lambdas, corpus, text, tokens_per_domain, seq_len, batch_size,
-            placement, dedup, mode, token_bytes, max_acc_loss):
+def _config(topology: str, lambdas: str, text, **fields):
+    """The SweepConfig of the verb's options: `fields` are SweepConfig's own (model, ep,
+    corpus, tokens_per_domain, seq_len, batch_size, placement, dedup, mode, token_bytes,
+    max_acc_loss); the topology list, lambdas and texts are parsed here."""
     from sempar.costroute.hook import BIAS_MODES
     from sempar.costroute.sweep import SweepConfig
 
-    check_choice("--mode", mode, BIAS_MODES)
-    return SweepConfig(model=model, topologies=tuple(t.strip() for t in topology.split(",") if t.strip()),
-                       ep=ep, lambdas=_lambdas(lambdas), tokens_per_domain=tokens_per_domain,
-                       seq_len=seq_len, batch_size=batch_size, placement=placement, dedup=dedup,
-                       mode=mode, token_bytes=token_bytes, max_acc_loss=max_acc_loss,
-                       corpus=corpus, texts=tuple(text or ()))
+    check_choice("--mode", fields["mode"], BIAS_MODES)
+    return SweepConfig(topologies=tuple(t.strip() for t in topology.split(",") if t.strip()),
+                       lambdas=_lambdas(lambdas), texts=tuple(text or ()), **fields)
 
 
 _MODEL = typer.Option("tiny-moe64", "--model", help="model folder or packaged name")
@@ -83,8 +82,10 @@ def sweep(model: str = _MODEL, topology: str = _TOPO, ep: int = _EP, lambdas: st
                                        table_rows)
     from sempar.costroute.sweep import run_sweeps, validate_config
 
-    cfg = _config(model, topology, ep, lambdas, corpus, text, tokens_per_domain, seq_len,
-                  batch_size, placement, dedup, mode, token_bytes, max_acc_loss)
+    cfg = _config(topology, lambdas, text, model=model, ep=ep, corpus=corpus,
+                  tokens_per_domain=tokens_per_domain, seq_len=seq_len, batch_size=batch_size,
+                  placement=placement, dedup=dedup, mode=mode, token_bytes=token_bytes,
+                  max_acc_loss=max_acc_loss)
     validate_config(cfg)
     if plot is not None:
         from sempar.atomic import check_output
@@ -142,8 +143,10 @@ def tables(model: str = _MODEL, topology: str = _TOPO, ep: int = _EP,
     from sempar.atomic import check_output
 
     check_output(out_path)
-    cfg = _config(model, topology, ep, "0", corpus, text, tokens_per_domain, seq_len, batch_size,
-                  placement, dedup, "logits", token_bytes, 1.2)
+    cfg = _config(topology, "0", text, model=model, ep=ep, corpus=corpus,
+                  tokens_per_domain=tokens_per_domain, seq_len=seq_len, batch_size=batch_size,
+                  placement=placement, dedup=dedup, mode="logits", token_bytes=token_bytes,
+                  max_acc_loss=1.2)
     if len(cfg.topologies) != 1:
         raise InputError("--topology: give exactly one for `tables`")
     topo = load_topology(cfg.topologies[0])

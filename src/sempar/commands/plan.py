@@ -21,8 +21,8 @@ from sempar.model_presets import names as preset_names
 from sempar.commands._options import accelerator_profile_option
 
 
-def _names(s: Optional[str]) -> Optional[list[str]]:
-    return None if s is None else [x.strip() for x in s.split(",") if x.strip()] or None
+def _tuple(s: Optional[str]) -> Optional[tuple[str, ...]]:
+    return None if s is None else tuple(x.strip() for x in s.split(",") if x.strip()) or None
 
 
 REDUNDANT = NumberList("--redundant", Bounds(0, REDUNDANT_MAX, integer=True, words=("G",)))
@@ -71,7 +71,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Rank deployments (pipeline x placement x policy x redundancy x EP) by throughput under an SLO."""
         from sempar.progress import steps
-        from sempar.serving.plan import plan
+        from sempar.serving.metrics import SLOSpec
+        from sempar.serving.plan import PlanOptions, plan
+        from sempar.serving.workload import WorkloadSpec
         from sempar.bounds import check_requests
         from sempar.serving.setup import forecaster, parse_slo
 
@@ -90,11 +92,14 @@ def register(app: typer.Typer) -> None:
 
         eps = [make_fc(G).G for G in eps]
         with steps("plan", None) as step:
-            res = plan(lambda G: fcs.get(G) or make_fc(G), eps, str(trace), given,
-                       rates=rate_list, duration=duration, input_len=input_len,
-                       output_len=output_len, top=top, methods=_names(methods),
-                       pipelines=_names(pipes), policies=_names(policies), redundant=red,
-                       per_pipeline=per_pipeline, progress=step)
+            res = plan(lambda G: fcs.get(G) or make_fc(G), eps, str(trace),
+                       WorkloadSpec(rates=tuple(rate_list) if rate_list else None,
+                                    duration=duration, input_len=input_len,
+                                    output_len=output_len),
+                       SLOSpec(given=given),
+                       PlanOptions(top=top, methods=_tuple(methods), pipelines=_tuple(pipes),
+                                   policies=_tuple(policies), redundant=tuple(red),
+                                   per_pipeline=per_pipeline), progress=step)
         if as_json:
             from sempar.console import emit_json
 

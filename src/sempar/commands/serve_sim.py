@@ -61,7 +61,8 @@ def register(app: typer.Typer) -> None:
         from sempar.serving.forecast import compare
         from sempar.serving.setup import forecaster, parse_slo
         from sempar.serving.systems import SYSTEMS
-        from sempar.serving.workload import read_arrivals
+        from sempar.serving.metrics import SLOSpec
+        from sempar.serving.workload import WorkloadSpec, read_arrivals
 
         names = SYSTEMS.names() if systems == "all" else [s.strip() for s in systems.split(",") if s.strip()]
         rate_list = RATES.parse(rates)
@@ -79,8 +80,10 @@ def register(app: typer.Typer) -> None:
                         collectives, accelerator_profile)
         n_steps = len(names) * (1 + (len(rate_list) if rate_list else 10))
         with steps("serve-sim", n_steps) as step:
-            res = compare(fc, names, rate_list, duration, lengths, input_len, output_len,
-                          slo_scale, given, arr, progress=step)
+            load = WorkloadSpec(rates=tuple(rate_list) if rate_list else None,
+                                duration=duration, lengths=lengths, input_len=input_len,
+                                output_len=output_len, arrivals=arr)
+            res = compare(fc, names, load, SLOSpec(scale=slo_scale, given=given), progress=step)
         from sempar.serving.accel_profile import compute_model
 
         res["compute_model"] = compute_model(fc.acc)

@@ -1,5 +1,5 @@
 """`sempar simulate`: bytes per directed pair and all-to-all time of a pipeline on a topology
-(design.md, comm/; CAMoE eq. 9). See sempar.comm for the model and its choices."""
+(docs/design.md, comm/; CAMoE eq. 9). See sempar.comm for the model and its choices."""
 
 from __future__ import annotations
 

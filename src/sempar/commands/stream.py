@@ -10,6 +10,7 @@ import typer
 
 from sempar.bounds import MICRO_SLICES_MAX, bound
 from sempar.commands._options import WithAliases, json_option, names_option, seed_option
+from sempar.chiplet.workload import load_workload
 from sempar.console import emit_json
 
 
@@ -24,31 +25,6 @@ _POSITIVE = bound(0, 1e6, lo_open=True)     # buffer MiB, GB/s: far beyond any p
 
 def register(app: typer.Typer) -> None:
     app.command("stream")(stream)
-
-
-def load_workload(model: str, trace: Optional[Path], tokens_per_iter: int, iterations: int, seed: int):
-    """The model and its workload: from `trace`, or a synthetic trace of the model's own shape."""
-    from sempar.chiplet.models import MODELS
-    from sempar.chiplet.workload import assemble
-    from sempar.errors import InputError
-
-    m = MODELS.get(model)
-    if trace is not None:
-        from sempar.trace import read_trace
-        if not Path(trace).exists():
-            raise InputError(f"--trace: {trace} does not exist")
-        tr = read_trace(trace)
-        source = str(trace)
-    else:
-        from sempar.trace.presets import PRESETS
-        from sempar.trace.schema import TraceMeta
-        from sempar.trace.synth import synthesize
-        shape = PRESETS.get(m.name) if m.name in PRESETS else TraceMeta(m.name, m.layers, m.experts, m.top_k, 32000)
-        need = tokens_per_iter * iterations
-        tokens = int(need * 1.3) + 1024
-        tr = synthesize(shape, tokens, requests=max(2, tokens // 160), seed=seed)
-        source = f"synthetic:{m.name}"
-    return m, assemble(tr, m, tokens_per_iter, iterations, source=source)
 
 
 def stream(

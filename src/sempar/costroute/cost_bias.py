@@ -1,6 +1,6 @@
 """Cost-aware gate bias tables (CAMoE §3.4, eqs. 8-13) and the all-to-all time of a routing.
 
-Vocabulary (design.md; CAMoE's symbols in brackets). Endpoints are devices (CAMoE's `N` with
+Vocabulary (docs/design.md; CAMoE's symbols in brackets). Endpoints are devices (CAMoE's `N` with
 the device -> endpoint map delta = identity: its 4-GPU testbed had one GPU per endpoint; ours).
 
 - `home`: int[T], the device each token's hidden state sits on when the router runs [sigma(i),
@@ -122,7 +122,7 @@ def dispatch_counts(experts: np.ndarray, home: np.ndarray, dest: np.ndarray,
     experts: int[T, L, k] logical expert ids; home: int[T] in 0..G-1; dest: int32[L, G, E].
     dedup=False counts every (token, expert) assignment (eq. 8's C_ie); dedup=True counts one
     copy per (token, destination device), the one-shot de-duplicated dispatch of s-MoE /
-    DeepEP (design.md, remote copies).
+    DeepEP (docs/design.md, remote copies).
     """
     experts = np.asarray(experts)
     home = np.asarray(home, dtype=np.int64)

@@ -20,7 +20,7 @@ and is bit-identical too (tested), which checks it against transformers.
 
 Token homes (`S`, the source device of each row of the flattened [batch * seq, hidden] router
 input) are given per forward with `set_sources(int[rows])`; when none is given, row i is on
-device i mod G (design.md's vanilla position split).
+device i mod G (docs/design.md's vanilla position split).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""sempar inside the engines' own balancer (design.md, "Engine balancer"): an EPLB policy that
+"""sempar inside the engines' own balancer (docs/design.md, "Engine balancer"): an EPLB policy that
 keeps the locality learned from a sempar FILE and balances the engine's live load window.
 
 - `config.PluginConfig`: the knobs, read from the environment (`SEMPAR_EPLB*`);

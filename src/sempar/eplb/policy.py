@@ -1,4 +1,4 @@
-"""The engine-balancer policy (design.md, "Engine balancer"): at every rebalance, a
+"""The engine-balancer policy (docs/design.md, "Engine balancer"): at every rebalance, a
 physical_to_logical map that keeps FILE's locality, balances the live load window with the
 engine's redundant slots, and moves few experts relative to the old map.
 

@@ -1,6 +1,6 @@
 """An upper bound on the exact-home LAR of ANY placement (`evaluate`'s "bound" ref row).
 
-The figure bounded: tp mode's capacity-bound exact-home LAR on a trace (design.md "Oracle LAR":
+The figure bounded: tp mode's capacity-bound exact-home LAR on a trace (docs/design.md "Oracle LAR":
 each row homed knowing its real top-k, equal shares per batch), maximised over every placement
 of N experts on G devices, N / G each. Dropping the homes' capacity can only raise it, so the
 bound is on the unconstrained figure: per layer, max over partitions P of

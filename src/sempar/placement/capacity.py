@@ -1,7 +1,7 @@
 """Capacity rules shared by placement, scheduling and evaluation: the tp batch, equal shares and
 proposal rounds.
 
-- `BATCH`: tokens per batch in tp mode (design.md, "Home device": 2,048 unless stated).
+- `BATCH`: tokens per batch in tp mode (docs/design.md, "Home device": 2,048 unless stated).
 - `equal_shares(n, G)`: int64[G], n // G per device and the first n % G devices one more: the
   equal chunks reduce-scatter needs (Sem-MoE Alg. 3's align step).
 - `slack_shares(n, G, slack)`: int64[G], the per-device cap of a batch with chunk slack epsilon:
@@ -16,7 +16,7 @@ proposal rounds.
   while they fit. A full device thus spills an item to *that item's* next-best device, never to
   the next device in id order. The papers leave the overflow rule open; this one is ours.
 
-Pure numpy, low in the package so that placement/ can use it (design.md's layering).
+Pure numpy, low in the package so that placement/ can use it (docs/design.md's layering).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 
 from sempar.errors import InputError
 
-BATCH = 2048          # tokens per batch in tp mode (design.md)
+BATCH = 2048          # tokens per batch in tp mode (docs/design.md)
 
 
 def equal_shares(num_items: int, num_devices: int) -> np.ndarray:
@@ -111,7 +111,7 @@ def capacity_home(hits: np.ndarray, batch: int | None = None, slack: float = 0.0
     hits: int[T, G] local activations per device. Per batch of `batch` items (None: all), device
     g takes `equal_shares` (slack > 0: at most `slack_shares`, ceil((1 + slack) n / G));
     proposal rounds over each item's devices by decreasing hits (ties: lower id), priority its
-    hits at its best device (ties: earlier item). The capacity-bound oracle of design.md
+    hits at its best device (ties: earlier item). The capacity-bound oracle of docs/design.md
     ("Oracle LAR", tp mode).
     """
     T, G = hits.shape

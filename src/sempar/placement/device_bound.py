@@ -1,7 +1,7 @@
 """The device-configuration bound: an upper bound on the capacity-bound exact-home LAR of ANY
 placement at one layer (`bound.lar_upper_bound` keeps it where it is lower than the pair budget).
 
-The figure bounded (design.md "Oracle LAR", tp mode): per batch of `BATCH` rows, each device
+The figure bounded (docs/design.md "Oracle LAR", tp mode): per batch of `BATCH` rows, each device
 homes its equal share (at most ceil(n / G) of the batch's n rows), a row homed on device d
 counts |S_t ∩ D_d| local activations; maximised over every partition of the N experts into G
 device sets of S = N / G and every such home assignment (`capacity.capacity_home`'s proposal
@@ -46,7 +46,7 @@ class BoundConfig:
         this (its V table is float64[C(N, S)] and the work ~ C(N, S) x sum_i C(S, i) per batch);
     time_limit_s: HiGHS's limit for one layer's LP; a layer whose LP does not reach optimality
         keeps the pair budget (an unfinished LP's value bounds nothing);
-    batch: the tp batch whose equal shares cap each device (design.md's 2,048).
+    batch: the tp batch whose equal shares cap each device (docs/design.md's 2,048).
     """
 
     max_device_sets: int = 100_000

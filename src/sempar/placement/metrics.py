@@ -1,4 +1,4 @@
-"""Figures of a placement given where each token sits (design.md, Vocabulary and definitions).
+"""Figures of a placement given where each token sits (docs/design.md, Vocabulary and definitions).
 
 `home[t, l]` is the device holding token t's hidden state when layer l's router runs. The
 figures:

@@ -1,9 +1,9 @@
-"""`oracle`: the ceiling of design.md, not a deployable method (for reports only).
+"""`oracle`: the ceiling of docs/design.md, not a deployable method (for reports only).
 
 The oracle knows the routing it is judged on. `sempar evaluate` solves it on the *eval* trace
 (in-sample, so never compare it as a method: it is the roof the others are measured against)
 and places every (token, layer) knowing its real routing under the mode's capacity rule
-(design.md "Oracle LAR": equal tokens per device per batch in tp mode, whole requests per DP rank
+(docs/design.md "Oracle LAR": equal tokens per device per batch in tp mode, whole requests per DP rank
 in dp mode). Its `lar_mean` therefore equals its `oracle_lar_mean`.
 
 The placement itself is METIS's co-clustering of the token-expert co-activation graph (s-MoE

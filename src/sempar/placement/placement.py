@@ -1,4 +1,4 @@
-"""`Placement`: which logical experts each device hosts, per MoE layer (design.md).
+"""`Placement`: which logical experts each device hosts, per MoE layer (docs/design.md).
 
 Stored as the physical-slot table engines use (DeepSeek EPLB's `phy2log`): `phy2log[l, p]` is
 the logical expert in physical slot p of layer l; device g owns the contiguous slots

@@ -1,4 +1,4 @@
-"""The serving rule: which replica serves an activation (design.md, Vocabulary: LAR, remote copies).
+"""The serving rule: which replica serves an activation (docs/design.md, Vocabulary: LAR, remote copies).
 
 A token homed on device g that selects logical expert e at layer l is served by the host of e
 that comes first in g's order over devices, `order[g, d]` (lower first, ties to the lower id):

@@ -48,6 +48,10 @@ class HtmlReport:
         cls = ' class="note"' if note else ""
         self.parts.append(f"<p{cls}>{html.escape(text)}</p>")
 
+    def items(self, lines: Sequence[str]) -> None:
+        """A bulleted list, one line each (the demo's answer, one line per case)."""
+        self.parts.append("<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>")
+
     def table(self, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(c))}</td>" for c in r) + "</tr>"

@@ -1,6 +1,6 @@
 """`sempar evaluate`: every placement method in one table, judged on held-out routing.
 
-Protocol (design.md): solve on the fit trace, measure on the eval trace. Homes
+Protocol (docs/design.md): solve on the fit trace, measure on the eval trace. Homes
 (`schedule.homes.method_home`):
 - dp mode: a method's own token table when it has one (each new request to the rank its
   tokens prefer, one request per rank per round: Sem-MoE Alg. 2), else requests dealt

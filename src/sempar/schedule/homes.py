@@ -1,5 +1,5 @@
 """Home devices: every rule that says where a token's hidden state sits when layer l's router runs
-(design.md, "Home device"). Each returns int32[T, L] for a trace's T tokens and L layers.
+(docs/design.md, "Home device"). Each returns int32[T, L] for a trace's T tokens and L layers.
 
 Vanilla (no scheduler):
 - `home_tp_contiguous`: attention TP, per batch of `batch` tokens equal contiguous chunks (token

@@ -11,7 +11,7 @@ original order. Alg. 3 in the paper's words:
     ... reduce_scatter, MoE layer, all_gather ...
     B           <- B[argsort(shf_indices)]                   # resume_tokens
 
-The paper leaves `align` unspecified; we follow design.md ("Home device", Attention-TP): the
+The paper leaves `align` unspecified; we follow docs/design.md ("Home device", Attention-TP): the
 reduce-scatter needs equal chunks, so device g receives exactly T // G tokens, the first T % G
 devices one more. Each device first keeps the earliest tokens (by position) that prefer it, up to
 its capacity; the overflow and the tokens with no preference then fill the remaining room of the

@@ -1,7 +1,7 @@
 """Attention-DP request scheduling (Sem-MoE §3.2 "Data scheduling: Attention-DP", App. B Alg. 2).
 
 In Attention-DP every request runs its attention on one DP rank, which is also its tokens' home
-device for every MoE layer (design.md, "Home device"). A request scheduler picks that rank when
+device for every MoE layer (docs/design.md, "Home device"). A request scheduler picks that rank when
 the request arrives. Policies, registered by name in `REQUEST_POLICIES`:
 
 - `round-robin`: the r-th request in arrival order goes to rank r mod G (the baseline).

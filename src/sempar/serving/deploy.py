@@ -21,7 +21,9 @@ import shlex
 
 from sempar.comm.pipelines import PIPELINES
 from sempar.errors import InputError
+from sempar.export.engines import check_exportable
 from sempar.model_presets import MODEL_PRESETS
+from sempar.router.policies import router_command
 from sempar.serving.systems import Variant
 
 FIT_FRACTION = 0.2          # forecast.Forecaster's split: placements fit on 20% of the requests
@@ -73,39 +75,43 @@ def engine_flags(v: Variant, G: int, placement_file: str | None) -> list[tuple[s
     return out
 
 
+def placement_lines(v: Variant, G: int, nodes: int, trace: str, placement, seed: int = 0
+                    ) -> tuple[list[str], list[str], str | None]:
+    """(`sempar place` and, when the exporter accepts the placement, `sempar export` lines;
+    `#` notes; the SGLang placement file the launch loads, or None)."""
+    r = v.redundant_slots(G)
+    homes = placement.info.get("homes")         # the home rule sempar solved for
+    lines = [shlex.join(["sempar", "place", "--trace", trace, "--fit-fraction",
+                         str(FIT_FRACTION), "--seed", str(seed), "--method", v.placement,
+                         "--ep", str(G), "--nodes", str(nodes), "--redundant", str(r),
+                         *(["--homes", homes] if homes else []), "--out", "placement.json"])]
+    try:
+        check_exportable(placement, "sglang", "expert-location.json")
+    except InputError as e:             # the exporter's own refusal, said instead of run
+        return lines, [f"# no SGLang placement file: {e} -- the placement needs an engine that "
+                       "loads it (e.g. a checkpoint permuted by `sempar export --to "
+                       "hf-checkpoint`)"], None
+    export = ["sempar", "export", "--placement", "placement.json", "--to", "sglang",
+              "--out", "expert-location.json"]
+    if placement.info.get("num_hidden_layers") is None:
+        export += ["--num-hidden-layers", str(placement.num_layers)]
+    return lines + [shlex.join(export)], [], "expert-location.json"
+
+
 def commands(v: Variant, G: int, nodes: int, trace: str, model: str, placement, seed: int = 0
              ) -> list[str]:
-    """The lines to print: `sempar place` / `export` (when the placement is not the engine's
-    own), the launch line, then `#` lines with each flag's reason and what needs more than
-    SGLang. `placement`: the Placement the plan scored (its info says the model's layout)."""
-    r = v.redundant_slots(G)
+    """The lines to print, in the order they run: `sempar place` / `export` (when the
+    placement is not the engine's own), the launch line with a `#` line per flag's reason,
+    what needs more than SGLang, and the `sempar router` line in front of the DP ranks when
+    the request policy is not SGLang's round-robin. `placement`: the Placement the plan scored
+    (its info says the model's layout)."""
     pipe = PIPELINES.get(v.pipeline)
-    out, notes, location = [], [], None
     # SGLang places requests round-robin; any other policy is `sempar router` in front of the DP
     # ranks, reading the placement file's token tables (so the file is written even if vanilla).
     routed = pipe.attention == "dp" and v.policy != "round-robin"
-    if v.placement != "vanilla" or r or routed:
-        homes = placement.info.get("homes")       # the home rule sempar solved for
-        out.append(shlex.join(["sempar", "place", "--trace", trace, "--fit-fraction",
-                               str(FIT_FRACTION), "--seed", str(seed), "--method", v.placement,
-                               "--ep", str(G), "--nodes", str(nodes), "--redundant", str(r),
-                               *(["--homes", homes] if homes else []),
-                               "--out", "placement.json"]))
-        from sempar.export.engines import check_exportable
-
-        try:
-            check_exportable(placement, "sglang", "expert-location.json")
-        except InputError as e:         # the exporter's own refusal, said instead of run
-            notes.append(f"# no SGLang placement file: {e} -- the placement needs an engine "
-                         "that loads it (e.g. a checkpoint permuted by `sempar export --to "
-                         "hf-checkpoint`)")
-        else:
-            export = ["sempar", "export", "--placement", "placement.json", "--to", "sglang",
-                      "--out", "expert-location.json"]
-            if placement.info.get("num_hidden_layers") is None:
-                export += ["--num-hidden-layers", str(placement.num_layers)]
-            out.append(shlex.join(export))
-            location = "expert-location.json"
+    out, notes, location = [], [], None
+    if v.placement != "vanilla" or v.redundant_slots(G) or routed:
+        out, notes, location = placement_lines(v, G, nodes, trace, placement, seed)
     flags = engine_flags(v, G, location)
     out.append("python -m sglang.launch_server --model-path " + shlex.quote(model_path(model))
                + " " + " ".join(f for f, _ in flags))
@@ -119,8 +125,6 @@ def commands(v: Variant, G: int, nodes: int, trace: str, model: str, placement, 
         out.append(f"# pipeline {v.pipeline} is not an upstream SGLang mode: it needs an engine "
                    "that runs it (sempar's runtime measures it with `sempar bench`)")
     if routed:
-        from sempar.router.policies import router_command
-
         line = router_command("placement.json", "http://127.0.0.1:30000", "sglang", G,
                               model_path(model), policy=v.policy)
         out += [line] if line else []

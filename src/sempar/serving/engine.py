@@ -20,9 +20,12 @@ One event per iteration, vectorised over running requests (no Python loop over t
 5. a request whose prefill completes emits its first token at the iteration's end (TTFT), each
    decode emits one; a request that has all its output tokens leaves and frees its KV.
 
-Since a running request in decode emits one token every iteration, every decode token's TBT is
-the duration of the iteration that produced it: the TBT distribution is the iterations'
-durations weighted by their decode tokens (kept as two arrays, not one entry per token).
+Time between tokens is measured per request (metrics.py): each request's gaps between
+consecutive tokens, from the iteration that gave it its first token to the one that gave it its
+last (or the horizon), so a wait between two of its tokens counts in full; the log keeps, per
+request, the indices of those two iterations (`first_it`, `last_it`), not one entry per token.
+(This loop never leaves a running request out of an iteration -- KV is reserved at admission
+and the budget covers one decode token per running request -- so each gap is one iteration.)
 When the queue is empty and nothing runs, time jumps to the next arrival.
 
 Decode runs: while no prefill is running, iterations differ only by each request's growing
@@ -77,6 +80,10 @@ class RunLog:
     it_dt: np.ndarray
     it_decode: np.ndarray
     it_tokens: np.ndarray
+    # int64[R]: per request, the iteration that emitted its first token and the one that
+    # emitted its last so far (-1: none); metrics.request_gaps reads its gaps from them
+    first_it: np.ndarray | None = None
+    last_it: np.ndarray | None = None
 
 
 # step_seconds(prefill, decode, attn_ctx, kv_read, sampled, i) -> float64[K]: K iterations,
@@ -107,6 +114,8 @@ def run(w: Workload, cfg: EngineConfig, step_seconds: Predictor, horizon: float)
     kv_used = [0] * G
     first = np.full(R, np.nan)
     finish = np.full(R, np.nan)
+    first_it = np.full(R, -1, np.int64)
+    last_it = np.full(R, -1, np.int64)
     log_end, log_dt, log_n, log_dec, log_tok = [], [], [], [], []
     zeros, ar = np.zeros((RUN, G)), np.arange(RUN)
     arrival, rank = w.arrival, w.rank.astype(np.int64)
@@ -155,6 +164,7 @@ def run(w: Workload, cfg: EngineConfig, step_seconds: Predictor, horizon: float)
             i += K
             gen[dec] += K
             ctx[dec] += K
+            last_it[req[dec]] = i - 1
         else:
             order = pre[np.lexsort((seq[pre], srank[pre]))]
             pl, rk = pleft[order], srank[order]
@@ -181,11 +191,14 @@ def run(w: Workload, cfg: EngineConfig, step_seconds: Predictor, horizon: float)
             log_n.append(1), log_dec.append(nd), log_tok.append(nd + float(alloc.sum()))
             gen[dec] += 1                          # decode slots are disjoint from prefill ones
             ctx[dec] += 1
+            last_it[req[dec]] = i - 1
             pleft[order] -= alloc
             ctx[order] += alloc
             fin_pre = order[done_pre]
             gen[fin_pre] = 1
             first[req[fin_pre]] = now
+            first_it[req[fin_pre]] = i - 1
+            last_it[req[fin_pre]] = i - 1
         out = np.flatnonzero(act & (pleft == 0) & (gen >= olen))
         if out.size:
             rs = req[out]
@@ -198,4 +211,5 @@ def run(w: Workload, cfg: EngineConfig, step_seconds: Predictor, horizon: float)
             running -= out.size
     cat = lambda xs: np.concatenate(xs).astype(np.float64) if xs else np.zeros(0)  # noqa: E731
     rep = lambda xs: np.repeat(np.asarray(xs, np.float64), log_n)  # noqa: E731
-    return RunLog(first, finish, cat(log_end), cat(log_dt), rep(log_dec), rep(log_tok))
+    return RunLog(first, finish, cat(log_end), cat(log_dt), rep(log_dec), rep(log_tok),
+                  first_it, last_it)

@@ -40,12 +40,12 @@ from sempar.errors import InputError
 from sempar.serving.dims import ModelDims
 from sempar.serving.engine import EngineConfig, run
 from sempar.serving.hardware import Accelerator
-from sempar.serving.metrics import SLO_KEYS, run_metrics, slos_from
+from sempar.serving.metrics import SLO_KEYS, SLOSpec, run_metrics, slos_from
 from sempar.serving.roofline import Roofline
 from sempar.serving.steptable import StepTable, sample_steps
 from sempar.serving.systems import Variant, resolve
 from sempar.serving.slo_search import SearchConfig, search
-from sempar.serving.workload import make_workload, stable_arrivals
+from sempar.serving.workload import WorkloadSpec, make_workload, stable_arrivals
 from sempar.solve_options import SolveOptions
 from sempar.trace.schema import RoutingTrace
 
@@ -306,14 +306,17 @@ def mode_baselines(plans: dict[str, list[Prepared]], curves: dict[str, list[list
     return out
 
 
-def compare(fc: Forecaster, systems: list[str], rates: list[float] | None, duration: float,
-            lengths: str = "fixed", input_len: int = 512, output_len: int = 128,
-            slo_scale: float = 5.0, slo_given: dict | None = None,
-            arrivals: np.ndarray | None = None, progress=None,
+def compare(fc: Forecaster, systems: list[str], load: WorkloadSpec = WorkloadSpec(),
+            slo: SLOSpec = SLOSpec(), progress=None,
             search_cfg: SearchConfig = SearchConfig()) -> dict:
     """Curves, SLOs and throughput under each SLO for every system (serve-sim's JSON): each
-    system's grid curve, then the rate searched per SLO key (slo_search.py)."""
+    system's grid curve over `load`'s rates (or its one arrival file), then the rate searched
+    per SLO key (slo_search.py); SLOs at `slo.scale` x each attention mode's baseline at the
+    lightest load, or `slo.given`."""
     t0 = time.perf_counter()
+    rates, duration, arrivals = load.rates, load.duration, load.arrivals
+    lengths, input_len, output_len = load.io
+    slo_scale, slo_given = slo.scale, slo.given
     if duration <= 0:
         raise InputError(f"--duration: {duration} is not positive")
     if slo_scale <= 0:
@@ -330,7 +333,8 @@ def compare(fc: Forecaster, systems: list[str], rates: list[float] | None, durat
         duration = max(duration, float(arrivals[-1]))
         rates = [arrivals.size / duration]
     elif rates is None:
-        rates = default_rates([p for ps in plans.values() for p in ps], input_len, output_len)
+        rates = default_rates([p for ps in plans.values() for p in ps], input_len, output_len,
+                              load.n_rates)
     if any(r <= 0 for r in rates):
         raise InputError("--rates must be positive")
     check_requests(rates, duration)         # default rates too: before any rate is simulated

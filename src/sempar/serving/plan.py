@@ -25,6 +25,7 @@ vanilla homes, the others with the online schedulers; the printed deployment the
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from sempar.comm.pipelines import PIPELINES
 from sempar.bounds import check_requests
@@ -32,11 +33,12 @@ from sempar.errors import InputError
 from sempar.serving.choose import choose
 from sempar.serving.deploy import commands, complexity
 from sempar.serving.forecast import clean, default_rates
-from sempar.serving.metrics import slos_from
+from sempar.serving.metrics import SLOSpec
 from sempar.serving.accel_profile import compute_model
 from sempar.serving.sensitivity import SCALES, compute_sensitivity
 from sempar.serving.slo_search import SearchConfig
 from sempar.serving.systems import Variant
+from sempar.serving.workload import WorkloadSpec
 
 BASELINE = Variant("vanilla", "sglang-ep")      # SGLang's EP launch: id-order experts, round-robin
 
@@ -71,23 +73,47 @@ def candidates(methods=None, pipelines=None, policies=None, redundant=(0,)) -> l
     return out
 
 
-def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("ttft", "e2e"),
-         slo_scale: float = 5.0, rates=None, duration: float = 60.0, input_len: int = 512,
-         output_len: int = 128, top: int = 4, methods=None, pipelines=None, policies=None,
-         redundant=(0,), n_rates: int = 10, progress=None,
-         search_cfg: SearchConfig = SearchConfig(), noise_streams: int = 1,
-         attribute: bool = False, per_pipeline: bool = False,
-         sensitivity: tuple[float, ...] = SCALES) -> dict:
-    """make_fc(ep) -> Forecaster for that EP size. Returns the ranked deployments: each one's
-    throughput under the SLO searched on the rate (slo_search.py), the forecast's noise, and
-    the choice (choose.py); with `attribute`, what the recommended deployment's gain is made
-    of (`attribution`); with `per_pipeline`, the best screened deployment of every pipeline is
-    forecast in full too (beside the `top`), so pipelines are compared under the SLO, not only
-    by the screen's capacity estimate; `sensitivity`: compute scales at which the recommended
-    deployment's gain is forecast again (sensitivity.py; () for none)."""
+@dataclass(frozen=True)
+class PlanOptions:
+    """What `plan` compares and how hard it looks: the candidate space (`methods`,
+    `pipelines`, `policies`: None = the defaults above; `redundant` slot counts or "G"), the
+    `top` screened candidates forecast in full (with `per_pipeline`, the best of every
+    pipeline too), the rate search, the arrival streams the noise is measured on, the gain's
+    `attribution` and the compute `sensitivity` scales (() for none)."""
+
+    top: int = 4
+    methods: tuple[str, ...] | None = None
+    pipelines: tuple[str, ...] | None = None
+    policies: tuple[str, ...] | None = None
+    redundant: tuple = (0,)
+    search: SearchConfig = SearchConfig()
+    noise_streams: int = 1
+    attribute: bool = False
+    per_pipeline: bool = False
+    sensitivity: tuple[float, ...] = SCALES
+
+
+def plan(make_fc, eps: list[int], trace_path: str, load: WorkloadSpec = WorkloadSpec(),
+         slo: SLOSpec = SLOSpec(), opts: PlanOptions = PlanOptions(), progress=None) -> dict:
+    """make_fc(ep) -> Forecaster for that EP size; `load` what is served (its rates, or
+    `n_rates` default ones), `slo` the SLO (given keys replace its `keys`). Returns the ranked
+    deployments: each one's throughput under the SLO searched on the rate (slo_search.py), the
+    forecast's noise, and the choice (choose.py); with `opts.attribute`, what the recommended
+    deployment's gain is made of (`attribution`); with `opts.per_pipeline`, the best screened
+    deployment of every pipeline is forecast in full too (beside the `top`), so pipelines are
+    compared under the SLO, not only by the screen's capacity estimate; `opts.sensitivity`:
+    compute scales at which the recommended deployment's gain is forecast again
+    (sensitivity.py)."""
     t0 = time.perf_counter()
+    search_cfg, duration = opts.search, load.duration
+    input_len, output_len = load.input_len, load.output_len
+    methods, pipelines, policies = opts.methods, opts.pipelines, opts.policies
+    redundant, top, per_pipeline = list(opts.redundant), opts.top, opts.per_pipeline
     fcs = {G: make_fc(G) for G in eps}
     served = ("fixed", input_len, output_len)      # DP policies rank by the served lengths
+    methods = list(methods) if methods else None
+    pipelines = list(pipelines) if pipelines else None
+    policies = list(policies) if policies else None
     screened, skipped = [], []
     for G, fc in fcs.items():
         for v in candidates(methods, pipelines, policies, redundant):
@@ -119,12 +145,12 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
         full.append((G, v, fcs[G].prepare(v, served=served)))
     base_fc = fcs[eps[0]]
     base = base_fc.prepare(BASELINE, served=served)
-    rates = sorted(rates or default_rates([p for _, _, p in full] + [base], input_len, output_len,
-                                          n_rates))
+    rates = sorted(load.rates or default_rates([p for _, _, p in full] + [base], input_len,
+                                               output_len, load.n_rates))
     check_requests(rates, duration)         # default rates too: before any rate is simulated
     light = base_fc.run_rate(base, rates[0], duration, "fixed", input_len, output_len)
-    slos = slos_from(light, slo_scale, slo_given)
-    keys = tuple(slo_given) or slo_keys
+    slos = slo.slos(light)
+    keys = tuple(slo.given) or tuple(slo.keys)
     io = ("fixed", input_len, output_len)
 
     def forecast(fc, p, stream=0):
@@ -150,7 +176,7 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
     # the forecast's noise: the leader's and the baseline's figures on other arrival streams
     spread = []
     _, lead_G, _, lead_p = entries[0]
-    for s in range(1, noise_streams + 1):
+    for s in range(1, opts.noise_streams + 1):
         for fc, p, ref in ((base_fc, base, bf["throughput_under_slo"]),
                            (fcs[lead_G], lead_p, ranked[0]["throughput_under_slo"])):
             if progress:
@@ -161,17 +187,17 @@ def plan(make_fc, eps: list[int], trace_path: str, slo_given: dict, slo_keys=("t
     noise = max([search_cfg.tolerance] + spread)
     ranked, choice = choose(ranked, noise)
     parts = []
-    if attribute and ranked and ranked[0]["throughput_under_slo"]:
+    if opts.attribute and ranked and ranked[0]["throughput_under_slo"]:
         _, G, v, _ = next(e for e in entries if e[0] is ranked[0])
         parts = attribution(fcs[G], v, ranked[0], bf, forecast, served, progress)
     sens = []
-    if sensitivity and ranked and ranked[0]["throughput_under_slo"]:
+    if opts.sensitivity and ranked and ranked[0]["throughput_under_slo"]:
         _, G, v, _ = next(e for e in entries if e[0] is ranked[0])
         sens = compute_sensitivity(
             fcs[G], v, base_fc, BASELINE, served,
-            lambda fc, p: slos_from(fc.run_rate(p, rates[0], duration, *io), slo_scale, slo_given),
+            lambda fc, p: slo.slos(fc.run_rate(p, rates[0], duration, *io)),
             lambda fc, p, s: _forecast(fc, p, rates, s, keys, duration, io, search_cfg)[1],
-            sensitivity, progress)
+            opts.sensitivity, progress)
     return clean({"model": base_fc.dims.name, "topology": base_fc.topo.name,
                   "accelerator": base_fc.acc.name, "compute_model": compute_model(base_fc.acc),
                   "sensitivity": sens, "eps": eps, "slos": slos, "slo_keys": list(keys),

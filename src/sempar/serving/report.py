@@ -89,34 +89,66 @@ def calibration_note(results: list[dict]) -> str | None:
     return " ".join(lines) or None
 
 
+# What each demo topology is, in words, so a heading never names GPUs the links are not of:
+# the forecast prices compute with the accelerator (`--accelerator`) and links with the topology.
+TOPOLOGY_WORDS = {
+    "pcie-upi8": "one server, 2 sockets x 4 GPUs on PCIe joined by UPI",
+    "a100x4-ib": "2 nodes x 4 GPUs, NVLink inside, InfiniBand between",
+    "nvlink8": "one server, 8 GPUs on NVLink",
+    "hetero-cloud": "CAMoE's emulated cloud, 4 nodes x 2 GPUs on shaped links",
+}
+
+
+def setup_text(res: dict) -> str:
+    """"EP 8 on pcie-upi8 (what that is), H100 compute": the plan's devices, links and compute."""
+    ep = (res.get("eps") or [r["ep"] for r in res.get("ranked") or []] or [None])[0]
+    words = TOPOLOGY_WORDS.get(str(res["topology"]).split(":")[0])
+    return (f"EP {ep} on {res['topology']}" + (f" ({words})" if words else "")
+            + f", {str(res['accelerator']).upper()} compute")
+
+
+def answer_line(res: dict) -> str:
+    """One line per plan (the terminal's and the report's first screen): deploy what, the gain
+    over SGLang's launch under the SLO and its interval."""
+    base, win = res["baseline"], res["ranked"][0] if res["ranked"] else None
+    head = f"{res['model']}, {setup_text(res)}"
+    if win is None or not win["throughput_under_slo"]:
+        return f"{head}: no deployment met the SLO"
+    slots = f"{win['redundant']} redundant slots" if win["redundant"] else "no redundant slots"
+    return (f"{head}: deploy {win['placement']} placement on {win['pipeline']}, "
+            f"{win['policy']}, {slots}: {gain_text(win, base)} SGLang's launch under "
+            f"{' + '.join(k.upper() for k in res['slo_keys'])}")
+
+
 def answer_section(report, results: list[dict], chart: Path | None = None) -> None:
-    """The report's first screen: per model and topology the recommended deployment, its gain
-    over SGLang's launch with its interval and what it is made of (balance, locality, request
-    policy, pipeline); the gain chart; then how sure."""
+    """The report's first screen: one line per model and topology (the recommended deployment
+    and its gain over SGLang's launch with its interval: `answer_line`, the lines `sempar demo`
+    prints), the gain chart, then the details -- each gain under each SLO key, what it is made
+    of (balance, locality, request policy, pipeline), what was compared -- and how sure."""
     report.heading("Answer: what to deploy (forecast)")
-    rows = []
-    for res in results:
-        base, win = res["baseline"], res["ranked"][0] if res["ranked"] else None
-        if win is None or not win["throughput_under_slo"]:
-            report.paragraph(f"{res['model']} on {res['topology']}: no deployment met the SLO.")
-            continue
-        each = "; ".join(f"{k} SLO {gain_text(win['under_each'][k], base['under_each'][k])}"
-                         for k in res["slo_keys"])
-        report.paragraph(
-            f"{res['model']} on {res['topology']} (EP {win['ep']}): deploy {win['pipeline']} with "
-            f"the {win['placement']} placement, request policy {win['policy']}, "
-            f"{win['redundant']} redundant slots: {gain_text(win, base)} SGLang's launch "
-            f"({win['throughput_under_slo']:,.0f} against {base['throughput_under_slo'] or 0:,.0f} "
-            f"tokens/s under {' + '.join(res['slo_keys'])}; {each}). Made of: {_made_of(res)}. "
-            f"{res['choice'].get('text', '')} The plan {compared_text(res)}.")
-        ratio, low, high = _ratio_interval(win, base)
-        rows.append([res["model"], res["topology"], f"{win['placement']}/{win['pipeline']}/"
-                     f"{win['policy']} R={win['redundant']}", win["throughput_under_slo"],
-                     base["throughput_under_slo"], ratio, low, high, res["noise"]])
+    report.items([answer_line(res) for res in results])
     if chart is not None:
         report.image(chart, "gain over SGLang's launch under the SLO: every deployment forecast "
                      "in full (dark: recommended; whiskers: the rate search's interval), and the "
                      "recommended one's gain part by part (orange: each step x the one before)")
+    rows = []
+    for res in results:
+        base, win = res["baseline"], res["ranked"][0] if res["ranked"] else None
+        if win is None or not win["throughput_under_slo"]:
+            continue
+        each = "; ".join(f"{k} SLO {gain_text(win['under_each'][k], base['under_each'][k])}"
+                         for k in res["slo_keys"])
+        report.paragraph(
+            f"{res['model']}, {setup_text(res)}: deploy {win['pipeline']} with "
+            f"the {win['placement']} placement, request policy {win['policy']}, "
+            f"{win['redundant']} redundant slots: {gain_text(win, base)} SGLang's launch "
+            f"({win['throughput_under_slo']:,.0f} against {base['throughput_under_slo'] or 0:,.0f} "
+            f"tokens/s under {' + '.join(res['slo_keys'])}; {each}). Made of: {_made_of(res)}. "
+            f"{res['choice'].get('text', '')} The plan {compared_text(res)}.", note=True)
+        ratio, low, high = _ratio_interval(win, base)
+        rows.append([res["model"], res["topology"], f"{win['placement']}/{win['pipeline']}/"
+                     f"{win['policy']} R={win['redundant']}", win["throughput_under_slo"],
+                     base["throughput_under_slo"], ratio, low, high, res["noise"]])
     if rows:
         report.table(["model", "topology", "deploy", "tokens/s under SLO", "SGLang tokens/s",
                       "x SGLang", "x low", "x high", "noise"], rows)
@@ -141,8 +173,7 @@ def evidence_section(report, res: dict, png: Path | None) -> None:
     attribution, the commands and the latency curves."""
     base = res["baseline"]
     slos = ", ".join(f"{k} {res['slos'][k] * 1e3:.1f} ms" for k in res["slo_keys"])
-    report.heading(f"Plan: {res['model']} on {res['topology']} ({res['accelerator']} x "
-                   f"{res['eps'][0]}), SLO {slos}", 3)
+    report.heading(f"Plan: {res['model']}, {setup_text(res)}; SLO {slos}", 3)
     rows = [["SGLang launch (baseline)", "vanilla", "sglang-ep", "round-robin",
              base["max_rate_under_slo"], base["throughput_under_slo"], 1.0, "-"]]
     for r in res["ranked"]:

@@ -16,6 +16,7 @@ the rank the policy gave that request on the split (comm.homes) is the one it ge
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,28 @@ from sempar.safe_json import parse_json
 from sempar.serving.engine import Workload
 
 LENGTHS = ("fixed", "trace", "exp")
+
+
+@dataclass(frozen=True, eq=False)
+class WorkloadSpec:
+    """What a forecast serves (`serve-sim` and `plan`, one object instead of seven arguments):
+    `rates` requests/s to sweep (None: `n_rates` default rates up to 1.2x the estimated
+    capacity, forecast.default_rates), each for `duration` s of arrivals; or `arrivals`
+    float64[R] (s) read from a file, one point instead of the rates (`compare` only); request
+    lengths by `lengths` with means or fixed values `input_len` / `output_len` (LENGTHS)."""
+
+    rates: tuple[float, ...] | None = None
+    duration: float = 60.0
+    lengths: str = "fixed"
+    input_len: int = 512
+    output_len: int = 128
+    n_rates: int = 10
+    arrivals: np.ndarray | None = None
+
+    @property
+    def io(self) -> tuple[str, int, int]:
+        """(lengths, input_len, output_len): what Forecaster.run_rate and `served` take."""
+        return (self.lengths, self.input_len, self.output_len)
 
 
 def poisson_arrivals(rate: float, duration: float, rng: np.random.Generator) -> np.ndarray:

@@ -10,7 +10,7 @@ import numpy as np
 from sempar.errors import InputError
 from sempar.trace.schema import RoutingTrace
 
-FIT_FRACTION = 0.2  # design.md, Evaluation protocol: 20% to profile, 80% to evaluate
+FIT_FRACTION = 0.2  # docs/design.md, Evaluation protocol: 20% to profile, 80% to evaluate
 
 
 def split_by_request(trace: RoutingTrace, fit_fraction: float = FIT_FRACTION,

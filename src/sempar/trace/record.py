@@ -1,4 +1,4 @@
-"""Record a `RoutingTrace` from a Hugging Face transformers MoE model (design.md: `record`).
+"""Record a `RoutingTrace` from a Hugging Face transformers MoE model (docs/design.md: `record`).
 
 Routers are found and hooked by `sempar.trace.routers`, which keeps what each router itself
 returned: the trace holds the EXACT experts the model used, not a recomputation.

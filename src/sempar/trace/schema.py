@@ -1,4 +1,4 @@
-"""`RoutingTrace`: the routing of every token of a workload through every MoE layer (design.md).
+"""`RoutingTrace`: the routing of every token of a workload through every MoE layer (docs/design.md).
 
 In memory a trace is a set of aligned numpy arrays, one row per token:
 

@@ -20,7 +20,7 @@ def demo(out_dir: Path = typer.Option(Path("sempar-demo"), "--out", help="folder
          accelerator_profile: Optional[Path] = accelerator_profile_option()) -> None:
     """Run every stage sempar has on the embedded default data; write report.html and summary.json."""
     from sempar.atomic import check_folder_output
-    from sempar.commands.demo.run import run_demo
+    from sempar.demo.run import run_demo
 
     check_folder_output(out_dir, force=force)
     if accelerator_profile is not None:         # refused before any stage runs
@@ -30,6 +30,17 @@ def demo(out_dir: Path = typer.Option(Path("sempar-demo"), "--out", help="folder
     summary = run_demo(out_dir, force=force, accelerator_profile=accelerator_profile)
     if as_json:
         emit_json(summary)
+        return
+    from sempar.console import out
+    from sempar.serving.report import answer_line
+
+    serve = summary["stages"].get("serve") or {}
+    lines = ["what to deploy (forecast, against SGLang's launch; [interval]):"]
+    lines += [f"  {answer_line(case)}" for case in serve.get("cases", [])]
+    lines.append(f"wrote {out_dir / 'report.html'} (the answer, the chart, then the details) "
+                 f"and {out_dir / 'summary.json'}")
+    for line in lines:
+        out.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def register(app: typer.Typer) -> None:

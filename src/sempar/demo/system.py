@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sempar.commands.demo.stages import EVAL_TOKENS, STAGES, DemoContext, _sample_requests
+from sempar.demo.stages import EVAL_TOKENS, STAGES, DemoContext, _sample_requests
 
 SIM_METHODS = ["vanilla", "semmoe"]
 SIM_PIPELINES = ["ds-moe", "smoe", "smoe-exact", "sglang-ep", "exflow"]
