@@ -18,10 +18,11 @@ TOP = ("sempar.cli", "sempar.commands", "sempar.__main__")   # __main__: `python
 # simulators, the exports and the bench's orchestration build on them (the HTTP router runs the
 # request policies of schedule/ on placements, and `plan` prints its command; the exports, which
 # need only placements, before serving: `plan` asks the exporter whether its command runs; the
+# engine-balancer plug-in, eplb/, which the drift replay runs as a policy, after them; the
 # demo, which runs every stage into one report, last). Modules outside this
 # list (errors, atomic, registry, paths, models, console, tiny, corpus, ...) are shared tools.
 LAYERS = ("trace", "capture", "affinity", "stats", "predict", "placement", "schedule", "comm", "report",
-          "costroute", "runtime", "testbed", "router", "export", "serving", "calibrate", "drift",
+          "costroute", "runtime", "testbed", "router", "export", "eplb", "serving", "calibrate", "drift",
           "chiplet", "bench", "demo")
 
 
