@@ -51,6 +51,14 @@ TRACES = {"dsv2": ("deepseek-v2-lite-esft.npz", "deepseek-v2-lite"),
           "gpt": ("gpt-oss-20b-mmlu.npz", "gpt-oss-20b")}
 
 
+# path -> SemparConfig settings: "new" the default solver (`sempar`), "old" the per-row path,
+# "hypergraph[-OBJ]" `sempar-hypergraph` (a Mt-KaHyPar start beside METIS, km1 unless named)
+PATHS = {"new": {}, "old": {}, "hypergraph": {"hypergraph_start": True},
+         "hypergraph-soed": {"hypergraph_start": True, "hypergraph_objective": "soed"},
+         "hypergraph-cut": {"hypergraph_start": True, "hypergraph_objective": "cut"},
+         "hypergraph-quality": {"hypergraph_start": True, "hypergraph_preset": "quality"}}
+
+
 def ensure_trace(name: str, given: dict, cache: Path) -> Path:
     """The Parquet trace of case `name`: given, cached, or imported from the real npz."""
     if name in given:
@@ -75,7 +83,7 @@ def cpu_now() -> float:
 def timed_solve(trace, ep: int, path: str):
     """(placement, wall s, cpu s) of the rows objective on `trace` at EP `ep` by `path`."""
     p = PlacementProblem(trace, ep, objective="rows")
-    cfg = SemparConfig(row_sets=(path == "new"))
+    cfg = SemparConfig(row_sets=(path != "old"), **PATHS[path])
     c0, t0 = cpu_now(), time.perf_counter()
     placement = sempar_solve(p, cfg)             # validated, as `sempar place` solves it
     return placement, time.perf_counter() - t0, cpu_now() - c0
@@ -126,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trace", action="append", default=[], metavar="NAME=PATH")
     ap.add_argument("--cases", nargs="+", default=["dsv2"], choices=list(TRACES))
     ap.add_argument("--ep", nargs="+", type=int, default=[8, 4])
-    ap.add_argument("--paths", nargs="+", default=["new", "old"], choices=["new", "old"])
+    ap.add_argument("--paths", nargs="+", default=["new", "old"], choices=list(PATHS))
     ap.add_argument("--held-out", action="store_true")
     ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
                                                           "/tmp/sempar-bench-rows"))

@@ -57,6 +57,16 @@ class SemparConfig:
     """Whether the expert step takes the bounds of `scale.expert_bounds`; None: decided by
     `for_shape` (N > full_search_experts)."""
 
+    # ---- hypergraph start (placement/sempar/hypergraph.py)
+    hypergraph_start: bool = False
+    """tp default path: a Mt-KaHyPar partition (repaired to N / G a device) as a second start
+    of each layer's alternation beside METIS, the better by fit objective kept
+    (`sempar-hypergraph`)."""
+    hypergraph_objective: str = "km1"
+    """The partitioner's objective: km1, soed or cut."""
+    hypergraph_preset: str = "default"
+    """Mt-KaHyPar's preset: deterministic, default or quality."""
+
     # ---- load model (placement/sempar/load.py)
     robust: float = 2.0
     """Load margin factor: a device's load counts sqrt(robust x V_d) of resampling spread."""
@@ -148,6 +158,9 @@ class SemparConfig:
 
     def __post_init__(self) -> None:
         check_choice("dp_token_table", self.dp_token_table, ("share", "requests"))
+        check_choice("hypergraph_objective", self.hypergraph_objective, ("km1", "soed", "cut"))
+        check_choice("hypergraph_preset", self.hypergraph_preset,
+                     ("deterministic", "default", "quality"))
 
     @classmethod
     def for_shape(cls, tokens: int, layers: int, experts: int, devices: int,
