@@ -93,7 +93,8 @@ def solve_from_stats(stats: RoutingStats, *, num_devices: int,
     check_stats_solve(stats, "sempar", options)
     meta = stats.meta
     problem = PlacementProblem.of(stats.sample_trace(), num_devices, options)
-    cfg = SemparConfig.for_shape(stats.rows, meta.num_layers, meta.num_experts, num_devices)
+    cfg = SemparConfig.for_shape(stats.rows, meta.num_layers, meta.num_experts, num_devices,
+                                 options.effort)
     placement = sempar_solve(problem, cfg, mapper=mapper or map_layers)
     if meta.has_token_ids:
         if stats.tokens is None:

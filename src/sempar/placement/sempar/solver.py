@@ -252,7 +252,7 @@ def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable) -> Placemen
             inner = lambda q: _solve(q, fast, mapper)                              # noqa: E731
             jobs = usable_cpus() if p.jobs is None else p.jobs
             whole, inner = inner, lambda q: solve_by_layer(q, whole, mapper, jobs)  # noqa: E731
-        out = solve_rows(p, inner, cfg.row_sample, held_out, cfg.row_restarts)
+        out = solve_rows(p, inner, cfg.budget_rows, held_out, cfg.budget_restarts)
         out.info["objective"] = "rows"
         return out
     stats = AffinityStats(p.trace)
