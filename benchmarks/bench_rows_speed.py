@@ -113,19 +113,25 @@ def case(name: str, trace_path: Path, ep: int, path: str, held_out: bool) -> dic
     return row
 
 
+METHODS = {"new": "sempar", "old": "sempar (per-row path)", "hypergraph": "sempar-hypergraph"}
+
+
 def gap_table(rows: list[dict]) -> str:
     """The markdown table of docs/placement.md ("How far from optimal") from this benchmark's
-    --json rows: per case sempar in-sample, best known, the bound and its method, the gap."""
+    --json rows: per case and method the in-sample LAR, best known, the bound and its method,
+    the certified ratio (in-sample / bound), beta, CPU seconds of the solve."""
     names = {"dsv2": "DeepSeek-V2-Lite", "gpt": "GPT-OSS-20B"}
-    out = ["| case | sempar in-sample | best known | bound (method) | gap | beta "
-           "| bound, any balance |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+    out = ["| case | method | in-sample LAR | best known | bound (method) | certified ratio "
+           "| beta | bound, any balance | solve CPU s |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         method = r.get("bound_method", "").split(" (")[0]
-        out.append(f"| {names.get(r['trace'], r['trace'])} EP {r['ep']} | {r['in_sample']:.4f} | "
+        name = METHODS.get(r.get("path", "new"), f"sempar ({r.get('path')})")
+        out.append(f"| {names.get(r['trace'], r['trace'])} EP {r['ep']} | {name} | "
+                   f"{r['in_sample']:.4f} | "
                    f"{r.get('best_known', r['in_sample']):.4f} | {r['bound']:.4f} ({method}) | "
-                   f"{r['gap']:.2f} | {r.get('max_imbalance', float('nan')):.3f} | "
-                   f"{r.get('bound_any_balance', r['bound']):.4f} |")
+                   f"{r['gap']:.3f} | {r.get('max_imbalance', float('nan')):.3f} | "
+                   f"{r.get('bound_any_balance', r['bound']):.4f} | {r.get('cpu_s', '')} |")
     return "\n".join(out)
 
 
