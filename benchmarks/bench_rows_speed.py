@@ -160,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(case(name, path, ep, p, args.held_out))
                 if not args.json:
                     print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
+                else:       # each row as it is made (a loaded machine may not reach the end)
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:          # side by side: old / new per (trace, EP)
