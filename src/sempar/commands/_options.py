@@ -165,7 +165,8 @@ def effort_option() -> Any:
     return typer.Option(SOLVE.effort, "--effort", callback=bound(0.0, 1000.0, lo_open=True),
                         help="x sempar's work budget: on large models the rows objective "
                              "solves a sample of the fit rows and fewer restarts sized to "
-                             "it (about a minute at DeepSeek-V3 shape); more buys both back")
+                             "it (about a minute at DeepSeek-V3 shape); more buys both back, "
+                             "and from 2 a hypergraph-partition start (sempar-hypergraph's)")
 
 
 def solve_options(ctx: typer.Context, **over: Any) -> SolveOptions:

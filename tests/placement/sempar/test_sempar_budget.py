@@ -28,6 +28,7 @@ def test_large_model_cut_and_effort_buys_back():
     assert more.budget_rows > one.budget_rows
     most = SemparConfig.for_shape(240_000, 58, 256, 16, effort=1000.0)
     assert (most.budget_rows, most.budget_restarts) == (200_000, 3)
+    assert not one.hypergraph_start and more.hypergraph_start     # effort 2 on: the second start
 
 
 def test_effort_reaches_the_solve_and_bad_effort_refused():

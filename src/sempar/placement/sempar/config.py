@@ -63,6 +63,9 @@ class SemparConfig:
     """tp default path: a Mt-KaHyPar partition (repaired to N / G a device) as a second start
     of each layer's alternation beside METIS, the better by fit objective kept
     (`sempar-hypergraph`)."""
+    hypergraph_effort: float = 2.0
+    """From this `--effort` on, `for_shape` turns `hypergraph_start` on (2.5-6x the solve's CPU
+    on the shipped traces, +0.001 to +0.010 in-sample exact-home LAR: docs/placement.md)."""
     hypergraph_objective: str = "km1"
     """The partitioner's objective: km1, soed or cut."""
     hypergraph_preset: str = "default"
@@ -195,13 +198,15 @@ class SemparConfig:
         """The config for a fit trace of `tokens` token occurrences and `layers` MoE layers,
         `experts` experts a layer, placed on `devices` devices at `effort`: `settings` (field
         values) with `large_trace`, `sparse_step`, `bounded_experts`, `budget_rows` and
-        `budget_restarts` decided by the size rules wherever `settings` leaves them None."""
+        `budget_restarts` decided by the size rules wherever `settings` leaves them None, and
+        `hypergraph_start` on from `hypergraph_effort`."""
         cfg = cls(**settings)
         rows, restarts = cfg.budget(tokens, layers, experts, effort)
         return replace(
             cfg,
             budget_rows=rows if cfg.budget_rows is None else cfg.budget_rows,
             budget_restarts=restarts if cfg.budget_restarts is None else cfg.budget_restarts,
+            hypergraph_start=cfg.hypergraph_start or effort >= cfg.hypergraph_effort,
             large_trace=(tokens * layers > cfg.scale_token_layers if cfg.large_trace is None
                          else cfg.large_trace),
             sparse_step=(devices > cfg.scale_sparse_devices if cfg.sparse_step is None
