@@ -51,6 +51,14 @@ TRACES = {"dsv2": ("deepseek-v2-lite-esft.npz", "deepseek-v2-lite"),
           "gpt": ("gpt-oss-20b-mmlu.npz", "gpt-oss-20b")}
 
 
+# path -> SemparConfig settings: "new" the default solver (`sempar`), "old" the per-row path,
+# "hypergraph[-OBJ]" `sempar-hypergraph` (a Mt-KaHyPar start beside METIS, km1 unless named)
+PATHS = {"new": {}, "old": {}, "hypergraph": {"hypergraph_start": True},
+         "hypergraph-soed": {"hypergraph_start": True, "hypergraph_objective": "soed"},
+         "hypergraph-cut": {"hypergraph_start": True, "hypergraph_objective": "cut"},
+         "hypergraph-quality": {"hypergraph_start": True, "hypergraph_preset": "quality"}}
+
+
 def ensure_trace(name: str, given: dict, cache: Path) -> Path:
     """The Parquet trace of case `name`: given, cached, or imported from the real npz."""
     if name in given:
@@ -75,7 +83,7 @@ def cpu_now() -> float:
 def timed_solve(trace, ep: int, path: str):
     """(placement, wall s, cpu s) of the rows objective on `trace` at EP `ep` by `path`."""
     p = PlacementProblem(trace, ep, objective="rows")
-    cfg = SemparConfig(row_sets=(path == "new"))
+    cfg = SemparConfig(row_sets=(path != "old"), **PATHS[path])
     c0, t0 = cpu_now(), time.perf_counter()
     placement = sempar_solve(p, cfg)             # validated, as `sempar place` solves it
     return placement, time.perf_counter() - t0, cpu_now() - c0
@@ -105,19 +113,25 @@ def case(name: str, trace_path: Path, ep: int, path: str, held_out: bool) -> dic
     return row
 
 
+METHODS = {"new": "sempar", "old": "sempar (per-row path)", "hypergraph": "sempar-hypergraph"}
+
+
 def gap_table(rows: list[dict]) -> str:
     """The markdown table of docs/placement.md ("How far from optimal") from this benchmark's
-    --json rows: per case sempar in-sample, best known, the bound and its method, the gap."""
+    --json rows: per case and method the in-sample LAR, best known, the bound and its method,
+    the certified ratio (in-sample / bound), beta, CPU seconds of the solve."""
     names = {"dsv2": "DeepSeek-V2-Lite", "gpt": "GPT-OSS-20B"}
-    out = ["| case | sempar in-sample | best known | bound (method) | gap | beta "
-           "| bound, any balance |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+    out = ["| case | method | in-sample LAR | best known | bound (method) | certified ratio "
+           "| beta | bound, any balance | solve CPU s |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         method = r.get("bound_method", "").split(" (")[0]
-        out.append(f"| {names.get(r['trace'], r['trace'])} EP {r['ep']} | {r['in_sample']:.4f} | "
+        name = METHODS.get(r.get("path", "new"), f"sempar ({r.get('path')})")
+        out.append(f"| {names.get(r['trace'], r['trace'])} EP {r['ep']} | {name} | "
+                   f"{r['in_sample']:.4f} | "
                    f"{r.get('best_known', r['in_sample']):.4f} | {r['bound']:.4f} ({method}) | "
-                   f"{r['gap']:.2f} | {r.get('max_imbalance', float('nan')):.3f} | "
-                   f"{r.get('bound_any_balance', r['bound']):.4f} |")
+                   f"{r['gap']:.3f} | {r.get('max_imbalance', float('nan')):.3f} | "
+                   f"{r.get('bound_any_balance', r['bound']):.4f} | {r.get('cpu_s', '')} |")
     return "\n".join(out)
 
 
@@ -126,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trace", action="append", default=[], metavar="NAME=PATH")
     ap.add_argument("--cases", nargs="+", default=["dsv2"], choices=list(TRACES))
     ap.add_argument("--ep", nargs="+", type=int, default=[8, 4])
-    ap.add_argument("--paths", nargs="+", default=["new", "old"], choices=["new", "old"])
+    ap.add_argument("--paths", nargs="+", default=["new", "old"], choices=list(PATHS))
     ap.add_argument("--held-out", action="store_true")
     ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
                                                           "/tmp/sempar-bench-rows"))
@@ -146,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(case(name, path, ep, p, args.held_out))
                 if not args.json:
                     print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
+                else:       # each row as it is made (a loaded machine may not reach the end)
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:          # side by side: old / new per (trace, EP)

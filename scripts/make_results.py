@@ -103,6 +103,18 @@ def _demo_body(runs: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _is_optimality(data) -> bool:
+    return (isinstance(data, list) and bool(data) and all(
+        isinstance(c, dict) and {"trace", "ep", "in_sample", "bound", "gap"} <= c.keys()
+        for c in data))
+
+
+def _optimality_body(rows: list[dict]) -> str:
+    import bench_rows_speed     # imports sempar: only when such a page is written
+
+    return bench_rows_speed.gap_table(rows) + "\n"
+
+
 # kind -> (recogniser, page title, benchmark that writes it, body formatter)
 KINDS = {      # the first whose recogniser accepts a file names its page
     "placement-real": (_is_placement_real, "Placement quality on real routing (held out)",
@@ -111,6 +123,12 @@ KINDS = {      # the first whose recogniser accepts a file names its page
                   "benchmarks/bench_placement.py --json", _placement_body),
     "demo": (_is_demo, "`sempar demo`: the answer and where its time goes",
              "sempar demo (its summary.json)", _demo_body),
+
+
+    "optimality-bound": (_is_optimality, "How far from optimal: the certified ratio "
+                         "(in-sample exact-home LAR / an upper bound for any placement)",
+                         "benchmarks/bench_rows_speed.py --cases dsv2 gpt --paths new hypergraph "
+                         "--json", _optimality_body),
     "tp-gap": (_is_tp_gap, "The Attention-TP gap, term by term, and Sem-MoE's TP setting",
                "benchmarks/bench_tp_gap.py --json", _tp_gap_body),
     "eplb-plugin": (_is_eplb_plugin, "sempar's EPLB plug-in against the engines' own balancer",

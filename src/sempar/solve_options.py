@@ -68,7 +68,9 @@ class SolveOptions:
     objective: sempar's items, "tokens" (token ids), "rows" (fit rows) or "auto": the home
         rule's objective ("rows" on a trace without token ids), see `items`;
     held_out_imbalance: the held-out imbalance sempar's rows objective aims at;
-    jobs: worker processes for per-layer work (None: the usable CPUs).
+    jobs: worker processes for per-layer work (None: the usable CPUs);
+    effort: x the work budget of sempar's rows objective (`SemparConfig.work_budget`: the fit
+        rows solved and the restarts are cut to it on large models; more buys both back).
     """
 
     mode: str = "tp"
@@ -81,6 +83,7 @@ class SolveOptions:
     objective: str = "auto"
     held_out_imbalance: float = 1.10
     jobs: int | None = None
+    effort: float = 1.0
 
     def __post_init__(self) -> None:
         check_choice("--mode", self.mode, MODES)
@@ -93,6 +96,8 @@ class SolveOptions:
             raise InputError(f"--max-imbalance: {self.max_imbalance} is not in [1, 100)")
         if self.jobs is not None and self.jobs < 1:
             raise InputError(f"--jobs: {self.jobs} is not a positive number of processes")
+        if not 0 < self.effort <= 1000:
+            raise InputError(f"--effort: {self.effort} is not in (0, 1000]")
         if self.redundant < 0:
             raise InputError(f"--redundant: {self.redundant} is negative")
 

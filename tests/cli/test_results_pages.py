@@ -155,3 +155,19 @@ def test_demo_page_has_the_printed_answer_and_stage_times(tmp_path, capsys):
             "between), H100 compute: deploy sempar placement on sglang-ep, round-robin, no "
             "redundant slots: 1.30x [1.29, 1.33] SGLang's launch under TTFT + E2E") in text
     assert "| serve | 99.0 | 90.0 |" in text and "| total | 100.0 | 90.5 |" in text
+
+
+def test_optimality_page_has_the_certified_ratio(tmp_path, capsys):
+    rows = [{"trace": "gpt", "ep": 8, "path": p, "in_sample": lar, "bound": 0.4572,
+             "gap": lar / 0.4572, "best_known": 0.4212, "max_imbalance": 1.0858,
+             "bound_any_balance": 0.4817, "cpu_s": 16.8,
+             "bound_method": "device configuration LP (capacity-bound, HiGHS)"}
+            for p, lar in (("new", 0.4095), ("hypergraph", 0.4109))]
+    bench = tmp_path / "ob.json"
+    bench.write_text(json.dumps(rows) + "\n")
+    out = tmp_path / "results"
+    code, err = _run(capsys, str(bench), "--out", str(out))
+    assert code == 0, err
+    text = (out / "optimality-bound.md").read_text()
+    assert "| GPT-OSS-20B EP 8 | sempar-hypergraph | 0.4109 | 0.4212 | 0.4572 (device " \
+           "configuration LP) | 0.899 |" in text

@@ -160,6 +160,15 @@ def jobs_option() -> Any:
                         help="worker processes (default: usable CPUs)")
 
 
+def effort_option() -> Any:
+    """`--effort`: x sempar's work budget (rows objective: fit rows solved and restarts)."""
+    return typer.Option(SOLVE.effort, "--effort", callback=bound(0.0, 1000.0, lo_open=True),
+                        help="x sempar's work budget: on large models the rows objective "
+                             "solves a sample of the fit rows and fewer restarts sized to "
+                             "it (about a minute at DeepSeek-V3 shape); more buys both back, "
+                             "and from 2 a hypergraph-partition start (sempar-hypergraph's)")
+
+
 def solve_options(ctx: typer.Context, **over: Any) -> SolveOptions:
     """The verb's `SolveOptions`, built once from its command line: every parameter of the verb
     named as a SolveOptions field (`--nodes` as num_nodes), then `over`; the fields a verb does

@@ -10,8 +10,8 @@ import typer
 
 from sempar.bounds import bound
 from sempar.errors import InputError
-from sempar.commands._options import (ep_option, held_out_option, homes_option, jobs_option,
-                                      max_imbalance_option, mode_option, names_option,
+from sempar.commands._options import (effort_option, ep_option, held_out_option, homes_option,
+                                      jobs_option, max_imbalance_option, mode_option, names_option,
                                       nodes_option, objective_option, preserve_groups_option,
                                       redundant_option, seed_option, solve_options, solvers)
 
@@ -38,6 +38,7 @@ def place(ctx: typer.Context,
           objective: str = objective_option(),
           held_out_imbalance: float = held_out_option(),
           jobs: Optional[int] = jobs_option(),
+          effort: float = effort_option(),
           ray: Optional[str] = typer.Option(
               None, "--ray", help="with --stats: the per-layer solves as Ray tasks on a local "
                                   "cluster (local, --jobs CPUs), the running one (auto) or an "

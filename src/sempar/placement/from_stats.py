@@ -6,7 +6,9 @@ builds the placement's token table from the whole fit trace's token x expert cou
 `RoutingStats` holds exactly that sample (part "sample", the same rule, merged exactly across
 shards) and those counts (part "tokens"), so the solve here runs the same code on the same
 inputs: the search settings are decided from the whole trace's size (`SemparConfig.for_shape`
-with the stats' row count), the solve runs on the sample, and the token table is rebuilt from
+with the stats' row count and `--effort`, the work budget's rows included: a smaller sample
+is the same bottom-k rule's prefix, so it is drawn from the stats' sample exactly as from the
+trace), the solve runs on the sample, and the token table is rebuilt from
 the stats' counts with the co-clustering rule (`base.token_table_row`). Same seed, same
 settings: the same placement as `solve("sempar", trace, objective="rows")` on the trace the
 stats summarise (tested). What it cannot do, refused with one line: other methods and the
@@ -93,7 +95,8 @@ def solve_from_stats(stats: RoutingStats, *, num_devices: int,
     check_stats_solve(stats, "sempar", options)
     meta = stats.meta
     problem = PlacementProblem.of(stats.sample_trace(), num_devices, options)
-    cfg = SemparConfig.for_shape(stats.rows, meta.num_layers, meta.num_experts, num_devices)
+    cfg = SemparConfig.for_shape(stats.rows, meta.num_layers, meta.num_experts, num_devices,
+                                 options.effort)
     placement = sempar_solve(problem, cfg, mapper=mapper or map_layers)
     if meta.has_token_ids:
         if stats.tokens is None:

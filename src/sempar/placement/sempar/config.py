@@ -6,10 +6,11 @@ globals, so a test or a benchmark changes a setting by building a config
 `dataclasses.asdict`. The defaults are the solver's settings when it is run by name
 (`solve("sempar", ...)`, `place --method sempar`).
 
-Three settings depend on the trace's shape: `large_trace`, `sparse_step` and
-`bounded_experts`. Left None they are undecided; `for_shape` / `for_problem` decide them from
-the shape with the size rules below (`scale_token_layers`, `scale_sparse_devices`,
-`full_search_experts`), and the solver only ever sees decided (bool) values.
+Five settings depend on the trace's shape: `large_trace`, `sparse_step`,
+`bounded_experts`, `budget_rows` and `budget_restarts`. Left None they are undecided;
+`for_shape` / `for_problem` decide them from the shape with the size rules below
+(`scale_token_layers`, `scale_sparse_devices`, `full_search_experts`, `work_budget` x the
+problem's `effort`), and the solver only ever sees decided values.
 """
 
 from __future__ import annotations
@@ -56,6 +57,19 @@ class SemparConfig:
     bounded_experts: bool | None = None
     """Whether the expert step takes the bounds of `scale.expert_bounds`; None: decided by
     `for_shape` (N > full_search_experts)."""
+
+    # ---- hypergraph start (placement/sempar/hypergraph.py)
+    hypergraph_start: bool = False
+    """tp default path: a Mt-KaHyPar partition (repaired to N / G a device) as a second start
+    of each layer's alternation beside METIS, the better by fit objective kept
+    (`sempar-hypergraph`)."""
+    hypergraph_effort: float = 2.0
+    """From this `--effort` on, `for_shape` turns `hypergraph_start` on (2.5-6x the solve's CPU
+    on the shipped traces, +0.001 to +0.010 in-sample exact-home LAR: docs/placement.md)."""
+    hypergraph_objective: str = "km1"
+    """The partitioner's objective: km1, soed or cut."""
+    hypergraph_preset: str = "default"
+    """Mt-KaHyPar's preset: deterministic, default or quality."""
 
     # ---- load model (placement/sempar/load.py)
     robust: float = 2.0
@@ -133,7 +147,19 @@ class SemparConfig:
     where the priced assignment no longer improves)."""
     row_restarts: int = 3
     """`rows` objective: solves from different seeds, the best kept per layer (tp) or whole
-    (dp) by fit local activations (rows.best_of)."""
+    (dp) by fit local activations (rows.best_of); cut to `budget_restarts` on large models."""
+    work_budget: float = 4e8
+    """`rows` objective: fit rows x MoE layers x experts x restarts the solve may take at
+    `--effort` 1 (`PlacementProblem.effort` multiplies it). About 20 M units a CPU second on the
+    development machine; GPT-OSS-20B (152k rows, 24 x 32) and DeepSeek-V2-Lite (25k rows,
+    26 x 64) fit whole with `row_restarts`; DeepSeek-V3 (58 x 256) gets 1 restart on 27k rows."""
+    min_budget_rows: int = 4096
+    """`rows` objective: the fewest fit rows the budget cuts the sample to."""
+    budget_rows: int | None = None
+    """`rows` objective: the fit rows solved (a seeded sample of whole requests, nested in the
+    `row_sample` one); None: decided by `for_shape` from `work_budget`."""
+    budget_restarts: int | None = None
+    """`rows` objective: the restarts run; None: decided by `for_shape` from `work_budget`."""
     held_out_retries: int = 3
     """`rows` objective: solves after the first that lower the fit cap while the request
     bootstrap predicts a held-out imbalance above the target (held_out.py)."""
@@ -148,17 +174,39 @@ class SemparConfig:
 
     def __post_init__(self) -> None:
         check_choice("dp_token_table", self.dp_token_table, ("share", "requests"))
+        check_choice("hypergraph_objective", self.hypergraph_objective, ("km1", "soed", "cut"))
+        check_choice("hypergraph_preset", self.hypergraph_preset,
+                     ("deterministic", "default", "quality"))
+
+    def budget(self, tokens: int, layers: int, experts: int, effort: float) -> tuple[int, int]:
+        """(fit rows, restarts) the `rows` objective affords on a fit trace of `tokens` rows
+        (`work_budget` x effort): all `row_restarts` while the sampled rows fit them, else one
+        restart on as many rows as fit (at least `min_budget_rows`)."""
+        rows = min(int(tokens), self.row_sample)
+        unit = max(1, layers * experts)
+        budget = self.work_budget * effort
+        if rows * unit * self.row_restarts <= budget:
+            return rows, self.row_restarts
+        restarts = int(max(1, min(self.row_restarts, budget // (rows * unit))))
+        if restarts > 1 or rows * unit <= budget:
+            return rows, restarts
+        return min(rows, max(self.min_budget_rows, int(budget // unit))), 1
 
     @classmethod
     def for_shape(cls, tokens: int, layers: int, experts: int, devices: int,
-                  **settings) -> SemparConfig:
+                  effort: float = 1.0, **settings) -> SemparConfig:
         """The config for a fit trace of `tokens` token occurrences and `layers` MoE layers,
-        `experts` experts a layer, placed on `devices` devices: `settings` (field values) with
-        `large_trace`, `sparse_step` and `bounded_experts` decided by the size rules wherever
-        `settings` leaves them None."""
+        `experts` experts a layer, placed on `devices` devices at `effort`: `settings` (field
+        values) with `large_trace`, `sparse_step`, `bounded_experts`, `budget_rows` and
+        `budget_restarts` decided by the size rules wherever `settings` leaves them None, and
+        `hypergraph_start` on from `hypergraph_effort`."""
         cfg = cls(**settings)
+        rows, restarts = cfg.budget(tokens, layers, experts, effort)
         return replace(
             cfg,
+            budget_rows=rows if cfg.budget_rows is None else cfg.budget_rows,
+            budget_restarts=restarts if cfg.budget_restarts is None else cfg.budget_restarts,
+            hypergraph_start=cfg.hypergraph_start or effort >= cfg.hypergraph_effort,
             large_trace=(tokens * layers > cfg.scale_token_layers if cfg.large_trace is None
                          else cfg.large_trace),
             sparse_step=(devices > cfg.scale_sparse_devices if cfg.sparse_step is None
@@ -171,4 +219,4 @@ class SemparConfig:
         """`for_shape` of a `PlacementProblem`'s fit trace and device count."""
         meta = problem.trace.meta
         return cls.for_shape(problem.trace.num_tokens, meta.num_layers, meta.num_experts,
-                             problem.num_devices, **settings)
+                             problem.num_devices, getattr(problem, "effort", 1.0), **settings)

@@ -83,6 +83,7 @@ from sempar.placement.sempar.config import SemparConfig
 from sempar.placement.sempar.load import LoadModel, onehot, load_spread
 from sempar.placement.sempar.experts import expert_step
 from sempar.placement.sempar.held_out import HeldOut
+from sempar.placement.sempar.hypergraph import hypergraph_start
 from sempar.placement.sempar.replicas import replicated_placement
 from sempar.placement.sempar.row_sets import solve_by_layer
 from sempar.placement.sempar.rows import resolve_objective, solve_rows
@@ -213,6 +214,15 @@ def sempar(p: PlacementProblem) -> Placement:
     return _solved_for(p, _solve(p, SemparConfig.for_problem(p), map_layers))
 
 
+# ours beside `sempar`: the same solver with a Mt-KaHyPar start beside METIS (hypergraph.py)
+@SOLVERS.register("sempar-hypergraph", replicas=True, preserves_groups=True, mode_aware=True)
+def sempar_hypergraph(p: PlacementProblem) -> Placement:
+    """`sempar` whose tp layers also start from a multilevel hypergraph partition
+    (`SemparConfig.hypergraph_start`), the better start kept per layer by fit objective."""
+    cfg = SemparConfig.for_problem(p, hypergraph_start=True)
+    return _solved_for(p, _solve(p, cfg, map_layers))
+
+
 def _solved_for(p: PlacementProblem, out: Placement) -> Placement:
     """`out` recording the home rule it was solved for, when one was named, beside its
     objective (info)."""
@@ -242,7 +252,7 @@ def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable) -> Placemen
             inner = lambda q: _solve(q, fast, mapper)                              # noqa: E731
             jobs = usable_cpus() if p.jobs is None else p.jobs
             whole, inner = inner, lambda q: solve_by_layer(q, whole, mapper, jobs)  # noqa: E731
-        out = solve_rows(p, inner, cfg.row_sample, held_out, cfg.row_restarts)
+        out = solve_rows(p, inner, cfg.budget_rows, held_out, cfg.budget_restarts)
         out.info["objective"] = "rows"
         return out
     stats = AffinityStats(p.trace)
@@ -322,9 +332,17 @@ class _TpLayers:
         else:
             lm = _load_model(_layer_request_counts(stats, l), self.imb, G, cfg)
             edev, etok, _, _ = metis_layer(C.toarray().astype(np.int64), stats.a, G, p.seed)
-        dev, items, obj = alternate(
-            C, self.step, lm, self.slot_group, self.expert_group, etok, edev,
-            **_alternation_settings(cfg, bool(cfg.large_trace or cfg.bounded_experts)))
+        search = _alternation_settings(cfg, bool(cfg.large_trace or cfg.bounded_experts))
+        dev, items, obj = alternate(C, self.step, lm, self.slot_group, self.expert_group, etok,
+                                    edev, **search)
+        if cfg.hypergraph_start and not cfg.large_trace:      # second start (hypergraph.py)
+            hdev = hypergraph_start(C, stats.a, G, self.imb - 1, p.seed, cfg.hypergraph_objective,
+                                    cfg.hypergraph_preset)
+            htok = np.argmax(np.asarray(C @ onehot(hdev, G)), axis=1)
+            other = alternate(C, self.step, lm, self.slot_group, self.expert_group, htok, hdev,
+                              **search)
+            if other[2] > obj:
+                dev, items, obj = other
         if p.redundant:
             h, items = sempar_replicas.tp_replicas(C, dev, items, self.assign, lm,
                                                    p.redundant // G, p.node_of(), cfg)
