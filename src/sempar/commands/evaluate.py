@@ -3,6 +3,7 @@ imbalance), optionally with the online schedulers and the cross-dataset matrix."
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -109,6 +110,7 @@ def evaluate(ctx: typer.Context,
             result["cross_dataset"] = cross_dataset_matrix(
                 whole, ep, options, methods=cross_names, skip_refused=methods == "all",
                 progress=step, home=home)
+    _warn(result)
     if as_json:
         emit_json(result)
         return
@@ -150,10 +152,20 @@ def _evaluate_stats(stats_file: Path, eval_file: Optional[Path], ep: int, method
     result = evaluate_fitted(placement, eval_trace, ep, options, fit, seconds=seconds,
                              fit_token_ids=stats.meta.has_token_ids,
                              chunk_slack=chunk_slack)
+    _warn(result)
     if as_json:
         emit_json(result)
         return
     print_evaluation(out, result)
+
+
+def _warn(result: dict) -> None:
+    """The held-out budget warnings (`schedule.evaluate.held_out_warnings`) on stderr, before the
+    table or the JSON (whose `held_out` entries carry them too)."""
+    from sempar.schedule.evaluate import held_out_warnings
+
+    for line in held_out_warnings(result):
+        sys.stderr.write(line + "\n")
 
 
 def register(app: typer.Typer) -> None:

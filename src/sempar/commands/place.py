@@ -66,6 +66,12 @@ def place(ctx: typer.Context,
     p.save(out_file)
     sys.stderr.write(f"wrote {out_file}: {method}, {p.num_layers} layers, {ep} devices x "
                      f"{p.slots_per_device} slots, {p.num_nodes} node(s)\n")
+    held = p.info.get("held_out")
+    if isinstance(held, dict):        # the JSON field: the placement's info.held_out
+        sys.stderr.write(f"held-out imbalance: predicted {held['predicted_imbalance']:.3f} "
+                         f"(target {held['target']:.2f}, fit cap {held['fit_cap']:.3f})\n")
+        if not held.get("within_budget", True):
+            sys.stderr.write(f"warning: {held.get('warning', 'not within budget')}\n")
 
 
 def _place_from_stats(stats_file: Path, out_file: Path, method: str, ep: int,

@@ -150,7 +150,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
                 if placements is not None:
                     placements[(name, mode)] = placement
                 out[mode]["methods"][name] = dict(
-                    figures_for(placement, eval_, mode, free, chunk_slack), solve_seconds=seconds)
+                    figures_for(placement, eval_, mode, free, chunk_slack), solve_seconds=seconds,
+                    **held_out_entry(placement))
                 if extra is not None and name != ORACLE:
                     out[mode]["methods"][name].update(extra(placement, mode))
                 if name == "sempar" and mode == "tp" and not redundant:
@@ -161,6 +162,22 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
         out["tp"]["refs"].update(                              # (schedule/optimality.py)
             optimality_refs(fit, ep, ours, options.max_imbalance))
     return out
+
+
+def held_out_entry(placement: Placement) -> dict:
+    """{"held_out": ...}: the solver's held-out imbalance prediction (placement/sempar/
+    held_out.py: predicted imbalance, the cap solved at, `within_budget`, a `warning` where the
+    fit is too small to promise the budget), or {} for a placement without one."""
+    h = placement.info.get("held_out")
+    return {"held_out": dict(h)} if isinstance(h, dict) else {}
+
+
+def held_out_warnings(result: dict) -> list[str]:
+    """One line per method of an `evaluate` result whose fit cannot promise its held-out
+    imbalance budget (`held_out.within_budget` false)."""
+    return [f"warning: {name}: {r['held_out'].get('warning', 'not within budget')}"
+            for name, r in result.get("methods", {}).items()
+            if "held_out" in r and not r["held_out"].get("within_budget", True)]
 
 
 def ceiling_refs(methods: dict, mode: str) -> dict:
@@ -219,6 +236,7 @@ def evaluate_fitted(placement: Placement, eval_: RoutingTrace, ep: int, options:
     figs = figures_for(placement, eval_, mode, None, chunk_slack)
     if seconds is not None:
         figs["solve_seconds"] = seconds
+    figs.update(held_out_entry(placement))
     out["methods"][placement.method] = figs
     out["refs"] = ceiling_refs(out["methods"], mode)
     return out

@@ -19,8 +19,21 @@ will be on new requests. So (ours; not in the papers):
    w1 + w2 - 1 with w1, w2 independent resamples, a new sample the size of the fit sample.
    The mean over `HeldOut.replicates` replicates (seeded) of their imbalance (mean over layers
    of max / mean) is the prediction;
-3. while the prediction is above `HeldOut.target`, lower the cap by the excess and solve again
-   (at most `HeldOut.retries` times, never below 1.0).
+3. cross-validate over requests (`cv_gap`, issue 45): the bootstrap resamples around the fit
+   loads, but the solver balanced exactly those loads, so on new requests the placement drifts
+   further than the bootstrap draws (the fit sample's deviation was used to flatten the fit
+   loads: optimism). `HeldOut.folds` folds of the fit requests: each fold's complement is
+   solved at the same cap (the same `solve`, tp or dp), its imbalance measured on the held-out
+   fold, and the fold's bootstrap prediction for a sample of the fold's size (resampled from the
+   complement) subtracted: the gap is what the bootstrap misses. Its mean over folds, scaled by
+   sqrt((K - 1) / K) (the optimism of a fit K / (K - 1) times larger), is added to the full
+   placement's bootstrap prediction: `predicted_imbalance` in the info;
+4. while the prediction is above `HeldOut.target`, lower the cap by the excess and solve again
+   (at most `HeldOut.retries` times, never below 1.0); the gap is measured once, at the first
+   cap;
+5. where the last prediction is still above the target, the fit is too small to promise the
+   budget: the info's `held_out.within_budget` is false and `held_out.warning` says so
+   (`place` and `evaluate` print it).
 
 Which new sample (issue 35, measured at the fit cap 1.05, tp, 20/80 split by request, seed 0;
 held-out = the 80 % set, its own deviation a quarter of the fit's): actual held-out imbalance /
@@ -59,6 +72,8 @@ class HeldOut:
     replicates: int = 50     # request bootstrap replicates of the prediction
     resamples: int = 1       # 1: the population's loads; 2: a new sample as large as the fit
     seed: int = 0
+    folds: int = 4           # cross-validation folds over requests (0: the bootstrap alone)
+    min_fold_requests: int = 2   # fewer requests per fold: no cross-validation (warning)
 
 
 def request_loads(placement: Placement, trace: RoutingTrace, batch: int = BATCH) -> np.ndarray:
@@ -82,34 +97,95 @@ def imbalance(load: np.ndarray) -> float:
     return float((load.max(axis=1) / np.maximum(load.mean(axis=1), 1e-12)).mean())
 
 
-def predicted_imbalance(placement: Placement, trace: RoutingTrace,
-                        held_out: HeldOut = HeldOut()) -> float:
-    """The request bootstrap's mean imbalance of `placement` on new requests: the population's
-    loads (`held_out.resamples` 1) or a new sample as large as the fit sample (2); module
-    docstring, step 2."""
-    X = request_loads(placement, trace)
+def _bootstrap(X: np.ndarray, held_out: HeldOut, size: int | None = None) -> float:
+    """Mean imbalance over the bootstrap's replicates of X float[R, L, G] (per-request loads):
+    the population's loads (one resample w1; `held_out.resamples` 2: w1 + w2 - 1), or with
+    `size`, a new sample of `size` requests drawn from each population replicate."""
     R = X.shape[0]
     rng = np.random.default_rng(held_out.seed)
     draw = lambda: rng.multinomial(R, np.full(R, 1.0 / R), size=held_out.replicates)  # noqa: E731
     w = (sum(draw() for _ in range(held_out.resamples)) - (held_out.resamples - 1)
          ).astype(np.float64)
+    if size is not None:
+        w = np.stack([rng.multinomial(size, np.maximum(wi, 0) / max(wi.sum(), 1e-12))
+                      for wi in w]).astype(np.float64)
     return float(np.mean([imbalance(np.maximum(np.einsum("r,rlg->lg", wi, X), 0.0))
                           for wi in w]))
+
+
+def predicted_imbalance(placement: Placement, trace: RoutingTrace,
+                        held_out: HeldOut = HeldOut()) -> float:
+    """The request bootstrap's mean imbalance of `placement` on new requests: the population's
+    loads (`held_out.resamples` 1) or a new sample as large as the fit sample (2); module
+    docstring, step 2 (without the cross-validated gap)."""
+    return _bootstrap(request_loads(placement, trace), held_out)
+
+
+def _rows(trace: RoutingTrace, keep: np.ndarray) -> RoutingTrace:
+    """The rows `keep` (bool[T]) of a row trace, token id t on row t again (rows.row_trace)."""
+    part = trace.take(keep)
+    T = part.num_tokens
+    meta = dataclasses.replace(part.meta, vocab_size=max(T, 1), has_token_ids=True)
+    return dataclasses.replace(part, meta=meta, token_id=np.arange(T, dtype=np.int64))
+
+
+def cv_gap(p: PlacementProblem, solve: Callable[[PlacementProblem], Placement],
+           held_out: HeldOut = HeldOut()) -> dict | None:
+    """The cross-validated optimism of `solve` at p's cap (module docstring, step 3): {"gap":
+    the mean gap scaled to the full fit, "folds": [{"requests", "held_out", "bootstrap"}]}; None
+    when `held_out.folds` < 2 or a fold would hold fewer than `min_fold_requests` requests."""
+    K = held_out.folds
+    reqs = np.unique(p.trace.request_id)
+    if K < 2 or reqs.size < K * held_out.min_fold_requests:
+        return None
+    rng = np.random.default_rng(held_out.seed + 1)
+    fold_of = np.empty(reqs.size, np.int64)
+    fold_of[rng.permutation(reqs.size)] = np.arange(reqs.size) % K
+    token_fold = fold_of[np.searchsorted(reqs, p.trace.request_id)]
+    folds = []
+    for k in range(K):
+        train = _rows(p.trace, token_fold != k)
+        test = p.trace.take(token_fold == k)
+        placed = solve(dataclasses.replace(p, trace=train))
+        out = imbalance(request_loads(placed, test).sum(axis=0))
+        base = _bootstrap(request_loads(placed, train), held_out, size=test.num_requests)
+        folds.append({"requests": int(test.num_requests), "held_out": round(out, 4),
+                      "bootstrap": round(base, 4)})
+    gap = float(np.mean([f["held_out"] - f["bootstrap"] for f in folds])) * np.sqrt((K - 1) / K)
+    return {"gap": gap, "folds": folds}
 
 
 def calibrated_solve(p: PlacementProblem, solve: Callable[[PlacementProblem], Placement],
                      held_out: HeldOut = HeldOut()) -> Placement:
     """`solve(p)` with the fit cap lowered as the module docstring says; p.trace: the row
-    trace (rows.py). The placement's info records the prediction and the cap used."""
+    trace (rows.py). The placement's info records the prediction, the cap used and whether the
+    fit can promise the target (`held_out`: within_budget, warning)."""
     cap = p.max_imbalance
     out = solve(p)
-    pred = predicted_imbalance(out, p.trace, held_out)
+    cv = cv_gap(p, solve, held_out)
+    gap = cv["gap"] if cv is not None else 0.0
+    boot = predicted_imbalance(out, p.trace, held_out)
+    pred = boot + gap
     for _ in range(held_out.retries):
         if pred <= held_out.target or cap <= 1.0:
             break
         cap = max(1.0, cap - (pred - held_out.target))
         out = solve(dataclasses.replace(p, max_imbalance=cap))
-        pred = predicted_imbalance(out, p.trace, held_out)
-    out.info["held_out"] = {"target": held_out.target, "predicted_imbalance": round(pred, 4),
-                            "fit_cap": round(cap, 4)}
+        boot = predicted_imbalance(out, p.trace, held_out)
+        pred = boot + gap
+    R = int(np.unique(p.trace.request_id).size)
+    info = {"target": held_out.target, "predicted_imbalance": round(pred, 4),
+            "bootstrap_imbalance": round(boot, 4), "fit_cap": round(cap, 4),
+            "fit_requests": R, "cv_gap": None if cv is None else round(gap, 4),
+            "cv_folds": None if cv is None else cv["folds"],
+            "within_budget": bool(cv is not None and pred <= held_out.target)}
+    if cv is None:
+        info["warning"] = (f"{R} fit requests are too few to cross-validate the held-out "
+                           f"imbalance ({held_out.folds} folds of >= "
+                           f"{held_out.min_fold_requests}): no imbalance is promised")
+    elif pred > held_out.target:
+        info["warning"] = (f"the fit ({R} requests) is too small to promise held-out imbalance "
+                           f"<= {held_out.target:.2f}: predicted {pred:.3f} at fit cap "
+                           f"{cap:.3f}; fit on more requests")
+    out.info["held_out"] = info
     return out
