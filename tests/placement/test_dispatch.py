@@ -13,8 +13,8 @@ from sempar.placement import serving
 from sempar.placement.dispatch import DISPATCH, dispatch, engine_flags, water_fill
 
 G, N, S = 4, 16, 5
-# device d hosts experts 4d..4d+3 and a copy of expert d (hot experts 0..3 replicated)
-PHY2LOG = np.concatenate([np.r_[np.arange(4 * d, 4 * d + 4), (d + 1) % 4] for d in range(G)])
+# device d hosts experts d, d + 4, d + 8, d + 12 and a copy of hot expert (d + 1) % 4
+PHY2LOG = np.concatenate([np.r_[np.arange(d, N, G), (d + 1) % G] for d in range(G)])
 NODE_OF = np.array([0, 0, 1, 1])
 
 
@@ -121,3 +121,31 @@ def test_engine_flags():
                                                        None)
     flags, note = engine_flags("locality-first", "sglang")
     assert flags == ("--ep-dispatch-algorithm", "static") and "no dispatch rule" in note
+
+
+def test_figures_are_after_dispatch():
+    """metrics.placement_figures: the placement's own rule (info) or the one named; the
+    locality rules keep the same LAR, the balancing one lowers the per-step peak."""
+    from sempar.placement.metrics import placement_figures, step_batches
+    from sempar.placement.placement import Placement
+
+    ex, home, _ = _case(5, T=1200)
+    p = Placement(PHY2LOG[None, :], N, G, NODE_OF).validate()
+    experts, homes = ex[:, None, :], home[:, None]
+    batch = step_batches(homes, G, batch=400)
+    near = placement_figures(p, experts, homes, batch=batch)
+    assert near["dispatch"] == "nearest"
+    p.info["dispatch"] = "locality-first"
+    lf = placement_figures(p, experts, homes, batch=batch)
+    assert lf["dispatch"] == "locality-first"
+    assert lf["lar_mean"] == pytest.approx(near["lar_mean"])
+    assert lf["batch_imbalance_max_mean"] < near["batch_imbalance_max_mean"]
+    dyn = placement_figures(p, experts, homes, "sglang-dynamic", batch=batch)
+    assert dyn["lar_mean"] < near["lar_mean"]                  # random copies lose locality
+
+
+def test_step_batches_give_each_device_its_share_per_step():
+    from sempar.placement.metrics import step_batches
+
+    home = np.array([0, 0, 1, 0, 1, 1, 0, 1])[:, None]
+    assert step_batches(home, 2, batch=4).tolist() == [0, 0, 0, 1, 0, 1, 1, 1]

@@ -10,11 +10,11 @@ from typing import Optional
 import typer
 
 from sempar.bounds import CHUNK_SLACK, bound
-from sempar.commands._options import (ep_option, held_out_option, homes_option, json_option,
-                                      max_imbalance_option, mode_option, names_option,
-                                      nodes_option, objective_option, preserve_groups_option,
-                                      redundant_option, request_policies, seed_option,
-                                      solve_options, solvers)
+from sempar.commands._options import (dispatch_option, ep_option, held_out_option,
+                                      homes_option, json_option, max_imbalance_option,
+                                      mode_option, names_option, nodes_option, objective_option,
+                                      preserve_groups_option, redundant_option, request_policies,
+                                      seed_option, solve_options, solvers)
 from sempar.console import emit_json, out
 from sempar.errors import InputError
 
@@ -50,6 +50,7 @@ def evaluate(ctx: typer.Context,
              chunk_slack: float = typer.Option(0.0, "--chunk-slack", callback=CHUNK_SLACK,
                                                help="tp oracle / pre-routed homes: a device may "
                                                "take up to (1 + EPS) x batch / G, in [0, 1)"),
+             dispatch: str = dispatch_option(),
              seed: int = seed_option(),
              as_json: bool = json_option()) -> None:
     """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""
@@ -103,7 +104,7 @@ def evaluate(ctx: typer.Context,
     chosen = names if methods != "all" else None
     with steps("evaluate", len(names)) as step:
         result = run(fit_trace, eval_trace, ep, options, methods=chosen, progress=step,
-                     extra=extra, chunk_slack=chunk_slack)
+                     extra=extra, chunk_slack=chunk_slack, dispatch=dispatch)
     if cross:
         with steps("cross-dataset", len(cross_names) * len(whole.domains)) as step:
             # `all` lists the methods that refuse these options under `skipped`

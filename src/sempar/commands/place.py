@@ -10,10 +10,11 @@ import typer
 
 from sempar.bounds import bound
 from sempar.errors import InputError
-from sempar.commands._options import (ep_option, held_out_option, homes_option, jobs_option,
-                                      max_imbalance_option, mode_option, names_option,
-                                      nodes_option, objective_option, preserve_groups_option,
-                                      redundant_option, seed_option, solve_options, solvers)
+from sempar.commands._options import (dispatch_option, ep_option, held_out_option,
+                                      homes_option, jobs_option, max_imbalance_option,
+                                      mode_option, names_option, nodes_option, objective_option,
+                                      preserve_groups_option, redundant_option, seed_option,
+                                      solve_options, solvers)
 
 
 def place(ctx: typer.Context,
@@ -38,6 +39,7 @@ def place(ctx: typer.Context,
           objective: str = objective_option(),
           held_out_imbalance: float = held_out_option(),
           jobs: Optional[int] = jobs_option(),
+          dispatch: str = dispatch_option(),
           ray: Optional[str] = typer.Option(
               None, "--ray", help="with --stats: the per-layer solves as Ray tasks on a local "
                                   "cluster (local, --jobs CPUs), the running one (auto) or an "
@@ -63,6 +65,8 @@ def place(ctx: typer.Context,
 
         fit = split_by_request(fit, fit_fraction, seed=seed)[0]
     p = solve(method, fit, num_devices=ep, options=options)
+    if p.redundant or dispatch != "nearest":      # part of the placement: export's flags
+        p.info["dispatch"] = dispatch
     p.save(out_file)
     sys.stderr.write(f"wrote {out_file}: {method}, {p.num_layers} layers, {ep} devices x "
                      f"{p.slots_per_device} slots, {p.num_nodes} node(s)\n")
