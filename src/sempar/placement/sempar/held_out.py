@@ -220,15 +220,17 @@ def calibrated_solve(p: PlacementProblem, solve: Callable[[PlacementProblem], Pl
         X = request_loads(out, p.trace)
         boot, pred = _bootstrap(X, held_out), _bootstrap(X, held_out, inflation=rho)
     R = int(np.unique(p.trace.request_id).size)
-    info = {"target": held_out.target, "predicted_imbalance": round(pred, 4),
-            "bootstrap_imbalance": round(boot, 4), "fit_cap": round(cap, 4),
-            "fit_requests": R, "cv_inflation": None if cv is None else round(rho, 4),
+    info = {"target": held_out.target, "predicted_imbalance": round(float(pred), 4),
+            "bootstrap_imbalance": round(float(boot), 4), "fit_cap": round(float(cap), 4),
+            "fit_requests": R, "cv_inflation": None if cv is None else round(float(rho), 4),
             "cv_folds": None if cv is None else cv["folds"],
             "within_budget": bool(cv is not None and pred <= held_out.target)}
     if cv is None:
-        info["warning"] = (f"{R} fit requests are too few to cross-validate the held-out "
-                           f"imbalance ({held_out.folds} folds of >= "
-                           f"{held_out.min_fold_requests}): no imbalance is promised")
+        info["warning"] = ((f"{R} fit requests are too few to cross-validate the held-out "
+                            f"imbalance ({held_out.folds} folds of >= "
+                            f"{held_out.min_fold_requests})") if held_out.folds >= 2 else
+                           "the held-out imbalance is not cross-validated (folds < 2)") + \
+            ": no imbalance is promised"
     elif pred > held_out.target:
         info["warning"] = (f"the fit ({R} requests) is too small to promise held-out imbalance "
                            f"<= {held_out.target:.2f}: predicted {pred:.3f} at fit cap "
