@@ -202,13 +202,18 @@ def inflation_of(folds: list[dict]) -> float:
 
 
 def calibrated_solve(p: PlacementProblem, solve: Callable[[PlacementProblem], Placement],
-                     held_out: HeldOut = HeldOut()) -> Placement:
+                     held_out: HeldOut = HeldOut(),
+                     cv_solve: Callable[[PlacementProblem], Placement] | None = None
+                     ) -> Placement:
     """`solve(p)` with the fit cap lowered as the module docstring says; p.trace: the row
-    trace (rows.py). The placement's info records the prediction, the cap used and whether the
-    fit can promise the target (`held_out`: within_budget, warning)."""
+    trace (rows.py). `cv_solve` (default `solve`) solves the folds: rows.py passes the solver
+    without its restarts (the best of several starts by fit locality barely moves the drift
+    the folds measure, and each fold's solve would cost as many). The placement's info records
+    the prediction, the cap used and whether the fit can promise the target (`held_out`:
+    within_budget, warning)."""
     cap = p.max_imbalance
     out = solve(p)
-    cv = cv_inflation(p, solve, held_out)
+    cv = cv_inflation(p, cv_solve or solve, held_out)
     rho = cv["inflation"] if cv is not None else 1.0
     X = request_loads(out, p.trace)
     boot, pred = _bootstrap(X, held_out), _bootstrap(X, held_out, inflation=rho)
