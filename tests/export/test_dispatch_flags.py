@@ -24,8 +24,9 @@ def test_sglang_gets_the_rule_s_algorithm():
     assert flags == ["--ep-dispatch-algorithm", "lp"] and "a2a backend" in note
     flags, note = dispatch_flags(_replicated("locality-first"), "sglang")
     assert flags == ["--ep-dispatch-algorithm", "static"] and "no dispatch rule" in note
-    flags, note = dispatch_flags(_replicated(None), "sglang")          # nearest
+    flags, note = dispatch_flags(_replicated("nearest"), "sglang")
     assert flags[-1] == "static" and "nearest" in note
+    assert dispatch_flags(_replicated(None), "sglang") == ([], None)   # SGLang's own default
 
 
 def test_vllm_gets_a_note_unless_its_own_hash():

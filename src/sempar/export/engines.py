@@ -263,16 +263,16 @@ DISPATCH_ENGINE = {"sglang": "sglang", "vllm": "vllm", "vllm-ascend": "vllm"}
 
 def dispatch_flags(p: Placement, engine: str) -> tuple[list[str], str | None]:
     """(flags, note): what makes `engine` choose among `p`'s replicas as the placement's
-    dispatch rule (`info["dispatch"]`, `place --dispatch`; default `nearest`) does
+    dispatch rule (`info["dispatch"]`, `place --dispatch`; none recorded: nothing added) does
     (`placement.dispatch.engine_flags`; issue 45). SGLang takes `--ep-dispatch-algorithm`
     (0.5.23 `arg_groups/parallel_hook.py`: unset it becomes static, or dynamic with
     `--moe-a2a-backend none`, where static and lp are refused); vLLM's EPLB always picks by
     its token-row hash, so only a note is added there."""
     from sempar.placement.dispatch import engine_flags
 
-    rule = str(p.info.get("dispatch") or "nearest")
+    rule = p.info.get("dispatch")
     fam = DISPATCH_ENGINE.get(engine)
-    if fam is None:
+    if fam is None or rule is None:      # no rule recorded: the engine's own default stands
         return [], None
     flags, note = engine_flags(rule, fam)
     if fam == "vllm":
