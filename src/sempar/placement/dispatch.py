@@ -78,6 +78,17 @@ class DispatchRule:
 DISPATCH: Registry[DispatchRule] = Registry("dispatch rule")
 
 
+def _rule(name: str, help: str, source: str, *, per_batch: bool = False,
+          locality: bool = False, balances: bool = False, random: bool = False,
+          engines: dict[str, tuple[str, ...]] | None = None) -> Callable[[DispatchFn], DispatchFn]:
+    """Register the decorated function as rule `name` with its capabilities (`DispatchRule`)."""
+    def deco(fn: DispatchFn) -> DispatchFn:
+        DISPATCH.add(name, DispatchRule(fn, per_batch, locality, balances, random, help, source,
+                                        dict(engines or {})))
+        return fn
+    return deco
+
+
 # ---------------------------------------------------------------- the layer's copies
 
 def _layout(phy2log: np.ndarray, G: int, N: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -112,6 +123,8 @@ def _rows_in_group(group: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- rules
 
+@_rule("nearest", "home copy, else one on home's node, else the lowest host id "
+      "(placement.serving)", "sempar placement.serving", locality=True)
 def _nearest(experts, home, phy2log, G, batch, node_of, rng):
     hosts = _layout(phy2log, G, _num_experts(experts, phy2log))[0]
     return serving.serve(serving.table(hosts, serving.node_order(node_of)), home, experts)
@@ -145,17 +158,25 @@ def sglang_static_table(phy2log: np.ndarray, G: int, N: int, node_of: np.ndarray
     return tab
 
 
+@_rule("sglang-static", "fixed copy per (rank, expert): own, else same node, else spread "
+      "evenly at random", "SGLang --ep-dispatch-algorithm static", locality=True, random=True,
+      engines={"sglang": ("--ep-dispatch-algorithm", "static")})
 def _sglang_static(experts, home, phy2log, G, batch, node_of, rng):
     tab = sglang_static_table(phy2log, G, _num_experts(experts, phy2log), node_of, rng)
     return tab[np.asarray(home)[:, None], experts]
 
 
+@_rule("sglang-dynamic", "each activation a copy uniformly at random",
+      "SGLang --ep-dispatch-algorithm dynamic", random=True,
+      engines={"sglang": ("--ep-dispatch-algorithm", "dynamic")})
 def _sglang_dynamic(experts, home, phy2log, G, batch, node_of, rng):
     _, copies, count = _layout(phy2log, G, _num_experts(experts, phy2log))
     pick = rng.integers(0, 65536, experts.shape) % count[experts]
     return copies[experts, pick]
 
 
+@_rule("vllm-hash", "copy chosen by a multiplicative hash of the token's row in its batch",
+      "vLLM EPLB (fused_moe router)", per_batch=True, engines={"vllm": ("--enable-eplb",)})
 def _vllm_hash(experts, home, phy2log, G, batch, node_of, rng):
     _, copies, count = _layout(phy2log, G, _num_experts(experts, phy2log))
     home = np.asarray(home, np.int64)
@@ -206,14 +227,12 @@ def _batches(batch: np.ndarray):
     return zip(b[np.r_[0, cut]] if b.size else [], np.split(order, cut))
 
 
+@_rule("locality-first", "home copy, else the copy keeping its device's batch load lowest",
+      "sempar (issue 45)", per_batch=True, locality=True, balances=True)
 def _locality_first(experts, home, phy2log, G, batch, node_of, rng):
     served, copies, count, _ = _split(experts, home, phy2log, G, batch, node_of)
-    for _, tok in _batches(batch):
-        s = served[tok]
-        open_ = s < 0
-        if not open_.any():
-            continue
-        load = np.bincount(s[~open_], minlength=G).astype(np.float64)
+
+    def choose(tok: np.ndarray, open_: np.ndarray, load: np.ndarray) -> np.ndarray:
         ex = experts[tok][open_]
         todo = np.bincount(ex)
         fill = np.full(ex.size, -1, np.int64)
@@ -222,8 +241,20 @@ def _locality_first(experts, home, phy2log, G, batch, node_of, rng):
             add = water_fill(load[devs], int(todo[e]))
             load[devs] += add
             fill[ex == e] = np.repeat(devs, add)
-        s[open_] = fill
-        served[tok] = s
+        return fill
+    return _per_batch(served, batch, G, choose)
+
+
+def _per_batch(served: np.ndarray, batch: np.ndarray, G: int, choose) -> np.ndarray:
+    """served int64[T, k] with its open entries (-1) filled batch by batch: choose(token
+    indices int[n], open bool[n, k], the batch's fixed load float[G]) -> devices of the open
+    entries (row-major order)."""
+    for _, tok in _batches(batch):
+        s = served[tok]
+        open_ = s < 0
+        if open_.any():
+            s[open_] = choose(tok, open_, np.bincount(s[~open_], minlength=G).astype(np.float64))
+            served[tok] = s
     return served
 
 
@@ -237,13 +268,10 @@ def _lp_split(experts, home, phy2log, G, batch, node_of, local_weight: float):
     home = np.asarray(home, np.int64)
     served = np.where(count[experts] == 1, copies[experts, 0], -1)
     rep = np.nonzero(count > 1)[0]
-    for _, tok in _batches(batch):
-        s = served[tok]
-        open_ = s < 0
-        if not open_.any():
-            continue
-        fixed = np.bincount(s[~open_], minlength=G).astype(np.float64)
-        ex, hm = experts[tok][open_], np.broadcast_to(home[tok][:, None], s.shape)[open_]
+
+    def choose(tok: np.ndarray, open_: np.ndarray, fixed: np.ndarray) -> np.ndarray:
+        ex = experts[tok][open_]
+        hm = np.broadcast_to(home[tok][:, None], open_.shape)[open_]
         n = np.bincount(ex, minlength=N)
         es = rep[n[rep] > 0]
         # variables: x[e, d] per copy (served share), y[e, d] (home-served part), then z (peak)
@@ -252,33 +280,27 @@ def _lp_split(experts, home, phy2log, G, batch, node_of, local_weight: float):
         V = pe.size
         h = np.zeros((N, G))
         np.add.at(h, (ex, hm), 1.0)
-        hcap = h[pe, pd]
         c = np.zeros(2 * V + 1)
         c[-1] = 1.0
         if local_weight:
             c[V:2 * V] = -local_weight * max(float(n.max()), 1.0) / max(float(ex.size), 1.0)
-        # load rows: fixed[d] + sum_e x[e, d] - z <= 0; y <= x
-        r_load = np.r_[pd, np.arange(G)]
-        c_load = np.r_[np.arange(V), np.full(G, 2 * V)]
-        v_load = np.r_[np.ones(V), -np.ones(G)]
-        A_ub = coo_matrix((np.r_[v_load, np.ones(V), -np.ones(V)],
-                           (np.r_[r_load, G + np.arange(V), G + np.arange(V)],
-                            np.r_[c_load, V + np.arange(V), np.arange(V)])),
-                          shape=(G + V, 2 * V + 1)).tocsr()
-        b_ub = np.r_[-fixed, np.zeros(V)]
-        row = np.searchsorted(es, pe)
-        A_eq = coo_matrix((np.ones(V), (row, np.arange(V))), shape=(es.size, 2 * V + 1)).tocsr()
-        bounds = [(0, None)] * V + [(0, float(u)) for u in hcap] + [(0, None)]
-        res = linprog(c, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=n[es].astype(float),
-                      bounds=bounds, method="highs")
+        # load rows: fixed[d] + sum_e x[e, d] - z <= 0; then y <= x
+        A_ub = coo_matrix((np.r_[np.ones(V), -np.ones(G), np.ones(V), -np.ones(V)],
+                           (np.r_[pd, np.arange(G), G + np.arange(V), G + np.arange(V)],
+                            np.r_[np.arange(V), np.full(G, 2 * V), V + np.arange(V),
+                                  np.arange(V)])), shape=(G + V, 2 * V + 1)).tocsr()
+        A_eq = coo_matrix((np.ones(V), (np.searchsorted(es, pe), np.arange(V))),
+                          shape=(es.size, 2 * V + 1)).tocsr()
+        bounds = [(0, None)] * V + [(0, float(u)) for u in h[pe, pd]] + [(0, None)]
+        res = linprog(c, A_ub=A_ub, b_ub=np.r_[-fixed, np.zeros(V)], A_eq=A_eq,
+                      b_eq=n[es].astype(float), bounds=bounds, method="highs")
         x = res.x[:V] if res.status == 0 else np.repeat(n[es] / count[es], count[es])
         fill = np.full(ex.size, -1, np.int64)
-        for i, e in enumerate(es):
+        for e in es:
             sl = slice(int(np.searchsorted(pe, e)), int(np.searchsorted(pe, e, "right")))
             fill[ex == e] = _fill(hm[ex == e], pd[sl], _round(x[sl], int(n[e])))
-        s[open_] = fill
-        served[tok] = s
-    return served
+        return fill
+    return _per_batch(served, batch, G, choose)
 
 
 def _round(x: np.ndarray, n: int) -> np.ndarray:
@@ -304,46 +326,17 @@ def _fill(hm: np.ndarray, devs: np.ndarray, quota: np.ndarray) -> np.ndarray:
     return out
 
 
+@_rule("lp", "per-batch LP minimising the peak device load over the copies (after LPLB)",
+      "LPLB (deepseek-ai/LPLB); SGLang --ep-dispatch-algorithm lp", per_batch=True,
+      balances=True, engines={"sglang": ("--ep-dispatch-algorithm", "lp")})
 def _lp(experts, home, phy2log, G, batch, node_of, rng):
     return _lp_split(experts, home, phy2log, G, batch, node_of, 0.0)
 
 
+@_rule("lp-local", "lp, then the most activations served on their home device",
+      "sempar (issue 45), after LPLB", per_batch=True, balances=True)
 def _lp_local(experts, home, phy2log, G, batch, node_of, rng):
     return _lp_split(experts, home, phy2log, G, batch, node_of, LOCAL_WEIGHT)
-
-
-DISPATCH.add("nearest", DispatchRule(
-    _nearest, per_batch=False, locality=True, balances=False, random=False,
-    help="home copy, else one on home's node, else the lowest host id (placement.serving)",
-    source="sempar placement.serving"))
-DISPATCH.add("sglang-static", DispatchRule(
-    _sglang_static, per_batch=False, locality=True, balances=False, random=True,
-    help="fixed copy per (rank, expert): own, else same node, else spread evenly at random",
-    source="SGLang --ep-dispatch-algorithm static",
-    engines={"sglang": ("--ep-dispatch-algorithm", "static")}))
-DISPATCH.add("sglang-dynamic", DispatchRule(
-    _sglang_dynamic, per_batch=False, locality=False, balances=False, random=True,
-    help="each activation a copy uniformly at random",
-    source="SGLang --ep-dispatch-algorithm dynamic",
-    engines={"sglang": ("--ep-dispatch-algorithm", "dynamic")}))
-DISPATCH.add("vllm-hash", DispatchRule(
-    _vllm_hash, per_batch=True, locality=False, balances=False, random=False,
-    help="copy chosen by a multiplicative hash of the token's row in its batch",
-    source="vLLM EPLB (fused_moe router)",
-    engines={"vllm": ("--enable-eplb",)}))
-DISPATCH.add("locality-first", DispatchRule(
-    _locality_first, per_batch=True, locality=True, balances=True, random=False,
-    help="home copy, else the copy keeping its device's batch load lowest",
-    source="sempar (issue 45)"))
-DISPATCH.add("lp", DispatchRule(
-    _lp, per_batch=True, locality=False, balances=True, random=False,
-    help="per-batch LP minimising the peak device load over the copies (after LPLB)",
-    source="LPLB (deepseek-ai/LPLB); SGLang --ep-dispatch-algorithm lp",
-    engines={"sglang": ("--ep-dispatch-algorithm", "lp")}))
-DISPATCH.add("lp-local", DispatchRule(
-    _lp_local, per_batch=True, locality=False, balances=True, random=False,
-    help="lp, then the most activations served on their home device",
-    source="sempar (issue 45), after LPLB"))
 
 
 def dispatch(rule: str, experts: np.ndarray, home: np.ndarray, phy2log: np.ndarray, G: int,
