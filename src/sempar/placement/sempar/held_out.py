@@ -54,7 +54,9 @@ DeepSeek-V2-Lite's few requests, where neither reaches the held-out imbalance at
 Measured with the cross-validation (issue 45, DeepSeek-V2-Lite EP 8, 35 fit requests, fit cap
 1.049 tp / 1.026 dp, held out on the 80 % set): bootstrap 1.106 / 1.100, cross-validated point
 1.113 / 1.100, upper 1.170 / 1.176, held out 1.137 / 1.137 (tp / dp): the point is still low
-and the upper high by about the same, so a 35-request fit is told it cannot promise 1.10.
+and the upper high by about the same, so a 35-request fit is told it cannot promise 1.10 (with
+the cap lowered to 1.0 by the upper figure: point 1.070 / 1.075, held out 1.096 / 1.106, still
+not promised; the other measured cases: docs/placement.md).
 Cost: a bootstrap of R x L x G sums; `HeldOut.folds` solves on 3 / 4 of the fit (one start
 each, rows.py); a re-solve only where the upper prediction is above target.
 """
