@@ -155,3 +155,17 @@ def test_all_methods_skip_what_they_do_not_declare() -> None:
             "--redundant 4: semmoe places every expert once (no replicas)"
     with pytest.raises(InputError, match="semmoe places every expert once"):
         evaluate_modes(fit, ev, 4, SolveOptions(redundant=4), methods=["semmoe"])
+
+
+def test_replicas_are_judged_after_dispatch() -> None:
+    """Issue 45: with replica slots the figures follow the dispatch rule named (recorded in the
+    placement and the entry); a per-step balancing rule lowers the per-step imbalance."""
+    fit, ev = split_by_request(build_trace(), seed=0)
+    near = evaluate(fit, ev, 4, SolveOptions(redundant=4), methods=["eplb"])
+    lf = evaluate(fit, ev, 4, SolveOptions(redundant=4), methods=["eplb"],
+                  dispatch="locality-first")
+    a, b = near["methods"]["eplb"], lf["methods"]["eplb"]
+    assert (near["dispatch"], a["dispatch"]) == ("nearest", "nearest")
+    assert (lf["dispatch"], b["dispatch"]) == ("locality-first", "locality-first")
+    assert b["lar_mean"] == pytest.approx(a["lar_mean"])        # both keep home copies
+    assert b["batch_imbalance_max_mean"] <= a["batch_imbalance_max_mean"] + 1e-9

@@ -1,7 +1,8 @@
 """The balance contract of the request policies (issue 37, "Balance is part of the policy's
 contract"; rules in schedule/balance.py): for sequential, bursty and concurrent arrivals, with
 requests of tokens the table does not know mixed in and uniform or heavy-tailed lengths, every
-policy that declares `balances`, at every request once the stream holds BALANCE_FROM x G:
+registered policy (issue 45: least-inflight and round-robin included), what it declares in
+`balances`, at every request once the stream holds BALANCE_FROM x G:
 
 - requests: each rank's count within BALANCE_SLACK x the mean of the mean, exactly (at 20 x G
   that is one request);
@@ -27,7 +28,23 @@ from sempar.schedule.balance import request_admissible, request_band
 from sempar.schedule.requests import BALANCE_FROM, BALANCE_SLACK, REQUEST_POLICIES, make_policy
 from test_request_policies import random_table
 
-CLAIMING = [n for n in REQUEST_POLICIES.names() if REQUEST_POLICIES.get(n).balances]
+# the rules that place by request count alone (the engine's round-robin, Sem-MoE's Alg. 2 as
+# written) hold the request contract exactly and cannot hold tokens (they never read lengths);
+# `balanced` keeps a burst on its preferred rank while the in-flight tokens allow it (its
+# purpose, tests/schedule/test_request_policies.py), which the request band forbids
+COUNT_ONLY = {"round-robin", "alg2"}
+OUTSIDE = {"balanced"}
+CLAIMING = [n for n in REQUEST_POLICIES.names() if n not in OUTSIDE]   # issue 45: all others
+
+
+def test_every_policy_declares_the_contract():
+    for name in REQUEST_POLICIES.names():
+        claims = REQUEST_POLICIES.get(name).balances
+        if name in OUTSIDE:
+            assert claims == (), name
+            continue
+        assert "requests" in claims, name
+        assert ("tokens" in claims) == (name not in COUNT_ONLY), name
 EPS = 1e-9
 
 
@@ -83,8 +100,9 @@ def deviations(ranks: np.ndarray, lens: np.ndarray, G: int):
             ((np.abs(C - cm).max(1) - n_max) / cm[:, 0]))
 
 
-@settings(max_examples=80, deadline=None, derandomize=True)
-@given(name=st.sampled_from(CLAIMING), G=st.integers(2, 8),
+@pytest.mark.parametrize("name", CLAIMING)
+@settings(max_examples=12, deadline=None, derandomize=True)   # x 6 policies: bounded, fast
+@given(G=st.integers(2, 8),
        pattern=st.sampled_from(["sequential", "bursty", "concurrent"]),
        seed=st.integers(0, 2**31), unknown=st.sampled_from([0.0, 0.3, 1.0]),
        kind=st.sampled_from(["16-512", "1-60", "200-400", "pareto"]))
@@ -142,7 +160,7 @@ def test_ties_go_to_the_fewest_tokens_never_the_lowest_id(name):
 
 def test_one_at_a_time_traffic_reaches_every_rank():
     """The audit's case: 400 sequential requests, one domain dominating the table's votes."""
-    for name in CLAIMING + ["least-inflight"]:
+    for name in CLAIMING:
         ranks, _, _ = replay(name, 4, "sequential", 0, 0.0, "16-512", 400)
         cnt = np.bincount(ranks, minlength=4)
         assert cnt.min() >= 0.9 * cnt.mean(), (name, cnt)

@@ -347,6 +347,20 @@ def request_policies() -> Any:
     return REQUEST_POLICIES
 
 
+def dispatch_rules() -> Any:
+    """The dispatch rules' registry (placement/dispatch.py)."""
+    from sempar.placement.dispatch import DISPATCH
+
+    return DISPATCH
+
+
+def dispatch_option() -> Any:
+    """--dispatch: which copy of a replicated expert serves each activation."""
+    return names_option("nearest", "--dispatch", dispatch_rules, single=True,
+                        help="with --redundant: the rule choosing, per engine step, the copy "
+                             "that serves each activation (figures after dispatch)")
+
+
 def capture_engines() -> Any:
     from sempar.capture.engines import ENGINES
 

@@ -3,17 +3,18 @@ imbalance), optionally with the online schedulers and the cross-dataset matrix."
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from sempar.bounds import CHUNK_SLACK, bound
-from sempar.commands._options import (ep_option, held_out_option, homes_option, json_option,
-                                      max_imbalance_option, mode_option, names_option,
-                                      nodes_option, objective_option, preserve_groups_option,
-                                      redundant_option, request_policies, seed_option,
-                                      solve_options, solvers)
+from sempar.commands._options import (dispatch_option, ep_option, held_out_option,
+                                      homes_option, json_option, max_imbalance_option,
+                                      mode_option, names_option, nodes_option, objective_option,
+                                      preserve_groups_option, redundant_option, request_policies,
+                                      seed_option, solve_options, solvers)
 from sempar.console import emit_json, out
 from sempar.errors import InputError
 
@@ -49,6 +50,7 @@ def evaluate(ctx: typer.Context,
              chunk_slack: float = typer.Option(0.0, "--chunk-slack", callback=CHUNK_SLACK,
                                                help="tp oracle / pre-routed homes: a device may "
                                                "take up to (1 + EPS) x batch / G, in [0, 1)"),
+             dispatch: str = dispatch_option(),
              seed: int = seed_option(),
              as_json: bool = json_option()) -> None:
     """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""
@@ -102,13 +104,14 @@ def evaluate(ctx: typer.Context,
     chosen = names if methods != "all" else None
     with steps("evaluate", len(names)) as step:
         result = run(fit_trace, eval_trace, ep, options, methods=chosen, progress=step,
-                     extra=extra, chunk_slack=chunk_slack)
+                     extra=extra, chunk_slack=chunk_slack, dispatch=dispatch)
     if cross:
         with steps("cross-dataset", len(cross_names) * len(whole.domains)) as step:
             # `all` lists the methods that refuse these options under `skipped`
             result["cross_dataset"] = cross_dataset_matrix(
                 whole, ep, options, methods=cross_names, skip_refused=methods == "all",
                 progress=step, home=home)
+    _warn(result)
     if as_json:
         emit_json(result)
         return
@@ -150,10 +153,20 @@ def _evaluate_stats(stats_file: Path, eval_file: Optional[Path], ep: int, method
     result = evaluate_fitted(placement, eval_trace, ep, options, fit, seconds=seconds,
                              fit_token_ids=stats.meta.has_token_ids,
                              chunk_slack=chunk_slack)
+    _warn(result)
     if as_json:
         emit_json(result)
         return
     print_evaluation(out, result)
+
+
+def _warn(result: dict) -> None:
+    """The held-out budget warnings (`schedule.evaluate.held_out_warnings`) on stderr, before the
+    table or the JSON (whose `held_out` entries carry them too)."""
+    from sempar.schedule.evaluate import held_out_warnings
+
+    for line in held_out_warnings(result):
+        sys.stderr.write(line + "\n")
 
 
 def register(app: typer.Typer) -> None:

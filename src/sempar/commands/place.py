@@ -10,8 +10,9 @@ import typer
 
 from sempar.bounds import bound
 from sempar.errors import InputError
-from sempar.commands._options import (effort_option, ep_option, held_out_option, homes_option,
-                                      jobs_option, max_imbalance_option, mode_option, names_option,
+from sempar.commands._options import (dispatch_option, effort_option, ep_option,
+                                      held_out_option, homes_option, jobs_option,
+                                      max_imbalance_option, mode_option, names_option,
                                       nodes_option, objective_option, preserve_groups_option,
                                       redundant_option, seed_option, solve_options, solvers)
 
@@ -39,6 +40,7 @@ def place(ctx: typer.Context,
           held_out_imbalance: float = held_out_option(),
           jobs: Optional[int] = jobs_option(),
           effort: float = effort_option(),
+          dispatch: str = dispatch_option(),
           ray: Optional[str] = typer.Option(
               None, "--ray", help="with --stats: the per-layer solves as Ray tasks on a local "
                                   "cluster (local, --jobs CPUs), the running one (auto) or an "
@@ -69,9 +71,17 @@ def place(ctx: typer.Context,
 
         fit = split_by_request(fit, fit_fraction, seed=seed)[0]
     p = solve(method, fit, num_devices=ep, options=options)
+    if p.redundant or dispatch != "nearest":      # part of the placement: export's flags
+        p.info["dispatch"] = dispatch
     p.save(out_file)
     sys.stderr.write(f"wrote {out_file}: {method}, {p.num_layers} layers, {ep} devices x "
                      f"{p.slots_per_device} slots, {p.num_nodes} node(s)\n")
+    held = p.info.get("held_out")
+    if isinstance(held, dict):        # the JSON field: the placement's info.held_out
+        sys.stderr.write(f"held-out imbalance: predicted {held['predicted_imbalance']:.3f} "
+                         f"(target {held['target']:.2f}, fit cap {held['fit_cap']:.3f})\n")
+        if not held.get("within_budget", True):
+            sys.stderr.write(f"warning: {held.get('warning', 'not within budget')}\n")
 
 
 def _place_from_stats(stats_file: Path, out_file: Path, method: str, ep: int,

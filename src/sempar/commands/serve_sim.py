@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from sempar.commands._options import (COLLECTIVES_HELP, RATES, accelerator_profile_option,
-                                      accelerators, budget_option, duration_option,
+                                      accelerators, budget_option, dispatch_option, duration_option,
                                       ep_option, input_len_option, json_option,
                                       max_running_option, names_option, nodes_option,
                                       output_len_option, rates_option, seed_option,
@@ -53,6 +53,7 @@ def register(app: typer.Typer) -> None:
         collectives: Optional[str] = typer.Option(None, "--collectives", help=COLLECTIVES_HELP,
                                                   callback=check_collectives),
         plot: Optional[Path] = typer.Option(None, "--plot", help="folder for serve-sim-curves.png"),
+        dispatch: str = dispatch_option(),
         as_json: bool = json_option(),
     ) -> None:
         """Forecast serving throughput under latency SLOs for several systems side by side."""
@@ -78,6 +79,7 @@ def register(app: typer.Typer) -> None:
             check_requests([float(arr.size)], 1.0, "--arrivals")
         fc = forecaster(trace, preset, topology, accelerator, ep, nodes, budget, max_running, seed,
                         collectives, accelerator_profile)
+        fc.dispatch = dispatch
         n_steps = len(names) * (1 + (len(rate_list) if rate_list else 10))
         with steps("serve-sim", n_steps) as step:
             load = WorkloadSpec(rates=tuple(rate_list) if rate_list else None,

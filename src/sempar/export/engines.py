@@ -262,4 +262,37 @@ def write_engine_file(p: Placement, engine: str, out: str | os.PathLike,
     if p.info.get("model_type") is None and fmt.cannot_place:
         notes.append(f"model type unknown: {engine} cannot place "
                      f"{', '.join(sorted(fmt.cannot_place))} models")
-    return Exported(engine, path, fmt.flags(p, path) if fmt.flags else [], fmt.versions, notes)
+    flags = fmt.flags(p, path) if fmt.flags else []
+    if fmt.flags and p.redundant:
+        more, note = dispatch_flags(p, engine)
+        flags += more
+        notes += [note] if note else []
+    return Exported(engine, path, flags, fmt.versions, notes)
+
+
+# the dispatch family each export engine runs (placement.dispatch.DispatchRule.engines' keys)
+DISPATCH_ENGINE = {"sglang": "sglang", "vllm": "vllm", "vllm-ascend": "vllm"}
+
+
+def dispatch_flags(p: Placement, engine: str) -> tuple[list[str], str | None]:
+    """(flags, note): what makes `engine` choose among `p`'s replicas as the placement's
+    dispatch rule (`info["dispatch"]`, `place --dispatch`; none recorded: nothing added) does
+    (`placement.dispatch.engine_flags`; issue 45). SGLang takes `--ep-dispatch-algorithm`
+    (0.5.23 `arg_groups/parallel_hook.py`: unset it becomes static, or dynamic with
+    `--moe-a2a-backend none`, where static and lp are refused); vLLM's EPLB always picks by
+    its token-row hash, so only a note is added there."""
+    from sempar.placement.dispatch import engine_flags
+
+    rule = p.info.get("dispatch")
+    fam = DISPATCH_ENGINE.get(engine)
+    if fam is None or rule is None:      # no rule recorded: the engine's own default stands
+        return [], None
+    flags, note = engine_flags(rule, fam)
+    if fam == "vllm":
+        return [], (None if note is None else
+                    f"dispatch {rule!r}: vLLM picks among copies by its token-row hash "
+                    f"(sempar's vllm-hash); the placement's figures assumed {rule}")
+    if flags and flags[-1] in ("static", "lp"):
+        note = ((note + "; ") if note else "") + (f"--ep-dispatch-algorithm {flags[-1]} needs an "
+                                                  "a2a backend (--moe-a2a-backend deepep)")
+    return list(flags), note

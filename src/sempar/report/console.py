@@ -12,16 +12,19 @@ HEADS = {"lar_mean": "LAR", "lar_p50": "LAR p50", "predicted_lar_mean": "online 
          "oracle_lar_mean": "oracle", "oracle_lar_unconstrained_mean": "oracle free",
          "node_local_rate": "node-local", "remote_copies_per_token": "remote copies",
          "imbalance_max_mean": "max/mean", "imbalance_max_median": "max/med",
-         "solve_seconds": "solve s"}
+         "batch_imbalance_max_mean": "step max/mean", "solve_seconds": "solve s"}
 
 
 def print_evaluation(console: Console, result: dict) -> None:
     """One row per method: LAR (and online LAR), oracle LARs, copies, imbalance, solve time."""
     nodes = result["nodes"]
-    table = Table(title=f"EP {result['ep']}, {nodes} node(s), {result['mode']} mode, held-out "
-                        f"{result['eval']['tokens']} tokens (oracle: in-sample ceiling)")
+    replicas = f", R {result['redundant']}, dispatch {result.get('dispatch', 'nearest')}" \
+        if result.get("redundant") else ""
+    table = Table(title=f"EP {result['ep']}, {nodes} node(s), {result['mode']} mode{replicas}, "
+                        f"held-out {result['eval']['tokens']} tokens (oracle: in-sample ceiling)")
     cols = ["lar_mean", "lar_p50", "oracle_lar_mean", "oracle_lar_unconstrained_mean",
-            "remote_copies_per_token", "imbalance_max_mean", "imbalance_max_median", "solve_seconds"]
+            "remote_copies_per_token", "imbalance_max_mean", "imbalance_max_median",
+            "batch_imbalance_max_mean", "solve_seconds"]
     if nodes > 1:
         cols.insert(4, "node_local_rate")
     online = any("predicted_lar_mean" in r for r in result["methods"].values())

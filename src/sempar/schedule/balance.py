@@ -104,3 +104,21 @@ def token_excess(c: Sequence[int], k: Sequence[int], n: int, n_max: int,
     top, second = order[0], (order[1] if G > 1 else order[0])
     rest = [without[second] if g == top else without[top] for g in range(G)] if G > 1 else [0.0]
     return [max(out(c[g] + n, k[g] + 1), rest[g]) for g in range(G)]
+
+
+def contract_ranks(pref: Sequence[int], k: Sequence[int], c: Sequence[int], n: int, n_max: int,
+                   slack: float = BALANCE_SLACK, rho: float = 0.5,
+                   token_slack: float | None = None) -> list[int]:
+    """The ranks of `pref` (a policy's preference order, best first; the router's mask already
+    applied) that the contract admits for the next request of n tokens, in `pref`'s order:
+    (1) requests, hard: inside the band and schedulable in it (`admissible_ranks`); the rank with
+    the fewest requests always passes, so the list is empty only when the mask removed every
+    admissible rank (then the fewest requests of `pref`); (2) tokens: those leaving every rank
+    inside both token bands (`token_excess`), else those leaving the least outside. k int[G]
+    requests and c int[G] tokens per rank so far; n_max the longest request so far, this one
+    included. Every policy that declares `balances` chooses among these (issue 45)."""
+    band = admissible_ranks(k, slack)
+    adm = [g for g in pref if band[g]] or [min(pref, key=lambda g: (k[g], c[g]))]
+    ex = token_excess(c, k, n, n_max, slack, rho, token_slack)
+    least = max(min(ex[g] for g in adm), 0.0)
+    return [g for g in adm if ex[g] <= least]

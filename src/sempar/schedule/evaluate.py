@@ -39,18 +39,21 @@ ATTENTION_MODES = ("dp", "tp")
 
 
 def figures_for(placement: Placement, eval_: RoutingTrace, mode: str,
-                free_lar: float | None = None, chunk_slack: float = 0.0) -> dict:
+                free_lar: float | None = None, chunk_slack: float = 0.0,
+                dispatch: str | None = None) -> dict:
     """The per-method figures of the contract for one solved placement in one mode
     (`free_lar`: the unconstrained oracle LAR, when already computed; `chunk_slack`: tp's
-    oracle homes may fill a device up to ceil((1 + chunk_slack) x batch / G))."""
+    oracle homes may fill a device up to ceil((1 + chunk_slack) x batch / G); `dispatch`: the
+    rule choosing among replicas, `placement.dispatch` (None: the placement's own, else
+    `nearest`): every figure is after dispatch)."""
     oracle = (oracle_home_dp(placement, eval_) if mode == "dp"
               else oracle_home(placement, eval_.experts, slack=chunk_slack))
     # the ceiling places tokens knowing their routing
     home = oracle if placement.method == ORACLE else method_home(placement, eval_, mode)
-    f = placement_figures(placement, eval_.experts, home)
+    f = placement_figures(placement, eval_.experts, home, dispatch)
     if free_lar is None:
         free_lar = unconstrained_oracle_lar(placement, eval_)
-    fo = f if home is oracle else placement_figures(placement, eval_.experts, oracle)
+    fo = f if home is oracle else placement_figures(placement, eval_.experts, oracle, dispatch)
     oracle_lar = fo["lar_mean"]
     out = {"lar_mean": f["lar_mean"], "lar_p50": f["lar_p50"],
            "oracle_lar_mean": oracle_lar,
@@ -60,7 +63,11 @@ def figures_for(placement: Placement, eval_: RoutingTrace, mode: str,
            "imbalance_max_mean": f["imbalance_max_mean"],
            "imbalance_max_median": f["imbalance_max_median"],
            # with the oracle's homes (differs from the method's only with replicas)
-           "oracle_imbalance_max_mean": fo["imbalance_max_mean"]}
+           "oracle_imbalance_max_mean": fo["imbalance_max_mean"],
+           # per engine step (lockstep EP pays each step's most loaded device), after dispatch
+           "batch_imbalance_max_mean": f["batch_imbalance_max_mean"],
+           "oracle_batch_imbalance_max_mean": fo["batch_imbalance_max_mean"],
+           "dispatch": f["dispatch"]}
     if mode == "dp":        # the request-level ceiling without balance (whole requests, best rank)
         out["oracle_lar_request_free_mean"] = placement_figures(
             placement, eval_.experts, oracle_home_dp(placement, eval_, balanced=False))["lar_mean"]
@@ -91,7 +98,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
                    progress: Callable[[str], None] | None = None,
                    extra: Callable[[Placement, str], dict] | None = None,
                    chunk_slack: float = 0.0,
-                   placements: dict | None = None) -> dict[str, dict]:
+                   placements: dict | None = None,
+                   dispatch: str | None = None) -> dict[str, dict]:
     """{mode: the `evaluate --json` contract}, every placement solved once for all modes.
 
     `options` (None: the defaults) go whole to every solver (`base.solve`), each mode's solve
@@ -100,7 +108,9 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
     `extra(placement, mode)` adds keys to each deployable method's entry (`evaluate --online`
     passes the online schedulers' figures; the data flow keeps schedulers downstream of here).
     `placements`: a dict that receives {(method, mode): placement} of every solve, so a caller
-    judging the same fit split again (the demo's online stage) reuses them.
+    judging the same fit split again (the demo's online stage) reuses them. `dispatch`: the
+    rule choosing among replicas (`placement.dispatch`; None: `nearest`), recorded in each
+    placement (`info["dispatch"]`) and in each mode's entry.
     """
     options = options or SolveOptions()
     nodes, redundant = options.num_nodes, options.redundant
@@ -114,6 +124,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
                   "fit": {"tokens": fit.num_tokens, "requests": fit.num_requests},
                   "eval": {"tokens": eval_.num_tokens, "requests": eval_.num_requests},
                   "methods": {}} for mode in modes}
+    for mode in modes:
+        out[mode]["dispatch"] = dispatch or "nearest"
     if chunk_slack and "tp" in out:          # say so only when the figures are not today's rule
         out["tp"]["chunk_slack"] = chunk_slack
     for name in names:
@@ -145,12 +157,16 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
             placement = solve(name, eval_ if name == ORACLE else fit, num_devices=ep,
                               options=replace(options, mode=group[0]))
             seconds = round(time.perf_counter() - t0, 4)
+            if dispatch is not None:
+                placement.info["dispatch"] = dispatch
             free = unconstrained_oracle_lar(placement, eval_)
             for mode in group:
                 if placements is not None:
                     placements[(name, mode)] = placement
                 out[mode]["methods"][name] = dict(
-                    figures_for(placement, eval_, mode, free, chunk_slack), solve_seconds=seconds)
+                    figures_for(placement, eval_, mode, free, chunk_slack, dispatch),
+                    solve_seconds=seconds,
+                    **held_out_entry(placement))
                 if extra is not None and name != ORACLE:
                     out[mode]["methods"][name].update(extra(placement, mode))
                 if name == "sempar" and mode == "tp" and not redundant:
@@ -161,6 +177,22 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
         out["tp"]["refs"].update(                              # (schedule/optimality.py)
             optimality_refs(fit, ep, ours, options.max_imbalance))
     return out
+
+
+def held_out_entry(placement: Placement) -> dict:
+    """{"held_out": ...}: the solver's held-out imbalance prediction (placement/sempar/
+    held_out.py: predicted imbalance, the cap solved at, `within_budget`, a `warning` where the
+    fit is too small to promise the budget), or {} for a placement without one."""
+    h = placement.info.get("held_out")
+    return {"held_out": dict(h)} if isinstance(h, dict) else {}
+
+
+def held_out_warnings(result: dict) -> list[str]:
+    """One line per method of an `evaluate` result whose fit cannot promise its held-out
+    imbalance budget (`held_out.within_budget` false)."""
+    return [f"warning: {name}: {r['held_out'].get('warning', 'not within budget')}"
+            for name, r in result.get("methods", {}).items()
+            if "held_out" in r and not r["held_out"].get("within_budget", True)]
 
 
 def ceiling_refs(methods: dict, mode: str) -> dict:
@@ -185,12 +217,13 @@ def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
              options: SolveOptions | None = None, *, methods: list[str] | None = None,
              progress: Callable[[str], None] | None = None,
              extra: Callable[[Placement, str], dict] | None = None,
-             chunk_slack: float = 0.0) -> dict:
+             chunk_slack: float = 0.0, dispatch: str | None = None) -> dict:
     """The `evaluate --json` contract for `methods` (default: every registered one) in
-    `options.mode`."""
+    `options.mode`, replicas served by `dispatch` (None: `nearest`)."""
     options = options or SolveOptions()
     return evaluate_modes(fit, eval_, ep, options, methods=methods, modes=(options.mode,),
-                          progress=progress, extra=extra, chunk_slack=chunk_slack)[options.mode]
+                          progress=progress, extra=extra, chunk_slack=chunk_slack,
+                          dispatch=dispatch)[options.mode]
 
 
 def evaluate_fitted(placement: Placement, eval_: RoutingTrace, ep: int, options: SolveOptions,
@@ -219,6 +252,7 @@ def evaluate_fitted(placement: Placement, eval_: RoutingTrace, ep: int, options:
     figs = figures_for(placement, eval_, mode, None, chunk_slack)
     if seconds is not None:
         figs["solve_seconds"] = seconds
+    figs.update(held_out_entry(placement))
     out["methods"][placement.method] = figs
     out["refs"] = ceiling_refs(out["methods"], mode)
     return out

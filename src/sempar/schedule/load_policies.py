@@ -6,8 +6,9 @@ class: the router calls the streaming form (`submit` / `complete` with the real 
 evaluator the batch form (`assign`, completions FIFO after `window` requests), and the two agree
 (tests/schedule/test_load_policies.py).
 
-- `least-inflight`: the rank holding the fewest in-flight tokens (ties: the lowest rank). What
-  SGLang's and vLLM's own balancers approximate; the table is not read.
+- `least-inflight`: the rank holding the fewest in-flight tokens among those the balance
+  contract admits (`balance.contract_ranks`; ties: the fewest tokens so far). What SGLang's and
+  vLLM's own balancers approximate, bounded; the table is not read.
 - `expert` (ours): Alg. 2's affinity (the request's row of the score matrix S,
   `requests.score_matrix`), one request at a time, no round mask. The request goes to its
   best-scoring *admissible* rank, the filters applied in turn (issue 37's balance contract,
@@ -45,7 +46,7 @@ import numpy as np
 
 from sempar.errors import InputError
 from sempar.predict.token_table import TokenTable
-from sempar.schedule.balance import BALANCE_SLACK, admissible_ranks, token_excess
+from sempar.schedule.balance import BALANCE_SLACK, contract_ranks
 from sempar.schedule.requests import REQUEST_POLICIES, Prepared, RequestPolicy
 
 
@@ -78,20 +79,36 @@ def _fifo_assign(policy: RequestPolicy, scores: np.ndarray, lens: np.ndarray) ->
 
 @REQUEST_POLICIES.register("least-inflight")
 class LeastInflight(RequestPolicy):
-    """The rank with the fewest in-flight tokens; ties (every rank, when nothing is in flight) to
-    the rank with the fewest tokens so far, then the fewest requests; the table is not read."""
+    """The rank with the fewest in-flight tokens among those the balance contract admits
+    (`balance.contract_ranks`, issue 45: with nothing in flight every rank ties, and the
+    tie-break alone let request counts drift to 38 / 28 / 23 / 31 under one-at-a-time traffic);
+    ties to the fewest tokens so far, then the fewest requests; the table is not read.
+    slack, token_slack, rho: the contract's bounds, as `expert`'s (without the projected
+    tokens' band, token_slack = inf, tokens reach 6 % above the contract's bound at G = 3 in
+    tests/schedule/test_policy_balance.py)."""
 
     needs_scores = False
-    summary = "the fewest in-flight tokens (what vLLM's balancer approximates)"
+    balances = ("requests", "tokens")
+    summary = "the fewest in-flight tokens within the balance contract (vLLM's balancer, bounded)"
+
+    def __init__(self, num_ranks: int, table: TokenTable | None = None, window: int | None = None,
+                 slack: float = BALANCE_SLACK, token_slack: float = 0.08, rho: float = 0.5):
+        if min(slack, token_slack, rho) < 0:
+            raise InputError(f"slack {slack}, token_slack {token_slack}, rho {rho}: need >= 0")
+        self.slack, self.token_slack, self.rho = float(slack), float(token_slack), float(rho)
+        super().__init__(num_ranks, table, window)
 
     def _state_reset(self) -> None:
         self.assigned = [0] * self.num_ranks       # tokens ever submitted, per rank
         self.taken = [0] * self.num_ranks          # requests ever submitted, per rank
+        self.n_max = 0                             # the longest request so far
 
     def _choose(self, row: list[float], n: int) -> int:
-        c, k = self.assigned, self.taken
-        g = _least(self.queued, self._allowed,
-                   sorted(range(self.num_ranks), key=lambda h: (c[h], k[h])))
+        q, c, k, ok = self.queued, self.assigned, self.taken, self._allowed
+        pref = sorted(range(self.num_ranks), key=lambda h: (q[h], c[h], k[h]))
+        cand = [g for g in pref if ok is None or ok[g]] or pref
+        self.n_max = max(self.n_max, n)
+        g = contract_ranks(cand, k, c, n, self.n_max, self.slack, self.rho, self.token_slack)[0]
         c[g] += n
         k[g] += 1
         return g
@@ -140,18 +157,10 @@ class Expert(RequestPolicy):
         G, s = self.num_ranks, self.slack
         pref = self._preference(row if row else [0.0] * G, n)
         cand = [g for g in pref if ok is None or ok[g]] or pref
-        # (1) requests, hard: inside the band and schedulable in it (balance.py); the rank
-        # with the fewest requests always passes, so it is only empty under the router's mask.
-        band = admissible_ranks(k, s)
-        adm = [g for g in cand if band[g]] or \
-            [min(cand, key=lambda g: (k[g], c[g]))]
-        # (2) tokens: the ranks that keep every rank inside both token bands, else the one
-        # that leaves the least outside (ties: best score, i.e. `pref`'s order).
+        # (1) requests, hard, and (2) tokens: the contract's ranks (balance.contract_ranks),
+        # in `pref`'s order (ties: best score).
         self.n_max = max(self.n_max, n)
-        ex = token_excess(c, k, n, self.n_max, s, self.rho, self.token_slack)
-        exc = [ex[g] for g in adm]
-        least = min(exc)
-        adm = [g for g, e in zip(adm, exc) if e <= max(least, 0.0)]
+        adm = contract_ranks(cand, k, c, n, self.n_max, s, self.rho, self.token_slack)
         # (3) in flight: within inflight_slack of the mean; the least-loaded rank always passes
         # (with nothing in flight one request alone exceeds any mean-based cap).
         qmin = min(q[g] for g in adm)

@@ -141,6 +141,7 @@ class Forecaster:
             self.sim["collectives"] = "nccl-links"
         self.fit, self.eval = split_by_request(trace, 0.2, seed=self.seed)
         self._placements: dict = {}
+        self.dispatch: str | None = None   # the replicas' dispatch rule (serve-sim --dispatch)
         self._homes: dict = {}
         self._served: dict = {}         # DP homes under the served lengths (ranks.py)
         self._steps: dict = {}          # simulated step-table batches per deployment (prepare)
@@ -184,6 +185,8 @@ class Forecaster:
                 take = order[np.cumsum(counts[order]) <= cap]
                 fit = fit.take(np.isin(fit.request_id, req[take if take.size else order[:1]]))
             self._placements[key] = solve(method, fit, num_devices=self.G, options=options)
+            if self.dispatch is not None and redundant:   # served after dispatch (steptable)
+                self._placements[key].info["dispatch"] = self.dispatch
             if fit is not self.fit:
                 self._placements[key].info["solved_on_rows"] = int(fit.num_tokens)
         return self._placements[key]

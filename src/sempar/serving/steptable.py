@@ -95,7 +95,10 @@ def expert_loads(experts: np.ndarray, home: np.ndarray | None, placement: Placem
                  topo: Topology, nbytes: float, S: int, n: int, ep: bool) -> tuple[np.ndarray, np.ndarray]:
     """(copies, active) float64[S, L, G] for S batches of n tokens: experts int[S*n, L, k], home
     int[S*n, L] -> (token, expert) copies each device serves and distinct experts it activates.
-    Without expert parallelism every device holds 1/G of every expert (expert TP)."""
+    Without expert parallelism every device holds 1/G of every expert (expert TP). With
+    replicas the copy serving each activation is the placement's dispatch rule's
+    (`info["dispatch"]`, placement/dispatch.py, each batch one engine step; issue 45), else the
+    nearest by the topology's cost (`replica_table`); the comm simulation keeps the nearest."""
     T, L, k = experts.shape
     G, N = placement.num_devices, placement.num_experts
     sample = np.repeat(np.arange(S), n * k)
@@ -109,9 +112,21 @@ def expert_loads(experts: np.ndarray, home: np.ndarray | None, placement: Placem
             active[:, l, :] = act.sum(axis=1, keepdims=True) / G
         return copies, active
     table, by_home = replica_table(placement, topo, nbytes)
+    rule = placement.info.get("dispatch")
+    if not by_home or rule in (None, "nearest"):
+        rule = None
+    else:                    # the placement's dispatch rule, each sampled batch one engine step
+        from sempar.placement.dispatch import dispatch
+
+        rng = np.random.default_rng(0)
+        step = np.repeat(np.arange(S), n)
     for l in range(L):
         e = experts[:, l, :]
-        dev = (table[l][home[:, l][:, None], e] if by_home else table[l][e]).reshape(-1).astype(np.int64)
+        if rule is not None:
+            dev = dispatch(rule, e, home[:, l], placement.phy2log[l], G, step, placement.node_of,
+                           rng=rng).reshape(-1)
+        else:
+            dev = (table[l][home[:, l][:, None], e] if by_home else table[l][e]).reshape(-1).astype(np.int64)
         copies[:, l, :] = np.bincount(sample * G + dev, minlength=S * G).reshape(S, G)
         key = (sample * G + dev) * N + e.reshape(-1)
         act = np.bincount(key, minlength=S * G * N).reshape(S, G, N) > 0

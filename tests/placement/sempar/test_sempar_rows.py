@@ -151,3 +151,41 @@ def test_held_out_prediction_and_calibration(case):
     h = tight.info["held_out"]
     assert h["target"] == 1.0 and h["fit_cap"] < 1.2
     assert h["predicted_imbalance"] <= pred + 1e-9
+
+
+def test_cross_validated_prediction_says_when_the_fit_cannot_promise(case):
+    """held_out.py step 3 and 5 (issue 45): the prediction carries the folds' inflation; an
+    unreachable target and a fit too small to cross-validate are not within budget, with a
+    warning."""
+    from sempar.placement.sempar.held_out import inflation_of
+
+    fit, ev, _ = case
+    loose = solve("sempar", fit, num_devices=G, objective="rows", max_imbalance=1.2,
+                  held_out_imbalance=99.0)
+    h = loose.info["held_out"]
+    assert len(h["cv_folds"]) == 4 and h["cv_inflation"] >= 1.0
+    assert h["predicted_imbalance"] >= h["bootstrap_imbalance"] - 1e-9
+    assert h["within_budget"] and "warning" not in h
+    held = exact(loose, ev)["imbalance_max_mean"]
+    assert held - 0.04 <= h["predicted_imbalance"] <= held + 0.06
+    tight = solve("sempar", fit, num_devices=G, objective="rows", max_imbalance=1.2,
+                  held_out_imbalance=1.0)
+    assert not tight.info["held_out"]["within_budget"]
+    assert "too small to promise" in tight.info["held_out"]["warning"]
+    few = fit.take(np.isin(fit.request_id, np.unique(fit.request_id)[:5]))
+    small = solve("sempar", few, num_devices=G, objective="rows", max_imbalance=1.2)
+    assert not small.info["held_out"]["within_budget"]
+    assert "too few" in small.info["held_out"]["warning"]
+    # the pooled ratio: residuals beyond the folds' noise over the bootstrap's expectation
+    assert inflation_of([{"residual": 7.0, "noise": 3.0, "naive": 1.0},
+                         {"residual": 2.0, "noise": 2.0, "naive": 1.0}]) == 2.0
+    assert inflation_of([{"residual": 1.0, "noise": 3.0, "naive": 1.0}]) == 1.0
+
+
+def test_evaluate_prints_the_budget_warning():
+    from sempar.schedule.evaluate import held_out_warnings
+
+    res = {"methods": {"sempar": {"held_out": {"within_budget": False, "warning": "too small"}},
+                       "eplb": {},
+                       "ok": {"held_out": {"within_budget": True}}}}
+    assert held_out_warnings(res) == ["warning: sempar: too small"]

@@ -168,6 +168,10 @@ class SemparConfig:
     held_out_resamples: int = 1
     """`rows` objective: the new requests that prediction is for: 1, the population's loads (a
     deployment's long run); 2, a new sample as large as the fit sample (held_out.py)."""
+    held_out_folds: int = 4
+    """`rows` objective: cross-validation folds over the fit requests that measure how much
+    further than the bootstrap a placement drifts on new requests (held_out.py, step 3; each
+    fold one more solve; 0: the bootstrap alone, and no imbalance is promised)."""
     block_layers: int = BLOCK_LAYERS
     """Consecutive layers a forked worker takes at a time (the affinity statistics gather the
     trace's selections that many layers at once)."""

@@ -95,7 +95,8 @@ def solve_rows(p: PlacementProblem, solver: Callable[[PlacementProblem], Placeme
     """`solver` (the `sempar` entry point) on the row items of `p.trace` (module docstring)."""
     rows = row_trace(p.trace, max_rows, p.seed)
     primary = dataclasses.replace(p, trace=rows, objective="tokens", redundant=0)
-    placement = calibrated_solve(primary, lambda q: best_of(solver, q, restarts), held_out)
+    placement = calibrated_solve(primary, lambda q: best_of(solver, q, restarts), held_out,
+                                 cv_solve=solver)    # folds: one start each (held_out.py)
     placement.token_table = None     # per fit row (or stale after `best_of`): no use online
     if p.redundant:
         cap = placement.info.get("held_out", {}).get("fit_cap", p.max_imbalance)
