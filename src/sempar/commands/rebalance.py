@@ -10,8 +10,7 @@ import typer
 
 from sempar.bounds import bound
 from sempar.commands._options import ep_option, json_option
-
-MOVES_MAX = 1_000_000
+from sempar.drift.costs import MOVES_MAX
 
 
 def rebalance(placement: Path = typer.Option(..., "--placement", help="the serving placement.json"),
@@ -23,15 +22,18 @@ def rebalance(placement: Path = typer.Option(..., "--placement", help="the servi
               max_bytes: Optional[float] = typer.Option(
                   None, "--max-bytes", callback=bound(0.0, 1e15),
                   help="copied expert bytes at most"),
-              max_imbalance: float = typer.Option(1.10, "--max-imbalance", callback=bound(1.0, 100.0),
-                                                  help="per-layer max/mean served load on the window"),
-              horizon: float = typer.Option(300.0, "--horizon", callback=bound(0.0, 1e9, lo_open=True),
-                                            help="s: a locality move must pay its copy back within"),
-              tokens_per_s: float = typer.Option(20000.0, "--tokens-per-s",
-                                                 callback=bound(0.0, 1e12, lo_open=True),
-                                                 help="deployment token throughput (cost model)"),
-              link_gbps: float = typer.Option(50.0, "--link-gbps", callback=bound(0.0, 1e6, lo_open=True),
-                                              help="GB/s weights are copied at (copy time)"),
+              max_imbalance: Optional[float] = typer.Option(
+                  None, "--max-imbalance", callback=bound(1.0, 100.0),
+                  help="per-layer max/mean served load on the window (default 1.10)"),
+              horizon: Optional[float] = typer.Option(
+                  None, "--horizon", callback=bound(0.0, 1e9, lo_open=True),
+                  help="s: a locality move must pay its copy back within (default 300)"),
+              tokens_per_s: Optional[float] = typer.Option(
+                  None, "--tokens-per-s", callback=bound(0.0, 1e12, lo_open=True),
+                  help="deployment token throughput, cost model (default 20000)"),
+              link_gbps: Optional[float] = typer.Option(
+                  None, "--link-gbps", callback=bound(0.0, 1e6, lo_open=True),
+                  help="GB/s weights are copied at, copy time (default 50)"),
               expert_bytes: Optional[float] = typer.Option(
                   None, "--expert-bytes", callback=bound(0.0, 1e15, lo_open=True),
                   help="bytes of one expert (default: from the model's shape)"),
@@ -45,6 +47,7 @@ def rebalance(placement: Path = typer.Option(..., "--placement", help="the servi
     report the moves, their bytes and the expected gain."""
     from sempar.atomic import check_output
     from sempar.console import emit_json
+    from sempar.drift.config import rebalance_config
     from sempar.errors import InputError
     from sempar.placement import Placement
     from sempar.placement.rebalance import rebalance as step
@@ -55,8 +58,10 @@ def rebalance(placement: Path = typer.Option(..., "--placement", help="the servi
     if cur.num_devices != ep:
         raise InputError(f"--ep {ep}: the placement has {cur.num_devices} devices")
     window = read_trace(trace, optional=())
-    cfg = config(window.meta.model, max_moves, max_bytes, max_imbalance, horizon, tokens_per_s,
-                 link_gbps, expert_bytes, remote_bytes)
+    cfg = rebalance_config(window.meta.model, expert_bytes=expert_bytes,
+                           remote_bytes=remote_bytes, max_moves=max_moves, max_bytes=max_bytes,
+                           max_imbalance=max_imbalance, horizon_s=horizon,
+                           tokens_per_s=tokens_per_s, link_gbps=link_gbps)
     new, res = step(cur, window.experts, cfg)
     new.save(out_file)
     j = res.to_json(cfg)
@@ -66,22 +71,6 @@ def rebalance(placement: Path = typer.Option(..., "--placement", help="the servi
                      f"{j['imbalance_after']:.3f} ({res.solve_s:.2f} s)\n")
     if as_json:
         emit_json({"path": str(out_file), "parent": new.info["parent"], **j})
-
-
-def config(model: str, max_moves: Optional[int], max_bytes: Optional[float], max_imbalance: float,
-           horizon: float, tokens_per_s: float, link_gbps: float,
-           expert_bytes: Optional[float], remote_bytes: Optional[float] = None):
-    """The `RebalanceConfig` of the options; the bytes from the model's shape unless given."""
-    from sempar.drift.costs import expert_bytes as bytes_of, remote_activation_bytes
-    from sempar.placement.rebalance import RebalanceConfig
-
-    eb = float(expert_bytes) if expert_bytes is not None else float(bytes_of(model))
-    rb = float(remote_bytes) if remote_bytes is not None else float(remote_activation_bytes(model))
-    return RebalanceConfig(max_moves=max_moves if max_moves is not None else
-                           (64 if max_bytes is None else MOVES_MAX),
-                           max_bytes=max_bytes, max_imbalance=max_imbalance,
-                           expert_bytes=eb, remote_bytes=rb,
-                           tokens_per_s=tokens_per_s, horizon_s=horizon, link_gbps=link_gbps)
 
 
 def register(app: typer.Typer) -> None:
