@@ -182,24 +182,56 @@ def sglang_map(weight: np.ndarray, current: Placement, num_groups: int | None) -
 def sempar_unavailable() -> str | None:
     """Why `sempar-engine` cannot run here, or None."""
     try:
-        importlib.import_module("sempar.eplb.policy")
+        for mod in ("sempar.eplb.policy", "sempar.eplb.source", "sempar.eplb.engine"):
+            importlib.import_module(mod)
     except ImportError as e:
         return f"sempar-engine: the plug-in core sempar.eplb.policy is not importable ({e})"
     return None
 
 
-def sempar_map(weight: np.ndarray, current: Placement, num_groups: int,
-               source: RoutingTrace, config=None) -> np.ndarray:
-    """int64[L, P]: the plug-in's map, with the engine's arguments and `source` (the
-    locality the plug-in reads from FILE: here the window's routing)."""
-    import torch
+def window_source(window: RoutingTrace, rows: int = 4096):
+    """The plug-in's FILE for one rebalance, in memory: what `sempar stats build --parts sample`
+    over the rolling window gives it (`sempar.eplb.source`'s stats route): co-activation
+    float32[L, N, N] of the window's rows (X^T X of the one-hot selections, zero diagonal) and
+    at most `rows` of them as the sample its LAR report reads."""
+    from sempar.eplb.source import Source
 
+    ex = window.experts.astype(np.intp)
+    T, L, _ = ex.shape
+    N = window.meta.num_experts
+    A = np.zeros((L, N, N), np.float32)
+    for l in range(L):
+        X = np.zeros((T, N), np.float32)
+        np.put_along_axis(X, ex[:, l], 1.0, axis=1)
+        A[l] = X.T @ X
+    A[:, np.arange(N), np.arange(N)] = 0.0
+    keep = np.linspace(0, T - 1, min(rows, T)).astype(np.int64)
+    return Source("stats", "replay window", (), window.meta.model, L, N, None, A,
+                  sample=window.experts[keep])
+
+
+def sempar_map(weight: np.ndarray, current: Placement, num_groups: int,
+               window: RoutingTrace, default, seed: int = 0) -> tuple[np.ndarray, str | None]:
+    """(int64[L, P], fallback reason or None): the plug-in's map for this rebalance, called as
+    `sempar.eplb.engine.plan` calls it (the engine's arguments, FILE from `window_source`, the
+    plug-in's config, its map check), or, where the plug-in would fall back, `default()` (the
+    host engine's own result) and the one-line reason."""
+    from sempar.eplb.config import PluginConfig
+    from sempar.eplb.engine import check_map
     from sempar.eplb.policy import rebalance
 
-    out = rebalance(torch.from_numpy(weight.astype(np.int64)), current.num_slots, num_groups,
-                    current.num_nodes, current.num_devices,
-                    torch.from_numpy(current.phy2log.astype(np.int64)), source, config)
-    return np.asarray(out.cpu().numpy() if hasattr(out, "cpu") else out, np.int64)
+    L, N = weight.shape
+    try:
+        m, _ = rebalance(weight.astype(np.float64), current.num_slots, num_groups,
+                         current.num_nodes, current.num_devices,
+                         current.phy2log.astype(np.int64), window_source(window),
+                         PluginConfig(seed=seed))
+        bad = check_map(np.asarray(m), L, current.num_slots, N, current.num_devices)
+        if bad:
+            raise ValueError(f"sempar's map is unusable ({bad})")
+        return np.asarray(m, np.int64), None
+    except Exception as err:  # noqa: BLE001 - the plug-in never takes the engine down
+        return default(), f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 def as_placement(phy2log: np.ndarray, current: Placement, method: str) -> Placement:

@@ -113,8 +113,13 @@ def _sglang(current: Placement, window: RoutingTrace, cfg: ReplayConfig) -> Plac
 
 def _sempar_engine(current: Placement, window: RoutingTrace, cfg: ReplayConfig) -> Placement:
     w = engines.expert_load(window)
-    return engines.as_placement(engines.sempar_map(w, current, engines._groups(window), window),
-                                current, "sempar-engine")
+    host = _vllm if cfg.engine == "vllm" else _sglang
+    m, why = engines.sempar_map(w, current, engines._groups(window), window,
+                                lambda: host(current, window, cfg).phy2log, cfg.solve.seed)
+    p = engines.as_placement(m, current, "sempar-engine")
+    if why:
+        p.info["fallback"] = why         # the engine's default result served this rebalance
+    return p
 
 
 POLICIES.add("static", ReplayPolicy("sempar", None, False, True, True,

@@ -138,7 +138,7 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
     for name in policies:
         pol = POLICIES.get(name)
         p = starts_cache[pol.start]
-        steps, layer_imb = [], []
+        steps, layer_imb, fallbacks = [], [], []
         for s, a in enumerate(bounds):
             b = min(a + cfg.every, R)
             moved, dt = 0, 0.0
@@ -148,6 +148,8 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
                 nxt = pol.update(p, part(max(0, a - span), a), cfg)
                 dt = time.perf_counter() - t0
                 moved = int(copied_experts(p, nxt).sum())
+                if nxt.info.get("fallback"):         # the plug-in gave the engine's result
+                    fallbacks.append(f"step {s}: {nxt.info['fallback']}")
                 p = nxt
             served = part(a, b)
             lar, imb = serve_figures(p, served.experts, cfg.rebalance.batch, cfg.dispatch,
@@ -162,6 +164,7 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
         cad = pol.cadence_of(cfg)
         out["policies"][name] = {**summary(steps, layer_imb), "start": pol.start,
                                  "updates": int(sum(f.updated for f in steps)),
+                                 "fallbacks": fallbacks,
                                  "cadence": None if cad is None else asdict(cad),
                                  "capabilities": {"full_layout": pol.full_layout,
                                                   "locality": pol.locality,
