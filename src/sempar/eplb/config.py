@@ -1,0 +1,84 @@
+"""`PluginConfig`: the knobs of the engine-balancer policy (`policy.rebalance`), and how the
+plug-ins read them from the environment (docs/eplb-plugin.md lists every variable)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, fields
+
+from sempar.errors import InputError
+
+ENV_FILE = "SEMPAR_EPLB"
+ENV_PREFIX = "SEMPAR_EPLB_"
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """Budget and balance bound of one rebalance.
+
+    max_moves: physical slots whose expert may change per rebalance (expert copies written;
+    None: no limit). max_bytes with expert_bytes: the same budget in bytes (the smaller wins).
+    max_imbalance: per-layer bound on max / mean device load of the live window that the
+    balancing swaps aim for. min_gain: a layer is re-laid only when its imbalance falls by this
+    much or its locality (share of FILE's co-activation kept on one device) rises by this much.
+    max_age_s: FILE older than this is stale (the engine's default is used; None: no limit).
+    settle_s: a refreshed FILE is used once it is this old (`source.load_source`: every rank
+    must switch at the same rebalance; 0: at once).
+    swaps_per_slot: balancing swaps per layer, at most, per slot of a device.
+    lar_rows: rows of a stats FILE's sample the reported LAR is measured on (0: not measured).
+    """
+
+    max_moves: int | None = None
+    max_bytes: float | None = None
+    expert_bytes: float | None = None
+    max_imbalance: float = 1.02
+    min_gain: float = 0.005
+    max_age_s: float | None = None
+    settle_s: float = 30.0
+    swaps_per_slot: int = 4
+    lar_rows: int = 4096
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_moves is not None and self.max_moves < 0:
+            raise InputError(f"{ENV_PREFIX}MAX_MOVES: {self.max_moves} is negative")
+        if not (math.isfinite(self.settle_s) and self.settle_s >= 0):
+            raise InputError(f"{ENV_PREFIX}SETTLE_S: {self.settle_s} is not a number >= 0")
+        for name in ("max_bytes", "expert_bytes", "max_age_s"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise InputError(f"{ENV_PREFIX}{name.upper()}: {v} is not a positive number")
+        if not 1.0 <= self.max_imbalance < 100:
+            raise InputError(f"{ENV_PREFIX}MAX_IMBALANCE: {self.max_imbalance} not in [1, 100)")
+        if self.swaps_per_slot < 0 or self.lar_rows < 0 or not self.min_gain >= 0:
+            raise InputError(f"{ENV_PREFIX}*: swaps_per_slot / lar_rows / min_gain negative")
+
+    def move_budget(self) -> int | None:
+        """Slot changes allowed per rebalance: the smaller of max_moves and max_bytes /
+        expert_bytes (None: no limit)."""
+        budget = self.max_moves
+        if self.max_bytes is not None:
+            if self.expert_bytes is None:
+                raise InputError(f"{ENV_PREFIX}MAX_BYTES needs {ENV_PREFIX}EXPERT_BYTES "
+                                 f"(bytes of one expert's weights)")
+            by_bytes = int(self.max_bytes // self.expert_bytes)
+            budget = by_bytes if budget is None else min(budget, by_bytes)
+        return budget
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "PluginConfig":
+        """The config from `SEMPAR_EPLB_<FIELD>` variables (field name upper-cased); a value
+        that does not parse is bad input (one line)."""
+        env = os.environ if env is None else env
+        kw: dict = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is None or raw.strip() == "":
+                continue
+            kind = int if f.name in ("max_moves", "swaps_per_slot", "lar_rows", "seed") else float
+            try:
+                kw[f.name] = kind(raw)
+            except ValueError:
+                raise InputError(f"{ENV_PREFIX}{f.name.upper()}: {raw!r} is not a number") from None
+        return cls(**kw)

@@ -1,0 +1,331 @@
+"""The engine-balancer policy (design.md, "Engine balancer"): at every rebalance, a
+physical_to_logical map that keeps FILE's locality, balances the live load window with the
+engine's redundant slots, and moves few experts relative to the old map.
+
+Per layer l (live load w float[N], P = G x S slots, R = P - N redundant):
+1. **Replica counts** from the live load: every expert once, each redundant slot to the expert
+   with the highest load per copy (DeepSeek EPLB's `replicate_experts`, sempar's port in
+   `placement/eplb.py`, vectorised over layers here).
+2. **Locality layout**: each expert's primary copy on its device in FILE's layout
+   (`Source.home`), the devices relabelled to overlap the old map most (Hungarian,
+   `scipy.optimize.linear_sum_assignment`, as `placement.migration.align_devices` does for
+   whole placements): a relabelling moves nothing and keeps every co-location.
+3. **Redundant copies where the live load needs them**: heaviest copy first, to the least
+   loaded device with a free slot that does not host the expert; among devices within 2% of
+   the mean load of that minimum, the one whose experts co-activate most with it.
+4. **Balance swaps**: while the hottest device is above `max_imbalance` x the mean, swap one of
+   its copies with a copy on another device: among the swaps that cut the pair's peak by at
+   least half the best cut, the one that loses the least affinity (the balance-first rule of
+   `placement/sempar/experts.py`'s swap search, restricted to the hottest device so a swap
+   costs O(S x P)).
+5. **Slots kept**: an expert that stays on its device keeps its old slot (what vLLM's
+   `preserve_intragpu_slots` does for its own policy), so only slots whose expert changed are
+   copied.
+6. **Budget**: a layer is re-laid only when its imbalance falls or its locality rises by
+   `min_gain`; the re-laid layers are taken by gain per slot moved until the move budget
+   (`PluginConfig.move_budget`) is spent; the others keep the old map. Without an old map
+   (the first call) every layer is laid out.
+
+Locality of a layer = the share of FILE's pair affinity whose two experts share a device
+(1.0 = all of FILE's co-location kept). Ours: the steps and their order (no engine or paper
+ships a locality-aware EPLB policy).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from sempar.eplb.config import PluginConfig
+from sempar.eplb.source import Source
+
+EPS = 1e-12
+
+
+@dataclass
+class RebalanceReport:
+    """What the last rebalance did: slots whose expert changed (`moves`), layers re-laid,
+    mean imbalance (max / mean device load of the live window) and locality before / after,
+    LAR on FILE's sample rows (None without one), seconds spent."""
+
+    moves: int = 0
+    layers_changed: int = 0
+    imbalance_before: float = 0.0
+    imbalance_after: float = 0.0
+    locality_before: float = 0.0
+    locality_after: float = 0.0
+    lar_before: float | None = None
+    lar_after: float | None = None
+    budget: int | None = None
+    seconds: float = 0.0
+    per_layer_moves: list[int] = field(default_factory=list)
+
+    def line(self) -> str:
+        lar = ("" if self.lar_after is None else
+               f", LAR {self.lar_before:.3f} -> {self.lar_after:.3f}")
+        return (f"{self.moves} slots moved in {self.layers_changed} layers, imbalance "
+                f"{self.imbalance_before:.3f} -> {self.imbalance_after:.3f}, locality "
+                f"{self.locality_before:.3f} -> {self.locality_after:.3f}{lar}, "
+                f"{self.seconds * 1e3:.0f} ms")
+
+
+def replica_counts(weight: np.ndarray, P: int, G: int) -> np.ndarray:
+    """int64[L, N]: copies of each expert, every expert once and each of the P - N redundant
+    slots to the expert with the highest load per copy (step 1), all layers at once."""
+    L, N = weight.shape
+    cnt = np.ones((L, N), np.int64)
+    rows = np.arange(L)
+    for _ in range(P - N):
+        e = np.argmax(np.where(cnt < G, weight / cnt, -1.0), axis=1)   # a copy per device at most
+        cnt[rows, e] += 1
+    return cnt
+
+
+def _hosts(row: np.ndarray, G: int, N: int) -> np.ndarray:
+    """bool[G, N] of a slot row int[P] (slot p on device p // S; -1 slots host nothing)."""
+    S = row.size // G
+    h = np.zeros((G, N + 1), bool)
+    r = np.where(row < 0, N, row)
+    h[np.repeat(np.arange(G), S), r] = True
+    return h[:, :N]
+
+
+def _locality(hosts: np.ndarray, A: np.ndarray, total: float) -> float:
+    """Share of the pair affinity A float[N, N] (zero diagonal) whose experts share a device."""
+    if total <= EPS:
+        return 1.0
+    H = hosts.astype(np.float32)
+    return float(((H @ A) * H).sum() / total)
+
+
+def _loads(hosts: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """float64[G]: each device's share of the live load, an expert's load split evenly over its
+    copies (what both engines' own policies assume)."""
+    cnt = np.maximum(hosts.sum(axis=0), 1)
+    return hosts.astype(np.float64) @ (w / cnt)
+
+
+def _imbalance(load: np.ndarray) -> float:
+    return float(load.max() / max(load.mean(), EPS))
+
+
+def _relabel(home: np.ndarray, old_hosts: np.ndarray | None, G: int) -> np.ndarray:
+    """home int64[N] with devices renamed to overlap `old_hosts` bool[G, N] most (step 2)."""
+    if old_hosts is None:
+        return home
+    M = old_hosts[:, None, :] & (home[None, None, :] == np.arange(G)[None, :, None])
+    overlap = M.sum(axis=2)                                   # [old device, home group]
+    old_dev, grp = linear_sum_assignment(-overlap)
+    perm = np.empty(G, np.int64)
+    perm[grp] = old_dev
+    return perm[home]
+
+
+def _make_room(hosts: np.ndarray, used: np.ndarray, load: np.ndarray, aff: np.ndarray,
+               share: np.ndarray, A: np.ndarray, e: int, S: int) -> None:
+    """Free a slot for a copy of expert e on a device without it, when the only free slots are
+    on devices that host e: a copy x moves from a full device d (without e) to a free device f
+    (without x), the move that leaves the lower peak. Updates the arrays in place."""
+    fs = np.flatnonzero(used < S)
+    ds = np.flatnonzero(~hosts[:, e])
+    best = None
+    for f in fs:
+        for d in ds:
+            xs = np.flatnonzero(hosts[d] & ~hosts[f])
+            if xs.size == 0:
+                continue
+            peak = np.maximum(load[f] + share[xs], load[d] - share[xs] + share[e])
+            i = int(np.argmin(peak))
+            if best is None or peak[i] < best[0]:
+                best = (float(peak[i]), int(f), int(d), int(xs[i]))
+    if best is None:
+        raise ValueError(f"no slot for another copy of expert {e}")
+    _, f, d, x = best
+    hosts[d, x], hosts[f, x] = False, True
+    used[d] -= 1
+    used[f] += 1
+    load[d] -= share[x]
+    load[f] += share[x]
+    aff[d] -= A[x]
+    aff[f] += A[x]
+
+
+def _layout(w: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: int, S: int,
+            cfg: PluginConfig) -> np.ndarray:
+    """bool[G, N]: hosts of one layer after steps 2-4 (module docstring)."""
+    N = w.size
+    share = w / cnt
+    hosts = np.zeros((G, N), bool)
+    hosts[home, np.arange(N)] = True
+    used = hosts.sum(axis=1)
+    load = np.bincount(home, weights=share, minlength=G).astype(np.float64)
+    aff = hosts.astype(np.float32) @ A                        # [G, N] affinity of e to g
+    extra = np.repeat(np.arange(N), cnt - 1)
+    extra = extra[np.argsort(-share[extra], kind="stable")]
+    for e in extra:                                           # step 3
+        free = (used < S) & ~hosts[:, e]
+        if not free.any():                  # free slots only where e already is: make room
+            _make_room(hosts, used, load, aff, share, A, e, S)
+            free = (used < S) & ~hosts[:, e]
+        cand = np.flatnonzero(free)
+        lo = load[cand].min()
+        near = cand[load[cand] <= lo + 0.02 * max(load.mean(), EPS)]
+        d = int(near[np.argmax(aff[near, e])])
+        hosts[d, e] = True
+        used[d] += 1
+        load[d] += share[e]
+        aff[d] += A[e]
+    if (used != S).any():                                     # N % G != 0: fill leftovers
+        raise ValueError("slots left empty")
+    dd = np.repeat(np.arange(G), S)                          # device of each slot
+    ee = np.concatenate([np.flatnonzero(hosts[g]) for g in range(G)])   # expert of each slot
+    for _ in range(cfg.swaps_per_slot * S):                   # step 4
+        mean = load.mean()
+        h = int(np.argmax(load))
+        if load[h] <= cfg.max_imbalance * mean + EPS:
+            break
+        a_slot = np.arange(h * S, (h + 1) * S)
+        e1 = ee[a_slot]                                       # [S] copies on h
+        delta = share[e1][:, None] - share[ee][None, :]       # [S, P] load leaving h
+        cut = load[h] - np.maximum(load[h] - delta, load[dd][None, :] + delta)
+        ok = ((cut > EPS) & (dd != h)[None, :] & ~hosts[dd[None, :], e1[:, None]]
+              & ~hosts[h, ee][None, :])
+        if not ok.any():
+            break
+        Ae = A[e1][:, ee]                                     # [S, P]
+        loss = (aff[h, e1][:, None] + aff[dd, ee][None, :]
+                - (aff[dd[None, :], e1[:, None]] - Ae) - (aff[h, ee][None, :] - Ae))
+        best = cut[ok].max()
+        score = np.where(ok & (cut >= 0.5 * best), loss, np.inf)
+        i, j = np.unravel_index(int(np.argmin(score)), score.shape)
+        a, d, b = int(e1[i]), int(dd[j]), int(ee[j])
+        hosts[h, a], hosts[d, b], hosts[h, b], hosts[d, a] = False, False, True, True
+        ee[a_slot[i]], ee[j] = b, a
+        load[h] -= delta[i, j]
+        load[d] += delta[i, j]
+        aff[h] += A[b] - A[a]
+        aff[d] += A[a] - A[b]
+    return hosts
+
+
+def _row(hosts: np.ndarray, old_row: np.ndarray | None, S: int) -> np.ndarray:
+    """int64[P] slot row of `hosts` bool[G, N]; an expert staying on its device keeps its old
+    slot (step 5)."""
+    G = hosts.shape[0]
+    row = np.empty(G * S, np.int64)
+    for g in range(G):
+        new = np.flatnonzero(hosts[g])
+        if old_row is None:
+            row[g * S:(g + 1) * S] = new
+            continue
+        old = old_row[g * S:(g + 1) * S]
+        first = np.zeros(old.size, bool)                      # the engines' own maps may
+        first[np.unique(old, return_index=True)[1]] = True    # put two copies on one rank
+        keep = np.isin(old, new) & first
+        slot = np.where(keep, old, -1)
+        slot[~keep] = np.setdiff1d(new, old, assume_unique=False)
+        row[g * S:(g + 1) * S] = slot
+    return row
+
+
+def _lar(sample: np.ndarray, maps: np.ndarray, G: int, N: int) -> float:
+    """Share of the sample's activations on the device hosting most of each row's k experts
+    (the device state, `affinity.routing_stats.device_states`' rule), all layers."""
+    T, L, k = sample.shape
+    local = 0.0
+    for l in range(L):
+        hosts = _hosts(maps[l], G, N)
+        hits = hosts[:, sample[:, l]].sum(axis=2)             # [G, T]
+        local += float(hits.max(axis=0).sum())
+    return local / (T * L * k)
+
+
+def rebalance(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
+              num_ranks: int, old_map: np.ndarray | None, source: Source,
+              config: PluginConfig = PluginConfig()) -> np.ndarray:
+    """physical_to_logical int64[L, P] of one rebalance (`rebalance_report`'s map; the engine
+    policies' signature plus FILE and the config)."""
+    return rebalance_report(weight, num_replicas, num_groups, num_nodes, num_ranks, old_map,
+                            source, config)[0]
+
+
+def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
+                     num_ranks: int, old_map: np.ndarray | None, source: Source,
+                     config: PluginConfig = PluginConfig()
+                     ) -> tuple[np.ndarray, RebalanceReport]:
+    """(physical_to_logical int64[L, P], what was done): one rebalance (module docstring).
+
+    weight float[L, N]: the engine's live load window per logical expert; num_replicas P (a
+    multiple of num_ranks G, >= N); old_map int[L, P] the serving map (None: first call);
+    source: FILE (`source.load_source`, checked against L, N, G). num_groups / num_nodes are
+    the engine's hierarchy arguments: the locality layout already groups co-activated experts,
+    so they do not constrain the map (devices are contiguous within nodes as in the engines).
+    Raises ValueError on shapes it cannot serve (the plug-in then falls back).
+    """
+    t0 = time.perf_counter()
+    w = np.asarray(weight, np.float64)
+    L, N = w.shape
+    G, P = int(num_ranks), int(num_replicas)
+    if P % G or P < N or not np.all(np.isfinite(w)) or (w < 0).any():
+        raise ValueError(f"cannot place {N} experts in {P} slots on {G} ranks with this window")
+    S = P // G
+    if -(-N // G) > S:
+        raise ValueError(f"{N} experts do not fit {G} ranks x {S} slots")
+    old = None if old_map is None else np.asarray(old_map, np.int64)
+    if old is not None and old.shape != (L, P):
+        old = None                                   # another slot count: lay out afresh
+    home_all = source.home(G, config.seed)
+    cnt = replica_counts(w, P, G)
+    report = RebalanceReport(budget=config.move_budget())
+    new_rows, gains = [], []
+    imb0, imb1, loc0, loc1 = [], [], [], []
+    for l in range(L):
+        A = source.affinity[l]
+        total = float(A.sum())
+        old_hosts = None if old is None else _hosts(old[l], G, N)
+        hosts = _layout(w[l], _relabel(home_all[l], old_hosts, G), cnt[l], A, G, S, config)
+        row = _row(hosts, None if old is None else old[l], S)
+        i1, c1 = _imbalance(_loads(hosts, w[l])), _locality(hosts, A, total)
+        if old_hosts is None or not old_hosts.any(axis=0).all():
+            new_rows.append(row)
+            gains.append(None)
+            i0, c0 = i1, c1
+        else:
+            i0, c0 = _imbalance(_loads(old_hosts, w[l])), _locality(old_hosts, A, total)
+            moved = int((row != old[l]).sum())
+            gain = (i0 - i1) + (c1 - c0)
+            worth = moved > 0 and (i0 - i1 >= config.min_gain or
+                                   (c1 - c0 >= config.min_gain and
+                                    i1 <= max(config.max_imbalance, i0) + EPS))
+            new_rows.append(row)
+            gains.append((gain / moved, moved) if worth else False)
+        imb0.append(i0), imb1.append(i1), loc0.append(c0), loc1.append(c1)
+    out = np.empty((L, P), np.int64) if old is None else old.copy()
+    budget = report.budget
+    order = sorted((l for l in range(L) if gains[l]), key=lambda l: -gains[l][0])
+    take = {l for l in range(L) if gains[l] is None}  # no usable old row: must lay out
+    spent = 0
+    for l in order:
+        if budget is None or spent + gains[l][1] <= budget:
+            take.add(l)
+            spent += gains[l][1]
+    for l in range(L):
+        if l in take:
+            out[l] = new_rows[l]
+        else:
+            imb1[l], loc1[l] = imb0[l], loc0[l]
+    report.per_layer_moves = ([int(x) for x in (out != old).sum(axis=1)] if old is not None
+                              else [P] * L)
+    report.moves = int(sum(report.per_layer_moves))
+    report.layers_changed = int(sum(m > 0 for m in report.per_layer_moves))
+    report.imbalance_before, report.imbalance_after = float(np.mean(imb0)), float(np.mean(imb1))
+    report.locality_before, report.locality_after = float(np.mean(loc0)), float(np.mean(loc1))
+    if source.sample is not None and config.lar_rows:
+        rows = source.sample[:config.lar_rows].astype(np.intp)
+        report.lar_after = _lar(rows, out, G, N)
+        report.lar_before = report.lar_after if old is None else _lar(rows, old, G, N)
+    report.seconds = time.perf_counter() - t0
+    return out, report

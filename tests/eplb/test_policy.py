@@ -1,0 +1,124 @@
+"""The engine-free policy core (`sempar.eplb.policy`) and FILE loader (`sempar.eplb.source`) on
+FILEs made from the shipped tiny-moe64 trace; no engine needed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from eplb_cases import G, R, broken_files
+from sempar.eplb.config import PluginConfig
+from sempar.eplb.engine import check_map
+from sempar.eplb.policy import _hosts, _imbalance, _loads, _locality, rebalance_report
+from sempar.eplb.source import SourceMismatch, load_source
+from sempar.placement.eplb import rebalance_experts as eplb_default
+
+
+def _src(path, L=6, N=64, ranks=G, **kw):
+    return load_source(str(path), num_layers=L, num_experts=N, num_ranks=ranks, **kw)
+
+
+def _figures(m, w, A):
+    N = w.shape[1]
+    hosts = [_hosts(m[l], G, N) for l in range(w.shape[0])]
+    return (np.mean([_imbalance(_loads(h, w[l])) for l, h in enumerate(hosts)]),
+            np.mean([_locality(h, A[l], float(A[l].sum())) for l, h in enumerate(hosts)]))
+
+
+@pytest.mark.parametrize("kind", ["stats", "placement"])
+@pytest.mark.parametrize("redundant", [0, R])
+def test_map_is_valid_local_and_balanced(files, kind, redundant):
+    """A valid map that keeps more of the stats' co-activation on one device than DeepSeek EPLB
+    (sempar's port, what both engines run), at a balance near EPLB's."""
+    w = files["window"]
+    L, N = w.shape
+    P = N + redundant
+    src = _src(files[kind])
+    m, rep = rebalance_report(w, P, 1, 1, G, None, src)
+    assert check_map(m, L, P, N, G) is None
+    truth = _src(files["stats"]).affinity                   # locality judged on the stats
+    imb, loc = _figures(m, w, truth)
+    e_imb, e_loc = _figures(eplb_default(w, P, 1, 1, G)[0], w, truth)
+    assert loc > 1.3 * e_loc, (loc, e_loc)
+    assert imb <= max(e_imb, PluginConfig().max_imbalance) + 0.05, (imb, e_imb)
+    if kind == "stats":
+        assert rep.lar_after is not None and 0 < rep.lar_after <= 1
+
+
+def test_budget_and_stability(files):
+    w = files["window"]
+    L, N = w.shape
+    P = N + R
+    src = _src(files["stats"])
+    start = eplb_default(w, P, 1, 1, G)[0]                  # the engine's own map is serving
+    free = rebalance_report(w, P, 1, 1, G, start, src)[1]
+    assert free.moves > 40
+    m, rep = rebalance_report(w, P, 1, 1, G, start, src, PluginConfig(max_moves=40))
+    assert 0 < rep.moves <= 40 and check_map(m, L, P, N, G) is None
+    assert int((m != start).sum()) == rep.moves
+    byte = rebalance_report(w, P, 1, 1, G, start, src,
+                            PluginConfig(max_bytes=30e6, expert_bytes=1e6))[1]
+    assert byte.moves <= 30
+    again, rep2 = rebalance_report(w, P, 1, 1, G, m, src)
+    m3, rep3 = rebalance_report(w, P, 1, 1, G, again, src)
+    assert rep3.moves == 0 and np.array_equal(m3, again)  # a settled map stays put
+
+
+def test_slots_kept_for_experts_that_stay(files):
+    """An expert that stays on its rank keeps its slot: relabelled devices, then slots kept."""
+    w = files["window"]
+    N = w.shape[1]
+    src = _src(files["stats"])
+    m = rebalance_report(w, N + R, 1, 1, G, None, src)[0]
+    perm = np.concatenate([np.roll(np.arange(G), 1)[g] * (N + R) // G
+                           + np.arange((N + R) // G) for g in range(G)])
+    shuffled = m[:, perm]                                  # same groups on other ranks
+    m2, rep = rebalance_report(w, N + R, 1, 1, G, shuffled, src)
+    assert rep.moves == 0 and np.array_equal(m2, shuffled)
+
+
+def test_every_broken_file_is_one_line(files, tmp_path):
+    for name, (path, env) in broken_files(files, tmp_path).items():
+        if name in ("bad-knob",):
+            continue
+        with pytest.raises(SourceMismatch) as err:
+            _src(path, model=env.get("SEMPAR_EPLB_MODEL"),
+                 max_age_s=float(env["SEMPAR_EPLB_MAX_AGE_S"]) if "SEMPAR_EPLB_MAX_AGE_S" in env
+                 else None)
+        assert "\n" not in str(err.value) and str(err.value), name
+
+
+def test_refresh_is_read_once_settled(files, tmp_path):
+    """A refreshed FILE (atomic rename) is used at the next rebalance once `settle_s` old;
+    the previous version serves until then."""
+    from sempar.atomic import atomic_path
+
+    f = tmp_path / "live.stats"
+    f.write_bytes(files["stats"].read_bytes())
+    a = _src(f)
+    os.utime(f, (1e9, 1e9))
+    with atomic_path(f, option="SEMPAR_EPLB") as tmp:
+        tmp.write_bytes(files["stats"].read_bytes())
+    assert _src(f, settle_s=3600) is a                     # too fresh: the old version
+    assert _src(f, settle_s=0) is not a
+
+
+def test_importing_sempar_imports_no_engine():
+    code = ("import sys, sempar, sempar.eplb.policy, sempar.eplb.engine, "
+            "sempar.eplb.vllm_plugin, sempar.eplb.sglang_plugin\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'sglang', 'torch')]\n"
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_config_from_env():
+    cfg = PluginConfig.from_env({"SEMPAR_EPLB_MAX_MOVES": "12", "SEMPAR_EPLB_MAX_IMBALANCE": "1.2"})
+    assert cfg.max_moves == 12 and cfg.max_imbalance == 1.2 and cfg.move_budget() == 12
+    from sempar.errors import InputError
+    with pytest.raises(InputError):
+        PluginConfig.from_env({"SEMPAR_EPLB_MAX_MOVES": "many"})
