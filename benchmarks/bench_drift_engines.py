@@ -140,5 +140,41 @@ def main() -> None:
         a.json.write_text(json.dumps(results) + "\n")   # one line: make_results reads it
 
 
+def _row(n: str, p: dict) -> str:
+    return (f"| {n} | {p['lar_mean']:.4f} | {p['imbalance_p95']:.3f} | "
+            f"{p['imbalance_layer_p95']:.3f} | {p['migrated_bytes'] / 1e9:.1f} | "
+            f"{p['migrated_bytes_per_step'] / 1e9:.2f} | {p['moves_per_step']:.1f} | "
+            f"{p['updates']} | {len(p.get('fallbacks', []))} | {p['solve_s_mean']:.2f} |")
+
+
+def tables(results: list[dict]) -> str:
+    """The page body (`scripts/make_results.py`): one table per case, its verdicts below."""
+    lines = ["Each case: the policies side by side on one drift stream (`sempar replay`); LAR = "
+             "mean over steps of the exact-home LAR after dispatch (an activation is local when "
+             "the copy the dispatch rule chose is on the token's home device); imbalance p95 = "
+             "95th percentile over steps of the mean-over-layers max/mean device load after "
+             "dispatch; layer p95 over every step and layer; migrated = expert copies x the "
+             "model's expert bytes (total, and mean per step); copies/step = expert copies per "
+             "step; updates = rebalances run; fallbacks = rebalances where the plug-in returned "
+             "the engine's own result; update s = mean wall seconds of one update (a loaded "
+             "machine: not a figure of the method).", ""]
+    for r in results:
+        lines += [f"## {r['suite']}: {r['stream']} ({r['model']}), EP {r['ep']}, R {r['redundant']}, "
+                  f"dispatch {r['dispatch']}"
+                  + (f", {r['engine']} cadence" if r["suite"] == "engines" else ""), "",
+                  f"{r.get('requests', '?')} requests, {r.get('steps', '?')} steps of "
+                  f"{r.get('every', '?')} requests, window {r.get('window', '?')}.", "",
+                  "| policy | LAR | imbalance p95 | layer p95 | migrated GB | GB/step | "
+                  "copies/step | updates | fallbacks | update s |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [_row(n, p) for n, p in r["policies"].items()]
+        for n, w in r.get("unavailable", {}).items():
+            lines.append(f"| {n} | unavailable: {w} | | | | | | | | |")
+        v = r["verdicts"]
+        lines += ["", "Verdicts: " + ", ".join(
+            f"{k} {v[k]:.3f}" if isinstance(v[k], float) else f"{k} {v[k]}" for k in v), ""]
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
     main()

@@ -4,9 +4,12 @@ code (skipped with the reason where an engine is not installed), at their cadenc
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+from conftest import run_cli
 from sempar.drift import engines
 from sempar.drift.config import ReplayConfig, rebalance_config
 from sempar.drift.costs import MOVES_MAX, expert_bytes
@@ -111,3 +114,39 @@ def test_replicas_and_dispatch_side_by_side(stream):
     # a random spread over copies gives up locality the home copy had
     assert near["policies"]["eplb-periodic"]["lar_mean"] < \
         out["policies"]["eplb-periodic"]["lar_mean"]
+
+
+@pytest.mark.slow
+def test_sempar_engine_runs_at_its_hosts_cadence(stream):
+    _skip_unless("sempar-engine")
+    _skip_unless("vllm-eplb")
+    cfg = ReplayConfig.for_model(stream.meta.model, 4, solve=SolveOptions(jobs=1, redundant=4),
+                                 every=8, window=8, max_steps=4, dispatch="vllm-hash",
+                                 engine="vllm")
+    seen = []
+    out = replay(stream, ["sempar-engine"], cfg, on_step=lambda n, f, p: seen.append(p))
+    pol = out["policies"]["sempar-engine"]
+    assert pol["cadence"]["interval"] == 3000 and pol["updates"] == 1
+    assert [s["updated"] for s in pol["steps"]] == [False, False, False, True]
+    # every slot holds an expert, every expert at least once, never twice on one device
+    p = seen[3]
+    assert p.phy2log.shape == (stream.meta.num_layers, stream.meta.num_experts + 4)
+    p.validate()
+    assert pol["fallbacks"] == [] or all(f.startswith("step 3") for f in pol["fallbacks"])
+
+
+@pytest.mark.slow
+def test_replay_cli_takes_replicas_and_dispatch(stream, tmp_path):
+    from sempar.trace.io import write_trace
+
+    write_trace(stream.take(np.arange(4000)), tmp_path / "s.parquet")
+    r = run_cli("replay", "--trace", tmp_path / "s.parquet", "--ep", "4", "--policies",
+                "eplb-periodic,sempar-incremental", "--every", "8", "--window", "6",
+                "--max-steps", "2", "--max-moves", "4", "--redundant", "4", "--dispatch",
+                "locality-first", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["redundant"] == 4 and out["dispatch"] == "locality-first"
+    assert out["rebalance"]["max_moves"] == 4 and out["max_imbalance"] == 1.05
+    bad = run_cli("replay", "--trace", tmp_path / "s.parquet", "--ep", "4", "--engine", "tgi")
+    assert bad.returncode == 2 and "--engine tgi" in bad.stderr

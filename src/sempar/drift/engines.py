@@ -189,25 +189,17 @@ def sempar_unavailable() -> str | None:
     return None
 
 
-def window_source(window: RoutingTrace, rows: int = 4096):
-    """The plug-in's FILE for one rebalance, in memory: what `sempar stats build --parts sample`
-    over the rolling window gives it (`sempar.eplb.source`'s stats route): co-activation
-    float32[L, N, N] of the window's rows (X^T X of the one-hot selections, zero diagonal) and
-    at most `rows` of them as the sample its LAR report reads."""
-    from sempar.eplb.source import Source
+def window_source(window: RoutingTrace):
+    """The plug-in's FILE for one rebalance, in memory: the rolling window's statistics with
+    its rows as the `sample` part (what `sempar stats build --parts sample` over the window
+    writes), read by the plug-in's own `source_from_stats` (co-activation from the sample)."""
+    from types import SimpleNamespace
 
-    ex = window.experts.astype(np.intp)
-    T, L, _ = ex.shape
-    N = window.meta.num_experts
-    A = np.zeros((L, N, N), np.float32)
-    for l in range(L):
-        X = np.zeros((T, N), np.float32)
-        np.put_along_axis(X, ex[:, l], 1.0, axis=1)
-        A[l] = X.T @ X
-    A[:, np.arange(N), np.arange(N)] = 0.0
-    keep = np.linspace(0, T - 1, min(rows, T)).astype(np.int64)
-    return Source("stats", "replay window", (), window.meta.model, L, N, None, A,
-                  sample=window.experts[keep])
+    from sempar.eplb.source import source_from_stats
+
+    st = SimpleNamespace(meta=window.meta, sample={"experts": window.experts},
+                         coactivation=None)
+    return source_from_stats(st, "<replay window>")
 
 
 def sempar_map(weight: np.ndarray, current: Placement, num_groups: int,
@@ -222,10 +214,9 @@ def sempar_map(weight: np.ndarray, current: Placement, num_groups: int,
 
     L, N = weight.shape
     try:
-        m, _ = rebalance(weight.astype(np.float64), current.num_slots, num_groups,
-                         current.num_nodes, current.num_devices,
-                         current.phy2log.astype(np.int64), window_source(window),
-                         PluginConfig(seed=seed))
+        m = rebalance(weight.astype(np.float64), current.num_slots, num_groups,
+                      current.num_nodes, current.num_devices, current.phy2log.astype(np.int64),
+                      window_source(window), PluginConfig(seed=seed))
         bad = check_map(np.asarray(m), L, current.num_slots, N, current.num_devices)
         if bad:
             raise ValueError(f"sempar's map is unusable ({bad})")
