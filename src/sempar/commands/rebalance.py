@@ -12,31 +12,48 @@ from sempar.bounds import bound
 from sempar.commands._options import ep_option, json_option
 from sempar.drift.costs import MOVES_MAX
 
+# The cost-model options `rebalance` and `replay` share (None: the library's default, declared
+# once in `RebalanceConfig`); (flag, low, high, help).
+_COST = {"horizon": ("--horizon", 0.0, 1e9, "s: a locality move must pay its copy back within "
+                                           "(default 300)"),
+         "tokens_per_s": ("--tokens-per-s", 0.0, 1e12, "deployment token throughput, cost model "
+                                                       "(default 20000)"),
+         "expert_bytes": ("--expert-bytes", 0.0, 1e15, "bytes of one expert (default: from the "
+                                                       "model's shape)")}
+
+
+def cost_option(name: str, prefix: str = "") -> Optional[float]:
+    """One of the shared cost-model options (`_COST`), default None; `prefix` leads its help."""
+    flag, lo, hi, text = _COST[name]
+    return typer.Option(None, flag, callback=bound(lo, hi, lo_open=True), help=prefix + text)
+
+
+def moves_option(help: str) -> Optional[int]:
+    """`--max-moves`, default None (`RebalanceConfig`'s)."""
+    return typer.Option(None, "--max-moves", callback=bound(0, MOVES_MAX), help=help)
+
+
+def imbalance_option(help: str) -> Optional[float]:
+    """`--max-imbalance`, default None (the library's)."""
+    return typer.Option(None, "--max-imbalance", callback=bound(1.0, 100.0), help=help)
+
 
 def rebalance(placement: Path = typer.Option(..., "--placement", help="the serving placement.json"),
               trace: Path = typer.Option(..., "--trace", help="window of recent routing (Parquet)"),
               ep: int = ep_option(..., "EP degree G (must be the placement's)"),
-              max_moves: Optional[int] = typer.Option(
-                  None, "--max-moves", callback=bound(0, MOVES_MAX),
-                  help="moves at most (a swap is one move; default 64, unlimited with --max-bytes)"),
+              max_moves: Optional[int] = moves_option(
+                  "moves at most (a swap is one move; default 64, unlimited with --max-bytes)"),
               max_bytes: Optional[float] = typer.Option(
                   None, "--max-bytes", callback=bound(0.0, 1e15),
                   help="copied expert bytes at most"),
-              max_imbalance: Optional[float] = typer.Option(
-                  None, "--max-imbalance", callback=bound(1.0, 100.0),
-                  help="per-layer max/mean served load on the window (default 1.10)"),
-              horizon: Optional[float] = typer.Option(
-                  None, "--horizon", callback=bound(0.0, 1e9, lo_open=True),
-                  help="s: a locality move must pay its copy back within (default 300)"),
-              tokens_per_s: Optional[float] = typer.Option(
-                  None, "--tokens-per-s", callback=bound(0.0, 1e12, lo_open=True),
-                  help="deployment token throughput, cost model (default 20000)"),
+              max_imbalance: Optional[float] = imbalance_option(
+                  "per-layer max/mean served load on the window (default 1.10)"),
+              horizon: Optional[float] = cost_option("horizon"),
+              tokens_per_s: Optional[float] = cost_option("tokens_per_s"),
               link_gbps: Optional[float] = typer.Option(
                   None, "--link-gbps", callback=bound(0.0, 1e6, lo_open=True),
                   help="GB/s weights are copied at, copy time (default 50)"),
-              expert_bytes: Optional[float] = typer.Option(
-                  None, "--expert-bytes", callback=bound(0.0, 1e15, lo_open=True),
-                  help="bytes of one expert (default: from the model's shape)"),
+              expert_bytes: Optional[float] = cost_option("expert_bytes"),
               remote_bytes: Optional[float] = typer.Option(
                   None, "--remote-bytes", callback=bound(0.0, 1e12, lo_open=True),
                   help="bytes one remote activation moves, both ways (default: 2 x hidden x "

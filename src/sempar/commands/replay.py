@@ -10,6 +10,7 @@ import typer
 
 from sempar.bounds import REQUESTS_MAX, bound
 from sempar.commands._options import ep_option, json_option, names_option, seed_option
+from sempar.commands.rebalance import cost_option, imbalance_option, moves_option
 from sempar.drift.costs import MOVES_MAX
 
 
@@ -47,26 +48,18 @@ def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: reques
            engine: Optional[str] = typer.Option(None, "--engine",
                                                 help="sempar-engine: the balancer it runs in, "
                                                      "vllm or sglang (its cadence; default vllm)"),
-           max_moves: Optional[int] = typer.Option(None, "--max-moves", callback=bound(0, MOVES_MAX),
-                                                   help="sempar-incremental: moves per update "
-                                                        "(default 64)"),
-           max_imbalance: Optional[float] = typer.Option(
-               None, "--max-imbalance", callback=bound(1.0, 100.0),
-               help="the solves' fit cap and sempar-incremental's window bound (default 1.05, "
-                    "`place`'s, for 1.10 on new requests)"),
+           max_moves: Optional[int] = moves_option("sempar-incremental: moves per update "
+                                                   "(default 64)"),
+           max_imbalance: Optional[float] = imbalance_option(
+               "the solves' fit cap and sempar-incremental's window bound (default 1.05, "
+               "`place`'s, for 1.10 on new requests)"),
            history: Optional[int] = typer.Option(None, "--history", callback=bound(0, 64),
                                                  help="sempar-incremental: windows of load history "
                                                       "beyond --window its bound also holds on "
                                                       "(default 3)"),
-           horizon: Optional[float] = typer.Option(
-               None, "--horizon", callback=bound(0.0, 1e9, lo_open=True),
-               help="s: sempar-incremental's payback horizon (default 300)"),
-           tokens_per_s: Optional[float] = typer.Option(
-               None, "--tokens-per-s", callback=bound(0.0, 1e12, lo_open=True),
-               help="deployment token throughput, cost model (default 20000)"),
-           expert_bytes: Optional[float] = typer.Option(
-               None, "--expert-bytes", callback=bound(0.0, 1e15, lo_open=True),
-               help="bytes of one expert (default: from the model's shape)"),
+           horizon: Optional[float] = cost_option("horizon", "sempar-incremental: "),
+           tokens_per_s: Optional[float] = cost_option("tokens_per_s"),
+           expert_bytes: Optional[float] = cost_option("expert_bytes"),
            seed: int = seed_option(),
            jobs: Optional[int] = typer.Option(None, "--jobs", callback=bound(1, 4096),
                                               help="worker processes of the sempar solves "
