@@ -150,3 +150,29 @@ def test_replay_cli_takes_replicas_and_dispatch(stream, tmp_path):
     assert out["rebalance"]["max_moves"] == 4 and out["max_imbalance"] == 1.05
     bad = run_cli("replay", "--trace", tmp_path / "s.parquet", "--ep", "4", "--engine", "tgi")
     assert bad.returncode == 2 and "--engine tgi" in bad.stderr
+
+
+def test_results_page_from_the_benchmarks_json(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "make_results", Path(__file__).parents[2] / "scripts" / "make_results.py")
+    mr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mr)
+    pol = {"lar_mean": 0.45, "imbalance_p95": 1.2, "imbalance_layer_p95": 1.3,
+           "migrated_bytes": 2e9, "migrated_bytes_per_step": 2e8, "moves_per_step": 3.0,
+           "updates": 3, "fallbacks": [], "solve_s_mean": 0.5}
+    case = {"suite": "engines", "stream": "esft-tasks", "model": "deepseek-v2-lite", "ep": 8,
+            "redundant": 8, "dispatch": "vllm-hash", "engine": "vllm", "requests": 173,
+            "steps": 10, "every": 16, "window": 16,
+            "policies": {"sempar-engine": pol, "vllm-eplb": {**pol, "lar_mean": 0.3}},
+            "unavailable": {"sglang-eplb": "sglang-eplb: SGLang is not installed"},
+            "verdicts": {"against": "vllm-eplb", "lar_ratio": 1.5, "lar_ge_1.20x": True}}
+    (tmp_path / "d.json").write_text(json.dumps([case]) + "\n")
+    assert mr.main([str(tmp_path / "d.json"), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "drift-engines.md").read_text()
+    assert "## engines: esft-tasks (deepseek-v2-lite), EP 8, R 8, dispatch vllm-hash" in text
+    assert "| sempar-engine | 0.4500 | 1.200 | 1.300 | 2.0 | 0.20 | 3.0 | 3 | 0 | 0.50 |" in text
+    assert "unavailable: sglang-eplb: SGLang is not installed" in text
+    assert "lar_ratio 1.500" in text and "| load average at generation" in text
