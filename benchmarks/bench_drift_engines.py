@@ -147,6 +147,32 @@ def _row(n: str, p: dict) -> str:
             f"{p['updates']} | {len(p.get('fallbacks', []))} | {p['solve_s_mean']:.2f} |")
 
 
+def summary(results: list[dict]) -> list[str]:
+    """One line per case: the target's figures and whether each is met."""
+    out = ["## Summary", "",
+           "| suite | stream | EP | R | dispatch | ours | against | LAR ratio | p95 ours / theirs |"
+           " bytes GB ours / theirs | met |", "| --- | --- | ---: | ---: | --- | --- | --- | ---: |"
+           " ---: | ---: | --- |"]
+    for r in results:
+        v, p = r["verdicts"], r["policies"]
+        if "skipped" in v:
+            out.append(f"| {r['suite']} | {r['stream']} | {r['ep']} | {r['redundant']} | "
+                       f"{r['dispatch']} | | | | | | skipped: {v['skipped']} |")
+            continue
+        ours = "sempar-engine" if r["suite"] == "engines" else "sempar-incremental"
+        them = v["against"] if r["suite"] == "engines" else "eplb-periodic"
+        ratio = v["lar_ratio"] if r["suite"] == "engines" else v["lar_vs_resolve"]
+        ok = [k for k, x in v.items() if isinstance(x, bool) and x]
+        no = [k for k, x in v.items() if isinstance(x, bool) and not x]
+        out.append(f"| {r['suite']} | {r['stream']} | {r['ep']} | {r['redundant']} | "
+                   f"{r['dispatch']} | {ours} | {them} | {ratio:.3f}"
+                   f"{'' if r['suite'] == 'engines' else ' (vs resolve)'} | "
+                   f"{p[ours]['imbalance_p95']:.3f} / {p[them]['imbalance_p95']:.3f} | "
+                   f"{p[ours]['migrated_bytes'] / 1e9:.1f} / {p[them]['migrated_bytes'] / 1e9:.1f} | "
+                   f"met: {', '.join(ok) or '-'}; missed: {', '.join(no) or '-'} |")
+    return out + [""]
+
+
 def tables(results: list[dict]) -> str:
     """The page body (`scripts/make_results.py`): one table per case, its verdicts below."""
     lines = ["Each case: the policies side by side on one drift stream (`sempar replay`); LAR = "
@@ -157,7 +183,7 @@ def tables(results: list[dict]) -> str:
              "model's expert bytes (total, and mean per step); copies/step = expert copies per "
              "step; updates = rebalances run; fallbacks = rebalances where the plug-in returned "
              "the engine's own result; update s = mean wall seconds of one update (a loaded "
-             "machine: not a figure of the method).", ""]
+             "machine: not a figure of the method).", ""] + summary(results)
     for r in results:
         lines += [f"## {r['suite']}: {r['stream']} ({r['model']}), EP {r['ep']}, R {r['redundant']}, "
                   f"dispatch {r['dispatch']}"
