@@ -111,7 +111,7 @@ def cases(a) -> list[tuple]:
                     out.append((name, "engines", 8, R, ENGINE_DISPATCH[engine], engine,
                                 ENGINE_POLICIES))
         if "replicas" in a.suites:
-            for ep in (4, 8):
+            for ep in (int(x) for x in a.eps.split(",")):
                 out.append((name, "replicas", ep, ep, "locality-first", "vllm", REPLICA_POLICIES))
     return out
 
@@ -120,6 +120,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--streams", default=",".join(STREAMS))
     ap.add_argument("--suites", default="engines,replicas")
+    ap.add_argument("--eps", default="4,8", help="replicas suite: EP degrees (R = G each)")
     ap.add_argument("--max-steps", type=int, default=None, help="steps per replay (None: all)")
     ap.add_argument("--max-moves", type=int, default=32)
     ap.add_argument("--json", type=Path, required=True, help="write the cases here (after each)")
