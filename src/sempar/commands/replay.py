@@ -26,6 +26,12 @@ def _dispatch_rules():
     return DISPATCH
 
 
+def _engines():
+    from sempar.drift.engines import CADENCES
+
+    return CADENCES
+
+
 def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: requests in arrival "
                                                           "order (`sempar drift` makes one)"),
            ep: int = ep_option(..., "EP degree G (devices)"),
@@ -45,9 +51,9 @@ def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: reques
            dispatch: Optional[str] = names_option(None, "--dispatch", _dispatch_rules, single=True,
                                                   help="which copy of a replicated expert serves "
                                                        "a token (default: nearest)"),
-           engine: Optional[str] = typer.Option(None, "--engine",
+           engine: Optional[str] = names_option(None, "--engine", _engines, single=True,
                                                 help="sempar-engine: the balancer it runs in, "
-                                                     "vllm or sglang (its cadence; default vllm)"),
+                                                     "at its cadence (default vllm)"),
            max_moves: Optional[int] = moves_option("sempar-incremental: moves per update "
                                                    "(default 64)"),
            max_imbalance: Optional[float] = imbalance_option(
@@ -76,9 +82,7 @@ def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: reques
     from sempar.atomic import atomic_folder, check_folder_output
     from sempar.console import emit_json
     from sempar.drift.config import ReplayConfig
-    from sempar.drift.engines import CADENCES
     from sempar.drift.history import History
-    from sempar.errors import InputError
     from sempar.solve_options import SolveOptions
     from sempar.drift.replay import replay as run
     from sempar.trace import read_trace
@@ -88,8 +92,6 @@ def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: reques
             check_folder_output(folder, trace)
     stream = read_trace(trace, optional=("domain",))
     names = [n.strip() for n in policies.split(",") if n.strip()]
-    if engine is not None and engine not in CADENCES:
-        raise InputError(f"--engine {engine}: not one of {', '.join(CADENCES)}")
     solve = SolveOptions(**{k: v for k, v in dict(seed=seed, jobs=jobs, redundant=redundant,
                                                    max_imbalance=max_imbalance).items()
                             if v is not None})

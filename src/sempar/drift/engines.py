@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sempar.placement.placement import Placement
+from sempar.registry import Registry
 from sempar.trace.schema import RoutingTrace
 
 
@@ -55,11 +56,11 @@ class Cadence:
     source: str
 
 
-CADENCES = {
-    "vllm": Cadence(3000, 1000, "vLLM 0.33.0 EPLBConfig: step_interval 3000, window_size 1000"),
-    "sglang": Cadence(1000, 1000, "SGLang 0.5.23 --eplb-rebalance-num-iterations 1000 (the "
-                                  "recorder buffer defaults to it)"),
-}
+CADENCES: Registry[Cadence] = Registry("engine")   # the balancers `sempar-engine` runs in
+CADENCES.add("vllm", Cadence(3000, 1000, "vLLM 0.33.0 EPLBConfig: step_interval 3000, "
+                                         "window_size 1000"))
+CADENCES.add("sglang", Cadence(1000, 1000, "SGLang 0.5.23 --eplb-rebalance-num-iterations 1000 "
+                                           "(the recorder buffer defaults to it)"))
 
 
 def updates_at(cadence: Cadence, step: int, passes_per_step: int) -> bool:

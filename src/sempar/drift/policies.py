@@ -69,7 +69,7 @@ class ReplayPolicy:
         """The engine cadence this policy runs at under `cfg` (None: every step)."""
         if self.cadence is None:
             return None
-        return engines.CADENCES[cfg.engine if self.cadence == "host" else self.cadence]
+        return engines.CADENCES.get(cfg.engine if self.cadence == "host" else self.cadence)
 
 
 POLICIES: Registry[ReplayPolicy] = Registry("replay policy")
