@@ -26,6 +26,7 @@ rest in `--windows` equal slices (requests in trace order). Run it on one core:
 
     taskset -c 0 python benchmarks/bench_eplb_plugin.py [--shapes dsv3,v2lite,gptoss]
         [--tokens 200000] [--windows 4] [--json docs/results/eplb-plugin.json]
+    python scripts/make_results.py docs/results/eplb-plugin.json --out docs/results/
 
 Engines not installed: their rows are left out (said in the JSON). Reports; asserts nothing.
 """
@@ -96,12 +97,12 @@ def _engine_module(dist: str, rel: str, name: str):
 
 
 def _figures(m: np.ndarray, w: np.ndarray, A: np.ndarray, ex: np.ndarray, G: int) -> dict:
-    from sempar.eplb.policy import _hosts, _imbalance, _lar, _loads, _locality
+    from sempar.eplb.policy import _hosts, _imbalance, _lar, _locality, map_loads
 
     L, N = w.shape
     hosts = [_hosts(m[l], G, N) for l in range(L)]
-    return {"imbalance": float(np.mean([_imbalance(_loads(h, w[l])) for l, h in enumerate(hosts)])),
-            "imbalance_max": float(np.max([_imbalance(_loads(h, w[l])) for l, h in enumerate(hosts)])),
+    imb = [_imbalance(map_loads(m[l], w[l], G)) for l in range(L)]
+    return {"imbalance": float(np.mean(imb)), "imbalance_max": float(np.max(imb)),
             "locality": float(np.mean([_locality(h, A[l], float(A[l].sum()))
                                        for l, h in enumerate(hosts)])),
             "lar": _lar(ex, m, G, N)}
@@ -196,6 +197,29 @@ def run_shape(shape: str, tokens: int, windows: int, cache: Path) -> dict:
     return out
 
 
+def tables(rows: list[dict]) -> str:
+    """Markdown: one table per shape, the policies side by side (scripts/make_results.py)."""
+    out = []
+    for r in rows:
+        first = r["sempar_first_call"]
+        out += [f"**{r['shape']}**: {r['layers']} MoE layers x {r['experts']} experts, EP "
+                f"{r['ep']}, R {r['redundant']}; {r['windows']} load windows: the last 80% of the "
+                f"trace's {r['tokens']} tokens (fit: the first 20%); load average {r['load_average'][0]:.1f} "
+                f"(cores {r['cpu_affinity']}). sempar's first call on a FILE version (read + "
+                f"partition): {first['cpu_seconds']:.2f} s CPU, {first['seconds']:.2f} s wall.",
+                "",
+                "| policy | s CPU / rebalance (median) | max | s wall (median) | slots moved "
+                "(mean) | imbalance | locality | LAR (held out) |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for name, p in r["policies"].items():
+            mv = "-" if p["moves_mean"] is None else f"{p['moves_mean']:.0f}"
+            out.append(f"| {name} | {p['cpu_seconds_median']:.3f} | {p['cpu_seconds_max']:.3f} "
+                       f"| {p['seconds_median']:.3f} | {mv} | {p['imbalance']:.3f} | "
+                       f"{p['locality']:.3f} | {p['lar']:.3f} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="dsv3,v2lite,gptoss")
@@ -206,28 +230,19 @@ def main() -> None:
     a = ap.parse_args()
     cache = Path(a.cache_dir or tempfile.mkdtemp(prefix="bench-eplb-"))
     cache.mkdir(parents=True, exist_ok=True)
-    load = os.getloadavg()
-    res = {"benchmark": "eplb-plugin", "cpu_affinity": sorted(os.sched_getaffinity(0)),
-           "load_average": list(load), "shapes": []}
+    res = []
     for shape in a.shapes.split(","):
+        load = os.getloadavg()
         r = run_shape(shape, a.tokens, a.windows, cache)
-        res["shapes"].append(r)
-        pol = r["policies"]
-        print(f"{shape}: {r['layers']}x{r['experts']} EP {r['ep']} R {r['redundant']}; "
-              f"sempar first call {r['sempar_first_call']['cpu_seconds']:.2f} s CPU")
-        for name, p in pol.items():
-            mv = "-" if p["moves_mean"] is None else f"{p['moves_mean']:.0f}"
-            print(f"  {name:15s} {p['cpu_seconds_median']:.3f} s CPU ({p['seconds_median']:.3f} "
-                  f"wall)  moves {mv:>6s}  imbalance {p['imbalance']:.3f}  locality "
-                  f"{p['locality']:.3f}  LAR {p['lar']:.3f}")
-    res["load_average_after"] = list(os.getloadavg())
-    text = json.dumps(res, indent=1)
+        r.update(benchmark="eplb-plugin", cpu_affinity=sorted(os.sched_getaffinity(0)),
+                 load_average=list(load), load_average_after=list(os.getloadavg()))
+        res.append(r)
+        print(tables([r]))
+    text = json.dumps(res)          # one line: scripts/make_results.py reads it
     if a.json:
         from sempar.atomic import write_text_atomic
 
         write_text_atomic(a.json, text + "\n", "--json")
-    else:
-        print(text[:2000])
 
 
 if __name__ == "__main__":

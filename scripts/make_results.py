@@ -82,6 +82,17 @@ def _drift_engines_body(rows: list[dict]) -> str:
     return bench_drift_engines.tables(rows)
 
 
+def _is_eplb_plugin(data) -> bool:
+    return (isinstance(data, list) and bool(data) and all(
+        isinstance(c, dict) and c.get("benchmark") == "eplb-plugin" for c in data))
+
+
+def _eplb_plugin_body(rows: list[dict]) -> str:
+    import bench_eplb_plugin     # imports numpy only at module level
+
+    return bench_eplb_plugin.tables(rows)
+
+
 # kind -> (recogniser, page title, benchmark that writes it, body formatter)
 KINDS = {      # the first whose recogniser accepts a file names its page
     "placement-real": (_is_placement_real, "Placement quality on real routing (held out)",
@@ -92,6 +103,8 @@ KINDS = {      # the first whose recogniser accepts a file names its page
                "benchmarks/bench_tp_gap.py --json", _tp_gap_body),
     "drift-engines": (_is_drift_engines, "The engines' balancers and replica slots under drift",
                       "benchmarks/bench_drift_engines.py --json", _drift_engines_body),
+    "eplb-plugin": (_is_eplb_plugin, "sempar's EPLB plug-in against the engines' own balancer",
+                    "benchmarks/bench_eplb_plugin.py --json", _eplb_plugin_body),
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 from eplb_cases import G, R, broken_files
 from sempar.eplb.config import PluginConfig
 from sempar.eplb.engine import check_map
-from sempar.eplb.policy import _hosts, _imbalance, _loads, _locality, rebalance_report
+from sempar.eplb.policy import _hosts, _imbalance, _locality, map_loads, rebalance_report
 from sempar.eplb.source import SourceMismatch, load_source
 from sempar.placement.eplb import rebalance_experts as eplb_default
 
@@ -25,7 +25,7 @@ def _src(path, L=6, N=64, ranks=G, **kw):
 def _figures(m, w, A):
     N = w.shape[1]
     hosts = [_hosts(m[l], G, N) for l in range(w.shape[0])]
-    return (np.mean([_imbalance(_loads(h, w[l])) for l, h in enumerate(hosts)]),
+    return (np.mean([_imbalance(map_loads(m[l], w[l], G)) for l in range(w.shape[0])]),
             np.mean([_locality(h, A[l], float(A[l].sum())) for l, h in enumerate(hosts)]))
 
 
@@ -39,7 +39,7 @@ def test_map_is_valid_local_and_balanced(files, kind, redundant):
     P = N + redundant
     src = _src(files[kind])
     m, rep = rebalance_report(w, P, 1, 1, G, None, src)
-    assert check_map(m, L, P, N, G) is None
+    assert check_map(m, L, P, N, G, distinct=True) is None
     truth = _src(files["stats"]).affinity                   # locality judged on the stats
     imb, loc = _figures(m, w, truth)
     e_imb, e_loc = _figures(eplb_default(w, P, 1, 1, G)[0], w, truth)
@@ -58,7 +58,7 @@ def test_budget_and_stability(files):
     free = rebalance_report(w, P, 1, 1, G, start, src)[1]
     assert free.moves > 40
     m, rep = rebalance_report(w, P, 1, 1, G, start, src, PluginConfig(max_moves=40))
-    assert 0 < rep.moves <= 40 and check_map(m, L, P, N, G) is None
+    assert 0 < rep.moves <= 40 and check_map(m, L, P, N, G, distinct=True) is None
     assert int((m != start).sum()) == rep.moves
     byte = rebalance_report(w, P, 1, 1, G, start, src,
                             PluginConfig(max_bytes=30e6, expert_bytes=1e6))[1]
@@ -122,3 +122,76 @@ def test_config_from_env():
     from sempar.errors import InputError
     with pytest.raises(InputError):
         PluginConfig.from_env({"SEMPAR_EPLB_MAX_MOVES": "many"})
+
+
+def test_plan_keeps_engine_maps_with_two_copies_on_a_rank(files, monkeypatch):
+    """vLLM's own policy may put two copies of an expert on one rank; a layer sempar leaves as
+    it is (budget spent) keeps them, and the map is still sempar's, not a fallback."""
+    import logging
+
+    from sempar.eplb import engine
+
+    w = files["window"]
+    L, N = w.shape
+    P = N + R
+    old = eplb_default(w, P, 1, 1, G)[0]
+    S = P // G
+    cnt = np.bincount(old[0], minlength=N)
+    spare = [p for p in range(S, P) if cnt[old[0, p]] > 1]   # a copy that can go
+    assert spare
+    old[0, spare[0]] = old[0, spare[0] // S * S + (spare[0] % S == 0)]   # a rank-mate's twin
+    assert (np.bincount(old[0], minlength=N) > 0).all()
+    rank = old[0].reshape(G, S)[spare[0] // S]
+    assert np.unique(rank).size < S                         # two copies on one rank
+    monkeypatch.setenv("SEMPAR_EPLB", str(files["stats"]))
+    monkeypatch.setenv("SEMPAR_EPLB_MAX_MOVES", "0")
+    m = engine.plan(w, P, 1, 1, G, old, logging.getLogger("test"))
+    assert m is not None and np.array_equal(m, old)
+    assert engine.LAST["fallback_reason"] is None
+
+
+def test_placement_with_more_replicas_than_the_engine(files, tmp_path):
+    """A placement solved with 8 redundant slots (18 distinct experts on device 0) serves an
+    engine with none: the extra primaries move, the map is valid."""
+    from sempar.placement.placement import Placement
+
+    w = files["window"]
+    L, N = w.shape
+    rows = []
+    for l in range(L):
+        rest = np.arange(18, N)
+        others = np.concatenate([rest, rest[:8]]).reshape(3, 18)     # 46 experts + 8 replicas
+        rows.append(np.concatenate([np.arange(18), others.ravel()]))
+    f = tmp_path / "r8.json"
+    Placement(np.stack(rows), N, G, info={"model": files["model"]}).save(f)
+    m, rep = rebalance_report(w, N, 1, 1, G, None, _src(f))
+    assert check_map(m, L, N, N, G, distinct=True) is None
+    assert rep.locality_after > 0.5                          # most of the groups kept
+
+
+def test_profile_run_and_hierarchy_arguments(files):
+    """vLLM's profile run hands an all-zero window: a valid map, no error; the hierarchy
+    arguments (expert groups, nodes) do not change sempar's map."""
+    w = files["window"]
+    L, N = w.shape
+    src = _src(files["stats"])
+    zero, _ = rebalance_report(np.zeros_like(w), N + R, 1, 1, G, None, src)
+    assert check_map(zero, L, N + R, N, G, distinct=True) is None
+    flat = rebalance_report(w, N + R, 1, 1, G, None, src)[0]
+    assert np.array_equal(flat, rebalance_report(w, N + R, 8, 2, G, None, src)[0])
+
+
+def test_small_budget_still_balances(files):
+    """A budget too small for any whole layer: the layers above the bound get balance swaps
+    only, within the budget."""
+    w = files["window"]
+    N = w.shape[1]
+    src = _src(files["stats"])
+    m = rebalance_report(w, N + R, 1, 1, G, None, src)[0]
+    skew = w * np.random.default_rng(0).uniform(0.3, 1.7, w.shape)    # the load drifted
+    full = rebalance_report(skew, N + R, 1, 1, G, m, src)[1]
+    assert full.imbalance_before > PluginConfig().max_imbalance + 0.01
+    assert max(full.per_layer_moves) > 6
+    m2, rep = rebalance_report(skew, N + R, 1, 1, G, m, src, PluginConfig(max_moves=6))
+    assert 0 < rep.moves <= 6 and int((m2 != m).sum()) == rep.moves
+    assert rep.imbalance_after < rep.imbalance_before

@@ -116,3 +116,22 @@ def test_unset_leaves_sglang_unchanged(sglang, files):
                    num_local_physical_experts=(w.shape[1] + R) // G, num_groups=None,
                    num_nodes=1, algorithm=s.algorithms.EplbAlgorithm.deepseek)
     assert a.physical_to_logical_map.numpy().tobytes() == b[0].numpy().tobytes()
+
+
+def test_elastic_ep_passes_through(sglang, files):
+    """With elastic EP (`elasticity_aware`), only SGLang knows the live ranks: the hook calls
+    SGLang's own algorithm."""
+    s, w = sglang, files["window"]
+    _load(s, files["stats"])
+    seen = []
+
+    def original(**kw):
+        seen.append(kw["algorithm"])
+        return "sglang's"
+    from sempar.eplb.sglang_plugin import around_rebalance
+
+    algo = s.algorithms.EplbAlgorithm.elasticity_aware
+    with env(SEMPAR_EPLB=str(files["stats"])):
+        got = around_rebalance(original, torch.tensor(w)[None], w.shape[1] + R,
+                               (w.shape[1] + R) // G, None, 1, algo)
+    assert got == "sglang's" and seen == [algo]

@@ -84,6 +84,11 @@ def test_loader_installs_policy_and_map_is_sempars(vllm_policies, files, kind):
     src = load_source(str(files[kind]), num_layers=L, num_experts=N, num_ranks=G)
     want = rebalance(w, P, 1, 1, G, old.numpy(), src, PluginConfig())
     assert np.array_equal(got.numpy(), want)
+    from sempar.eplb import engine
+
+    rep = engine.LAST["report"]                            # the last rebalance's figures
+    assert rep is not None and rep.moves == int((want != old.numpy()).sum())
+    assert engine.LAST["fallback_reason"] is None
     assert not torch.equal(got, v.default.rebalance_experts(torch.tensor(w), P, 1, 1, G, old))
     from engine_loaders import vllm_compute_logical_maps
 

@@ -47,6 +47,10 @@ def export(placement: Path = typer.Option(..., "--placement", help="placement.js
 
         result = write_engine_file(p, to, out_path, num_hidden_layers,
                                    first_k_dense_replace).to_json()
+        if to == "vllm":
+            from sempar.export.engines import vllm_plugin_launch
+
+            result["released_vllm"] = vllm_plugin_launch(p, placement)
     sys.stderr.write(f"wrote {result['path']} ({to})\n")
     if as_json:
         emit_json(result)
@@ -54,6 +58,12 @@ def export(placement: Path = typer.Option(..., "--placement", help="placement.js
         import shlex
 
         sys.stdout.write(f"launch {to} with: {shlex.join(result['flags'])}\n")
+        rel = result.get("released_vllm")
+        if rel:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in rel["env"].items())
+            sys.stdout.write(f"on released vLLM (no initial map; sempar's EPLB plug-in "
+                             f"applies the placement at the first rebalance): {env} vllm serve "
+                             f"MODEL {shlex.join(rel['flags'])}\n")
     for note in result["notes"]:
         sys.stderr.write(f"note: {note}\n")
 

@@ -36,8 +36,8 @@ class PluginConfig:
     min_gain: float = 0.005
     max_age_s: float | None = None
     settle_s: float = 30.0
-    swaps_per_slot: int = 4
-    lar_rows: int = 4096
+    swaps_per_slot: int = 32
+    lar_rows: int = 1024
     seed: int = 0
 
     def __post_init__(self) -> None:

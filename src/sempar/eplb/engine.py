@@ -61,9 +61,11 @@ def _record(report=None, reason: str | None = None) -> None:
         g["lar"].set(-1 if report.lar_after is None else report.lar_after)
 
 
-def check_map(m: np.ndarray, L: int, P: int, N: int, G: int) -> str | None:
-    """Why `m` is not a usable physical_to_logical map int[L, P] (every expert at least once,
-    no expert twice on one rank), or None."""
+def check_map(m: np.ndarray, L: int, P: int, N: int, G: int, distinct: bool = False
+              ) -> str | None:
+    """Why `m` is not a usable physical_to_logical map int[L, P] (every expert at least once;
+    with `distinct`, no expert twice on one rank), or None. The engines accept two copies on
+    one rank (their own policies make them), so a layer kept from the old map may have them."""
     if m.shape != (L, P):
         return f"map shape {m.shape}, not ({L}, {P})"
     if m.min() < 0 or m.max() >= N:
@@ -72,6 +74,8 @@ def check_map(m: np.ndarray, L: int, P: int, N: int, G: int) -> str | None:
     np.add.at(cnt, (np.repeat(np.arange(L), P), m.ravel()), 1)
     if (cnt == 0).any():
         return "an expert has no slot"
+    if not distinct:
+        return None
     per_rank = m.reshape(L, G, P // G)
     srt = np.sort(per_rank, axis=2)
     if (srt[:, :, 1:] == srt[:, :, :-1]).any():

@@ -17,14 +17,15 @@ Per layer l (live load w float[N], P = G x S slots, R = P - N redundant):
    its copies with a copy on another device: among the swaps that cut the pair's peak by at
    least half the best cut, the one that loses the least affinity (the balance-first rule of
    `placement/sempar/experts.py`'s swap search, restricted to the hottest device so a swap
-   costs O(S x P)).
+   costs O(S x P); compiled with numba in `swaps.py`).
 5. **Slots kept**: an expert that stays on its device keeps its old slot (what vLLM's
    `preserve_intragpu_slots` does for its own policy), so only slots whose expert changed are
    copied.
 6. **Budget**: a layer is re-laid only when its imbalance falls or its locality rises by
    `min_gain`; the re-laid layers are taken by gain per slot moved until the move budget
-   (`PluginConfig.move_budget`) is spent; the others keep the old map. Without an old map
-   (the first call) every layer is laid out.
+   (`PluginConfig.move_budget`) is spent; the others keep the old map, except that a layer
+   still above `max_imbalance` gets balance swaps only (step 4 on its old layout) from what
+   the budget has left. Without an old map (the first call) every layer is laid out.
 
 Locality of a layer = the share of FILE's pair affinity whose two experts share a device
 (1.0 = all of FILE's co-location kept). Ours: the steps and their order (no engine or paper
@@ -41,6 +42,7 @@ from scipy.optimize import linear_sum_assignment
 
 from sempar.eplb.config import PluginConfig
 from sempar.eplb.source import Source
+from sempar.eplb.swaps import swap_loop
 
 EPS = 1e-12
 
@@ -106,6 +108,16 @@ def _loads(hosts: np.ndarray, w: np.ndarray) -> np.ndarray:
     copies (what both engines' own policies assume)."""
     cnt = np.maximum(hosts.sum(axis=0), 1)
     return hosts.astype(np.float64) @ (w / cnt)
+
+
+def map_loads(row: np.ndarray, w: np.ndarray, G: int) -> np.ndarray:
+    """float64[G]: each device's share of the live load under slot row int[P] (-1: empty), an
+    expert's load split evenly over its slots, two slots of one expert on a device counted
+    twice (the engines' own maps may do that)."""
+    ok = row >= 0
+    cnt = np.bincount(row[ok], minlength=w.size)
+    share = np.where(ok, w[np.where(ok, row, 0)] / np.maximum(cnt[np.where(ok, row, 0)], 1), 0.0)
+    return share.reshape(G, -1).sum(axis=1)
 
 
 def _imbalance(load: np.ndarray) -> float:
@@ -180,54 +192,49 @@ def _layout(w: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: 
         aff[d] += A[e]
     if (used != S).any():                                     # N % G != 0: fill leftovers
         raise ValueError("slots left empty")
-    dd = np.repeat(np.arange(G), S)                          # device of each slot
-    ee = np.concatenate([np.flatnonzero(hosts[g]) for g in range(G)])   # expert of each slot
-    for _ in range(cfg.swaps_per_slot * S):                   # step 4
-        mean = load.mean()
-        h = int(np.argmax(load))
-        if load[h] <= cfg.max_imbalance * mean + EPS:
-            break
-        a_slot = np.arange(h * S, (h + 1) * S)
-        e1 = ee[a_slot]                                       # [S] copies on h
-        delta = share[e1][:, None] - share[ee][None, :]       # [S, P] load leaving h
-        cut = load[h] - np.maximum(load[h] - delta, load[dd][None, :] + delta)
-        ok = ((cut > EPS) & (dd != h)[None, :] & ~hosts[dd[None, :], e1[:, None]]
-              & ~hosts[h, ee][None, :])
-        if not ok.any():
-            break
-        Ae = A[e1][:, ee]                                     # [S, P]
-        loss = (aff[h, e1][:, None] + aff[dd, ee][None, :]
-                - (aff[dd[None, :], e1[:, None]] - Ae) - (aff[h, ee][None, :] - Ae))
-        best = cut[ok].max()
-        score = np.where(ok & (cut >= 0.5 * best), loss, np.inf)
-        i, j = np.unravel_index(int(np.argmin(score)), score.shape)
-        a, d, b = int(e1[i]), int(dd[j]), int(ee[j])
-        hosts[h, a], hosts[d, b], hosts[h, b], hosts[d, a] = False, False, True, True
-        ee[a_slot[i]], ee[j] = b, a
-        load[h] -= delta[i, j]
-        load[d] += delta[i, j]
-        aff[h] += A[b] - A[a]
-        aff[d] += A[a] - A[b]
+    ee = np.nonzero(hosts)[1].astype(np.int64)               # expert of each slot
+    swap_loop(load, hosts, ee, share.astype(np.float64), aff.astype(np.float64),
+              np.ascontiguousarray(A, np.float32), S, float(cfg.max_imbalance),
+              cfg.swaps_per_slot * S)                         # step 4 (swaps.py)
+    return hosts
+
+
+def _rebalance_only(w: np.ndarray, old_row: np.ndarray, A: np.ndarray, G: int, S: int,
+                    cfg: PluginConfig, max_swaps: int) -> np.ndarray | None:
+    """bool[G, N]: the old layout of a layer with only balance swaps (step 4, at most
+    `max_swaps`), the copies as they are; None when the old row has an empty slot or two
+    copies of an expert on one rank (no swap is defined on it)."""
+    N = w.size
+    hosts = np.ascontiguousarray(_hosts(old_row, G, N))     # one compiled layout of swap_loop
+    if (old_row < 0).any() or (hosts.sum(axis=1) != S).any():
+        return None
+    cnt = hosts.sum(axis=0)
+    share = (w / np.maximum(cnt, 1)).astype(np.float64)
+    load = hosts.astype(np.float64) @ share
+    aff = (hosts.astype(np.float32) @ A).astype(np.float64)
+    ee = np.nonzero(hosts)[1].astype(np.int64)
+    swap_loop(load, hosts, ee, share, aff, np.ascontiguousarray(A, np.float32), S,
+              float(cfg.max_imbalance), max_swaps)
     return hosts
 
 
 def _row(hosts: np.ndarray, old_row: np.ndarray | None, S: int) -> np.ndarray:
     """int64[P] slot row of `hosts` bool[G, N]; an expert staying on its device keeps its old
-    slot (step 5)."""
-    G = hosts.shape[0]
-    row = np.empty(G * S, np.int64)
-    for g in range(G):
-        new = np.flatnonzero(hosts[g])
-        if old_row is None:
-            row[g * S:(g + 1) * S] = new
-            continue
-        old = old_row[g * S:(g + 1) * S]
-        first = np.zeros(old.size, bool)                      # the engines' own maps may
-        first[np.unique(old, return_index=True)[1]] = True    # put two copies on one rank
-        keep = np.isin(old, new) & first
-        slot = np.where(keep, old, -1)
-        slot[~keep] = np.setdiff1d(new, old, assume_unique=False)
-        row[g * S:(g + 1) * S] = slot
+    slot (step 5), the others fill the freed slots in expert order."""
+    G, N = hosts.shape
+    if old_row is None:
+        return np.nonzero(hosts)[1].astype(np.int64)          # device-major, expert order
+    dev = np.repeat(np.arange(G), S)
+    old = np.asarray(old_row, np.int64)
+    valid = (old >= 0) & (old < N)
+    key = np.where(valid, dev * N + old, -1 - np.arange(old.size))
+    first = np.zeros(old.size, bool)                      # the engines' own maps may put
+    first[np.unique(key, return_index=True)[1]] = True    # two copies on one rank
+    keep = valid & first & hosts[dev, np.where(valid, old, 0)]
+    row = np.where(keep, old, -1)
+    kept = np.zeros((G, N), bool)
+    kept[dev[keep], old[keep]] = True
+    row[np.flatnonzero(~keep)] = np.nonzero(hosts & ~kept)[1]   # both in device order
     return row
 
 
@@ -241,6 +248,22 @@ def _lar(sample: np.ndarray, maps: np.ndarray, G: int, N: int) -> float:
         hits = hosts[:, sample[:, l]].sum(axis=2)             # [G, T]
         local += float(hits.max(axis=0).sum())
     return local / (T * L * k)
+
+
+_LAR_SEEN: dict[bytes, float] = {}
+
+
+def _lar_cached(rows: np.ndarray, m: np.ndarray, G: int, N: int) -> float:
+    """`_lar`, remembered for the last few maps: the old map of a rebalance is usually the
+    map the previous one returned."""
+    import hashlib
+
+    key = hashlib.sha1(m.tobytes() + rows.tobytes()[:4096] + bytes([G % 256])).digest()
+    if key not in _LAR_SEEN:
+        if len(_LAR_SEEN) > 8:
+            _LAR_SEEN.clear()
+        _LAR_SEEN[key] = _lar(rows, m, G, N)
+    return _LAR_SEEN[key]
 
 
 def rebalance(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
@@ -294,7 +317,7 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
             gains.append(None)
             i0, c0 = i1, c1
         else:
-            i0, c0 = _imbalance(_loads(old_hosts, w[l])), _locality(old_hosts, A, total)
+            i0, c0 = _imbalance(map_loads(old[l], w[l], G)), _locality(old_hosts, A, total)
             moved = int((row != old[l]).sum())
             gain = (i0 - i1) + (c1 - c0)
             worth = moved > 0 and (i0 - i1 >= config.min_gain or
@@ -317,6 +340,26 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
             out[l] = new_rows[l]
         else:
             imb1[l], loc1[l] = imb0[l], loc0[l]
+    # step 6b: layers the budget left out that are above the bound get balance swaps only,
+    # two slots each, from what the budget has left (worst layer first)
+    left = None if budget is None else budget - spent
+    for l in sorted((l for l in range(L) if l not in take), key=lambda l: -imb0[l]):
+        if (left is not None and left < 2) or imb0[l] <= config.max_imbalance + config.min_gain:
+            continue
+        swaps = config.swaps_per_slot * S if left is None else min(config.swaps_per_slot * S,
+                                                                   left // 2)
+        hosts = _rebalance_only(w[l], old[l], source.affinity[l], G, S, config, swaps)
+        if hosts is None:
+            continue
+        row = _row(hosts, old[l], S)
+        moved = int((row != old[l]).sum())
+        i1 = _imbalance(_loads(hosts, w[l]))
+        if moved and i1 < imb0[l] - EPS and (left is None or moved <= left):
+            out[l] = row
+            imb1[l] = i1
+            loc1[l] = _locality(hosts, source.affinity[l], float(source.affinity[l].sum()))
+            if left is not None:
+                left -= moved
     report.per_layer_moves = ([int(x) for x in (out != old).sum(axis=1)] if old is not None
                               else [P] * L)
     report.moves = int(sum(report.per_layer_moves))
@@ -325,7 +368,7 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
     report.locality_before, report.locality_after = float(np.mean(loc0)), float(np.mean(loc1))
     if source.sample is not None and config.lar_rows:
         rows = source.sample[:config.lar_rows].astype(np.intp)
-        report.lar_after = _lar(rows, out, G, N)
-        report.lar_before = report.lar_after if old is None else _lar(rows, old, G, N)
+        report.lar_after = _lar_cached(rows, out, G, N)
+        report.lar_before = report.lar_after if old is None else _lar_cached(rows, old, G, N)
     report.seconds = time.perf_counter() - t0
     return out, report

@@ -8,7 +8,8 @@ the registered hooks. With SEMPAR_EPLB set it registers an AROUND hook on
 format (physical_to_logical [L, P], logical_to_physical [L, N, X] padded with -1, counts
 [L, N]); the original function's result whenever sempar cannot give one (one warning in
 SGLang's logger). The old map is the one being served (`get_global_expert_location_metadata`).
-SEMPAR_EPLB unset: nothing is registered.
+SEMPAR_EPLB unset: nothing is registered. With elastic EP (`elasticity_aware` algorithms) the
+hook passes through: SGLang's own policy knows which ranks are alive.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def around_rebalance(original, tokens_per_expert, num_physical_experts,
                         num_local_physical_experts=num_local_physical_experts,
                         num_groups=num_groups, num_nodes=num_nodes, algorithm=algorithm)
 
+    if str(getattr(algorithm, "name", "")).startswith("elasticity_aware"):
+        return default()            # elastic EP: only SGLang knows which ranks are alive
     try:
         w = tokens_per_expert.float().cpu().numpy()
         if w.ndim == 3:                                   # [windows, L, N]: the window's sum

@@ -9,7 +9,8 @@ What the policy takes from FILE (`Source`):
 - `home(G)` int64[L, N]: each expert's device in the locality layout of G devices. A placement:
   the device of the expert's first slot (`placement.sempar.rows.first_copy_device`). A stats
   file: a balanced partition of the co-activation graph into G parts of ceil(N / G) experts
-  (pymetis `part_graph` on each expert's `NEIGHBOURS` strongest pairs, then `graph_baselines.fix_expert_counts`, s-MoE §5.7's METIS baseline
+  (pymetis `part_graph` on each expert's `NEIGHBOURS` strongest pairs, then
+  `graph_baselines.fix_expert_counts`, s-MoE §5.7's METIS baseline
   on the expert graph), computed once per (FILE version, G).
 - `sample` int[S, L, k] (stats files with a sample): rows the reported LAR is measured on.
 
@@ -58,7 +59,10 @@ class Source:
             if G != self.num_devices:
                 raise SourceMismatch(f"{self.path}: placement for EP {self.num_devices}, "
                                      f"the engine runs EP {G}")
-            return self.base_home
+            if G not in self._homes:         # a placement with more replicas than the engine
+                self._homes[G] = np.stack([capped(self.base_home[l], self.affinity[l], G)
+                                           for l in range(self.num_layers)])
+            return self._homes[G]
         if G not in self._homes:
             self._homes[G] = np.stack([partition(self.affinity[l], G, seed)
                                        for l in range(self.num_layers)])
@@ -68,10 +72,8 @@ class Source:
 def partition(A: np.ndarray, G: int, seed: int = 0) -> np.ndarray:
     """int64[N]: part of each expert, ceil(N / G) at most per part, co-activated experts
     together: METIS on the expert graph (edge weights A scaled to integers), then the count
-    fix-up of the METIS baseline (`fix_expert_counts`)."""
+    fix-up of the METIS baseline (`capped`)."""
     import pymetis
-
-    from sempar.placement.graph_baselines import fix_expert_counts
 
     N = A.shape[0]
     cap = -(-N // G)
@@ -92,11 +94,23 @@ def partition(A: np.ndarray, G: int, seed: int = 0) -> np.ndarray:
     _, part = pymetis.part_graph(G, pymetis.CSRAdjacency(xadj.astype(np.int64),
                                                          cols.astype(np.int64)),
                                  eweights=W[rows, cols], options=pymetis.Options(seed=seed))
-    part = np.asarray(part, np.int64)
+    return capped(np.asarray(part, np.int64), A, G)
+
+
+def capped(home: np.ndarray, A: np.ndarray, G: int) -> np.ndarray:
+    """home int64[N] with at most ceil(N / G) experts per device: a placement solved with more
+    redundant slots than the engine has may hold more primaries on a device than fit beside the
+    engine's replicas; the extra ones move where they lose the least affinity
+    (`fix_expert_counts`)."""
+    N = home.size
+    cap = -(-N // G)
+    if np.bincount(home, minlength=G).max() <= cap:
+        return home
+    from sempar.placement.graph_baselines import fix_expert_counts
+
     onehot = np.zeros((N, G))
-    onehot[np.arange(N), part] = 1.0
-    part, _ = fix_expert_counts(part, A @ onehot, cap)
-    return part
+    onehot[np.arange(N), home] = 1.0
+    return fix_expert_counts(home, A @ onehot, cap)[0]
 
 
 def file_key(path: str) -> tuple:

@@ -163,6 +163,19 @@ def _vllm_flags(p: Placement, path: Path) -> list[str]:
     return ["--enable-expert-parallel", "--enable-eplb", "--eplb-config", json.dumps(cfg)]
 
 
+def vllm_plugin_launch(p: Placement, placement: Path) -> dict[str, Any]:
+    """How released vLLM (no initial map) gets placement `p`: through sempar's EPLB plug-in
+    (docs/eplb-plugin.md), whose first rebalance lays the experts out from the placement JSON.
+    {"env": {...}, "flags": [...], "versions": str}."""
+    cfg = {"num_redundant_experts": p.redundant}
+    return {"env": {"SEMPAR_EPLB": str(Path(placement).absolute())},
+            "flags": ["--enable-expert-parallel", "--enable-eplb", "--eplb-config",
+                      json.dumps(cfg)],
+            "versions": "vLLM 0.33.0 with `pip install sempar` (entry point vllm.general_plugins: "
+                        "sempar); the placement is in place from the first rebalance "
+                        "(eplb step_interval x 3/4 forward steps after start)"}
+
+
 def _ascend_flags(p: Placement, path: Path) -> list[str]:
     cfg = {"eplb_config": {"expert_map_path": str(path), "num_redundant_experts": p.redundant}}
     return ["--enable-expert-parallel", "--additional-config", json.dumps(cfg)]
