@@ -41,20 +41,21 @@ STREAMS = {
 
 
 def run_stream(name: str, ep: int, max_moves: int, max_imbalance: float, history: int = 3) -> dict:
-    from sempar.commands.rebalance import config
+    from sempar.drift.config import ReplayConfig
     from sempar.drift.history import History
-    from sempar.drift.policies import ReplayConfig
     from sempar.drift.replay import replay
     from sempar.drift.streams import drift_stream
     from sempar.paths import assets_dir
+    from sempar.solve_options import SolveOptions
     from sempar.trace import read_trace
 
     asset, order, k, every, window = STREAMS[name]
     trace = read_trace(assets_dir() / "traces" / f"{asset}.parquet", optional=("domain",))
     stream = drift_stream(trace, order, switch_every=k, mix=0.8, seed=0)
-    rb = config(trace.meta.model, max_moves, None, max_imbalance, 300.0, 20000.0, 50.0, None)
-    cfg = ReplayConfig(ep=ep, every=every, window=window, jobs=1, rebalance=rb,
-                       history=History(windows=history))
+    cfg = ReplayConfig.for_model(trace.meta.model, ep,
+                                 solve=SolveOptions(jobs=1, max_imbalance=max_imbalance),
+                                 rebalance=dict(max_moves=max_moves), every=every, window=window,
+                                 history=History(windows=history))
     t0 = time.perf_counter()
     out = replay(stream, POLICIES, cfg)
     out.update({"stream": name, "asset": asset, "order": order, "switch_every": k,

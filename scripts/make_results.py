@@ -68,6 +68,18 @@ def _tp_gap_body(rows: list[dict]) -> str:
     return bench_tp_gap.tables(rows)
 
 
+def _is_drift_engines(data) -> bool:
+    return (isinstance(data, list) and bool(data) and all(
+        isinstance(c, dict) and {"suite", "stream", "policies", "verdicts"} <= c.keys()
+        for c in data))
+
+
+def _drift_engines_body(rows: list[dict]) -> str:
+    import bench_drift_engines     # imports nothing of sempar at module level
+
+    return bench_drift_engines.tables(rows)
+
+
 def _is_eplb_plugin(data) -> bool:
     return (isinstance(data, list) and bool(data) and all(
         isinstance(c, dict) and c.get("benchmark") == "eplb-plugin" for c in data))
@@ -131,6 +143,8 @@ KINDS = {      # the first whose recogniser accepts a file names its page
                          "--json", _optimality_body),
     "tp-gap": (_is_tp_gap, "The Attention-TP gap, term by term, and Sem-MoE's TP setting",
                "benchmarks/bench_tp_gap.py --json", _tp_gap_body),
+    "drift-engines": (_is_drift_engines, "The engines' balancers and replica slots under drift",
+                      "benchmarks/bench_drift_engines.py --json", _drift_engines_body),
     "eplb-plugin": (_is_eplb_plugin, "sempar's EPLB plug-in against the engines' own balancer",
                     "benchmarks/bench_eplb_plugin.py --json", _eplb_plugin_body),
 }

@@ -68,7 +68,8 @@ def test_drift_cli_refuses_a_trace_without_domains(tmp_path, trace):
 
 
 def test_policies_are_registered_with_capabilities():
-    assert POLICIES.names() == ["static", "resolve", "eplb-periodic", "sempar-incremental"]
+    assert POLICIES.names() == ["static", "resolve", "eplb-periodic", "sempar-incremental",
+                                "vllm-eplb", "sglang-eplb", "sempar-engine"]
     assert POLICIES.get("static").update is None
     assert POLICIES.get("sempar-incremental").budgeted and POLICIES.get("resolve").full_layout
     assert not POLICIES.get("eplb-periodic").locality

@@ -10,7 +10,8 @@ import typer
 
 from sempar.bounds import REQUESTS_MAX, bound
 from sempar.commands._options import ep_option, json_option, names_option, seed_option
-from sempar.commands.rebalance import MOVES_MAX
+from sempar.commands.rebalance import cost_option, imbalance_option, moves_option
+from sempar.drift.costs import MOVES_MAX
 
 
 def _policies():
@@ -19,37 +20,56 @@ def _policies():
     return POLICIES
 
 
+def _dispatch_rules():
+    from sempar.placement.dispatch import DISPATCH
+
+    return DISPATCH
+
+
+def _engines():
+    from sempar.drift.engines import CADENCES
+
+    return CADENCES
+
+
 def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: requests in arrival "
                                                           "order (`sempar drift` makes one)"),
            ep: int = ep_option(..., "EP degree G (devices)"),
            policies: str = names_option("static,resolve,eplb-periodic,sempar-incremental",
                                         "--policies", _policies, help="policies to compare"),
-           every: int = typer.Option(16, "--every", callback=bound(1, REQUESTS_MAX),
-                                     help="requests served per step (policies update between)"),
-           window: int = typer.Option(32, "--window", callback=bound(1, REQUESTS_MAX),
-                                      help="requests an update sees (the last served)"),
+           every: Optional[int] = typer.Option(None, "--every", callback=bound(1, REQUESTS_MAX),
+                                               help="requests served per step (policies "
+                                                    "update between; default 16)"),
+           window: Optional[int] = typer.Option(None, "--window", callback=bound(1, REQUESTS_MAX),
+                                                help="requests an update sees (the last served; "
+                                                     "default 32)"),
            max_steps: Optional[int] = typer.Option(None, "--max-steps",
                                                    callback=bound(1, REQUESTS_MAX),
                                                    help="stop after this many steps"),
-           max_moves: int = typer.Option(64, "--max-moves", callback=bound(0, MOVES_MAX),
-                                         help="sempar-incremental: moves per update"),
-           max_imbalance: float = typer.Option(1.05, "--max-imbalance", callback=bound(1.0, 100.0),
-                                               help="sempar-incremental: the window's bound (as "
-                                                    "`place`'s fit cap, for 1.10 on new requests)"),
-           history: int = typer.Option(3, "--history", callback=bound(0, 64),
-                                       help="sempar-incremental: windows of load history "
-                                            "beyond --window its bound also holds on"),
-           horizon: float = typer.Option(300.0, "--horizon", callback=bound(0.0, 1e9, lo_open=True),
-                                         help="s: sempar-incremental's payback horizon"),
-           tokens_per_s: float = typer.Option(20000.0, "--tokens-per-s",
-                                              callback=bound(0.0, 1e12, lo_open=True),
-                                              help="deployment token throughput (cost model)"),
-           expert_bytes: Optional[float] = typer.Option(
-               None, "--expert-bytes", callback=bound(0.0, 1e15, lo_open=True),
-               help="bytes of one expert (default: from the model's shape)"),
+           redundant: int = typer.Option(0, "--redundant", callback=bound(0, MOVES_MAX),
+                                         help="replica slots per layer every policy gets (R)"),
+           dispatch: Optional[str] = names_option(None, "--dispatch", _dispatch_rules, single=True,
+                                                  help="which copy of a replicated expert serves "
+                                                       "a token (default: nearest)"),
+           engine: Optional[str] = names_option(None, "--engine", _engines, single=True,
+                                                help="sempar-engine: the balancer it runs in, "
+                                                     "at its cadence (default vllm)"),
+           max_moves: Optional[int] = moves_option("sempar-incremental: moves per update "
+                                                   "(default 64)"),
+           max_imbalance: Optional[float] = imbalance_option(
+               "the solves' fit cap and sempar-incremental's window bound (default 1.05, "
+               "`place`'s, for 1.10 on new requests)"),
+           history: Optional[int] = typer.Option(None, "--history", callback=bound(0, 64),
+                                                 help="sempar-incremental: windows of load history "
+                                                      "beyond --window its bound also holds on "
+                                                      "(default 3)"),
+           horizon: Optional[float] = cost_option("horizon", "sempar-incremental: "),
+           tokens_per_s: Optional[float] = cost_option("tokens_per_s"),
+           expert_bytes: Optional[float] = cost_option("expert_bytes"),
            seed: int = seed_option(),
-           jobs: Optional[int] = typer.Option(1, "--jobs", callback=bound(1, 4096),
-                                              help="worker processes of the sempar solves"),
+           jobs: Optional[int] = typer.Option(None, "--jobs", callback=bound(1, 4096),
+                                              help="worker processes of the sempar solves "
+                                                   "(default 1)"),
            plot: Optional[Path] = typer.Option(None, "--plot", help="folder for the time-series PNG"),
            placements: Optional[Path] = typer.Option(
                None, "--placements", help="folder for every step's placement.json per policy "
@@ -60,10 +80,10 @@ def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: reques
     from contextlib import ExitStack
 
     from sempar.atomic import atomic_folder, check_folder_output
-    from sempar.commands.rebalance import config
-    from sempar.drift.history import History
     from sempar.console import emit_json
-    from sempar.drift.policies import ReplayConfig
+    from sempar.drift.config import ReplayConfig
+    from sempar.drift.history import History
+    from sempar.solve_options import SolveOptions
     from sempar.drift.replay import replay as run
     from sempar.trace import read_trace
 
@@ -75,10 +95,15 @@ def replay(trace: Path = typer.Option(..., "--trace", help="stream trace: reques
             check_folder_output(folder, trace, option=option)
     stream = read_trace(trace, optional=("domain",))
     names = [n.strip() for n in policies.split(",") if n.strip()]
-    rb = config(stream.meta.model, max_moves, None, max_imbalance, horizon, tokens_per_s, 50.0,
-                expert_bytes)
-    cfg = ReplayConfig(ep=ep, every=every, window=window, max_steps=max_steps, seed=seed,
-                       jobs=jobs, rebalance=rb, history=History(windows=history))
+    solve = SolveOptions(**{k: v for k, v in dict(seed=seed, jobs=jobs, redundant=redundant,
+                                                   max_imbalance=max_imbalance).items()
+                            if v is not None})
+    cfg = ReplayConfig.for_model(
+        stream.meta.model, ep, solve=solve,
+        rebalance=dict(max_moves=max_moves, max_imbalance=max_imbalance, horizon_s=horizon,
+                       tokens_per_s=tokens_per_s, expert_bytes=expert_bytes),
+        every=every, window=window, max_steps=max_steps, dispatch=dispatch, engine=engine,
+        history=History(windows=history) if history is not None else None)
     with ExitStack() as stack:
         pdir = (stack.enter_context(atomic_folder(placements, "replay placements", trace,
                                                 option="--placements"))

@@ -4,6 +4,8 @@ data flow); the commands and the benchmark put them into `RebalanceConfig`."""
 
 from __future__ import annotations
 
+MOVES_MAX = 1_000_000   # the move budget when only a byte budget bounds a step (no move cap)
+
 
 def expert_bytes(model: str) -> int:
     """Bytes of one routed expert's weights (gate, up, down x dtype bytes) of `model`, a preset

@@ -14,42 +14,35 @@ update it from the last `--window` requests:
 - `sempar-incremental`: `placement.rebalance` on the window and its load history
   (`drift.history`: the bound on each of the last windows, the objective weighed by age;
   budgeted moves, exact gain per byte, the payback rule). The only policy that keeps a history:
-  the others see the last `window` requests, as the engines' EPLB sees its recorder's window.
+  the others see the last `window` requests, as the engines' EPLB sees its recorder's window;
+- `vllm-eplb`, `sglang-eplb`: each engine's default EPLB policy through the engine's own code,
+  at the engine's cadence (`drift.engines`: window, interval, replicas, the old map), its map
+  served as the engine returns it (no alignment: the engine copies what changed);
+- `sempar-engine`: the sempar plug-in (`sempar.eplb.policy`) through the same path, at the
+  cadence of the engine it is plugged into (`--engine`), started from the sempar solve (the
+  placement a user launches with, or that the plug-in's first rebalance gives).
+
+Every policy gets the same replica slots (`--redundant R`, `SolveOptions.redundant`) and the
+same dispatch among copies (`--dispatch`, `placement.dispatch`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from sempar.drift.history import History, history_sample
+from sempar.drift import engines
+from sempar.drift.config import ReplayConfig
+from sempar.drift.history import history_sample
 from sempar.placement.migration import align_devices
 from sempar.placement.placement import Placement
-from sempar.placement.rebalance import RebalanceConfig, rebalance
+from sempar.placement.rebalance import rebalance
 from sempar.registry import Registry
 from sempar.trace.schema import RoutingTrace
 
-
-@dataclass(frozen=True)
-class ReplayConfig:
-    """The replay's knobs: EP degree, step and window in requests, the full solves' settings
-    and the incremental step's config."""
-
-    ep: int
-    every: int = 16                     # requests served per step (updates between steps)
-    window: int = 32                    # requests each update sees (the last ones served)
-    max_steps: int | None = None        # stop after this many steps (None: the whole stream)
-    seed: int = 0
-    jobs: int | None = 1                # worker processes of the sempar solves
-    max_imbalance: float = 1.05         # the sempar solves' fit cap (`place`'s default)
-    rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
-    history: History = field(default_factory=History)   # sempar-incremental's load history
-
-    def span(self, policy: "ReplayPolicy") -> int:
-        """Requests `policy`'s update sees: the window, and the history where it keeps one."""
-        return self.history.span(self.window) if policy.history else self.window
+__all__ = ["POLICIES", "ReplayConfig", "ReplayPolicy", "solve_window"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +50,10 @@ class ReplayPolicy:
     """start: "sempar" or "eplb" (the first window's solve); update: (current placement,
     window trace, config) -> next placement, or None (never updates). Capabilities: full_layout
     (each update re-lays every layer), locality (optimises exact-home LAR), budgeted (bounded
-    moves per update), history (sees `ReplayConfig.history` beyond the window), help."""
+    moves per update), history (sees `ReplayConfig.history` beyond the window), help;
+    cadence: None (updates before every step from `--window` requests), an engine's name (its
+    `engines.CADENCES` entry) or "host" (`ReplayConfig.engine`'s); unavailable: () -> the one-line
+    reason it cannot run here (an engine not installed), or None."""
 
     start: str
     update: Callable[[Placement, RoutingTrace, ReplayConfig], Placement] | None
@@ -66,6 +62,14 @@ class ReplayPolicy:
     budgeted: bool
     help: str
     history: bool = False
+    cadence: str | None = None
+    unavailable: Callable[[], str | None] | None = None
+
+    def cadence_of(self, cfg: ReplayConfig) -> "engines.Cadence | None":
+        """The engine cadence this policy runs at under `cfg` (None: every step)."""
+        if self.cadence is None:
+            return None
+        return engines.CADENCES.get(cfg.engine if self.cadence == "host" else self.cadence)
 
 
 POLICIES: Registry[ReplayPolicy] = Registry("replay policy")
@@ -75,8 +79,7 @@ def solve_window(method: str, window: RoutingTrace, cfg: ReplayConfig) -> Placem
     """`method`'s placement of the window (`placement.solve` as `place` calls it)."""
     from sempar.placement import solve
 
-    return solve(method, window, num_devices=cfg.ep, seed=cfg.seed,
-                 max_imbalance=cfg.max_imbalance, jobs=cfg.jobs)
+    return solve(method, window, num_devices=cfg.ep, options=cfg.solve)
 
 
 def _resolve(current: Placement, window: RoutingTrace, cfg: ReplayConfig) -> Placement:
@@ -95,6 +98,30 @@ def _incremental(current: Placement, seen: RoutingTrace, cfg: ReplayConfig) -> P
                      age if h.robust else None, caps)[0]
 
 
+def _vllm(current: Placement, window: RoutingTrace, cfg: ReplayConfig) -> Placement:
+    w = engines.expert_load(window)
+    return engines.as_placement(engines.vllm_map(w, current, engines._groups(window)),
+                                current, "vllm-eplb")
+
+
+def _sglang(current: Placement, window: RoutingTrace, cfg: ReplayConfig) -> Placement:
+    g = window.meta.num_expert_groups
+    w = engines.expert_load(window)
+    return engines.as_placement(engines.sglang_map(w, current, g if g and g > 1 else None),
+                                current, "sglang-eplb")
+
+
+def _sempar_engine(current: Placement, window: RoutingTrace, cfg: ReplayConfig) -> Placement:
+    w = engines.expert_load(window)
+    host = _vllm if cfg.engine == "vllm" else _sglang
+    m, why = engines.sempar_map(w, current, engines._groups(window), window,
+                                lambda: host(current, window, cfg).phy2log, cfg.solve.seed)
+    p = engines.as_placement(m, current, "sempar-engine")
+    if why:
+        p.info["fallback"] = why         # the engine's default result served this rebalance
+    return p
+
+
 POLICIES.add("static", ReplayPolicy("sempar", None, False, True, True,
                                     "solved once on the first window, never updated"))
 POLICIES.add("resolve", ReplayPolicy("sempar", _resolve, True, True, False,
@@ -104,3 +131,15 @@ POLICIES.add("eplb-periodic", ReplayPolicy("eplb", _eplb, True, False, False,
 POLICIES.add("sempar-incremental", ReplayPolicy("sempar", _incremental, False, True, True,
                                                 "sempar rebalance on every window and its "
                                                 "load history", history=True))
+POLICIES.add("vllm-eplb", ReplayPolicy("eplb", _vllm, True, False, False,
+                                       "vLLM's default EPLB policy, through vLLM's code, at its "
+                                       "cadence", cadence="vllm",
+                                       unavailable=engines.vllm_unavailable))
+POLICIES.add("sglang-eplb", ReplayPolicy("eplb", _sglang, True, False, False,
+                                         "SGLang's default EPLB algorithm, through SGLang's code, "
+                                         "at its cadence", cadence="sglang",
+                                         unavailable=engines.sglang_unavailable))
+POLICIES.add("sempar-engine", ReplayPolicy("sempar", _sempar_engine, True, True, True,
+                                           "the sempar EPLB plug-in through the engine's path, "
+                                           "at --engine's cadence", cadence="host",
+                                           unavailable=engines.sempar_unavailable))

@@ -7,15 +7,22 @@ may update its placement from the last `window` requests served (`sempar-increme
 served on it. Per step and policy (`StepFigures`):
 
 - `lar`: exact-home LAR of the step's requests (tp mode: `schedule.homes.oracle_home`, equal
-  shares per batch, the rows' real experts; needs no token ids);
-- `imbalance`: per layer max / mean of the devices' served loads (`placement.metrics`), its mean
+  shares per batch, the rows' real experts; needs no token ids), an activation local when the
+  copy the dispatch rule chose (`ReplayConfig.dispatch`, `placement.dispatch`; batches of
+  `RebalanceConfig.batch` rows in arrival order) is on the token's home device;
+- `imbalance`: per layer max / mean of the devices' served loads after dispatch, its mean
   over layers (`imbalance`) and its worst layer (`imbalance_max`);
 - `migrated_bytes`: experts the update copied (`migration.copied_experts`) x the model's expert
   bytes; `solve_s`: the update's wall time.
 
 Summary per policy: `lar_mean` (mean over steps), `imbalance_p95` (95th percentile over steps of
 the step's mean-over-layers imbalance), `imbalance_layer_p95` (over every step and layer),
-`migrated_bytes` (sum), `solve_s_mean` / `solve_s_max` (updates only).
+`migrated_bytes` (sum), `migrated_bytes_per_step` / `moves_per_step` (means over steps),
+`updates` (steps before which the policy updated), `solve_s_mean` / `solve_s_max` (updates only).
+
+An engine policy (`ReplayPolicy.cadence`) updates only at its engine's cadence, from its
+engine's window (`drift.engines`); a policy unavailable here (an engine not installed) is
+refused with its one-line reason before anything runs.
 """
 
 from __future__ import annotations
@@ -26,10 +33,11 @@ from typing import Callable
 
 import numpy as np
 
-from sempar.drift.policies import POLICIES, ReplayConfig, solve_window
+from sempar.drift import engines
+from sempar.drift.policies import POLICIES, ReplayConfig, ReplayPolicy, solve_window
 from sempar.drift.streams import request_table
 from sempar.errors import InputError
-from sempar.placement.metrics import placement_figures
+from sempar.placement.dispatch import DISPATCH, dispatch_all
 from sempar.placement.migration import copied_experts
 from sempar.placement.placement import Placement
 from sempar.schedule.homes import oracle_home
@@ -48,23 +56,56 @@ class StepFigures:
     migrated_experts: int
     migrated_bytes: float
     solve_s: float
+    updated: bool = False
 
 
-def serve_figures(p: Placement, experts: np.ndarray, batch: int) -> tuple[float, np.ndarray]:
-    """(exact-home LAR, per-layer imbalance float[L]) of `p` serving rows experts int[T, L, k]."""
-    f = placement_figures(p, experts, oracle_home(p, experts, batch))
-    load = f["load"]
-    return f["lar_mean"], load.max(axis=1) / np.maximum(load.mean(axis=1), 1e-12)
+def serve_figures(p: Placement, experts: np.ndarray, batch: int, dispatch: str = "nearest",
+                  seed: int = 0) -> tuple[float, np.ndarray]:
+    """(exact-home LAR, per-layer imbalance float[L]) of `p` serving rows experts int[T, L, k]
+    in batches of `batch` rows, each activation served by the copy `dispatch` chooses."""
+    home = oracle_home(p, experts, batch)
+    T, L, _ = experts.shape
+    served = dispatch_all(p, experts, home, dispatch, np.arange(T) // max(batch, 1), seed)
+    lar = float((served == home[:, :, None]).mean())
+    G = p.num_devices
+    key = np.arange(L)[None, :, None] * G + served
+    load = np.bincount(key.ravel(), minlength=L * G).reshape(L, G).astype(float)
+    return lar, load.max(axis=1) / np.maximum(load.mean(axis=1), 1e-12)
+
+
+def check_policies(names: list[str]) -> list[ReplayPolicy]:
+    """The registered policies of `names`; InputError with the one-line reason of the first
+    that cannot run here."""
+    out = [POLICIES.get(n) for n in names]
+    for pol in out:
+        why = pol.unavailable() if pol.unavailable is not None else None
+        if why:
+            raise InputError(why)
+    return out
+
+
+def _update_window(pol: ReplayPolicy, cfg: ReplayConfig, step: int) -> int | None:
+    """Requests `pol`'s update before `step` sees, or None when it does not update then."""
+    if step <= 0 or pol.update is None:
+        return None
+    cad = pol.cadence_of(cfg)
+    if cad is None:
+        return cfg.span(pol)
+    if not engines.updates_at(cad, step, cfg.passes_per_step):
+        return None
+    return engines.window_requests(cad, cfg.every, cfg.passes_per_step)
 
 
 def summary(steps: list[StepFigures], layer_imb: list[np.ndarray]) -> dict:
-    upd = [s.solve_s for s in steps[1:]]
+    upd = [s.solve_s for s in steps if s.updated]
     return {"lar_mean": float(np.mean([s.lar for s in steps])),
             "imbalance_p95": float(np.percentile([s.imbalance for s in steps], 95)),
             "imbalance_mean": float(np.mean([s.imbalance for s in steps])),
             "imbalance_layer_p95": float(np.percentile(np.concatenate(layer_imb), 95)),
             "migrated_bytes": float(sum(s.migrated_bytes for s in steps)),
             "migrated_experts": int(sum(s.migrated_experts for s in steps)),
+            "migrated_bytes_per_step": float(np.mean([s.migrated_bytes for s in steps])),
+            "moves_per_step": float(np.mean([s.migrated_experts for s in steps])),
             "solve_s_mean": float(np.mean(upd)) if upd else 0.0,
             "solve_s_max": float(np.max(upd)) if upd else 0.0,
             "steps": [asdict(s) for s in steps]}
@@ -74,8 +115,8 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
            on_step: Callable[[str, StepFigures, Placement], None] | None = None) -> dict:
     """Replay `stream` under each of `policies` (module docstring); `on_step(name, figures,
     placement)` sees every step's placement (export, progress). Returns the `--json` object."""
-    for name in policies:
-        POLICIES.get(name)
+    DISPATCH.get(cfg.dispatch)
+    check_policies(policies)
     _, _, rows, starts = request_table(stream)
     R = starts.size - 1
     if R < cfg.window + 1:
@@ -97,25 +138,34 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
     for name in policies:
         pol = POLICIES.get(name)
         p = starts_cache[pol.start]
-        steps, layer_imb = [], []
+        steps, layer_imb, fallbacks = [], [], []
         for s, a in enumerate(bounds):
             b = min(a + cfg.every, R)
             moved, dt = 0, 0.0
-            if s > 0 and pol.update is not None:
+            span = _update_window(pol, cfg, s)
+            if span is not None:
                 t0 = time.perf_counter()
-                nxt = pol.update(p, part(max(0, a - cfg.span(pol)), a), cfg)
+                nxt = pol.update(p, part(max(0, a - span), a), cfg)
                 dt = time.perf_counter() - t0
                 moved = int(copied_experts(p, nxt).sum())
+                if nxt.info.get("fallback"):         # the plug-in gave the engine's result
+                    fallbacks.append(f"step {s}: {nxt.info['fallback']}")
                 p = nxt
             served = part(a, b)
-            lar, imb = serve_figures(p, served.experts, cfg.rebalance.batch)
+            lar, imb = serve_figures(p, served.experts, cfg.rebalance.batch, cfg.dispatch,
+                                     cfg.solve.seed)
             fig = StepFigures(s, a, b - a, served.num_tokens, lar, float(imb.mean()),
-                              float(imb.max()), moved, moved * cfg.rebalance.expert_bytes, dt)
+                              float(imb.max()), moved, moved * cfg.rebalance.expert_bytes, dt,
+                              span is not None)
             steps.append(fig)
             layer_imb.append(imb)
             if on_step is not None:
                 on_step(name, fig, p)
+        cad = pol.cadence_of(cfg)
         out["policies"][name] = {**summary(steps, layer_imb), "start": pol.start,
+                                 "updates": int(sum(f.updated for f in steps)),
+                                 "fallbacks": fallbacks,
+                                 "cadence": None if cad is None else asdict(cad),
                                  "capabilities": {"full_layout": pol.full_layout,
                                                   "locality": pol.locality,
                                                   "budgeted": pol.budgeted}}
@@ -123,5 +173,7 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
                 "steps": len(bounds), "start_solve_s": start_s,
                 "expert_bytes": cfg.rebalance.expert_bytes,
                 "rebalance": asdict(cfg.rebalance), "history": asdict(cfg.history),
-                "max_imbalance": cfg.max_imbalance})
+                "max_imbalance": cfg.solve.max_imbalance, "redundant": cfg.redundant,
+                "dispatch": cfg.dispatch, "engine": cfg.engine,
+                "passes_per_step": cfg.passes_per_step})
     return out

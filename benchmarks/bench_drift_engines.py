@@ -1,0 +1,207 @@
+"""The engines' own balancers and replica slots under drift, side by side in one run (issues 43
+and 45), on the drift streams of benchmarks/bench_drift.py (built from the shipped real traces).
+
+    nice -n 5 python benchmarks/bench_drift_engines.py --json drift-engines.json
+    python scripts/make_results.py drift-engines.json --out docs/results/
+
+Suites (`--suites`):
+- `engines` (issue 43): EP 8, R = 0 and R = 8, at each engine's default cadence
+  (`sempar.drift.engines`: vLLM every 3 steps, SGLang every step, one step's window, a step =
+  1000 forward passes), each served by that engine's own dispatch among copies (vLLM's hash,
+  SGLang's `static`): `sempar-engine` (the plug-in's core, `sempar.eplb.policy`) against
+  `vllm-eplb` and `sglang-eplb` (each engine's default policy through its installed code).
+  Targets: against the engine whose cadence it runs at, mean exact-home LAR >= 1.20x, imbalance
+  p95 <= theirs + 0.02, migrated bytes <= theirs.
+- `replicas` (issue 45, item 3): EP 4 and 8, R = G, dispatch `locality-first`:
+  `sempar-incremental`, `resolve` and `eplb-periodic` with the same slots and dispatch, every
+  step. Targets: incremental imbalance p95 <= 1.10 and LAR >= 0.95 x resolve's; against
+  eplb-periodic higher LAR and imbalance p95 no higher.
+
+A policy that cannot run here (an engine not installed, the plug-in's core absent) is recorded
+with its one-line reason and left out of the verdicts that need it. The JSON is a list of cases
+(`make_results.py` renders `docs/results/drift-engines.md` from it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_drift import STREAMS  # noqa: E402
+
+ENGINE_POLICIES = ["sempar-engine", "vllm-eplb", "sglang-eplb"]
+REPLICA_POLICIES = ["sempar-incremental", "resolve", "eplb-periodic"]
+ENGINE_DISPATCH = {"vllm": "vllm-hash", "sglang": "sglang-static"}   # each engine's default
+
+
+def load_stream(name: str):
+    from sempar.drift.streams import drift_stream
+    from sempar.paths import assets_dir
+    from sempar.trace import read_trace
+
+    asset, order, k, every, window = STREAMS[name]
+    trace = read_trace(assets_dir() / "traces" / f"{asset}.parquet", optional=("domain",))
+    return trace, drift_stream(trace, order, switch_every=k, mix=0.8, seed=0), every, window
+
+
+def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: str,
+             engine: str, policies: list[str], max_steps: int | None, max_moves: int) -> dict:
+    from sempar.drift.config import ReplayConfig
+    from sempar.drift.policies import POLICIES
+    from sempar.drift.replay import replay
+    from sempar.solve_options import SolveOptions
+
+    trace, stream, every, window = load_stream(stream_name)
+    why = {n: POLICIES.get(n).unavailable() for n in policies
+           if POLICIES.get(n).unavailable is not None}
+    why = {n: w for n, w in why.items() if w}
+    run = [n for n in policies if n not in why]
+    cfg = ReplayConfig.for_model(trace.meta.model, ep,
+                                 solve=SolveOptions(jobs=1, redundant=redundant),
+                                 rebalance=dict(max_moves=max_moves), every=every, window=window,
+                                 max_steps=max_steps, dispatch=dispatch, engine=engine)
+    t0 = time.perf_counter()
+    out = replay(stream, run, cfg) if run else {"policies": {}}
+    for p in out["policies"].values():
+        del p["steps"]                # the page needs the summaries; keep the JSON small
+    out.update({"suite": suite, "stream": stream_name, "model": trace.meta.model, "ep": ep,
+                "redundant": redundant, "dispatch": dispatch, "engine": engine,
+                "unavailable": why, "wall_s": time.perf_counter() - t0})
+    out["verdicts"] = (engine_verdicts if suite == "engines" else replica_verdicts)(out)
+    return out
+
+
+def engine_verdicts(r: dict) -> dict:
+    """Issue 43's targets: sempar-engine against the engine whose cadence it runs at."""
+    p = r["policies"]
+    theirs = f"{r['engine']}-eplb"
+    if "sempar-engine" not in p or theirs not in p:
+        return {"skipped": f"needs sempar-engine and {theirs}"}
+    s, t = p["sempar-engine"], p[theirs]
+    ratio = s["lar_mean"] / max(t["lar_mean"], 1e-12)
+    return {"against": theirs, "lar_ratio": ratio, "lar_ge_1.20x": ratio >= 1.20,
+            "p95_within_0.02": s["imbalance_p95"] <= t["imbalance_p95"] + 0.02,
+            "bytes_no_more": s["migrated_bytes"] <= t["migrated_bytes"]}
+
+
+def replica_verdicts(r: dict) -> dict:
+    """Issue 45's drift targets: sempar-incremental against resolve and eplb-periodic."""
+    p = r["policies"]
+    if not {"sempar-incremental", "resolve", "eplb-periodic"} <= set(p):
+        return {"skipped": "needs sempar-incremental, resolve and eplb-periodic"}
+    i, s, e = p["sempar-incremental"], p["resolve"], p["eplb-periodic"]
+    ratio = i["lar_mean"] / max(s["lar_mean"], 1e-12)
+    return {"lar_vs_resolve": ratio, "lar_ge_0.95_resolve": ratio >= 0.95,
+            "p95_le_1.10": i["imbalance_p95"] <= 1.10,
+            "vs_eplb_lar_higher": i["lar_mean"] > e["lar_mean"],
+            "vs_eplb_p95_no_higher": i["imbalance_p95"] <= e["imbalance_p95"]}
+
+
+def cases(a) -> list[tuple]:
+    out = []
+    for name in a.streams.split(","):
+        if "engines" in a.suites:
+            for R in (0, 8):
+                for engine in ("vllm", "sglang"):
+                    out.append((name, "engines", 8, R, ENGINE_DISPATCH[engine], engine,
+                                ENGINE_POLICIES))
+        if "replicas" in a.suites:
+            for ep in (int(x) for x in a.eps.split(",")):
+                out.append((name, "replicas", ep, ep, "locality-first", "vllm", REPLICA_POLICIES))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--streams", default=",".join(STREAMS))
+    ap.add_argument("--suites", default="engines,replicas")
+    ap.add_argument("--eps", default="4,8", help="replicas suite: EP degrees (R = G each)")
+    ap.add_argument("--max-steps", type=int, default=None, help="steps per replay (None: all)")
+    ap.add_argument("--max-moves", type=int, default=32)
+    ap.add_argument("--json", type=Path, required=True, help="write the cases here (after each)")
+    ap.add_argument("--append", action="store_true", help="add to the cases --json holds")
+    a = ap.parse_args()
+    results = json.loads(a.json.read_text()) if a.append and a.json.exists() else []
+    for c in cases(a):
+        r = run_case(*c, max_steps=a.max_steps, max_moves=a.max_moves)
+        results.append(r)
+        for n, p in r["policies"].items():
+            print(f"{r['suite']:8s} {r['stream']:12s} EP {r['ep']} R {r['redundant']} "
+                  f"{r['dispatch']:14s} {n:18s} LAR {p['lar_mean']:.4f}  imb p95 "
+                  f"{p['imbalance_p95']:.3f}  migrated {p['migrated_bytes'] / 1e9:7.1f} GB "
+                  f"({p['moves_per_step']:.1f} copies/step)  updates {p['updates']}", flush=True)
+        for n, w in r["unavailable"].items():
+            print(f"{r['suite']:8s} {r['stream']:12s} {n}: unavailable: {w}", flush=True)
+        print(f"  verdicts {r['verdicts']}  ({r['wall_s']:.0f} s)", flush=True)
+        a.json.write_text(json.dumps(results) + "\n")   # one line: make_results reads it
+
+
+def _row(n: str, p: dict) -> str:
+    return (f"| {n} | {p['lar_mean']:.4f} | {p['imbalance_p95']:.3f} | "
+            f"{p['imbalance_layer_p95']:.3f} | {p['migrated_bytes'] / 1e9:.1f} | "
+            f"{p['migrated_bytes_per_step'] / 1e9:.2f} | {p['moves_per_step']:.1f} | "
+            f"{p['updates']} | {len(p.get('fallbacks', []))} | {p['solve_s_mean']:.2f} |")
+
+
+def summary(results: list[dict]) -> list[str]:
+    """One line per case: the target's figures and whether each is met."""
+    out = ["## Summary", "",
+           "| suite | stream | EP | R | dispatch | ours | against | LAR ratio | p95 ours / theirs |"
+           " bytes GB ours / theirs | met |", "| --- | --- | ---: | ---: | --- | --- | --- | ---: |"
+           " ---: | ---: | --- |"]
+    for r in results:
+        v, p = r["verdicts"], r["policies"]
+        if "skipped" in v:
+            out.append(f"| {r['suite']} | {r['stream']} | {r['ep']} | {r['redundant']} | "
+                       f"{r['dispatch']} | | | | | | skipped: {v['skipped']} |")
+            continue
+        ours = "sempar-engine" if r["suite"] == "engines" else "sempar-incremental"
+        them = v["against"] if r["suite"] == "engines" else "eplb-periodic"
+        ratio = v["lar_ratio"] if r["suite"] == "engines" else v["lar_vs_resolve"]
+        ok = [k for k, x in v.items() if isinstance(x, bool) and x]
+        no = [k for k, x in v.items() if isinstance(x, bool) and not x]
+        out.append(f"| {r['suite']} | {r['stream']} | {r['ep']} | {r['redundant']} | "
+                   f"{r['dispatch']} | {ours} | {them} | {ratio:.3f}"
+                   f"{'' if r['suite'] == 'engines' else ' (vs resolve)'} | "
+                   f"{p[ours]['imbalance_p95']:.3f} / {p[them]['imbalance_p95']:.3f} | "
+                   f"{p[ours]['migrated_bytes'] / 1e9:.1f} / {p[them]['migrated_bytes'] / 1e9:.1f} | "
+                   f"met: {', '.join(ok) or '-'}; missed: {', '.join(no) or '-'} |")
+    return out + [""]
+
+
+def tables(results: list[dict]) -> str:
+    """The page body (`scripts/make_results.py`): one table per case, its verdicts below."""
+    lines = ["Each case: the policies side by side on one drift stream (`sempar replay`); LAR = "
+             "mean over steps of the exact-home LAR after dispatch (an activation is local when "
+             "the copy the dispatch rule chose is on the token's home device); imbalance p95 = "
+             "95th percentile over steps of the mean-over-layers max/mean device load after "
+             "dispatch; layer p95 over every step and layer; migrated = expert copies x the "
+             "model's expert bytes (total, and mean per step); copies/step = expert copies per "
+             "step; updates = rebalances run; fallbacks = rebalances where the plug-in returned "
+             "the engine's own result; update s = mean wall seconds of one update (a loaded "
+             "machine: not a figure of the method).", ""] + summary(results)
+    for r in results:
+        lines += [f"## {r['suite']}: {r['stream']} ({r['model']}), EP {r['ep']}, R {r['redundant']}, "
+                  f"dispatch {r['dispatch']}"
+                  + (f", {r['engine']} cadence" if r["suite"] == "engines" else ""), "",
+                  f"{r.get('requests', '?')} requests, {r.get('steps', '?')} steps of "
+                  f"{r.get('every', '?')} requests, window {r.get('window', '?')}.", "",
+                  "| policy | LAR | imbalance p95 | layer p95 | migrated GB | GB/step | "
+                  "copies/step | updates | fallbacks | update s |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [_row(n, p) for n, p in r["policies"].items()]
+        for n, w in r.get("unavailable", {}).items():
+            lines.append(f"| {n} | unavailable: {w} | | | | | | | | |")
+        v = r["verdicts"]
+        lines += ["", "Verdicts: " + ", ".join(
+            f"{k} {v[k]:.3f}" if isinstance(v[k], float) else f"{k} {v[k]}" for k in v), ""]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

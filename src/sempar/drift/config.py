@@ -1,0 +1,88 @@
+"""The drift verbs' options, passed whole (as `SolveOptions` is to the solvers): the incremental
+step's `RebalanceConfig` with the model's byte sizes filled in, and `ReplayConfig`, the replay's
+knobs around it. Every default is declared once: `RebalanceConfig`'s in `placement.rebalance`,
+the full solves' in `SolveOptions` (`solve_options`), the replay's here; `sempar rebalance`,
+`sempar replay` and the benchmarks build their configs with `rebalance_config` / `ReplayConfig`
+and pass only what the user set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from sempar.drift.costs import MOVES_MAX
+from sempar.drift.history import History
+from sempar.errors import InputError
+from sempar.placement.dispatch import DEFAULT_DISPATCH
+from sempar.placement.rebalance import RebalanceConfig
+from sempar.solve_options import SolveOptions
+
+
+def rebalance_config(model: str, *, expert_bytes: float | None = None,
+                     remote_bytes: float | None = None, **knobs) -> RebalanceConfig:
+    """`RebalanceConfig` of `knobs` (its field names; None or absent: its default), with
+    `expert_bytes` / `remote_bytes` from `model`'s shape (`drift.costs`) unless given, and no
+    move cap when only `max_bytes` is given (a byte budget alone bounds the step)."""
+    from sempar.drift.costs import expert_bytes as bytes_of, remote_activation_bytes
+
+    names = {f.name for f in fields(RebalanceConfig)}
+    bad = sorted(set(knobs) - names)
+    if bad:
+        raise TypeError(f"rebalance_config: unknown fields {bad}")
+    set_ = {k: v for k, v in knobs.items() if v is not None}
+    if "max_moves" not in set_ and set_.get("max_bytes") is not None:
+        set_["max_moves"] = MOVES_MAX
+    eb = float(expert_bytes) if expert_bytes is not None else float(bytes_of(model))
+    rb = float(remote_bytes) if remote_bytes is not None else float(remote_activation_bytes(model))
+    return RebalanceConfig(expert_bytes=eb, remote_bytes=rb, **set_)
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """The replay's knobs (`drift.replay`): EP degree, step and window in requests, the full
+    solves' options (their `redundant` is the replica slots R every policy gets), the
+    incremental step's config and history, the dispatch rule among copies, and the engine
+    cadence (`drift.engines`): the balancer `sempar-engine` runs in (`engine`) and the forward
+    passes one step of `every` requests stands for (`passes_per_step`)."""
+
+    ep: int
+    every: int = 16                     # requests served per step (updates between steps)
+    window: int = 32                    # requests each update sees (the last ones served)
+    max_steps: int | None = None        # stop after this many steps (None: the whole stream)
+    solve: SolveOptions = field(default_factory=lambda: SolveOptions(jobs=1))
+    rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
+    history: History = field(default_factory=History)   # sempar-incremental's load history
+    dispatch: str = DEFAULT_DISPATCH    # which copy of a replicated expert serves a token
+    engine: str = "vllm"                # sempar-engine: the balancer it is plugged into
+    passes_per_step: int = 1000         # forward passes one replay step stands for
+
+    def __post_init__(self) -> None:
+        if min(self.ep, self.every, self.window, self.passes_per_step) < 1:
+            raise InputError(f"replay: ep {self.ep} / every {self.every} / window {self.window} "
+                             f"/ passes per step {self.passes_per_step} must be >= 1")
+
+    @property
+    def redundant(self) -> int:
+        """Replica slots per layer every policy gets (R)."""
+        return self.solve.redundant
+
+    def span(self, policy) -> int:
+        """Requests `policy`'s update sees: the window, and the history where it keeps one."""
+        return self.history.span(self.window) if policy.history else self.window
+
+    @classmethod
+    def for_model(cls, model: str, ep: int, *, solve: SolveOptions | None = None,
+                  rebalance: dict | None = None, **knobs) -> "ReplayConfig":
+        """The config of a replay of `model` at EP `ep`: `solve` (None: `SolveOptions(jobs=1)`),
+        `rebalance` (`rebalance_config`'s knobs; its bound defaults to the solves' fit cap, so
+        every policy of the replay fits the same cap), the other `knobs` as given."""
+        solve = solve or SolveOptions(jobs=1)
+        rb = dict(rebalance or {})
+        if rb.get("max_imbalance") is None:
+            rb["max_imbalance"] = solve.max_imbalance
+        knobs = {k: v for k, v in knobs.items() if v is not None}
+        return cls(ep=ep, solve=solve, rebalance=rebalance_config(model, **rb), **knobs)
+
+    def with_(self, **changes) -> "ReplayConfig":
+        """A copy with `changes` (dataclasses.replace)."""
+        return replace(self, **changes)
