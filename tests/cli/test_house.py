@@ -81,14 +81,7 @@ def _imports_commands(path: Path) -> list[str]:
     return out
 
 
-# bench_drift.py still imports `commands.rebalance.config`: the drift options' defaults move
-# below the CLI with issue 44's drift-options item (another branch); drop it from here then.
-PENDING = {"bench_drift.py"}
-
-
 def test_benchmarks_and_the_demo_import_no_verb_module():
     files = sorted((ROOT / "benchmarks").glob("*.py")) + sorted((SRC / "demo").rglob("*.py"))
     assert (SRC / "demo").is_dir()
-    assert [x for f in files if f.name not in PENDING for x in _imports_commands(f)] == []
-    assert _imports_commands(ROOT / "benchmarks" / "bench_drift.py") or not PENDING, \
-        "bench_drift.py no longer imports sempar.commands: empty PENDING"
+    assert [x for f in files for x in _imports_commands(f)] == []
