@@ -217,3 +217,17 @@ def pytest_runtest_logreport(report) -> None:
 def pytest_collectreport(report) -> None:
     if report.skipped:
         _record_skip(report.nodeid)
+
+
+# ---- order: the heavy files first -------------------------------------------------------------
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The files that hold a `slow` test run first, each file's tests kept together (its module
+    fixtures are made once) and in their order: with workers (`-n auto --dist loadscope`, the
+    README's command) the long files start at once instead of leaving one worker alone at the
+    end."""
+    heavy = {it.module.__name__ for it in items if it.get_closest_marker("slow") is not None
+             and getattr(it, "module", None) is not None}
+    order = {id(it): i for i, it in enumerate(items)}
+    items.sort(key=lambda it: (getattr(getattr(it, "module", None), "__name__", None) not in heavy,
+                               order[id(it)]))
