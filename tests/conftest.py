@@ -231,3 +231,28 @@ def pytest_collection_modifyitems(config, items) -> None:
     order = {id(it): i for i, it in enumerate(items)}
     items.sort(key=lambda it: (getattr(getattr(it, "module", None), "__name__", None) not in heavy,
                                order[id(it)]))
+
+
+# ---- workers: the tests that make network namespaces run on one --------------------------------
+
+# Network namespaces are the machine's: a test that checks that its testbed is gone (no namespace
+# more than before it) fails when another worker's testbed test runs meanwhile.
+ONE_WORKER = ("tests/testbed/", "tests/bench/test_bench.py::test_testbed_run")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadscope` (README's command) with the ONE_WORKER tests as one scope: each file's
+    tests on one worker (module fixtures made once), every namespace test on the same one."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(ONE_WORKER):
+                return "network namespaces"
+            return super()._split_scope(nodeid)
+
+    return Scheduling(config, log)
+
