@@ -115,9 +115,9 @@ def replace_column(table: pa.Table, name: str, array: pa.Array, nullable: bool =
     return table.set_column(i, pa.field(name, array.type, nullable=nullable), array)
 
 
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sempar.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=600)
+                          capture_output=True, text=True, cwd=cwd, timeout=timeout)
 
 
 @pytest.fixture
@@ -168,3 +168,91 @@ def small_trace(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("serve") / "small.parquet"
     write_trace(tr.take(keep), p)
     return p
+
+
+# ---- the demo, run once -----------------------------------------------------------------------
+
+DEMO_ENV = "SEMPAR_TEST_DEMO"
+
+
+@pytest.fixture(scope="session")
+def demo_out(tmp_path_factory) -> Path:
+    """The folder of one `sempar demo` run, shared by every test that reads it.
+
+    $SEMPAR_TEST_DEMO names a folder the same checkout's `sempar demo --out` already wrote (.ci/run
+    points it at what README's first command wrote, so CI runs the demo once, as a new user
+    does, and checks that run); else the demo runs here once per session (4-5 minutes)."""
+    import os
+
+    given = os.environ.get(DEMO_ENV)
+    if given:
+        out = Path(given)
+        assert (out / "summary.json").is_file(), f"${DEMO_ENV}={given}: no demo output there"
+        return out
+    out = tmp_path_factory.mktemp("demo") / "demo"
+    r = run_cli("demo", "--out", out, cwd=out.parent, timeout=1500)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return out
+
+
+# ---- which tests skipped (.ci/run re-runs them once the extras are installed) ----------------
+
+def _record_skip(nodeid: str) -> None:
+    import os
+
+    where = os.environ.get("SEMPAR_TEST_SKIPPED")
+    if where:
+        with open(where, "a") as f:
+            f.write(nodeid + "\n")
+
+
+def pytest_runtest_logreport(report) -> None:
+    """With $SEMPAR_TEST_SKIPPED set, append the id of every skipped test (and of every test file
+    skipped whole, below) to that file, one a line, duplicates possible: .ci/run runs them again
+    once the extras are installed, with shared/ beside the checkout."""
+    if report.skipped and report.when in ("setup", "call") and not hasattr(report, "wasxfail"):
+        _record_skip(report.nodeid)
+
+
+def pytest_collectreport(report) -> None:
+    if report.skipped:
+        _record_skip(report.nodeid)
+
+
+# ---- order: the heavy files first -------------------------------------------------------------
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The files that hold a `slow` test run first, each file's tests kept together (its module
+    fixtures are made once) and in their order: with workers (`-n auto --dist loadscope`, the
+    README's command) the long files start at once instead of leaving one worker alone at the
+    end."""
+    heavy = {it.module.__name__ for it in items if it.get_closest_marker("slow") is not None
+             and getattr(it, "module", None) is not None}
+    order = {id(it): i for i, it in enumerate(items)}
+    items.sort(key=lambda it: (getattr(getattr(it, "module", None), "__name__", None) not in heavy,
+                               order[id(it)]))
+
+
+# ---- workers: the tests that make network namespaces run on one --------------------------------
+
+# Network namespaces are the machine's: a test that checks that its testbed is gone (no namespace
+# more than before it) fails when another worker's testbed test runs meanwhile.
+ONE_WORKER = ("tests/testbed/", "tests/bench/test_bench.py::test_testbed_run")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadscope` (README's command) with the ONE_WORKER tests as one scope: each file's
+    tests on one worker (module fixtures made once), every namespace test on the same one."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(ONE_WORKER):
+                return "network namespaces"
+            return super()._split_scope(nodeid)
+
+    return Scheduling(config, log)
+

@@ -22,6 +22,7 @@ version, transient 503s, hostile payloads, a delay per request.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import io
 import json
 import socket
@@ -31,8 +32,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pytest
 
 SGLANG_VERSION, VLLM_VERSION = "0.5.23", "0.33.0"
+
+# The `vllm-openai` route reads the body with vLLM's own CompletionRequest and writes the answer
+# with its CompletionResponse: tests of that route need the `engines` extra (vLLM installed
+# --no-deps) and the `engine-protocols` extra (what those classes import), which only CI adds.
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason=f"vLLM is not installed (the `engines` extra: pip install --no-deps vllm=={VLLM_VERSION}, "
+           "plus the `engine-protocols` extra; .ci/run installs both)")
 
 
 def sglang_b64(arr: np.ndarray) -> str:

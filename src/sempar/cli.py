@@ -14,12 +14,24 @@ from typing import Any, Optional
 import typer
 from typer.exceptions import TyperException
 
+from typer.core import TyperGroup
+
 from sempar.atomic import install_signal_cleanup, track_inputs
-from sempar.commands import register_all
+from sempar.commands import ordered, register_all
 from sempar.console import escaped_std_streams
 from sempar.errors import InputError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+class DataFlowGroup(TyperGroup):
+    """The top-level group: its verbs listed in the data flow's order (commands.ORDER), commands
+    and command groups together (typer lists all commands before all groups)."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return ordered(self.commands)
+
+
+app = typer.Typer(cls=DataFlowGroup, add_completion=False, no_args_is_help=True,
+                  pretty_exceptions_enable=False,
                   help="sempar: cut expert-parallel communication of MoE inference.")
 register_all(app)
 
@@ -93,12 +105,27 @@ def _command() -> Any:
 
 def _run(argv: Optional[list[str]]) -> Any:
     try:
-        if {"--help", "-h"} & set(sys.argv[1:] if argv is None else argv):
+        args = sys.argv[1:] if argv is None else argv
+        if {"--help", "-h"} & set(args):
             from sempar.commands._options import fill_name_helps
-            fill_name_helps(_command())     # name options list their registry (generated)
+            # name options list their registry (generated): only the asked command's, so that
+            # `sempar --help` imports no registry (numpy, scipy, torch) and answers at once
+            fill_name_helps(_asked(_command(), args), recursive=False)
         return _command().main(args=argv, standalone_mode=False, prog_name="sempar")
     finally:
         track_inputs(False)
+
+
+def _asked(command: Any, args: list[str]) -> Any:
+    """The command whose help `args` asks for: the group path its leading words name."""
+    for word in args:
+        sub = getattr(command, "commands", {}).get(word)
+        if sub is None:
+            if not word.startswith("-"):
+                break
+            continue
+        command = sub
+    return command
 
 
 def _os_message(e: OSError) -> str:

@@ -10,15 +10,17 @@ ENV = "SEMPAR_REAL_DATA"
 
 
 def real_data_dir() -> Path | None:
-    """The `data/real` folder: $SEMPAR_REAL_DATA, else `../shared/data/real` beside the checkout
-    or the working directory; None when none exists."""
-    candidates = []
+    """The `data/real` folder: $SEMPAR_REAL_DATA when set (None when that is not a folder: a
+    path that does not exist, such as /nonexistent, hides `shared/` the way a user's machine
+    lacks it), else `../shared/data/real` beside the checkout or the working directory; None
+    when none exists."""
     if os.environ.get(ENV):
-        candidates.append(Path(os.environ[ENV]))
+        given = Path(os.environ[ENV])
+        return given if given.is_dir() else None
     repo = Path(__file__).resolve().parents[2]
-    candidates += [repo.parent / "shared" / "data" / "real",
-                   Path.cwd().parent / "shared" / "data" / "real",
-                   Path.cwd() / "shared" / "data" / "real"]
+    candidates = [repo.parent / "shared" / "data" / "real",
+                  Path.cwd().parent / "shared" / "data" / "real",
+                  Path.cwd() / "shared" / "data" / "real"]
     for c in candidates:
         if c.is_dir():
             return c

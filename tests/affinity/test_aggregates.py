@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
@@ -17,12 +16,14 @@ import pytest
 
 from sempar.affinity.aggregates import analyze_aggregates, uniform_baseline
 from sempar.errors import InputError
+from sempar.paths import real_data_dir
 from sempar.report.aggregate_plots import plot_aggregates
 
 
 def _real_dir() -> Path | None:
-    env = os.environ.get("SEMPAR_REAL_DATA")
-    root = Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data" / "real"
+    root = real_data_dir()              # sempar.paths' search: $SEMPAR_REAL_DATA, else ../shared
+    if root is None:
+        return None
     for cand in (root / "olmoe-routing-aggregates", root):
         if cand.is_dir() and any(cand.glob("olmoe_*.npz")):
             return cand

@@ -17,7 +17,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("pybase64")
 sys.path.insert(0, str(Path(__file__).parents[0]))
 from engine_fixture_server import (Faults, FixtureServer, RandomBackend, make_app,  # noqa: E402
-                                   sglang_b64, vllm_b64)
+                                   needs_vllm, sglang_b64, vllm_b64)
 
 from sempar.trace import read_trace  # noqa: E402
 
@@ -52,7 +52,8 @@ def capture(capsys, url, engine, prompts, out, *extra):
                "--tries", "1", *extra)
 
 
-@pytest.mark.parametrize("engine", ["sglang", "vllm", "vllm-openai"])
+@pytest.mark.parametrize("engine", ["sglang", "vllm",
+                                    pytest.param("vllm-openai", marks=needs_vllm)])
 def test_capture_writes_prefill_and_decode_rows(capsys, tmp_path, prompts, engine):
     with serve(Faults()) as url:
         code, err = capture(capsys, url, engine, prompts, tmp_path / "t.parquet", "--json")

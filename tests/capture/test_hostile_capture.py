@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[0]))
 from test_capture_cli import cli, one_line, saved_lines, serve  # noqa: E402
 
-from engine_fixture_server import Faults  # noqa: E402
+from engine_fixture_server import Faults, needs_vllm  # noqa: E402
 from sempar.errors import InputError  # noqa: E402
 
 
@@ -309,6 +309,7 @@ def test_captured_traces_say_their_slots_are_unsorted(capsys, tmp_path, engine):
 
 # ---- vLLM 0.33.0's OpenAI route --------------------------------------------------------------
 
+@needs_vllm
 def test_vllm_openai_route_equals_the_token_route(capsys, tmp_path):
     """The fixture reads the body with vLLM's own CompletionRequest and writes the answer with
     its CompletionResponse; a saved /v1/completions request + response imports the same."""

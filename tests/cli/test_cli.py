@@ -95,11 +95,9 @@ def test_analyze_real_aggregates_json(tmp_path):
     assert [l["layer"] for l in models["olmoe"]["layers"]] == [0, 7, 15]
 
 
-@pytest.mark.slow          # 1.5-4 minutes: the whole demo (solvers, serving forecast, report)
-def test_demo_writes_report_and_summary(tmp_path):
-    out = tmp_path / "demo"
-    r = sempar("demo", "--out", str(out), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+@pytest.mark.slow          # 4-5 minutes: the whole demo (solvers, serving forecast, report)
+def test_demo_writes_report_and_summary(demo_out):
+    out = demo_out
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary["stages"])[:2] == ["trace", "analyze"]
     traces = summary["stages"]["trace"]

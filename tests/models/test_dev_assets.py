@@ -96,3 +96,19 @@ def test_h8_model_trained_and_traced():
 
     real = sum(real_trace_path(name).stat().st_size for name in REAL_TRACES)
     assert real <= 12.5 * 2**20
+
+
+def test_real_data_env_is_the_only_place_looked_at_when_set(tmp_path, monkeypatch):
+    """$SEMPAR_REAL_DATA, when set, decides alone: a folder that does not exist means no real
+    data even with shared/ beside the checkout (how CI and a worktree see a user's machine)."""
+    from sempar.paths import ENV, real_data_dir
+
+    (tmp_path / "shared" / "data" / "real").mkdir(parents=True)
+    (tmp_path / "repo").mkdir()
+    monkeypatch.chdir(tmp_path / "repo")             # ../shared/data/real beside the cwd
+    monkeypatch.delenv(ENV, raising=False)
+    assert real_data_dir() is not None
+    monkeypatch.setenv(ENV, str(tmp_path / "nowhere"))
+    assert real_data_dir() is None
+    monkeypatch.setenv(ENV, str(tmp_path / "shared" / "data" / "real"))
+    assert real_data_dir() == tmp_path / "shared" / "data" / "real"

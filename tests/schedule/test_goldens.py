@@ -75,6 +75,16 @@ def slice_figures() -> dict:
     return _round(out)
 
 
+# The upper-bound row's figures are a Lagrangian value taken at an LP solver's duals (placement
+# bounds: configuration LP / pair budget). The optimal duals are not unique, so the value moves
+# with the HiGHS build and the machine (0.87705 against the golden's 0.87682 on one machine):
+# these fields are compared within BOUND_TOL (absolute, LAR units: 0.2 percentage points
+# of local activations), every other figure of the file exactly.
+BOUND_ROW = "ref: upper bound"
+BOUND_FIELDS = ("lar_mean", "bound_any_balance", "gap")
+BOUND_TOL = 2e-3
+
+
 def test_home_rules_match_golden():
     from sempar.paths import dev_trace_paths
 
@@ -82,6 +92,12 @@ def test_home_rules_match_golden():
         pytest.skip("tiny-moe64 dev trace not committed")
     want = json.loads(GOLDEN.read_text())
     got = json.loads(json.dumps(slice_figures()))
+    (ref,) = [r for r in want["evaluate"]["tp"]["refs"] if r.startswith(BOUND_ROW)]
+    assert ref in got["evaluate"]["tp"]["refs"], ref
+    mine, theirs = got["evaluate"]["tp"]["refs"][ref], want["evaluate"]["tp"]["refs"][ref]
+    assert mine["lar_mean"] >= mine["sempar_in_sample"]      # still bounds what sempar reached
+    for f in BOUND_FIELDS:
+        assert mine.pop(f) == pytest.approx(theirs.pop(f), abs=BOUND_TOL), f
     assert got == want
 
 

@@ -24,10 +24,8 @@ T, L, K, N, R = 120, 3, 2, 8, 12
 
 
 def _full_dir() -> Path | None:
-    for root in (real_data_dir(), Path("/work/shared/data/real")):
-        if root is not None and (root / "full-traces").is_dir():
-            return root / "full-traces"
-    return None
+    root = real_data_dir()        # sempar.paths' search only: SEMPAR_REAL_DATA=/nonexistent hides it
+    return root / "full-traces" if root is not None and (root / "full-traces").is_dir() else None
 
 
 FULL = _full_dir()

@@ -187,12 +187,11 @@ def test_predictors(wide_trace, monkeypatch):
     np.testing.assert_equal(a, b)
 
 
-def test_serve_sim_dev_trace(monkeypatch, tmp_path):
+def test_serve_sim_dev_trace(monkeypatch, tmp_path, small_trace):
     """serve-sim on the tiny-moe64 dev trace (64 experts: uint8 ids), which has its model's
-    dimensions (the 256-expert trace has no preset of its shape)."""
-    from sempar.paths import dev_trace_paths
-
-    path = {p.stem: p for p in dev_trace_paths()}["tiny-moe64"]
-    _same(["serve-sim", "--trace", str(path), "--topology", "pcie-upi8", "--ep", "8",
+    dimensions (the 256-expert trace has no preset of its shape): its first 400 requests
+    (conftest's `small_trace`; the dtype, not the size, is the point)."""
+    assert read_trace(small_trace).experts.dtype == np.uint8
+    _same(["serve-sim", "--trace", str(small_trace), "--topology", "pcie-upi8", "--ep", "8",
            "--systems", "sglang,semmoe-dp,semmoe-tp", "--rates", "1,4", "--duration", "5",
            "--json"], monkeypatch, tmp_path)

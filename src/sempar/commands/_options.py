@@ -295,15 +295,28 @@ def names_help(check: Any) -> str:
     return f"{check.help}; {'one' if check.single else 'any'} of: {', '.join(names)}"
 
 
-def fill_name_helps(command: Any) -> None:
-    """Write the generated help (`names_help`) into every `names_option` of the click command
-    tree `command`. Called only when help is asked for (cli.py), so a plain run imports no
-    registry it does not use."""
+def lazy_help_option(default: Any, option: str, help: Callable[[], str]) -> Any:
+    """An option whose help `help()` is generated at `--help` time (`fill_name_helps`): help that
+    names what a heavy module holds (numpy, pyarrow) without importing it when the CLI is built."""
+    def keep(value: Any) -> Any:
+        return value
+
+    keep.help_text = help                                    # type: ignore[attr-defined]
+    return typer.Option(default, option, help="", callback=keep)
+
+
+def fill_name_helps(command: Any, recursive: bool = True) -> None:
+    """Write the generated help (`names_help`, `lazy_help_option`'s) into every such option of the
+    click command `command` (and, `recursive`, of the commands under it). Called only when help
+    is asked for, and then only for the command asked about (cli.py), so a plain run, and
+    `sempar --help`, import no registry they do not use."""
     for param in getattr(command, "params", ()):
         check = getattr(param, "callback", None)
         if getattr(check, "registry", None) is not None:
             param.help = names_help(check)
-    for sub in getattr(command, "commands", {}).values():
+        elif getattr(check, "help_text", None) is not None:
+            param.help = check.help_text()
+    for sub in getattr(command, "commands", {}).values() if recursive else ():
         fill_name_helps(sub)
 
 

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from sempar.bounds import LAYERS_MAX, TOKENS_MAX, Bounds, NumberList, bound
-from sempar.commands._options import json_option
+from sempar.commands._options import json_option, lazy_help_option
 from sempar.console import emit_json
 
 import_app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -59,11 +59,12 @@ def import_sglang_cmd(dumps: list[Path] = typer.Argument(..., help="SGLang per_t
 
 
 def _key(role: str) -> Optional[str]:
-    from sempar.trace.arrays import DEFAULT_KEYS
+    def help() -> str:
+        from sempar.trace.arrays import DEFAULT_KEYS     # numpy, pyarrow: only for --help
 
-    return typer.Option(None, f"--{role.replace('_', '-')}-key",
-                        help=f"array name (default: first of {', '.join(DEFAULT_KEYS[role])}; "
-                             "'' = none)")
+        return f"array name (default: first of {', '.join(DEFAULT_KEYS[role])}; '' = none)"
+
+    return lazy_help_option(None, f"--{role.replace('_', '-')}-key", help)
 
 
 LAYER_IDS = NumberList("--layer-ids", Bounds(0, LAYERS_MAX - 1, integer=True), max_items=LAYERS_MAX)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 import typer
 
 from sempar.bounds import HOSTS, POSITIVE_SECONDS, Bounds, NumberList, bound
@@ -88,6 +87,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _print_summary(topo, res: dict[str, Any], out: Path) -> None:
+    import numpy as np
+
     G = topo.num_devices
     bw = np.asarray(res["profiled_bw_Bps"])
     shaped = np.asarray(res["testbed"]["shaped_bw_Bps"]) if "testbed" in res else None

@@ -10,11 +10,11 @@ import typer
 
 from sempar.bounds import TOKENS_MAX, bound
 from sempar.commands._options import seed_option
-from sempar.trace.presets import PRESETS
+from sempar.model_presets import names as preset_names
 
 
 def synth(preset: str = typer.Option(..., "--preset",
-                                    help="model shape: " + ", ".join(PRESETS.names())),
+                                    help="model shape: " + ", ".join(preset_names())),
           tokens: int = typer.Option(..., "--tokens", help="number of tokens",
                                      callback=bound(1, TOKENS_MAX)),
           requests: Optional[int] = typer.Option(None, "--requests",
