@@ -10,7 +10,6 @@ import typer
 
 from sempar.bounds import MICRO_SLICES_MAX, bound
 from sempar.commands._options import WithAliases, json_option, names_option, seed_option
-from sempar.chiplet.workload import load_workload
 from sempar.console import emit_json
 
 
@@ -61,6 +60,7 @@ def stream(
     from sempar.chiplet.models import MODELS, precision_bytes
     from sempar.chiplet.simulate import simulate
     from sempar.chiplet.strategies import resolve
+    from sempar.chiplet.workload import load_workload
     from sempar.errors import InputError
     from sempar.progress import progress_bar, steps
 
