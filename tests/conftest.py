@@ -192,7 +192,27 @@ def demo_out(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("demo") / "demo"
     r = run_cli("demo", "--out", out, cwd=out.parent, timeout=1500)
     assert r.returncode == 0, r.stderr[-4000:]
+    (out.parent / "demo.stdout").write_text(r.stdout)
     return out
+
+
+DEMO_STDOUT_ENV = "SEMPAR_TEST_DEMO_STDOUT"
+
+
+@pytest.fixture(scope="session")
+def demo_stdout(demo_out) -> str:
+    """What that demo run printed on the terminal: $SEMPAR_TEST_DEMO_STDOUT (.ci/run keeps the
+    output of README's first command there), else the run `demo_out` made itself."""
+    import os
+
+    given = os.environ.get(DEMO_STDOUT_ENV)
+    if given:
+        return Path(given).read_text(errors="replace")
+    kept = demo_out.parent / "demo.stdout"
+    if not kept.is_file():
+        pytest.skip(f"${DEMO_ENV} is set without ${DEMO_STDOUT_ENV}: the demo's terminal output "
+                    "was not kept")
+    return kept.read_text()
 
 
 # ---- which tests skipped (.ci/run re-runs them once the extras are installed) ----------------

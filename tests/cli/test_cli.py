@@ -96,7 +96,7 @@ def test_analyze_real_aggregates_json(tmp_path):
 
 
 @pytest.mark.slow          # 4-5 minutes: the whole demo (solvers, serving forecast, report)
-def test_demo_writes_report_and_summary(demo_out):
+def test_demo_writes_report_and_summary(demo_out, demo_stdout):
     out = demo_out
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary["stages"])[:2] == ["trace", "analyze"]
@@ -114,8 +114,8 @@ def test_demo_writes_report_and_summary(demo_out):
         assert "Real routing" in html
     check_demo_answer(out, summary, html)
     # the terminal gets the answer, one line per case, and where the report is
-    assert r.stdout.count("SGLang's launch under") == len(summary["stages"]["serve"]["cases"])
-    assert f"wrote {out / 'report.html'}" in r.stdout
+    assert demo_stdout.count("SGLang's launch under") == len(summary["stages"]["serve"]["cases"])
+    assert f"wrote {out / 'report.html'}" in demo_stdout
 
 
 def check_demo_answer(out, summary: dict, html: str) -> None:
