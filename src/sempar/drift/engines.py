@@ -206,24 +206,20 @@ def window_source(window: RoutingTrace):
 def sempar_map(weight: np.ndarray, current: Placement, num_groups: int,
                window: RoutingTrace, default, seed: int = 0) -> tuple[np.ndarray, str | None]:
     """(int64[L, P], fallback reason or None): the plug-in's map for this rebalance, called as
-    `sempar.eplb.engine.plan` calls it (the engine's arguments, FILE from `window_source`, the
-    plug-in's config, its map check), or, where the plug-in would fall back, `default()` (the
+    `sempar.eplb.engine.plan` does (`engine.checked_map` on the engine's arguments, FILE from
+    `window_source`, the plug-in's config), or, where the plug-in would fall back, `default()` (the
     host engine's own result) and the one-line reason."""
     from sempar.eplb.config import PluginConfig
-    from sempar.eplb.engine import check_map
-    from sempar.eplb.policy import rebalance
+    from sempar.eplb.engine import checked_map, fallback_reason
 
-    L, N = weight.shape
     try:
-        m = rebalance(weight.astype(np.float64), current.num_slots, num_groups,
-                      current.num_nodes, current.num_devices, current.phy2log.astype(np.int64),
-                      window_source(window), PluginConfig(seed=seed))
-        bad = check_map(np.asarray(m), L, current.num_slots, N, current.num_devices)
-        if bad:
-            raise ValueError(f"sempar's map is unusable ({bad})")
+        m, _ = checked_map(weight.astype(np.float64), current.num_slots, num_groups,
+                           current.num_nodes, current.num_devices,
+                           current.phy2log.astype(np.int64), window_source(window),
+                           PluginConfig(seed=seed))
         return np.asarray(m, np.int64), None
     except Exception as err:  # noqa: BLE001 - the plug-in never takes the engine down
-        return default(), f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        return default(), fallback_reason(err)
 
 
 def as_placement(phy2log: np.ndarray, current: Placement, method: str) -> Placement:

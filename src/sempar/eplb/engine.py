@@ -7,10 +7,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sempar.eplb.config import ENV_FILE
+
+if TYPE_CHECKING:
+    from sempar.eplb.policy import RebalanceReport
 
 # The last rebalance, for an operator or a test: its `RebalanceReport` fields, or the reason
 # of the last fallback. Also exported as Prometheus gauges where prometheus_client is there.
@@ -83,6 +87,32 @@ def check_map(m: np.ndarray, L: int, P: int, N: int, G: int, distinct: bool = Fa
     return None
 
 
+def checked_map(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
+                num_ranks: int, old_map: np.ndarray | None, source, config
+                ) -> tuple[np.ndarray, RebalanceReport]:
+    """(int64[L, P], its report): the policy's map for this rebalance on a loaded FILE
+    (`source`) and `config`, checked with `check_map`; raises ValueError where it is unusable.
+    The one path from the engine's arguments to a map: the plug-ins (`plan`) and the drift
+    replay's `sempar-engine` both take it. weight float64[L, N]."""
+    from sempar.eplb.policy import rebalance_report
+
+    L, N = weight.shape
+    m, report = rebalance_report(weight, num_replicas, num_groups, num_nodes, num_ranks,
+                                 old_map, source, config)
+    bad = check_map(m, L, num_replicas, N, num_ranks)
+    if bad:
+        raise ValueError(f"sempar's map is unusable ({bad})")
+    return m, report
+
+
+def fallback_reason(err: Exception) -> str:
+    """The one line a fallback logs: the message of a FILE or setting refusal, else the
+    error's kind and first line."""
+    kind = type(err).__name__
+    msg = str(err).splitlines()[0] if str(err) else kind
+    return msg if kind in ("SourceMismatch", "InputError") else f"{kind}: {msg}"
+
+
 def plan(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
          num_ranks: int, old_map: np.ndarray | None, logger: logging.Logger,
          model: str | None = None) -> np.ndarray | None:
@@ -95,8 +125,7 @@ def plan(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
     t0 = time.perf_counter()
     try:
         from sempar.eplb.config import PluginConfig
-        from sempar.eplb.policy import rebalance_report
-        from sempar.eplb.source import SourceMismatch, load_source
+        from sempar.eplb.source import load_source
 
         w = np.asarray(weight, np.float64)
         if w.ndim != 2:
@@ -106,15 +135,10 @@ def plan(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
         src = load_source(path, num_layers=L, num_experts=N, num_ranks=num_ranks, model=model,
                           max_age_s=cfg.max_age_s, sample_rows=cfg.lar_rows, seed=cfg.seed,
                           settle_s=cfg.settle_s)
-        m, report = rebalance_report(w, num_replicas, num_groups, num_nodes, num_ranks,
-                                     old_map, src, cfg)
-        bad = check_map(m, L, num_replicas, N, num_ranks)
-        if bad:
-            raise ValueError(f"sempar's map is unusable ({bad})")
+        m, report = checked_map(w, num_replicas, num_groups, num_nodes, num_ranks, old_map,
+                                src, cfg)
     except Exception as err:  # noqa: BLE001 - never take the engine down
-        kind = type(err).__name__
-        msg = str(err).splitlines()[0] if str(err) else kind
-        reason = msg if kind in ("SourceMismatch", "InputError") else f"{kind}: {msg}"
+        reason = fallback_reason(err)
         logger.warning("sempar EPLB: using the engine's default policy for this rebalance: %s",
                        reason)
         _record(reason=reason)
