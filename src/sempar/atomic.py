@@ -5,7 +5,7 @@ The checks of the output rule (what may be written where, what sempar may replac
 
 Files (`atomic_path`): the result is written to a temporary beside the target and renamed over
 it only when the target is absent or a regular file (in a CLI run: one sempar wrote, see
-`output_rule.owned_file`; each file written is added to the signed ledger). A symlink to a regular file is followed:
+`output_proof.owned_file`; each file written is added to the signed ledger). A symlink to a regular file is followed:
 its final target is written (so a link into a shared folder stays a link). Anything else (a
 folder, a device node such as /dev/null, a FIFO, a socket, a dangling or looping symlink) is
 refused with one line before any work. Folders the write had to make are removed again when it
@@ -37,9 +37,10 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from sempar.output_rule import (MARKER, check_folder_output, check_input, check_output,  # noqa: F401
-                                files_under, owned_file, record_output, register_input,
-                                release_input, track_inputs, verified_files, write_marker)
+from sempar.output_proof import (MARKER, files_under, owned_file, record_output,  # noqa: F401
+                                 verified_files, write_marker)
+from sempar.output_rule import (check_folder_output, check_input, check_output,  # noqa: F401
+                                register_input, release_input, track_inputs)
 
 _live: set[Path] = set()          # temporaries of this process (files or folders we created)
 _handlers_installed = False
