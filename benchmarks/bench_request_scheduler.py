@@ -33,8 +33,8 @@ from sempar.paths import dev_trace_paths
 from sempar.placement import solve
 from sempar.schedule.homes import oracle_home_dp
 from sempar.placement.metrics import placement_figures
-from sempar.schedule.requests import (REQUEST_POLICIES, evaluate_policies, make_policy,
-                                      rank_figures, reorder_requests, request_arrays)
+from sempar.schedule.request_eval import evaluate_policies, rank_figures, reorder_requests
+from sempar.schedule.requests import REQUEST_POLICIES, make_policy, request_arrays
 from sempar.trace import read_trace, split_by_request
 
 

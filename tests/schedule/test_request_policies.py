@@ -7,8 +7,8 @@ import pytest
 
 from sempar.errors import InputError
 from sempar.predict.token_table import TokenTable
-from sempar.schedule.requests import (REQUEST_POLICIES, evaluate_policies, make_policy, rank_figures,
-                                      reorder_requests, request_arrays, score_matrix)
+from sempar.schedule.request_eval import evaluate_policies, rank_figures, reorder_requests
+from sempar.schedule.requests import REQUEST_POLICIES, make_policy, request_arrays, score_matrix
 from sempar.schedule.homes import home_from_ranks
 
 

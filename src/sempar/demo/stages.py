@@ -217,7 +217,7 @@ def stage_online(ctx: DemoContext) -> dict:
     from sempar.schedule.evaluate import figures_for
     from sempar.report.schedule_plots import plot_lar_bars, plot_policy_bars
     from sempar.schedule.online import model_embedding, online_figures
-    from sempar.schedule.requests import evaluate_policies
+    from sempar.schedule.request_eval import evaluate_policies
     from sempar.trace import read_trace
 
     entries = {n: e for n, e in ctx.results["trace"].items()
