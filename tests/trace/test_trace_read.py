@@ -14,7 +14,7 @@ from conftest import build_trace, write_unchecked
 from sempar.errors import InputError
 from sempar.trace import read_trace, write_trace
 from sempar.trace.io import iter_blocks
-from sempar.trace.schema import sort_network, sorted_slots
+from sempar.trace.validate import sort_network, sorted_slots
 
 
 @pytest.mark.parametrize("n", range(1, 13))

@@ -60,7 +60,7 @@ def import_sglang_cmd(dumps: list[Path] = typer.Argument(..., help="SGLang per_t
 
 def _key(role: str) -> Optional[str]:
     def help() -> str:
-        from sempar.trace.arrays import DEFAULT_KEYS     # numpy, pyarrow: only for --help
+        from sempar.trace.array_files import DEFAULT_KEYS     # numpy: only for --help
 
         return f"array name (default: first of {', '.join(DEFAULT_KEYS[role])}; '' = none)"
 

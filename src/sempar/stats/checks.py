@@ -13,7 +13,7 @@ figure is read from it, each violation one line (`InputError`) naming the part:
   distinct experts per layer, so no sum overflows once rows x k x k < 2^62);
 - requests: ids strictly increasing, each request's rows >= 1, the rows summing to the shards';
 - sample: rows strictly increasing in [0, rows), the columns a valid trace block
-  (`trace.schema.validate_arrays`: expert ids in range and distinct, token ids below the
+  (`trace.validate.validate_arrays`: expert ids in range and distinct, token ids below the
   vocabulary, domains known), whole requests of the request table, and exactly the requests
   the sample rule (`stats.sample`) picks below the file's cut;
 - token / request-expert tables: canonical CSR (indptr from 0, non-decreasing; column
@@ -223,7 +223,7 @@ def _tables(stats: RoutingStats) -> None:
 
 
 def _sample(stats: RoutingStats) -> None:
-    from sempar.trace.schema import validate_arrays
+    from sempar.trace.validate import validate_arrays
 
     s = stats.sample
     if s is None:

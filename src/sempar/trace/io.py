@@ -46,8 +46,8 @@ from sempar.atomic import atomic_path, check_input
 from sempar.errors import InputError
 from sempar.safe_json import parse_json
 from sempar.trace.columns import WEIGHT_DTYPE, block_arrays, check_row_type, stored_dtype
-from sempar.trace.schema import (FORMAT_VERSION, SUPPORTED_VERSIONS, RoutingTrace, TraceMeta,
-                                 validate_arrays)
+from sempar.trace.schema import FORMAT_VERSION, SUPPORTED_VERSIONS, RoutingTrace, TraceMeta
+from sempar.trace.validate import check_decode, validate_arrays
 
 META_KEY = b"sempar.trace"
 # SHA-256 of the metadata block's bytes (format 3 on): a changed expert count, layer list or
@@ -159,8 +159,6 @@ class TraceWriter:
         if self.has_decode != (decode is not None):
             raise InputError("decode: given for some blocks of the trace but not for others")
         if decode is not None:
-            from sempar.trace.schema import check_decode
-
             check_decode(decode, token_id.shape[0])
         T = token_id.shape[0]
         width = self.meta.num_layers * self.meta.top_k
