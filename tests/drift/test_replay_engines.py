@@ -166,7 +166,9 @@ def test_results_page_from_the_benchmarks_json(tmp_path):
     case = {"suite": "engines", "stream": "esft-tasks", "model": "deepseek-v2-lite", "ep": 8,
             "redundant": 8, "dispatch": "vllm-hash", "engine": "vllm", "requests": 173,
             "steps": 10, "every": 16, "window": 16,
-            "policies": {"sempar-engine": pol, "vllm-eplb": {**pol, "lar_mean": 0.3}},
+            "policies": {"sempar-engine": {**pol, "imbalance_mean": 1.1,
+                                           "imbalance_step_max": 1.25},
+                         "vllm-eplb": {**pol, "lar_mean": 0.3}},
             "unavailable": {"sglang-eplb": "sglang-eplb: SGLang is not installed"},
             "verdicts": {"against": "vllm-eplb", "lar_ratio": 1.5, "lar_ge_1.20x": True}}
     (tmp_path / "d.json").write_text(json.dumps([case]) + "\n")
@@ -176,3 +178,4 @@ def test_results_page_from_the_benchmarks_json(tmp_path):
     assert "| sempar-engine | 0.4500 | 1.200 | 1.300 | 2.0 | 0.20 | 3.0 | 3 | 0 | 0.50 |" in text
     assert "unavailable: sglang-eplb: SGLang is not installed" in text
     assert "lar_ratio 1.500" in text and "| load average at generation" in text
+    assert "| 1.200 / 1.200 | 1.100 / 1.250, - / - |" in text     # mean / worst step beside p95

@@ -190,7 +190,7 @@ def sempar_unavailable() -> str | None:
     return None
 
 
-def window_source(window: RoutingTrace):
+def window_source(window: RoutingTrace, sample_rows: int = 4096):
     """The plug-in's FILE for one rebalance, in memory: the rolling window's statistics with
     its rows as the `sample` part (what `sempar stats build --parts sample` over the window
     writes), read by the plug-in's own `source_from_stats` (co-activation from the sample)."""
@@ -200,7 +200,7 @@ def window_source(window: RoutingTrace):
 
     st = SimpleNamespace(meta=window.meta, sample={"experts": window.experts},
                          coactivation=None)
-    return source_from_stats(st, "<replay window>")
+    return source_from_stats(st, "<replay window>", sample_rows=sample_rows)
 
 
 def sempar_map(weight: np.ndarray, current: Placement, num_groups: int,
@@ -213,10 +213,11 @@ def sempar_map(weight: np.ndarray, current: Placement, num_groups: int,
     from sempar.eplb.engine import checked_map, fallback_reason
 
     try:
+        cfg = PluginConfig(seed=seed)
         m, _ = checked_map(weight.astype(np.float64), current.num_slots, num_groups,
                            current.num_nodes, current.num_devices,
-                           current.phy2log.astype(np.int64), window_source(window),
-                           PluginConfig(seed=seed))
+                           current.phy2log.astype(np.int64),
+                           window_source(window, cfg.sample_rows()), cfg)
         return np.asarray(m, np.int64), None
     except Exception as err:  # noqa: BLE001 - the plug-in never takes the engine down
         return default(), fallback_reason(err)

@@ -27,6 +27,12 @@ class PluginConfig:
     must switch at the same rebalance; 0: at once).
     swaps_per_slot: balancing swaps per layer, at most, per slot of a device.
     lar_rows: rows of a stats FILE's sample the reported LAR is measured on (0: not measured).
+    scenarios: load vectors a rebalance balances at once (`policy.scenario_loads`): the live
+    window and scenarios - 1 contiguous splits of FILE's sample rows (runs of requests), so the
+    layout holds when the mix moves toward any of them and experts that spike together in some
+    run of requests are not left on one device (1: the live window alone).
+    scenario_slack: a split's bound is max_imbalance + this.
+    scenario_rows: sample rows of a stats FILE read for the scenarios (and the LAR).
     """
 
     max_moves: int | None = None
@@ -38,6 +44,9 @@ class PluginConfig:
     settle_s: float = 30.0
     swaps_per_slot: int = 32
     lar_rows: int = 1024
+    scenarios: int = 5
+    scenario_slack: float = 0.0
+    scenario_rows: int = 4096
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -53,6 +62,16 @@ class PluginConfig:
             raise InputError(f"{ENV_PREFIX}MAX_IMBALANCE: {self.max_imbalance} not in [1, 100)")
         if self.swaps_per_slot < 0 or self.lar_rows < 0 or not self.min_gain >= 0:
             raise InputError(f"{ENV_PREFIX}*: swaps_per_slot / lar_rows / min_gain negative")
+        if self.scenarios < 1 or self.scenario_rows < 0 or not self.scenario_slack >= 0:
+            raise InputError(f"{ENV_PREFIX}SCENARIOS: {self.scenarios} < 1 (or SCENARIO_ROWS "
+                             f"{self.scenario_rows} negative)")
+
+    def sample_rows(self) -> int:
+        """Rows of a stats FILE's sample to read: enough for the LAR and the scenarios (0:
+        every row)."""
+        if self.lar_rows == 0 and self.scenarios <= 1:
+            return 1                        # neither needs the sample; keep what is read small
+        return max(self.lar_rows, self.scenario_rows if self.scenarios > 1 else 0)
 
     def move_budget(self) -> int | None:
         """Slot changes allowed per rebalance: the smaller of max_moves and max_bytes /
@@ -76,7 +95,8 @@ class PluginConfig:
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is None or raw.strip() == "":
                 continue
-            kind = int if f.name in ("max_moves", "swaps_per_slot", "lar_rows", "seed") else float
+            kind = int if f.name in ("max_moves", "swaps_per_slot", "lar_rows", "seed", "scenarios",
+                                   "scenario_rows") else float
             try:
                 kw[f.name] = kind(raw)
             except ValueError:

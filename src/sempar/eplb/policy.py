@@ -2,7 +2,9 @@
 physical_to_logical map that keeps FILE's locality, balances the live load window with the
 engine's redundant slots, and moves few experts relative to the old map.
 
-Per layer l (live load w float[N], P = G x S slots, R = P - N redundant):
+Per layer l (live load w float[N], P = G x S slots, R = P - N redundant; load scenarios W
+float[K, N], `scenario_loads`: row 0 the live window, rows 1.. contiguous splits of FILE's
+sample rows, each scaled to w's total, `PluginConfig.scenarios`; K = 1 is the live window alone):
 1. **Replica counts** from the live load: every expert once, each redundant slot to the expert
    with the highest load per copy (DeepSeek EPLB's `replicate_experts`, sempar's port in
    `placement/eplb.py`, vectorised over layers here).
@@ -10,18 +12,24 @@ Per layer l (live load w float[N], P = G x S slots, R = P - N redundant):
    (`Source.home`), the devices relabelled to overlap the old map most (Hungarian,
    `scipy.optimize.linear_sum_assignment`, as `placement.migration.align_devices` does for
    whole placements): a relabelling moves nothing and keeps every co-location.
-3. **Redundant copies where the live load needs them**: heaviest copy first, to the least
-   loaded device with a free slot that does not host the expert; among devices within 2% of
-   the mean load of that minimum, the one whose experts co-activate most with it.
-4. **Balance swaps**: while the hottest device is above `max_imbalance` x the mean, swap one of
-   its copies with a copy on another device: among the swaps that cut the pair's peak by at
-   least half the best cut, the one that loses the least affinity (the balance-first rule of
+3. **Redundant copies where the load needs them**: heaviest copy first (its worst scenario),
+   to the device with a free slot that does not host the expert whose worst scenario is lowest
+   after it; among devices within 2% of the mean load of that minimum, the one whose experts
+   co-activate most with it.
+4. **Balance swaps**: while the hottest (scenario, device) is above its bound (`max_imbalance`
+   x the mean; a split's + `scenario_slack`), swap one of that device's copies with a copy on
+   another device: among the swaps that cut the peak over every scenario by at least half the
+   best cut, the one that loses the least affinity (the balance-first rule of
    `placement/sempar/experts.py`'s swap search, restricted to the hottest device so a swap
-   costs O(S x P); compiled with numba in `swaps.py`).
+   costs O(S x P x K); compiled with numba in `swaps.py`). Balancing the worst scenario
+   (ours, issue 43: under drift the next window is not the last one, and experts grouped for
+   locality spike together) pulls apart groups that overload a device in some run of
+   requests, which the summed window hides.
 5. **Slots kept**: an expert that stays on its device keeps its old slot (what vLLM's
    `preserve_intragpu_slots` does for its own policy), so only slots whose expert changed are
    copied.
-6. **Budget**: a layer is re-laid only when its imbalance falls or its locality rises by
+6. **Budget**: a layer is re-laid only when its imbalance (the worst scenario's, less its
+   slack) falls or its locality rises by
    `min_gain`; the re-laid layers are taken by gain per slot moved until the move budget
    (`PluginConfig.move_budget`) is spent; the others keep the old map, except that a layer
    still above `max_imbalance` gets balance swaps only (step 4 on its old layout) from what
@@ -42,6 +50,7 @@ from scipy.optimize import linear_sum_assignment
 
 from sempar.eplb.config import PluginConfig
 from sempar.eplb.source import Source
+from sempar.eplb.scenarios import caps_of as _caps, robust_imbalance as _robust, scenario_loads
 from sempar.eplb.swaps import swap_loop
 
 EPS = 1e-12
@@ -104,23 +113,28 @@ def _locality(hosts: np.ndarray, A: np.ndarray, total: float) -> float:
 
 
 def _loads(hosts: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """float64[G]: each device's share of the live load, an expert's load split evenly over its
-    copies (what both engines' own policies assume)."""
+    """float64[G] (w float[N]) or float64[K, G] (w float[K, N], scenarios): each device's share
+    of the load, an expert's load split evenly over its copies (what both engines' own
+    policies assume)."""
     cnt = np.maximum(hosts.sum(axis=0), 1)
-    return hosts.astype(np.float64) @ (w / cnt)
+    return (w / cnt) @ hosts.T.astype(np.float64)
 
 
 def map_loads(row: np.ndarray, w: np.ndarray, G: int) -> np.ndarray:
-    """float64[G]: each device's share of the live load under slot row int[P] (-1: empty), an
-    expert's load split evenly over its slots, two slots of one expert on a device counted
-    twice (the engines' own maps may do that)."""
+    """float64[G] (w float[N]) or float64[K, G] (w float[K, N], scenarios): each device's share
+    of the load under slot row int[P] (-1: empty), an expert's load split evenly over its
+    slots, two slots of one expert on a device counted twice (the engines' own maps may do
+    that)."""
     ok = row >= 0
-    cnt = np.bincount(row[ok], minlength=w.size)
-    share = np.where(ok, w[np.where(ok, row, 0)] / np.maximum(cnt[np.where(ok, row, 0)], 1), 0.0)
-    return share.reshape(G, -1).sum(axis=1)
+    safe = np.where(ok, row, 0)
+    cnt = np.bincount(row[ok], minlength=w.shape[-1])
+    share = np.where(ok, w[..., safe] / np.maximum(cnt[safe], 1), 0.0)
+    return share.reshape(*w.shape[:-1], G, -1).sum(axis=-1)
 
 
 def _imbalance(load: np.ndarray) -> float:
+    """max / mean of device loads float[G]; of float[K, G] scenarios (all of one total), the
+    worst scenario's."""
     return float(load.max() / max(load.mean(), EPS))
 
 
@@ -140,7 +154,8 @@ def _make_room(hosts: np.ndarray, used: np.ndarray, load: np.ndarray, aff: np.nd
                share: np.ndarray, A: np.ndarray, e: int, S: int) -> None:
     """Free a slot for a copy of expert e on a device without it, when the only free slots are
     on devices that host e: a copy x moves from a full device d (without e) to a free device f
-    (without x), the move that leaves the lower peak. Updates the arrays in place."""
+    (without x), the move that leaves the lower peak (of the live window, scenario 0). load
+    float64[K, G], share float64[K, N]. Updates the arrays in place."""
     fs = np.flatnonzero(used < S)
     ds = np.flatnonzero(~hosts[:, e])
     best = None
@@ -149,7 +164,7 @@ def _make_room(hosts: np.ndarray, used: np.ndarray, load: np.ndarray, aff: np.nd
             xs = np.flatnonzero(hosts[d] & ~hosts[f])
             if xs.size == 0:
                 continue
-            peak = np.maximum(load[f] + share[xs], load[d] - share[xs] + share[e])
+            peak = np.maximum(load[0, f] + share[0, xs], load[0, d] - share[0, xs] + share[0, e])
             i = int(np.argmin(peak))
             if best is None or peak[i] < best[0]:
                 best = (float(peak[i]), int(f), int(d), int(xs[i]))
@@ -159,62 +174,65 @@ def _make_room(hosts: np.ndarray, used: np.ndarray, load: np.ndarray, aff: np.nd
     hosts[d, x], hosts[f, x] = False, True
     used[d] -= 1
     used[f] += 1
-    load[d] -= share[x]
-    load[f] += share[x]
+    load[:, d] -= share[:, x]
+    load[:, f] += share[:, x]
     aff[d] -= A[x]
     aff[f] += A[x]
 
 
-def _layout(w: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: int, S: int,
+def _layout(W: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: int, S: int,
             cfg: PluginConfig) -> np.ndarray:
-    """bool[G, N]: hosts of one layer after steps 2-4 (module docstring)."""
-    N = w.size
-    share = w / cnt
+    """bool[G, N]: hosts of one layer after steps 2-4 (module docstring). W float64[K, N]: the
+    load scenarios (`scenario_loads`, row 0 the live window); a redundant copy goes to the
+    device whose worst scenario is lowest after it, the swaps lower the worst scenario."""
+    K, N = W.shape
+    share = W / cnt
+    caps = _caps(K, cfg)
     hosts = np.zeros((G, N), bool)
     hosts[home, np.arange(N)] = True
     used = hosts.sum(axis=1)
-    load = np.bincount(home, weights=share, minlength=G).astype(np.float64)
+    load = np.stack([np.bincount(home, weights=share[k], minlength=G) for k in range(K)])
     aff = hosts.astype(np.float32) @ A                        # [G, N] affinity of e to g
     extra = np.repeat(np.arange(N), cnt - 1)
-    extra = extra[np.argsort(-share[extra], kind="stable")]
+    extra = extra[np.argsort(-share[:, extra].max(axis=0), kind="stable")]
     for e in extra:                                           # step 3
         free = (used < S) & ~hosts[:, e]
         if not free.any():                  # free slots only where e already is: make room
             _make_room(hosts, used, load, aff, share, A, e, S)
             free = (used < S) & ~hosts[:, e]
         cand = np.flatnonzero(free)
-        lo = load[cand].min()
-        near = cand[load[cand] <= lo + 0.02 * max(load.mean(), EPS)]
+        after = ((load[:, cand] + share[:, e:e + 1]) / caps[:, None]).max(axis=0)  # worst after
+        near = cand[after <= after.min() + 0.02 * max(load[0].mean(), EPS)]
         d = int(near[np.argmax(aff[near, e])])
         hosts[d, e] = True
         used[d] += 1
-        load[d] += share[e]
+        load[:, d] += share[:, e]
         aff[d] += A[e]
     if (used != S).any():                                     # N % G != 0: fill leftovers
         raise ValueError("slots left empty")
     ee = np.nonzero(hosts)[1].astype(np.int64)               # expert of each slot
-    swap_loop(load, hosts, ee, share.astype(np.float64), aff.astype(np.float64),
-              np.ascontiguousarray(A, np.float32), S, float(cfg.max_imbalance),
+    swap_loop(load, hosts, ee, np.ascontiguousarray(share, np.float64), aff.astype(np.float64),
+              np.ascontiguousarray(A, np.float32), S, caps,
               cfg.swaps_per_slot * S)                         # step 4 (swaps.py)
     return hosts
 
 
-def _rebalance_only(w: np.ndarray, old_row: np.ndarray, A: np.ndarray, G: int, S: int,
+def _rebalance_only(W: np.ndarray, old_row: np.ndarray, A: np.ndarray, G: int, S: int,
                     cfg: PluginConfig, max_swaps: int) -> np.ndarray | None:
     """bool[G, N]: the old layout of a layer with only balance swaps (step 4, at most
-    `max_swaps`), the copies as they are; None when the old row has an empty slot or two
-    copies of an expert on one rank (no swap is defined on it)."""
-    N = w.size
+    `max_swaps`, on the scenarios W float64[K, N]), the copies as they are; None when the old
+    row has an empty slot or two copies of an expert on one rank (no swap is defined on it)."""
+    N = W.shape[1]
     hosts = np.ascontiguousarray(_hosts(old_row, G, N))     # one compiled layout of swap_loop
     if (old_row < 0).any() or (hosts.sum(axis=1) != S).any():
         return None
     cnt = hosts.sum(axis=0)
-    share = (w / np.maximum(cnt, 1)).astype(np.float64)
-    load = hosts.astype(np.float64) @ share
+    share = np.ascontiguousarray(W / np.maximum(cnt, 1), np.float64)
+    load = np.ascontiguousarray(share @ hosts.T.astype(np.float64))
     aff = (hosts.astype(np.float32) @ A).astype(np.float64)
     ee = np.nonzero(hosts)[1].astype(np.int64)
     swap_loop(load, hosts, ee, share, aff, np.ascontiguousarray(A, np.float32), S,
-              float(cfg.max_imbalance), max_swaps)
+              _caps(W.shape[0], cfg), max_swaps)
     return hosts
 
 
@@ -302,22 +320,27 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
         old = None                                   # another slot count: lay out afresh
     home_all = source.home(G, config.seed)
     cnt = replica_counts(w, P, G)
+    W = scenario_loads(w, source.sample, config.scenarios)   # [L, K, N], W[:, 0] = w
+    caps = _caps(W.shape[1], config)
     report = RebalanceReport(budget=config.move_budget())
     new_rows, gains = [], []
-    imb0, imb1, loc0, loc1 = [], [], [], []
+    imb0, imb1, loc0, loc1 = [], [], [], []      # imbalance: the worst scenario's
+    live0, live1 = [], []                          # the live window's (reported)
     for l in range(L):
         A = source.affinity[l]
         total = float(A.sum())
         old_hosts = None if old is None else _hosts(old[l], G, N)
-        hosts = _layout(w[l], _relabel(home_all[l], old_hosts, G), cnt[l], A, G, S, config)
+        hosts = _layout(W[l], _relabel(home_all[l], old_hosts, G), cnt[l], A, G, S, config)
         row = _row(hosts, None if old is None else old[l], S)
-        i1, c1 = _imbalance(_loads(hosts, w[l])), _locality(hosts, A, total)
+        ld = _loads(hosts, W[l])
+        i1, c1, v1 = _robust(ld, caps), _locality(hosts, A, total), _imbalance(ld[0])
         if old_hosts is None or not old_hosts.any(axis=0).all():
             new_rows.append(row)
             gains.append(None)
-            i0, c0 = i1, c1
+            i0, c0, v0 = i1, c1, v1
         else:
-            i0, c0 = _imbalance(map_loads(old[l], w[l], G)), _locality(old_hosts, A, total)
+            ld = map_loads(old[l], W[l], G)
+            i0, c0, v0 = _robust(ld, caps), _locality(old_hosts, A, total), _imbalance(ld[0])
             moved = int((row != old[l]).sum())
             gain = (i0 - i1) + (c1 - c0)
             worth = moved > 0 and (i0 - i1 >= config.min_gain or
@@ -326,6 +349,7 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
             new_rows.append(row)
             gains.append((gain / moved, moved) if worth else False)
         imb0.append(i0), imb1.append(i1), loc0.append(c0), loc1.append(c1)
+        live0.append(v0), live1.append(v1)
     out = np.empty((L, P), np.int64) if old is None else old.copy()
     budget = report.budget
     order = sorted((l for l in range(L) if gains[l]), key=lambda l: -gains[l][0])
@@ -339,7 +363,7 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
         if l in take:
             out[l] = new_rows[l]
         else:
-            imb1[l], loc1[l] = imb0[l], loc0[l]
+            imb1[l], loc1[l], live1[l] = imb0[l], loc0[l], live0[l]
     # step 6b: layers the budget left out that are above the bound get balance swaps only,
     # two slots each, from what the budget has left (worst layer first)
     left = None if budget is None else budget - spent
@@ -348,15 +372,16 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
             continue
         swaps = config.swaps_per_slot * S if left is None else min(config.swaps_per_slot * S,
                                                                    left // 2)
-        hosts = _rebalance_only(w[l], old[l], source.affinity[l], G, S, config, swaps)
+        hosts = _rebalance_only(W[l], old[l], source.affinity[l], G, S, config, swaps)
         if hosts is None:
             continue
         row = _row(hosts, old[l], S)
         moved = int((row != old[l]).sum())
-        i1 = _imbalance(_loads(hosts, w[l]))
+        ld = _loads(hosts, W[l])
+        i1 = _robust(ld, caps)
         if moved and i1 < imb0[l] - EPS and (left is None or moved <= left):
             out[l] = row
-            imb1[l] = i1
+            imb1[l], live1[l] = i1, _imbalance(ld[0])
             loc1[l] = _locality(hosts, source.affinity[l], float(source.affinity[l].sum()))
             if left is not None:
                 left -= moved
@@ -364,10 +389,12 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
                               else [P] * L)
     report.moves = int(sum(report.per_layer_moves))
     report.layers_changed = int(sum(m > 0 for m in report.per_layer_moves))
-    report.imbalance_before, report.imbalance_after = float(np.mean(imb0)), float(np.mean(imb1))
+    report.imbalance_before, report.imbalance_after = float(np.mean(live0)), float(np.mean(live1))
     report.locality_before, report.locality_after = float(np.mean(loc0)), float(np.mean(loc1))
     if source.sample is not None and config.lar_rows:
-        rows = source.sample[:config.lar_rows].astype(np.intp)
+        T = source.sample.shape[0]          # evenly spaced rows (the sample is in arrival order)
+        rows = source.sample[np.linspace(0, T - 1, min(T, config.lar_rows)).astype(np.intp)]
+        rows = rows.astype(np.intp)
         report.lar_after = _lar_cached(rows, out, G, N)
         report.lar_before = report.lar_after if old is None else _lar_cached(rows, old, G, N)
     report.seconds = time.perf_counter() - t0
