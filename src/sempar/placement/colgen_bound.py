@@ -1,0 +1,189 @@
+"""The device-configuration bound where its C(N, S) device sets cannot be listed: column
+generation with an exact pricing scan and the Lagrangian (Farley) bound, valid at every scan.
+
+`device_bound.config_bound` solves the configuration LP max sum_D w_D V(D) over every S-subset D
+(each expert covered once) where C(N, S) is small. Here (ours):
+
+1. the value is U(D) >= V(D) (`set_scan`: one cap C = sum of the tp batches' caps over the whole
+   layer instead of one per batch), so every figure below bounds V's LP too;
+2. a restricted LP over the sets generated so far (HiGHS; "each expert at most once": the LP
+   stays feasible with any columns, and a partition is still one of its points) gives prices
+   mu_e >= 0;
+3. pricing: swap searches (`set_scan.swap_search`) propose sets with U(D) - mu(D) > 0; when they
+   find none, `set_scan.exact_scan` lists the best over ALL sets exactly (a pruned enumeration);
+4. the bound: for any prices mu, any partition P (each of whose sets meets the load cap) has
+   sum_{D in P} U(D) = sum_e mu_e + sum_{D in P} (U(D) - mu(D)) <= sum_e mu_e + G x max_D
+   (U(D) - mu(D)) (Lagrangian relaxation of "each expert on one device"; Farley 1990). Every
+   finished exact scan gives one; the least is kept, so a loop stopped by its time budget still
+   returns a valid bound. When the scan finds no improving set the LP is optimal and the bound
+   equals its value.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import csr_matrix
+
+from sempar.placement.capacity import BATCH
+from sempar.placement import set_scan
+
+
+@dataclass(frozen=True)
+class ColgenConfig:
+    """Knobs of the column-generation bound.
+
+    budget_s: wall seconds for one layer (after it, one last exact scan for the bound);
+    starts: swap searches per round (from the LP's positive sets, then random ones);
+    scan_columns: sets an exact scan returns (all added when improving);
+    max_nodes: nodes one exact scan may expand (over it the scan proves nothing: the layer keeps
+        the other bounds); max_rounds: LP solves at most."""
+
+    budget_s: float = 20.0
+    starts: int = 16
+    scan_columns: int = 32
+    max_nodes: int = 30_000_000
+    max_rounds: int = 400
+
+
+@dataclass(frozen=True)
+class LayerRows:
+    """One layer's rows for `set_scan`: groups of equal expert sets (int64[n] `idx` by expert
+    via `ptr` int64[N + 1], float64[n] `count`), cnt1 float64[N] rows per expert (its load),
+    A2 float64[N, N] pair co-activation, C the one cap, M = min(k, S)."""
+
+    ptr: np.ndarray
+    idx: np.ndarray
+    count: np.ndarray
+    cnt1: np.ndarray
+    A2: np.ndarray
+    C: float
+    M: int
+
+
+def layer_rows(experts: np.ndarray, N: int, G: int, batch: int = BATCH) -> LayerRows:
+    """`LayerRows` of experts int[T, k] (one layer) on G devices, tp batches of `batch` rows."""
+    from sempar.placement.bound import coactivation
+
+    ex = np.sort(np.asarray(experts, np.int64), axis=1)
+    T, k = ex.shape
+    uniq, cnt = np.unique(ex, axis=0, return_counts=True)
+    flat = uniq.ravel()
+    order = np.argsort(flat, kind="stable")
+    ptr = np.searchsorted(flat[order], np.arange(N + 1)).astype(np.int64)
+    sizes = np.bincount(np.arange(T) // batch)
+    C = float((-(-sizes // G)).sum())
+    return LayerRows(ptr, (order // k).astype(np.int64), cnt.astype(np.float64),
+                     np.bincount(ex.ravel(), minlength=N).astype(np.float64),
+                     coactivation(ex, N), C, min(k, N // G))
+
+
+def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = ColgenConfig(),
+                 max_imbalance: float | None = None, start: np.ndarray | None = None,
+                 batch: int = BATCH, seed: int = 0) -> dict | None:
+    """{"local": an upper bound on the local activations of any placement of this layer (load
+    imbalance <= max_imbalance when given) under tp's equal shares, "lp": the last LP's value,
+    "proved": the LP's optimum reached, "scans", "rounds", "seconds", "witness": int64[N] the
+    LP's rounded partition (experts in device order)}, or None where no exact scan finished.
+
+    experts int[T, k]; start: int64[N] a partition in device order (slot // S = device), whose
+    sets seed the LP (e.g. the solver's placement)."""
+    t0 = time.perf_counter()
+    S = N // G
+    R = layer_rows(experts, N, G, batch)
+    load = R.cnt1
+    cap = np.inf if max_imbalance is None else \
+        max_imbalance * load.sum() / G * (1 + 1e-12)
+    rng = np.random.default_rng(seed)
+    cols: list[np.ndarray] = []
+    vals: list[float] = []
+    seen: set[bytes] = set()
+
+    def add(member: np.ndarray, value: float | None = None) -> bool:
+        key = member.tobytes()
+        if key in seen or load[member].sum() > cap:
+            return False
+        seen.add(key)
+        cols.append(member.copy())
+        vals.append(set_scan.set_value(member, R.ptr, R.idx, R.count, R.C, R.M)
+                    if value is None else value)
+        return True
+
+    if start is not None:
+        for d in range(G):
+            m = np.zeros(N, bool)
+            m[np.asarray(start)[d * S:(d + 1) * S]] = True
+            add(m)
+    best, proved, scans, rounds = np.inf, False, 0, 0
+    value, w = 0.0, np.zeros(0)
+    while rounds < config.max_rounds:
+        rounds += 1
+        if cols:
+            res = linprog(-np.asarray(vals), A_ub=csr_matrix(np.stack(cols).T.astype(np.float64)),
+                          b_ub=np.ones(N), bounds=(0, None), method="highs")
+            if res.status != 0:
+                return None
+            value, w = -float(res.fun), res.x
+            mu = np.maximum(-np.asarray(res.ineqlin.marginals, np.float64), 0.0)
+        else:
+            mu = np.zeros(N)
+        tol = 1e-7 * max(value, 1.0)
+        late = time.perf_counter() - t0 > config.budget_s
+        found = 0
+        if not late:
+            starts = [cols[j] for j in np.argsort(-w)[: config.starts // 2] if w[j] > 1e-9]
+            tries = 0
+            while len(starts) < config.starts and tries < 4 * config.starts:
+                tries += 1
+                m = np.zeros(N, bool)
+                m[rng.choice(N, S, replace=False)] = True
+                if load[m].sum() <= cap:
+                    starts.append(m)
+            for s in starts:
+                m, red = set_scan.swap_search(s, mu, load, cap, R.ptr, R.idx, R.count, R.C, R.M,
+                                              100)
+                if red > tol and add(m):
+                    found += 1
+            if found:
+                continue
+        scans += 1
+        top, sets, done = set_scan.exact_scan(S, mu, load, cap, R.ptr, R.idx, R.count, R.cnt1,
+                                              R.A2, R.C, R.M, config.scan_columns, tol,
+                                              config.max_nodes)
+        if not done:
+            break
+        upper = max(float(top[0]), tol)           # none above tol: the max is at most tol
+        best = min(best, float(mu.sum()) + G * upper)
+        if upper <= tol:
+            proved = True
+            break
+        if late:
+            break
+        for v, s in zip(top, sets):
+            if np.isfinite(v):
+                m = np.zeros(N, bool)
+                m[s] = True
+                add(m)
+    if not np.isfinite(best):
+        return None
+    witness = _round(cols, w, N, G) if cols and w.size else None
+    return {"local": min(best * (1 + 1e-9), float(np.asarray(experts).size)), "lp": value,
+            "proved": proved, "scans": scans, "rounds": rounds, "witness": witness,
+            "seconds": time.perf_counter() - t0}
+
+
+def _round(cols: list[np.ndarray], w: np.ndarray, N: int, G: int) -> np.ndarray:
+    """int64[N]: the LP's sets by decreasing weight, each taken while disjoint from those
+    taken; the experts left fill the remaining devices in id order."""
+    used = np.zeros(N, bool)
+    groups = []
+    for j in np.argsort(-w, kind="stable"):
+        if w[j] <= 1e-9 or len(groups) == G:
+            break
+        if not used[cols[j]].any():
+            groups.append(np.flatnonzero(cols[j]))
+            used[cols[j]] = True
+    return np.concatenate([*groups, np.flatnonzero(~used)]).astype(np.int64)
