@@ -40,13 +40,16 @@ class ColgenConfig:
     starts: swap searches per round (from the LP's positive sets, then random ones);
     scan_columns: sets an exact scan returns (all added when improving);
     max_nodes: nodes one exact scan may expand (over it the scan proves nothing: the layer keeps
-        the other bounds); max_rounds: LP solves at most."""
+        the other bounds); max_rounds: LP solves at most;
+    slack: an exact scan only looks for sets above slack x LP value / G (it prunes far more),
+        so a scan that finds none proves the bound within (1 + slack) of the LP's value."""
 
     budget_s: float = 20.0
     starts: int = 16
     scan_columns: int = 32
     max_nodes: int = 30_000_000
     max_rounds: int = 400
+    slack: float = 0.005
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,6 @@ class LayerRows:
 
 def layer_rows(experts: np.ndarray, N: int, G: int, batch: int = BATCH) -> LayerRows:
     """`LayerRows` of experts int[T, k] (one layer) on G devices, tp batches of `batch` rows."""
-    from sempar.placement.bound import coactivation
-
     ex = np.sort(np.asarray(experts, np.int64), axis=1)
     T, k = ex.shape
     uniq, cnt = np.unique(ex, axis=0, return_counts=True)
@@ -78,7 +79,7 @@ def layer_rows(experts: np.ndarray, N: int, G: int, batch: int = BATCH) -> Layer
     C = float((-(-sizes // G)).sum())
     return LayerRows(ptr, (order // k).astype(np.int64), cnt.astype(np.float64),
                      np.bincount(ex.ravel(), minlength=N).astype(np.float64),
-                     coactivation(ex, N), C, min(k, N // G))
+                     set_scan.coactivation(ex, N), C, min(k, N // G))
 
 
 def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = ColgenConfig(),
@@ -150,14 +151,14 @@ def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = Col
             if found:
                 continue
         scans += 1
-        top, sets, done = set_scan.exact_scan(S, mu, load, cap, R.ptr, R.idx, R.count, R.cnt1,
-                                              R.A2, R.C, R.M, config.scan_columns, tol,
-                                              config.max_nodes)
+        floor = max(tol, config.slack * value / G)
+        top, sets, done = _scan(R, S, mu, load, cap, config.scan_columns, floor,
+                                config.max_nodes)
         if not done:
             break
-        upper = max(float(top[0]), tol)           # none above tol: the max is at most tol
+        upper = max(float(top[0]), floor)         # none above the floor: the max is at most it
         best = min(best, float(mu.sum()) + G * upper)
-        if upper <= tol:
+        if upper <= floor:
             proved = True
             break
         if late:
@@ -173,6 +174,22 @@ def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = Col
     return {"local": min(best * (1 + 1e-9), float(np.asarray(experts).size)), "lp": value,
             "proved": proved, "scans": scans, "rounds": rounds, "witness": witness,
             "seconds": time.perf_counter() - t0}
+
+
+def _scan(R: LayerRows, S: int, mu: np.ndarray, load: np.ndarray, cap: float, K: int,
+          floor: float, max_nodes: int):
+    """`set_scan.exact_scan` with the experts relabelled by decreasing cnt1 - mu (the most
+    promising first: later subtrees then hold only poor candidates and are cut early); the sets
+    come back in the original labels."""
+    N = mu.size
+    order = np.argsort(-(R.cnt1 - mu), kind="stable")
+    # groups of new expert i are the groups of old expert order[i]
+    ptr = np.concatenate([[0], np.cumsum(np.diff(R.ptr)[order])]).astype(np.int64)
+    idx = np.concatenate([R.idx[R.ptr[o]:R.ptr[o + 1]] for o in order]).astype(np.int64)
+    top, sets, done = set_scan.exact_scan(S, mu[order], load[order], cap, ptr, idx, R.count,
+                                          R.cnt1[order], np.ascontiguousarray(R.A2[np.ix_(order, order)]),
+                                          R.C, R.M, K, floor, max_nodes)
+    return top, np.where(sets >= 0, order[np.maximum(sets, 0)], -1), done
 
 
 def _round(cols: list[np.ndarray], w: np.ndarray, N: int, G: int) -> np.ndarray:

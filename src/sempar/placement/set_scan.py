@@ -19,6 +19,17 @@ import numpy as np
 from numba import njit
 
 
+def coactivation(experts: np.ndarray, N: int) -> np.ndarray:
+    """float64[N, N]: A[e, f] = rows selecting both e and f (zero diagonal); experts int[T, k]."""
+    ex = np.asarray(experts, np.int64)
+    T, k = ex.shape
+    i, j = np.triu_indices(k, 1)
+    A = np.bincount((ex[:, i] * N + ex[:, j]).ravel(), minlength=N * N).reshape(N, N)
+    A = (A + A.T).astype(np.float64)
+    np.fill_diagonal(A, 0.0)
+    return A
+
+
 @njit(cache=True)
 def _add(e, ptr, idx, count, h, lev):
     for j in range(ptr[e], ptr[e + 1]):
