@@ -1,0 +1,80 @@
+"""The column-generation bound (placement/colgen_bound.py, set_scan.py): the exact scan against
+every set listed, the bound against the true optimum of tiny cases (every partition enumerated,
+homes by an exact assignment, as test_device_bound does), and against the listed LP."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from sempar.placement.colgen_bound import ColgenConfig, colgen_bound, layer_rows, _scan
+from sempar.placement.device_bound import BoundConfig, config_bound
+from sempar.placement.set_scan import set_value
+
+from test_device_bound import best_assignment, partitions, rows
+
+
+def test_set_value_is_the_top_C_sum():
+    N, G = 10, 2
+    ex = rows(120, N, 3, 4, clustered=True)
+    R = layer_rows(ex, N, G, batch=50)
+    rng = np.random.default_rng(1)
+    for _ in range(10):
+        m = np.zeros(N, bool)
+        m[rng.choice(N, N // G, replace=False)] = True
+        h = np.sort(m[ex].sum(axis=1))[::-1]
+        assert set_value(m, R.ptr, R.idx, R.count, R.C, R.M) == h[: int(R.C)].sum()
+
+
+@pytest.mark.parametrize("N,G,cap", [(8, 2, np.inf), (10, 2, 1.1), (12, 3, np.inf), (12, 4, 1.2)])
+def test_exact_scan_finds_the_best_sets(N, G, cap):
+    S = N // G
+    ex = rows(150, N, 3, N + G, clustered=True)
+    R = layer_rows(ex, N, G, batch=40)
+    rng = np.random.default_rng(N)
+    mu = rng.normal(R.C * 1.2 / S, R.C / S / 3, N)
+    cap = cap * R.cnt1.sum() / G
+    want = []
+    for D in itertools.combinations(range(N), S):
+        m = np.zeros(N, bool)
+        m[list(D)] = True
+        if R.cnt1[m].sum() <= cap:
+            want.append(set_value(m, R.ptr, R.idx, R.count, R.C, R.M) - mu[m].sum())
+    want = np.sort(want)[::-1][:4]
+    top, sets, done = _scan(R, S, mu, R.cnt1, cap, 4, -np.inf, 10**9)
+    assert done
+    assert np.allclose(top[: want.size], want)
+    for v, s in zip(top, sets):
+        m = np.zeros(N, bool)
+        m[s] = True
+        assert set_value(m, R.ptr, R.idx, R.count, R.C, R.M) - mu[m].sum() == pytest.approx(v)
+
+
+@pytest.mark.parametrize("G,k,seed,clustered,beta", [(2, 3, 0, True, None), (2, 3, 1, False, None),
+                                                     (4, 3, 2, True, 1.3), (4, 2, 3, False, None),
+                                                     (2, 3, 7, True, 1.05)])
+def test_bound_is_above_the_optimum_of_every_partition(G, k, seed, clustered, beta):
+    N, batch = 8, 12
+    ex = rows(40, N, k, seed, clustered)
+    count = np.bincount(ex.ravel(), minlength=N)
+    ok = [p for p in partitions(tuple(range(N)), N // G)
+          if beta is None or max(count[list(g)].sum() for g in p) <= beta * count.sum() / G]
+    b = colgen_bound(ex, N, G, ColgenConfig(slack=0.0), beta, batch=batch)
+    assert b is not None and b["proved"]
+    if ok:
+        assert b["local"] >= max(best_assignment(ex, p, batch) for p in ok) - 1e-9
+    # one cap a layer is looser than the listed LP's cap a batch, never tighter
+    listed = config_bound(ex, N, G, BoundConfig(batch=batch), beta)
+    assert b["local"] >= listed["local"] - 1e-6 * listed["local"]
+
+
+def test_budget_stop_still_bounds():
+    """Stopped after one scan, the Lagrangian bound at whatever prices it had is still valid."""
+    N, G, batch = 8, 2, 12
+    ex = rows(40, N, 3, 5, clustered=True)
+    b = colgen_bound(ex, N, G, ColgenConfig(budget_s=0.0, slack=0.0), batch=batch)
+    best = max(best_assignment(ex, p, batch) for p in partitions(tuple(range(N)), N // G))
+    assert b is not None and b["scans"] == 1
+    assert b["local"] >= best - 1e-9
