@@ -78,3 +78,23 @@ def test_budget_stop_still_bounds():
     best = max(best_assignment(ex, p, batch) for p in partitions(tuple(range(N)), N // G))
     assert b is not None and b["scans"] == 1
     assert b["local"] >= best - 1e-9
+
+
+def test_lar_upper_bound_uses_it_between_the_listed_and_the_scanned_sizes():
+    from sempar.placement.bound import COLGEN_METHOD, lar_upper_bound
+    from sempar.trace.schema import RoutingTrace, TraceMeta
+
+    N, G, k, batch = 10, 2, 3, 16
+    ex = np.stack([rows(48, N, k, s, clustered=True) for s in (11, 12)], axis=1)   # [T, 2, k]
+    T = ex.shape[0]
+    trace = RoutingTrace(TraceMeta(model="t", num_layers=2, num_experts=N, top_k=k, vocab_size=4),
+                         np.zeros(T, np.int32), np.zeros(T, np.int64),
+                         np.arange(T, dtype=np.int32), ex.astype(np.int16)).validate()
+    cfg = BoundConfig(batch=batch, max_device_sets=10, colgen_max_sets=10_000)
+    b = lar_upper_bound(trace, G, cfg)
+    assert b["per_layer_method"] == [COLGEN_METHOD] * 2
+    for l in range(2):
+        best = max(best_assignment(ex[:, l], p, batch) for p in partitions(tuple(range(N)), N // G))
+        assert b["per_layer"][l] >= best / ex[:, l].size - 1e-12
+    listed = lar_upper_bound(trace, G, BoundConfig(batch=batch))   # C(10, 5) = 252 listed
+    assert b["lar_mean"] >= listed["lar_mean"] - 1e-9
