@@ -43,7 +43,9 @@ class ColgenConfig:
     max_nodes: nodes one exact scan may expand (over it the scan proves nothing: the layer keeps
         the other bounds); max_rounds: LP solves at most;
     slack: an exact scan only looks for sets above slack x LP value / G (it prunes far more),
-        so a scan that finds none proves the bound within (1 + slack) of the LP's value."""
+        so a scan that finds none proves the bound within (1 + slack) of the LP's value;
+    parts: the layer's tp batches split into this many runs, each with its own cap (`set_scan`:
+        one a batch is the listed LP's V, tightest; fewer are cheaper to scan)."""
 
     budget_s: float = 15.0
     starts: int = 16
@@ -51,36 +53,52 @@ class ColgenConfig:
     max_nodes: int = 30_000_000
     max_rounds: int = 400
     slack: float = 0.005
+    parts: int = 1
 
 
 @dataclass(frozen=True)
 class LayerRows:
-    """One layer's rows for `set_scan`: groups of equal expert sets (int64[n] `idx` by expert
-    via `ptr` int64[N + 1], float64[n] `count`), cnt1 float64[N] rows per expert (its load),
-    A2 float64[N, N] pair co-activation, C the one cap, M = min(k, S)."""
+    """One layer's rows for `set_scan`: groups of equal (part, expert set) (int64[n] `idx` by
+    expert via `ptr` int64[N + 1], float64[n] `count`, int64[n] `part`), cnt1 float64[Q, N] rows
+    per part and expert, A2 float64[Q, N, N] the parts' pair co-activation, C float64[Q] the
+    parts' caps, M = min(k, S); load float64[N] each expert's rows (its load)."""
 
     ptr: np.ndarray
     idx: np.ndarray
     count: np.ndarray
+    part: np.ndarray
     cnt1: np.ndarray
     A2: np.ndarray
-    C: float
+    C: np.ndarray
     M: int
 
+    @property
+    def load(self) -> np.ndarray:
+        return self.cnt1.sum(axis=0)
 
-def layer_rows(experts: np.ndarray, N: int, G: int, batch: int = BATCH) -> LayerRows:
-    """`LayerRows` of experts int[T, k] (one layer) on G devices, tp batches of `batch` rows."""
+
+def layer_rows(experts: np.ndarray, N: int, G: int, batch: int = BATCH, parts: int = 1
+               ) -> LayerRows:
+    """`LayerRows` of experts int[T, k] (one layer) on G devices, tp batches of `batch` rows,
+    split into `parts` runs of whole batches (at most one a batch)."""
     ex = np.sort(np.asarray(experts, np.int64), axis=1)
     T, k = ex.shape
-    uniq, cnt = np.unique(ex, axis=0, return_counts=True)
-    flat = uniq.ravel()
+    b = np.arange(T) // batch
+    B = int(b[-1]) + 1 if T else 1
+    Q = max(1, min(parts, B))
+    q_of_b = np.arange(B) * Q // B
+    q = q_of_b[b]
+    uniq, cnt = np.unique(np.concatenate([q[:, None], ex], axis=1), axis=0, return_counts=True)
+    flat = uniq[:, 1:].ravel()
     order = np.argsort(flat, kind="stable")
     ptr = np.searchsorted(flat[order], np.arange(N + 1)).astype(np.int64)
-    sizes = np.bincount(np.arange(T) // batch)
-    C = float((-(-sizes // G)).sum())
+    caps = -(-np.bincount(b, minlength=B) // G)
+    C = np.bincount(q_of_b, weights=caps, minlength=Q).astype(np.float64)
+    cnt1 = np.stack([np.bincount(ex[q == j].ravel(), minlength=N) for j in range(Q)])
+    A2 = np.stack([set_scan.coactivation(ex[q == j], N) for j in range(Q)])
     return LayerRows(ptr, (order // k).astype(np.int64), cnt.astype(np.float64),
-                     np.bincount(ex.ravel(), minlength=N).astype(np.float64),
-                     set_scan.coactivation(ex, N), C, min(k, N // G))
+                     uniq[:, 0].astype(np.int64), cnt1.astype(np.float64), A2, C,
+                     min(k, N // G))
 
 
 def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = ColgenConfig(),
@@ -95,8 +113,8 @@ def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = Col
     sets seed the LP (e.g. the solver's placement)."""
     t0, c0 = time.perf_counter(), time.process_time()
     S = N // G
-    R = layer_rows(experts, N, G, batch)
-    load = R.cnt1
+    R = layer_rows(experts, N, G, batch, config.parts)
+    load = R.load
     cap = np.inf if max_imbalance is None else \
         max_imbalance * load.sum() / G * (1 + 1e-12)
     rng = np.random.default_rng(seed)
@@ -110,7 +128,7 @@ def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = Col
             return False
         seen.add(key)
         cols.append(member.copy())
-        vals.append(set_scan.set_value(member, R.ptr, R.idx, R.count, R.C, R.M)
+        vals.append(set_scan.set_value(member, R.ptr, R.idx, R.count, R.part, R.C, R.M)
                     if value is None else value)
         return True
 
@@ -145,8 +163,8 @@ def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = Col
                 if load[m].sum() <= cap:
                     starts.append(m)
             for s in starts:
-                m, red = set_scan.swap_search(s, mu, load, cap, R.ptr, R.idx, R.count, R.C, R.M,
-                                              100)
+                m, red = set_scan.swap_search(s, mu, load, cap, R.ptr, R.idx, R.count, R.part,
+                                              R.C, R.M, 100)
                 if red > tol and add(m):
                     found += 1
             if found:
@@ -179,16 +197,16 @@ def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = Col
 
 def _scan(R: LayerRows, S: int, mu: np.ndarray, load: np.ndarray, cap: float, K: int,
           floor: float, max_nodes: int):
-    """`set_scan.exact_scan` with the experts relabelled by decreasing cnt1 - mu (the most
+    """`set_scan.exact_scan` with the experts relabelled by decreasing load - mu (the most
     promising first: later subtrees then hold only poor candidates and are cut early); the sets
     come back in the original labels."""
-    N = mu.size
-    order = np.argsort(-(R.cnt1 - mu), kind="stable")
+    order = np.argsort(-(R.load - mu), kind="stable")
     # groups of new expert i are the groups of old expert order[i]
     ptr = np.concatenate([[0], np.cumsum(np.diff(R.ptr)[order])]).astype(np.int64)
     idx = np.concatenate([R.idx[R.ptr[o]:R.ptr[o + 1]] for o in order]).astype(np.int64)
+    A2 = np.ascontiguousarray(R.A2[:, order][:, :, order])
     top, sets, done = set_scan.exact_scan(S, mu[order], load[order], cap, ptr, idx, R.count,
-                                          R.cnt1[order], np.ascontiguousarray(R.A2[np.ix_(order, order)]),
+                                          R.part, np.ascontiguousarray(R.cnt1[:, order]), A2,
                                           R.C, R.M, K, floor, max_nodes)
     return top, np.where(sets >= 0, order[np.maximum(sets, 0)], -1), done
 

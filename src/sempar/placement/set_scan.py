@@ -2,15 +2,17 @@
 set, a swap search for sets of high reduced cost U(D) - mu(D), and the exact maximum of that
 reduced cost over all C(N, S) sets (a depth-first enumeration with pruning).
 
-U(D) = sum_{m = 1..M} min(C, n_m(D)), n_m(D) the rows with at least m experts in D, C the
-rows one device may home: the top-C sum of h_t = |S_t ∩ D| over the layer's rows (h_t integer,
-so the top-C sum is the sum over levels of min(C, rows reaching the level)). With C = the sum of
-the tp batches' caps it is at least `device_bound`'s V(D) (each batch's top ceil(n_b / G) rows
-are C rows of the layer), so a bound on U bounds V.
+The layer's rows are split into Q parts (runs of whole tp batches). U(D) = sum over parts q and
+levels m = 1..M of min(C_q, n_qm(D)), n_qm(D) the rows of part q with at least m experts in D,
+C_q the rows one device may home there (the sum of the part's batches' caps ceil(n_b / G)): per
+part the top-C_q sum of h_t = |S_t ∩ D| (h_t integer, so a top-C sum is the sum over levels of
+min(C, rows reaching the level)). It is at least `device_bound`'s V(D) (each batch's top
+ceil(n_b / G) rows are C_q rows of its part) and equal to it with one part a batch, so a bound
+on U bounds V; fewer parts are cheaper and looser.
 
-Rows are grouped by expert set (int32[n, k] `sets`, float64[n] `count`); `ptr`, `idx` list the
-groups of each expert (CSR); h int8[n] holds |S_g ∩ D| of the set being built and lev float64[M + 1]
-the rows at each level (lev[m] = n_m).
+Rows are grouped by (part, expert set): float64[n] `count`, int64[n] `part`; `ptr`, `idx` list
+the groups of each expert (CSR); h int8[n] holds |S_g ∩ D| of the set being built and lev
+float64[Q, M + 1] the rows at each level (lev[q, m] = n_qm).
 """
 
 from __future__ import annotations
@@ -31,51 +33,52 @@ def coactivation(experts: np.ndarray, N: int) -> np.ndarray:
 
 
 @njit(cache=True)
-def _add(e, ptr, idx, count, h, lev):
+def _add(e, ptr, idx, count, part, h, lev):
     for j in range(ptr[e], ptr[e + 1]):
         g = idx[j]
         h[g] += 1
-        lev[h[g]] += count[g]
+        lev[part[g], h[g]] += count[g]
 
 
 @njit(cache=True)
-def _remove(e, ptr, idx, count, h, lev):
+def _remove(e, ptr, idx, count, part, h, lev):
     for j in range(ptr[e], ptr[e + 1]):
         g = idx[j]
-        lev[h[g]] -= count[g]
+        lev[part[g], h[g]] -= count[g]
         h[g] -= 1
 
 
 @njit(cache=True)
 def _value(lev, C):
     v = 0.0
-    for m in range(1, lev.size):
-        v += min(C, lev[m])
+    for q in range(lev.shape[0]):
+        for m in range(1, lev.shape[1]):
+            v += min(C[q], lev[q, m])
     return v
 
 
 @njit(cache=True)
-def set_value(member, ptr, idx, count, C, M):
-    """U(D) of member bool[N]."""
+def set_value(member, ptr, idx, count, part, C, M):
+    """U(D) of member bool[N]; C float64[Q] the parts' caps."""
     h = np.zeros(count.size, np.int8)
-    lev = np.zeros(M + 1)
+    lev = np.zeros((C.size, M + 1))
     for e in range(member.size):
         if member[e]:
-            _add(e, ptr, idx, count, h, lev)
+            _add(e, ptr, idx, count, part, h, lev)
     return _value(lev, C)
 
 
 @njit(cache=True)
-def swap_search(start, mu, load, cap, ptr, idx, count, C, M, max_passes):
+def swap_search(start, mu, load, cap, ptr, idx, count, part, C, M, max_passes):
     """(bool[N] a set, its U - mu) by best-improvement swaps from start bool[N] (load <= cap)."""
     N = start.size
     cur = start.copy()
     h = np.zeros(count.size, np.int8)
-    lev = np.zeros(M + 1)
+    lev = np.zeros((C.size, M + 1))
     ld = 0.0
     for e in range(N):
         if cur[e]:
-            _add(e, ptr, idx, count, h, lev)
+            _add(e, ptr, idx, count, part, h, lev)
             ld += load[e]
     val = _value(lev, C)
     for _ in range(max_passes):
@@ -83,20 +86,20 @@ def swap_search(start, mu, load, cap, ptr, idx, count, C, M, max_passes):
         for a in range(N):
             if not cur[a]:
                 continue
-            _remove(a, ptr, idx, count, h, lev)
+            _remove(a, ptr, idx, count, part, h, lev)
             for b in range(N):
                 if cur[b] or ld - load[a] + load[b] > cap:
                     continue
-                _add(b, ptr, idx, count, h, lev)
+                _add(b, ptr, idx, count, part, h, lev)
                 gain = _value(lev, C) - val - mu[b] + mu[a]
-                _remove(b, ptr, idx, count, h, lev)
+                _remove(b, ptr, idx, count, part, h, lev)
                 if gain > best:
                     best, ba, bb = gain, a, b
-            _add(a, ptr, idx, count, h, lev)
+            _add(a, ptr, idx, count, part, h, lev)
         if ba < 0:
             break
-        _remove(ba, ptr, idx, count, h, lev)
-        _add(bb, ptr, idx, count, h, lev)
+        _remove(ba, ptr, idx, count, part, h, lev)
+        _add(bb, ptr, idx, count, part, h, lev)
         cur[ba], cur[bb] = False, True
         ld += load[bb] - load[ba]
         val = _value(lev, C)
@@ -108,34 +111,42 @@ def swap_search(start, mu, load, cap, ptr, idx, count, C, M, max_passes):
 
 
 @njit(cache=True)
-def exact_scan(S, mu, load, cap, ptr, idx, count, cnt1, A2, C, M, K, floor, max_nodes):
+def exact_scan(S, mu, load, cap, ptr, idx, count, part, cnt1, A2, C, M, K, floor, max_nodes):
     """The K sets of largest U(D) - mu(D) over every S-set D with load[D].sum() <= cap, exactly:
     (float64[K] their reduced costs, descending, -inf where fewer; int64[K, S] the sets,
     whether it finished: False once it has expanded max_nodes nodes, and then nothing is proved).
+    cnt1 float64[Q, N]: rows of each part holding each expert; A2 float64[Q, N, N]: the parts'
+    pair co-activation.
 
     Pruning never drops a set that could enter the top K: a subtree is cut when an upper bound
     of its sets' reduced cost is at most the current K-th best (or `floor`: a set at or below
     it is not wanted). The bound at a node F (d experts, r = S - d to add from the experts after
-    F's last): U(F) + sum_m max(0, C - n_m(F)) (room left at each level) - mu(F) - the r
-    smallest prices among the candidates; for the last expert b it is sharper: level 1 gains at
-    most cnt1[b] rows, level m >= 2 at most the rows holding b and some expert of F
-    (sum_{x in F} A2[b, x], A2 the pair co-activation)."""
+    F's last): U(F) + sum_qm max(0, C_q - n_qm(F)) (room left at each level) - mu(F) - the r
+    smallest prices among the candidates; for the last expert b it is sharper: in part q level 1
+    gains at most cnt1[q, b] rows, level m >= 2 at most the rows holding b and some expert of F
+    (sum_{x in F} A2[q, b, x]). Inside the tree the bound is also at most the r largest
+    g(b) - mu_b, g(b) the most one added expert b raises U: per part cnt1[q, b] rows, and once
+    the part's level 1 is full (n_q1(F) >= C_q: a row's first expert in D adds nothing there)
+    the rows holding b and another expert of D, at most sum_{x in F} A2[q, b, x] + the r - 1
+    largest A2[q, b, :] (the other added experts)."""
     N = mu.size
+    Q = C.size
     best_v = np.full(K, -np.inf)
     best_s = np.full((K, S), -1, np.int64)
     h = np.zeros(count.size, np.int8)
-    lev = np.zeros(M + 1)
+    lev = np.zeros((Q, M + 1))
     chosen = np.zeros(S, np.int64)
-    p2 = np.zeros((S + 1, N))              # p2[d, b] = sum over the first d chosen of A2[b, x]
+    p2 = np.zeros((S + 1, Q, N))            # p2[d, q, b] = sum over the first d chosen x of A2[q, b, x]
     mus = np.zeros(S + 1)
     lds = np.zeros(S + 1)
     nxt = np.zeros(S + 1, np.int64)         # next candidate at each depth
     gain = np.zeros(N)
-    top2 = np.zeros((N, S + 1))               # top2[b, j]: the j largest A2[b, :] summed
-    for b in range(N):
-        srt = np.sort(A2[b])[::-1]
-        for j in range(1, min(S, N) + 1):
-            top2[b, j] = top2[b, j - 1] + srt[j - 1]
+    top2 = np.zeros((Q, N, S + 1))          # top2[q, b, j]: the j largest A2[q, b, :] summed
+    for q in range(Q):
+        for b in range(N):
+            srt = np.sort(A2[q, b])[::-1]
+            for j in range(1, min(S, N) + 1):
+                top2[q, b, j] = top2[q, b, j - 1] + srt[j - 1]
     low = np.zeros((N + 1, S + 1))          # low[e, r]: the r smallest prices among mu[e:]
     for e in range(N):
         srt = np.sort(mu[e:])
@@ -150,19 +161,20 @@ def exact_scan(S, mu, load, cap, ptr, idx, count, cnt1, A2, C, M, K, floor, max_
         e = nxt[d]
         thr = max(best_v[K - 1], floor)
         if d == S - 1:
-            room1 = max(0.0, C - lev[1])
             base = _value(lev, C) - mus[d]
             for b in range(e, N):
                 if lds[d] + load[b] > cap:
                     continue
-                ub = base - mu[b] + min(room1, cnt1[b])
-                for m in range(2, M + 1):
-                    ub += min(max(0.0, C - lev[m]), p2[d, b])
+                ub = base - mu[b]
+                for q in range(Q):
+                    ub += min(max(0.0, C[q] - lev[q, 1]), cnt1[q, b])
+                    for m in range(2, M + 1):
+                        ub += min(max(0.0, C[q] - lev[q, m]), p2[d, q, b])
                 if ub <= thr:
                     continue
-                _add(b, ptr, idx, count, h, lev)
+                _add(b, ptr, idx, count, part, h, lev)
                 v = _value(lev, C) - mus[d] - mu[b]
-                _remove(b, ptr, idx, count, h, lev)
+                _remove(b, ptr, idx, count, part, h, lev)
                 if v > thr:
                     j = K - 1
                     while j > 0 and best_v[j - 1] < v:
@@ -175,44 +187,51 @@ def exact_scan(S, mu, load, cap, ptr, idx, count, cnt1, A2, C, M, K, floor, max_
                     thr = max(best_v[K - 1], floor)
             d -= 1
             if d >= 0:
-                _remove(chosen[d], ptr, idx, count, h, lev)
+                _remove(chosen[d], ptr, idx, count, part, h, lev)
             continue
         if e > N - (S - d):
             d -= 1
             if d >= 0:
-                _remove(chosen[d], ptr, idx, count, h, lev)
+                _remove(chosen[d], ptr, idx, count, part, h, lev)
             continue
         nxt[d] = e + 1
         if lds[d] + load[e] > cap:
             continue
         # bound of the subtree with e chosen at depth d: the r experts still to add raise
-        # U by at most the room left, and each (b) by at most g(b) (module docstring of
-        # exact_scan), so U - mu gains at most min(room - r smallest prices, r largest g - mu)
+        # U by at most the room left, and each (b) by at most g(b) (docstring), so U - mu
+        # gains at most min(room - r smallest prices, g(e) + r largest g - mu)
         r = S - d - 1
         room = 0.0
-        for m in range(1, M + 1):
-            room += max(0.0, C - lev[m])
+        for q in range(Q):
+            for m in range(1, M + 1):
+                room += max(0.0, C[q] - lev[q, m])
         base = _value(lev, C) - mus[d] - mu[e]
         ub = base + room - low[e + 1, r]
         if ub > thr and r > 0:
-            sat = lev[1] >= C
-            ge = cnt1[e]                      # e's own gain, the same bound
-            if sat:
-                ge = min(ge, p2[d, e] + top2[e, r])
+            ge = 0.0                            # e's own gain, the same bound
+            for q in range(Q):
+                if lev[q, 1] >= C[q]:
+                    ge += min(cnt1[q, e], p2[d, q, e] + top2[q, e, r])
+                else:
+                    ge += cnt1[q, e]
             for b in range(e + 1, N):
-                gb = cnt1[b]
-                if sat:
-                    gb = min(gb, p2[d, b] + A2[b, e] + top2[b, r - 1])
+                gb = 0.0
+                for q in range(Q):
+                    if lev[q, 1] >= C[q]:
+                        gb += min(cnt1[q, b], p2[d, q, b] + A2[q, b, e] + top2[q, b, r - 1])
+                    else:
+                        gb += cnt1[q, b]
                 gain[b] = gb - mu[b]
             ub = min(ub, base + ge + np.sort(gain[e + 1:])[::-1][:r].sum())
         if ub <= thr:
             continue
         chosen[d] = e
         nodes += 1
-        _add(e, ptr, idx, count, h, lev)
+        _add(e, ptr, idx, count, part, h, lev)
         mus[d + 1] = mus[d] + mu[e]
         lds[d + 1] = lds[d] + load[e]
-        p2[d + 1] = p2[d] + A2[:, e]
+        for q in range(Q):
+            p2[d + 1, q] = p2[d, q] + A2[q, :, e]
         nxt[d + 1] = e + 1
         d += 1
     return best_v, best_s, True
