@@ -41,6 +41,7 @@ from pathlib import Path
 
 from sempar.placement.base import PlacementProblem
 from sempar.placement.bound import lar_upper_bound
+from sempar.placement.colgen_bound import ColgenConfig
 from sempar.placement.device_bound import BoundConfig
 from sempar.schedule.optimality import BOUND_REF, in_sample, optimality_refs
 from sempar.placement.sempar.config import SemparConfig
@@ -92,6 +93,9 @@ def timed_solve(trace, ep: int, path: str):
     return placement, time.perf_counter() - t0, cpu_now() - c0
 
 
+BOUND = BoundConfig()      # --bound-parts replaces it
+
+
 def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool) -> list[dict]:
     """One row per path at (trace, EP). The bound is computed once for all paths, at the
     largest beta among them (a bound over every placement within that balance is one for
@@ -107,7 +111,7 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
     start = solved[best][0].phy2log.astype("int64") \
         if solved[best][0].phy2log.shape[1] == trace.meta.num_experts else None
     c0, t0 = cpu_now(), time.perf_counter()
-    bound = lar_upper_bound(trace, ep, BoundConfig(), beta, start)
+    bound = lar_upper_bound(trace, ep, BOUND, beta, start)
     bound_s, bound_cpu = time.perf_counter() - t0, cpu_now() - c0
     rows = []
     for p, (placement, wall, cpu) in solved.items():
@@ -169,6 +173,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ep", nargs="+", type=int, default=[8, 4])
     ap.add_argument("--paths", nargs="+", default=["new", "old"], choices=list(PATHS))
     ap.add_argument("--held-out", action="store_true")
+    ap.add_argument("--bound-parts", type=int, default=None,
+                    help="the column-generation bound's caps a layer (runs of tp batches; "
+                         "ColgenConfig.parts, default 1)")
     ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
                                                           "/tmp/sempar-bench-rows"))
     ap.add_argument("--json", action="store_true")
@@ -179,6 +186,9 @@ def main(argv: list[str] | None = None) -> None:
         print(gap_table(json.loads(Path(args.table).read_text())))
         return
     given = dict(t.split("=", 1) for t in args.trace)
+    if args.bound_parts is not None:
+        global BOUND
+        BOUND = BoundConfig(colgen=ColgenConfig(parts=args.bound_parts))
     rows = []
     for name in args.cases:
         path = ensure_trace(name, given, Path(args.cache_dir))
