@@ -4,8 +4,9 @@ generation with an exact pricing scan and the Lagrangian (Farley) bound, valid a
 `device_bound.config_bound` solves the configuration LP max sum_D w_D V(D) over every S-subset D
 (each expert covered once) where C(N, S) is small. Here (ours):
 
-1. the value is U(D) >= V(D) (`set_scan`: one cap C = sum of the tp batches' caps over the whole
-   layer instead of one per batch), so every figure below bounds V's LP too;
+1. the value is U(D) >= V(D) (`set_scan`: the layer's tp batches in `ColgenConfig.parts` runs,
+   one cap a run, the sum of its batches' caps, instead of one a batch; one run a batch is V), so
+   every figure below bounds V's LP too;
 2. a restricted LP over the sets generated so far (HiGHS; "each expert at most once": the LP
    stays feasible with any columns, and a partition is still one of its points) gives prices
    mu_e >= 0;
