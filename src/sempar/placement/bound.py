@@ -150,6 +150,6 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
 
 
 CONFIG_METHOD = "device configuration LP (capacity-bound, HiGHS)"
-COLGEN_METHOD = ("device configuration LP by column generation (one cap a layer, exact pricing "
-                 "scan, Lagrangian bound)")
+COLGEN_METHOD = ("device configuration LP by column generation (a cap per run of tp batches, "
+                 "exact pricing scan, Lagrangian bound)")
 PAIR_METHOD = "pair budget (star / Donath-Hoffman eigenvalue bound on co-located pairs)"
