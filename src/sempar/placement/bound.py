@@ -26,28 +26,24 @@ Valid for every placement and trace; how tight it is on real routing: docs/place
 the same expert set are one weighted item (the counts only see the set).
 
 The pair budget drops the homes' capacity; `device_bound.config_bound` (the device-configuration
-LP) keeps it and is far tighter where its C(N, N / G) device sets can be enumerated: each layer
-keeps the lower of the two (both are valid).
+LP) keeps it and is far tighter where its C(N, N / G) device sets can be enumerated, and
+`colgen_bound` (the same LP with one cap a layer, by column generation, its pricing an exact
+pruned scan) where they are too many to list but few enough to scan: each layer keeps the
+lowest (all are valid).
 """
 
 from __future__ import annotations
 
+import time
+from math import comb
+
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from sempar.placement.colgen_bound import colgen_bound
+from sempar.placement.set_scan import coactivation
 from sempar.placement.device_bound import BoundConfig, config_bound
 from sempar.trace.schema import RoutingTrace
-
-
-def coactivation(experts: np.ndarray, N: int) -> np.ndarray:
-    """float64[N, N]: A[e, f] = rows selecting both e and f (zero diagonal); experts int[T, k]."""
-    ex = np.asarray(experts, np.int64)
-    T, k = ex.shape
-    i, j = np.triu_indices(k, 1)
-    A = np.bincount((ex[:, i] * N + ex[:, j]).ravel(), minlength=N * N).reshape(N, N)
-    A = (A + A.T).astype(np.float64)
-    np.fill_diagonal(A, 0.0)
-    return A
 
 
 def star_bound(A: np.ndarray, S: int) -> float:
@@ -108,32 +104,52 @@ def layer_bound(experts: np.ndarray, N: int, G: int) -> dict:
 
 
 def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConfig(),
-                    max_imbalance: float | None = None) -> dict:
+                    max_imbalance: float | None = None, start: np.ndarray | None = None
+                    ) -> dict:
     """{"lar_mean": the bound on the capacity-bound exact-home LAR (mean over layers) of any
     placement of `trace`'s experts on G devices, "per_layer": [float], "per_layer_method":
-    ["device configuration LP" | "pair budget"] (the lower at each layer), "max_imbalance": the
+    [CONFIG_METHOD | COLGEN_METHOD | PAIR_METHOD] (the lowest at each layer), "max_imbalance": the
     balance the bound assumes of every placement (None: any; the pair budget assumes none, so it
     is valid for both), "lar_mean_any_balance": the bound over every placement, "witness": per layer
-    int64[N] (the LP's rounded placement, experts in device order) or None, "method": its name}."""
+    int64[N] (the LP's rounded placement, experts in device order) or None, "method": its name,
+    "seconds": per layer the seconds its bounds took}.
+
+    start: int64[L, N] a placement's experts in device order per layer (slot // S = device; e.g.
+    the solver's `phy2log`), meeting max_imbalance: it seeds the column generation's LP (only
+    its speed depends on it, not the bound's validity)."""
     L, N, k = trace.meta.num_layers, trace.meta.num_experts, trace.meta.top_k
     T = trace.num_tokens
-    per, how, witness, per_any = [], [], [], []
+    per, how, witness, per_any, secs = [], [], [], [], []
+    S = N // G
+    cg_ok = N % G == 0 and config.max_device_sets < comb(N, S) <= config.colgen_max_sets
     with threadpool_limits(1):      # 64 x 64 eigensolves, small LPs: threads only contend
         for l in range(L):
+            t0 = time.perf_counter()
             ex = np.asarray(trace.experts[:, l], np.int64)
             pair = layer_bound(ex, N, G)["local"]
             cfg = config_bound(ex, N, G, config, max_imbalance)
+            any_ = pair if cfg is None else min(pair, cfg["local_any"])
+            method = CONFIG_METHOD
+            if cfg is None and cg_ok:
+                cfg = colgen_bound(ex, N, G, config.colgen, max_imbalance,
+                                   None if start is None else start[l], config.batch)
+                method = COLGEN_METHOD
+                if cfg is not None and max_imbalance is None:
+                    any_ = min(pair, cfg["local"])
             use_cfg = cfg is not None and cfg["local"] < pair
             per.append((cfg["local"] if use_cfg else pair) / max(T * k, 1))
-            how.append(CONFIG_METHOD if use_cfg else PAIR_METHOD)
+            how.append(method if use_cfg else PAIR_METHOD)
             witness.append(None if cfg is None else cfg["witness"])
-            per_any.append(min(pair, pair if cfg is None else cfg["local_any"]) / max(T * k, 1))
-    names = [m for m in (CONFIG_METHOD, PAIR_METHOD) if m in how]
+            per_any.append(any_ / max(T * k, 1))
+            secs.append(time.perf_counter() - t0)
+    names = [m for m in (CONFIG_METHOD, COLGEN_METHOD, PAIR_METHOD) if m in how]
     return {"lar_mean": float(np.mean(per)) if per else 0.0, "per_layer": per,
             "lar_mean_any_balance": float(np.mean(per_any)) if per_any else 0.0,
             "per_layer_method": how, "witness": witness, "max_imbalance": max_imbalance,
-            "method": " + ".join(names) or PAIR_METHOD}
+            "method": " + ".join(names) or PAIR_METHOD, "seconds": secs}
 
 
 CONFIG_METHOD = "device configuration LP (capacity-bound, HiGHS)"
+COLGEN_METHOD = ("device configuration LP by column generation (a cap per run of tp batches, "
+                 "exact pricing scan, Lagrangian bound)")
 PAIR_METHOD = "pair budget (star / Donath-Hoffman eigenvalue bound on co-located pairs)"

@@ -36,6 +36,7 @@ from scipy.optimize import linprog
 from scipy.sparse import csr_matrix
 
 from sempar.placement.capacity import BATCH
+from sempar.placement.colgen_bound import ColgenConfig
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,18 @@ class BoundConfig:
         this (its V table is float64[C(N, S)] and the work ~ C(N, S) x sum_i C(S, i) per batch);
     time_limit_s: HiGHS's limit for one layer's LP; a layer whose LP does not reach optimality
         keeps the pair budget (an unfinished LP's value bounds nothing);
-    batch: the tp batch whose equal shares cap each device (docs/design.md's 2,048).
+    batch: the tp batch whose equal shares cap each device (docs/design.md's 2,048);
+    colgen_max_sets: where C(N, S) is above max_device_sets but at most this, the column-generation
+        bound (`colgen_bound`) runs instead (its exact pricing scan enumerates, pruned, up to
+        C(N, S) sets: GPT-OSS-20B at EP 4, C(32, 8) = 10.5M; not DeepSeek-V2-Lite's C(64, 8));
+    colgen: its knobs.
     """
 
     max_device_sets: int = 100_000
     time_limit_s: float = 60.0
     batch: int = BATCH
+    colgen_max_sets: int = 20_000_000
+    colgen: ColgenConfig = ColgenConfig()
 
 
 def _colex_rank(sets: np.ndarray) -> np.ndarray:

@@ -64,12 +64,14 @@ def best_known(ours: np.ndarray, fit: RoutingTrace, ep: int, witness: list,
 
 
 def optimality_refs(fit: RoutingTrace, ep: int, placement: Placement | None,
-                    max_imbalance: float | None = None, config: BoundConfig = BoundConfig()
-                    ) -> dict:
+                    max_imbalance: float | None = None, config: BoundConfig = BoundConfig(),
+                    bound: dict | None = None) -> dict:
     """{label: ref row} of the bound on `fit` at EP `ep` and, when `placement` (sempar's, tp)
     is given, its in-sample capacity-bound exact-home LAR, the gap and the best known figure.
     max_imbalance: the solve's load cap (beta is the larger of it and sempar's worst layer;
-    None with no placement: the bound over every placement)."""
+    None with no placement: the bound over every placement); bound: `lar_upper_bound`'s answer
+    computed already for this fit, EP and beta (a benchmark comparing solvers at one beta
+    computes it once), else computed here, seeded with the placement."""
     if fit.meta.num_experts % ep:           # the bound assumes N / G slots a device
         return {}
     ours = imb = None
@@ -77,9 +79,12 @@ def optimality_refs(fit: RoutingTrace, ep: int, placement: Placement | None,
     if placement is not None:
         ours, imb = in_sample(placement, fit.experts)
         beta = max(float(imb.max()), max_imbalance or 0.0)
-    b = lar_upper_bound(fit, ep, config, beta)
+    start = None
+    if placement is not None and placement.phy2log.shape[1] == fit.meta.num_experts:
+        start = placement.phy2log.astype(np.int64)          # no replicas: a partition a layer
+    b = bound if bound is not None else lar_upper_bound(fit, ep, config, beta, start)
     row = {"lar_mean": b["lar_mean"], "placement": "any", "bound": b["method"],
-           "max_imbalance": beta}
+           "max_imbalance": beta, "bound_seconds": float(sum(b.get("seconds", [])))}
     if beta is not None:
         row["bound_any_balance"] = b["lar_mean_any_balance"]
     refs = {BOUND_REF: row}

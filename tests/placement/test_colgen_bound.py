@@ -1,0 +1,110 @@
+"""The column-generation bound (placement/colgen_bound.py, set_scan.py): the exact scan against
+every set listed, the bound against the true optimum of tiny cases (every partition enumerated,
+homes by an exact assignment, as test_device_bound does), and against the listed LP."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from sempar.placement.colgen_bound import ColgenConfig, colgen_bound, layer_rows, _scan
+from sempar.placement.device_bound import BoundConfig, config_bound
+from sempar.placement.set_scan import set_value
+
+from test_device_bound import best_assignment, partitions, rows
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_set_value_is_the_top_C_sum_of_each_part(parts):
+    N, G, batch = 10, 2, 40
+    ex = rows(120, N, 3, 4, clustered=True)
+    R = layer_rows(ex, N, G, batch=batch, parts=parts)
+    assert R.C.size == parts and R.C.sum() == 3 * (batch // G)
+    rng = np.random.default_rng(1)
+    for _ in range(10):
+        m = np.zeros(N, bool)
+        m[rng.choice(N, N // G, replace=False)] = True
+        h = m[ex].sum(axis=1)
+        bounds = np.linspace(0, 3, parts + 1).round().astype(int) * batch   # runs of batches
+        want = sum(np.sort(h[lo:hi])[::-1][: int(c)].sum()
+                   for lo, hi, c in zip(bounds[:-1], bounds[1:], R.C))
+        assert set_value(m, R.ptr, R.idx, R.count, R.part, R.C, R.M) == want
+
+
+@pytest.mark.parametrize("N,G,cap,parts", [(8, 2, np.inf, 1), (10, 2, 1.1, 1), (12, 3, np.inf, 1),
+                                           (12, 4, 1.2, 1), (10, 2, np.inf, 4), (12, 3, 1.2, 2)])
+def test_exact_scan_finds_the_best_sets(N, G, cap, parts):
+    S = N // G
+    ex = rows(150, N, 3, N + G, clustered=True)
+    R = layer_rows(ex, N, G, batch=40, parts=parts)
+    rng = np.random.default_rng(N)
+    mu = rng.normal(R.C.sum() * 1.2 / S, R.C.sum() / S / 3, N)
+    cap = cap * R.load.sum() / G
+    want = []
+    for D in itertools.combinations(range(N), S):
+        m = np.zeros(N, bool)
+        m[list(D)] = True
+        if R.load[m].sum() <= cap:
+            want.append(set_value(m, R.ptr, R.idx, R.count, R.part, R.C, R.M) - mu[m].sum())
+    want = np.sort(want)[::-1][:4]
+    top, sets, done = _scan(R, S, mu, R.load, cap, 4, -np.inf, 10**9)
+    assert done
+    assert np.allclose(top[: want.size], want)
+    for v, s in zip(top, sets):
+        m = np.zeros(N, bool)
+        m[s] = True
+        assert set_value(m, R.ptr, R.idx, R.count, R.part, R.C, R.M) - mu[m].sum() == pytest.approx(v)
+
+
+@pytest.mark.parametrize("G,k,seed,clustered,beta,parts", [
+    (2, 3, 0, True, None, 1), (2, 3, 1, False, None, 1), (4, 3, 2, True, 1.3, 1),
+    (4, 2, 3, False, None, 1), (2, 3, 7, True, 1.05, 1), (2, 3, 0, True, None, 4),
+    (4, 3, 2, True, 1.3, 2)])
+def test_bound_is_above_the_optimum_of_every_partition(G, k, seed, clustered, beta, parts):
+    N, batch = 8, 12
+    ex = rows(40, N, k, seed, clustered)
+    count = np.bincount(ex.ravel(), minlength=N)
+    ok = [p for p in partitions(tuple(range(N)), N // G)
+          if beta is None or max(count[list(g)].sum() for g in p) <= beta * count.sum() / G]
+    b = colgen_bound(ex, N, G, ColgenConfig(slack=0.0, parts=parts), beta, batch=batch)
+    assert b is not None and b["proved"]
+    if ok:
+        assert b["local"] >= max(best_assignment(ex, p, batch) for p in ok) - 1e-9
+    # fewer caps than batches are looser than the listed LP's cap a batch, never tighter; one
+    # cap a batch (40 rows / 12: 4 batches) is the listed LP itself
+    listed = config_bound(ex, N, G, BoundConfig(batch=batch), beta)
+    assert b["local"] >= listed["local"] - 1e-6 * listed["local"]
+    if parts == 4:
+        assert b["local"] == pytest.approx(listed["local"], rel=1e-5)
+
+
+def test_budget_stop_still_bounds():
+    """Stopped after one scan, the Lagrangian bound at whatever prices it had is still valid."""
+    N, G, batch = 8, 2, 12
+    ex = rows(40, N, 3, 5, clustered=True)
+    b = colgen_bound(ex, N, G, ColgenConfig(budget_s=0.0, slack=0.0), batch=batch)
+    best = max(best_assignment(ex, p, batch) for p in partitions(tuple(range(N)), N // G))
+    assert b is not None and b["scans"] == 1
+    assert b["local"] >= best - 1e-9
+
+
+def test_lar_upper_bound_uses_it_between_the_listed_and_the_scanned_sizes():
+    from sempar.placement.bound import COLGEN_METHOD, lar_upper_bound
+    from sempar.trace.schema import RoutingTrace, TraceMeta
+
+    N, G, k, batch = 10, 2, 3, 16
+    ex = np.stack([rows(48, N, k, s, clustered=True) for s in (11, 12)], axis=1)   # [T, 2, k]
+    T = ex.shape[0]
+    trace = RoutingTrace(TraceMeta(model="t", num_layers=2, num_experts=N, top_k=k, vocab_size=4),
+                         np.zeros(T, np.int32), np.zeros(T, np.int64),
+                         np.arange(T, dtype=np.int32), ex.astype(np.int16)).validate()
+    cfg = BoundConfig(batch=batch, max_device_sets=10, colgen_max_sets=10_000)
+    b = lar_upper_bound(trace, G, cfg)
+    assert b["per_layer_method"] == [COLGEN_METHOD] * 2
+    for l in range(2):
+        best = max(best_assignment(ex[:, l], p, batch) for p in partitions(tuple(range(N)), N // G))
+        assert b["per_layer"][l] >= best / ex[:, l].size - 1e-12
+    listed = lar_upper_bound(trace, G, BoundConfig(batch=batch))   # C(10, 5) = 252 listed
+    assert b["lar_mean"] >= listed["lar_mean"] - 1e-9
