@@ -35,7 +35,9 @@ import numpy as np
 
 from sempar.drift import engines
 from sempar.drift.config import ReplayConfig
-from sempar.drift.history import history_sample
+from sempar.drift.history import history_sample, window_loads
+from sempar.placement.dispatch import DISPATCH
+from sempar.placement.dispatch_peak import MAX_DEVICES, replica_pass
 from sempar.placement.migration import align_devices
 from sempar.placement.placement import Placement
 from sempar.placement.rebalance import rebalance
@@ -94,8 +96,20 @@ def _incremental(current: Placement, seen: RoutingTrace, cfg: ReplayConfig) -> P
     h = cfg.history
     keep, w, age = history_sample(seen, cfg.window, h)
     caps = cfg.rebalance.max_imbalance + h.slack * (np.arange(h.windows + 1) > 0)
-    return rebalance(current, seen.experts[keep], cfg.rebalance, w,
-                     age if h.robust else None, caps)[0]
+    nxt = rebalance(current, seen.experts[keep], cfg.rebalance, w,
+                    age if h.robust else None, caps)[0]
+    if nxt.redundant == 0 or cfg.replicas.max_moves == 0 or nxt.num_devices > MAX_DEVICES \
+            or not DISPATCH.get(cfg.dispatch).balances:
+        return nxt
+    # the replica slots, for the peak the balancing dispatch serves on every window of the
+    # history (`placement.dispatch_peak`): rebalance's bound counts the nearest copy only
+    loads, ages = window_loads(seen, cfg.window, h)
+    phy, moved = replica_pass(nxt.phy2log, nxt.num_devices, loads, caps[np.minimum(ages, h.windows)],
+                              cfg.replicas)
+    if moved:
+        nxt = Placement(phy, nxt.num_experts, nxt.num_devices, nxt.node_of.copy(), nxt.method,
+                        {**nxt.info, "replica_pass": moved}).validate()
+    return nxt
 
 
 def _vllm(current: Placement, window: RoutingTrace, cfg: ReplayConfig) -> Placement:
