@@ -13,7 +13,12 @@ update it from the last `--window` requests:
   (`step_interval`) do: load only, no locality, no migration price; aligned likewise;
 - `sempar-incremental`: `placement.rebalance` on the window and its load history
   (`drift.history`: the bound on each of the last windows, the objective weighed by age;
-  budgeted moves, exact gain per byte, the payback rule). The only policy that keeps a history:
+  budgeted moves, exact gain per byte, the payback rule); under a balancing dispatch with
+  replica slots, then the replica pass (`placement.dispatch_peak.replica_pass`, at most
+  `ReplayConfig.replicas.max_moves` slots per layer): the slots retargeted to lower the worst,
+  over the history's windows, of the least peak that dispatch can serve (rebalance's bound
+  counts the nearest copy only, so it cannot see what a replica buys). The only policy that
+  keeps a history:
   the others see the last `window` requests, as the engines' EPLB sees its recorder's window;
 - `vllm-eplb`, `sglang-eplb`: each engine's default EPLB policy through the engine's own code,
   at the engine's cadence (`drift.engines`: window, interval, replicas, the old map), its map

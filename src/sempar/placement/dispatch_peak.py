@@ -15,8 +15,10 @@ dispatch actually serves, not the nearest copy's.
 
 `replica_pass` retargets replica slots (a copy of an expert with several copies given to
 another expert: one expert copy moved) greedily, per layer, to lower the worst over scenarios of
-peak* / (cap x mean load) (the scenarios: windows of recent load, each with its cap); it moves
-only while that worst is above 1 and a move lowers it, at most `max_moves` per layer.
+peak* / (cap x mean load) (the scenarios: windows of recent load, each with its cap, or
+`ReplicaPass.target` for all); it moves only while that worst is above 1 and a move lowers it
+by `min_cut`, at most `max_moves` per layer (with the default target 1.0: while a move lowers
+the worst window's peak at all).
 
 Shapes: N experts, G devices, P = G x S slots, H scenarios, M = 2^G copy masks.
 """
