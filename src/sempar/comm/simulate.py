@@ -150,9 +150,12 @@ def ring_buffer(home: np.ndarray, batch: np.ndarray, ntok: np.ndarray, G: int) -
 
 
 def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement, topo: Topology,
-             pipeline: Pipeline, opts: SimOptions) -> dict:
+             pipeline: Pipeline, opts: SimOptions, served: np.ndarray | None = None) -> dict:
     """Bytes and seconds of `pipeline` for routing `experts` int[T, L, k] with homes
     `home` int[T, L] (for exflow only column 0 is used; None for pipelines without EP).
+    served: int[T, L, k] the device serving each activation (a dispatch rule's choice among
+    replicas, `placement.dispatch`, batches of `opts.batch` tokens); None: the copy nearest to
+    the home (`replica_table`). Chained pipelines (ExFlow) always serve from the nearest copy.
 
     Returns {"layers": [...], "total": {...}, "per_batch": {"a2a_seconds": float[B],
     "comm_seconds": float[B]}, "bytes_per_pair": float64[L, 4, G, G]} (columns: metadata,
@@ -195,7 +198,11 @@ def simulate(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
         if ep:
             h = cur if pipeline.chained else np.asarray(home[:, l], np.int32)
             e = np.ascontiguousarray(experts[:, l, :])
-            cnt, cnt_dd, local = route_counts(h, e, table[l], by_home, batch_of, nb, G)
+            if served is not None and not pipeline.chained:     # the dispatch's copies
+                cnt, cnt_dd, local = route_counts(h, np.ascontiguousarray(served[:, l, :]),
+                                                  np.arange(G), False, batch_of, nb, G)
+            else:
+                cnt, cnt_dd, local = route_counts(h, e, table[l], by_home, batch_of, nb, G)
             lar[l] = local / (T * k)
             copies[l] = cnt_dd.sum() / T
             if dedup:

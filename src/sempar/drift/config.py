@@ -14,6 +14,7 @@ from sempar.drift.costs import MOVES_MAX
 from sempar.drift.history import History
 from sempar.errors import InputError
 from sempar.placement.dispatch import DEFAULT_DISPATCH
+from sempar.placement.dispatch_peak import ReplicaPass
 from sempar.placement.rebalance import RebalanceConfig
 from sempar.solve_options import SolveOptions
 
@@ -53,6 +54,7 @@ class ReplayConfig:
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
     history: History = field(default_factory=History)   # sempar-incremental's load history
     dispatch: str = DEFAULT_DISPATCH    # which copy of a replicated expert serves a token
+    replicas: ReplicaPass = field(default_factory=ReplicaPass)   # sempar-incremental's slots
     engine: str = "vllm"                # sempar-engine: the balancer it is plugged into
     passes_per_step: int = 1000         # forward passes one replay step stands for
 

@@ -73,3 +73,19 @@ def history_sample(trace: RoutingTrace, window: int, history: History
     rows = np.concatenate(keep)
     order = np.argsort(rows, kind="stable")
     return rows[order], np.concatenate(weight)[order], age[rows[order]]
+
+
+def window_loads(trace: RoutingTrace, window: int, history: History
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(loads float64[L, H, N], ages int64[H]): each layer's expert activations in each window
+    of the history (`history_rows`' ages, those present, youngest first), unweighted: the
+    scenarios a replica layout is checked on one by one (`placement.dispatch_peak`)."""
+    _, age = history_rows(trace, window, history)
+    T, L, k = trace.experts.shape
+    N = trace.meta.num_experts
+    ages = np.unique(age)
+    H = ages.size
+    pos = np.searchsorted(ages, age)                                      # [T] scenario
+    key = (np.arange(L)[None, :, None] * H + pos[:, None, None]) * N + trace.experts
+    loads = np.bincount(key.ravel(), minlength=L * H * N).reshape(L, H, N).astype(np.float64)
+    return loads, ages

@@ -13,7 +13,12 @@ update it from the last `--window` requests:
   (`step_interval`) do: load only, no locality, no migration price; aligned likewise;
 - `sempar-incremental`: `placement.rebalance` on the window and its load history
   (`drift.history`: the bound on each of the last windows, the objective weighed by age;
-  budgeted moves, exact gain per byte, the payback rule). The only policy that keeps a history:
+  budgeted moves, exact gain per byte, the payback rule); under a balancing dispatch with
+  replica slots, then the replica pass (`placement.dispatch_peak.replica_pass`, at most
+  `ReplayConfig.replicas.max_moves` slots per layer): the slots retargeted to lower the worst,
+  over the history's windows, of the least peak that dispatch can serve (rebalance's bound
+  counts the nearest copy only, so it cannot see what a replica buys). The only policy that
+  keeps a history:
   the others see the last `window` requests, as the engines' EPLB sees its recorder's window;
 - `vllm-eplb`, `sglang-eplb`: each engine's default EPLB policy through the engine's own code,
   at the engine's cadence (`drift.engines`: window, interval, replicas, the old map), its map
@@ -35,7 +40,9 @@ import numpy as np
 
 from sempar.drift import engines
 from sempar.drift.config import ReplayConfig
-from sempar.drift.history import history_sample
+from sempar.drift.history import history_sample, window_loads
+from sempar.placement.dispatch import DISPATCH
+from sempar.placement.dispatch_peak import MAX_DEVICES, replica_pass
 from sempar.placement.migration import align_devices
 from sempar.placement.placement import Placement
 from sempar.placement.rebalance import rebalance
@@ -94,8 +101,20 @@ def _incremental(current: Placement, seen: RoutingTrace, cfg: ReplayConfig) -> P
     h = cfg.history
     keep, w, age = history_sample(seen, cfg.window, h)
     caps = cfg.rebalance.max_imbalance + h.slack * (np.arange(h.windows + 1) > 0)
-    return rebalance(current, seen.experts[keep], cfg.rebalance, w,
-                     age if h.robust else None, caps)[0]
+    nxt = rebalance(current, seen.experts[keep], cfg.rebalance, w,
+                    age if h.robust else None, caps)[0]
+    if nxt.redundant == 0 or cfg.replicas.max_moves == 0 or nxt.num_devices > MAX_DEVICES \
+            or not DISPATCH.get(cfg.dispatch).balances:
+        return nxt
+    # the replica slots, for the peak the balancing dispatch serves on every window of the
+    # history (`placement.dispatch_peak`): rebalance's bound counts the nearest copy only
+    loads, ages = window_loads(seen, cfg.window, h)
+    phy, moved = replica_pass(nxt.phy2log, nxt.num_devices, loads, caps[np.minimum(ages, h.windows)],
+                              cfg.replicas)
+    if moved:
+        nxt = Placement(phy, nxt.num_experts, nxt.num_devices, nxt.node_of.copy(), nxt.method,
+                        {**nxt.info, "replica_pass": moved}).validate()
+    return nxt
 
 
 def _vllm(current: Placement, window: RoutingTrace, cfg: ReplayConfig) -> Placement:

@@ -27,6 +27,9 @@ once in `DISPATCH` with its capabilities (`DispatchRule`), so `evaluate`, `repla
 - `lp-local` (ours, beside `lp`): the same LP with a second objective, the most activations
   served on their home device among the splits of minimal peak (lexicographic by a small
   weight).
+- `lp-cap` (ours, beside `lp`): the same LP with the peak bounded at `LP_CAP` x the batch's mean
+  load instead of minimised: the least excess over the bound first, then the most activations
+  on their home device (`placement.dispatch_lp`).
 
 Shapes: T tokens, k selected experts per token, G devices, P = G * S physical slots, N logical
 experts. All rules take one layer: experts int[T, k] (logical ids), home int[T] (device of
@@ -45,6 +48,7 @@ from typing import Callable
 import numpy as np
 
 from sempar.placement import serving
+from sempar.placement.dispatch_lp import lp_chooser
 from sempar.registry import Registry
 
 DispatchFn = Callable[[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray, np.ndarray,
@@ -52,6 +56,7 @@ DispatchFn = Callable[[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray, np.n
 DEFAULT_DISPATCH = "nearest"
 KNUTH = 2654435769          # vLLM's multiplicative hash (floor(2^32 / golden ratio))
 LOCAL_WEIGHT = 1e-4         # lp-local: weight of a home-served activation against the peak
+LP_CAP = 1.05               # lp-cap: the device load bound, x the batch mean, it keeps first
 
 
 @dataclass(frozen=True)
@@ -258,72 +263,15 @@ def _per_batch(served: np.ndarray, batch: np.ndarray, G: int, choose) -> np.ndar
     return served
 
 
-def _lp_split(experts, home, phy2log, G, batch, node_of, local_weight: float):
-    """`lp` / `lp-local`: the per-batch LP over every replicated expert's activations."""
-    from scipy.optimize import linprog
-    from scipy.sparse import coo_matrix
-
+def _lp_split(experts, home, phy2log, G, batch, node_of, local_weight: float,
+              cap: float | None = None):
+    """`lp` / `lp-local` / `lp-cap`: the per-batch LP (`placement.dispatch_lp`) over every
+    replicated expert's activations; single-copy experts are served where they live."""
     N = _num_experts(experts, phy2log)
-    hosts, copies, count = _layout(phy2log, G, N)
-    home = np.asarray(home, np.int64)
+    _, copies, count = _layout(phy2log, G, N)
     served = np.where(count[experts] == 1, copies[experts, 0], -1)
-    rep = np.nonzero(count > 1)[0]
-
-    def choose(tok: np.ndarray, open_: np.ndarray, fixed: np.ndarray) -> np.ndarray:
-        ex = experts[tok][open_]
-        hm = np.broadcast_to(home[tok][:, None], open_.shape)[open_]
-        n = np.bincount(ex, minlength=N)
-        es = rep[n[rep] > 0]
-        # variables: x[e, d] per copy (served share), y[e, d] (home-served part), then z (peak)
-        pe = np.repeat(es, count[es])
-        pd = np.concatenate([copies[e, :count[e]] for e in es])
-        V = pe.size
-        h = np.zeros((N, G))
-        np.add.at(h, (ex, hm), 1.0)
-        c = np.zeros(2 * V + 1)
-        c[-1] = 1.0
-        if local_weight:
-            c[V:2 * V] = -local_weight * max(float(n.max()), 1.0) / max(float(ex.size), 1.0)
-        # load rows: fixed[d] + sum_e x[e, d] - z <= 0; then y <= x
-        A_ub = coo_matrix((np.r_[np.ones(V), -np.ones(G), np.ones(V), -np.ones(V)],
-                           (np.r_[pd, np.arange(G), G + np.arange(V), G + np.arange(V)],
-                            np.r_[np.arange(V), np.full(G, 2 * V), V + np.arange(V),
-                                  np.arange(V)])), shape=(G + V, 2 * V + 1)).tocsr()
-        A_eq = coo_matrix((np.ones(V), (np.searchsorted(es, pe), np.arange(V))),
-                          shape=(es.size, 2 * V + 1)).tocsr()
-        bounds = [(0, None)] * V + [(0, float(u)) for u in h[pe, pd]] + [(0, None)]
-        res = linprog(c, A_ub=A_ub, b_ub=np.r_[-fixed, np.zeros(V)], A_eq=A_eq,
-                      b_eq=n[es].astype(float), bounds=bounds, method="highs")
-        x = res.x[:V] if res.status == 0 else np.repeat(n[es] / count[es], count[es])
-        fill = np.full(ex.size, -1, np.int64)
-        for e in es:
-            sl = slice(int(np.searchsorted(pe, e)), int(np.searchsorted(pe, e, "right")))
-            fill[ex == e] = _fill(hm[ex == e], pd[sl], _round(x[sl], int(n[e])))
-        return fill
+    choose = lp_chooser(experts, np.asarray(home, np.int64), copies, count, G, local_weight, cap)
     return _per_batch(served, batch, G, choose)
-
-
-def _round(x: np.ndarray, n: int) -> np.ndarray:
-    """int64: x (non-negative, sum ~ n) rounded to integers summing to n (largest remainder)."""
-    x = np.maximum(np.asarray(x, np.float64), 0)
-    x = x * (n / x.sum()) if x.sum() > 0 else np.full(x.size, n / x.size)
-    q = np.floor(x).astype(np.int64)
-    q[np.argsort(-(x - q), kind="stable")[:n - int(q.sum())]] += 1
-    return q
-
-
-def _fill(hm: np.ndarray, devs: np.ndarray, quota: np.ndarray) -> np.ndarray:
-    """int64[len(hm)]: serving devices of one expert's activations (homes hm) given the copies'
-    devices and integer quotas summing to len(hm): each copy first takes activations homed on
-    its own device, the rest fill the remaining quotas in device order."""
-    out = np.full(hm.size, -1, np.int64)
-    left = quota.copy()
-    for j, d in enumerate(devs):
-        mine = np.nonzero((hm == d) & (out < 0))[0][:left[j]]
-        out[mine] = d
-        left[j] -= mine.size
-    out[out < 0] = np.repeat(devs, left)
-    return out
 
 
 @_rule("lp", "per-batch LP minimising the peak device load over the copies (after LPLB)",
@@ -337,6 +285,13 @@ def _lp(experts, home, phy2log, G, batch, node_of, rng):
       "sempar (issue 45), after LPLB", per_batch=True, balances=True)
 def _lp_local(experts, home, phy2log, G, batch, node_of, rng):
     return _lp_split(experts, home, phy2log, G, batch, node_of, LOCAL_WEIGHT)
+
+
+@_rule("lp-cap", f"per-batch LP: every device within {LP_CAP} x the batch mean where the copies "
+      "allow, then the most activations served on their home device",
+      "sempar (issue 45), after LPLB", per_batch=True, balances=True)
+def _lp_cap(experts, home, phy2log, G, batch, node_of, rng):
+    return _lp_split(experts, home, phy2log, G, batch, node_of, 0.0, LP_CAP)
 
 
 def dispatch(rule: str, experts: np.ndarray, home: np.ndarray, phy2log: np.ndarray, G: int,

@@ -91,14 +91,29 @@ class StepTable:
         return float(c.mean()), float(e.mean())
 
 
+def dispatched(experts: np.ndarray, home: np.ndarray | None, placement: Placement, n: int,
+               ep: bool) -> np.ndarray | None:
+    """int32[S*n, L, k]: the device serving each activation of S batches of n tokens under the
+    placement's dispatch rule (`info["dispatch"]`, placement/dispatch.py, each batch one engine
+    step; issue 45), or None where the nearest copy serves (no replicas, no rule, `nearest`, no
+    expert parallelism): then `replica_table`'s nearest copy is the rule of both the bytes
+    (`comm.simulate`) and the expert loads."""
+    rule = placement.info.get("dispatch")
+    if not ep or home is None or rule in (None, "nearest") or placement.redundant == 0:
+        return None
+    from sempar.placement.dispatch import dispatch_all
+
+    return dispatch_all(placement, experts, home, rule, np.arange(experts.shape[0]) // n, 0)
+
+
 def expert_loads(experts: np.ndarray, home: np.ndarray | None, placement: Placement,
-                 topo: Topology, nbytes: float, S: int, n: int, ep: bool) -> tuple[np.ndarray, np.ndarray]:
+                 topo: Topology, nbytes: float, S: int, n: int, ep: bool,
+                 served: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(copies, active) float64[S, L, G] for S batches of n tokens: experts int[S*n, L, k], home
     int[S*n, L] -> (token, expert) copies each device serves and distinct experts it activates.
-    Without expert parallelism every device holds 1/G of every expert (expert TP). With
-    replicas the copy serving each activation is the placement's dispatch rule's
-    (`info["dispatch"]`, placement/dispatch.py, each batch one engine step; issue 45), else the
-    nearest by the topology's cost (`replica_table`); the comm simulation keeps the nearest."""
+    Without expert parallelism every device holds 1/G of every expert (expert TP). served
+    int[S*n, L, k]: the device serving each activation (None: `dispatched`'s, else the nearest
+    copy by the topology's cost, `replica_table`), as `comm.simulate` counts the bytes."""
     T, L, k = experts.shape
     G, N = placement.num_devices, placement.num_experts
     sample = np.repeat(np.arange(S), n * k)
@@ -111,20 +126,14 @@ def expert_loads(experts: np.ndarray, home: np.ndarray | None, placement: Placem
             copies[:, l, :] = (n * k / G)
             active[:, l, :] = act.sum(axis=1, keepdims=True) / G
         return copies, active
-    table, by_home = replica_table(placement, topo, nbytes)
-    rule = placement.info.get("dispatch")
-    if not by_home or rule in (None, "nearest"):
-        rule = None
-    else:                    # the placement's dispatch rule, each sampled batch one engine step
-        from sempar.placement.dispatch import dispatch
-
-        rng = np.random.default_rng(0)
-        step = np.repeat(np.arange(S), n)
+    if served is None:
+        served = dispatched(experts, home, placement, n, ep)
+    if served is None:
+        table, by_home = replica_table(placement, topo, nbytes)
     for l in range(L):
         e = experts[:, l, :]
-        if rule is not None:
-            dev = dispatch(rule, e, home[:, l], placement.phy2log[l], G, step, placement.node_of,
-                           rng=rng).reshape(-1)
+        if served is not None:
+            dev = served[:, l, :].reshape(-1).astype(np.int64)
         else:
             dev = (table[l][home[:, l][:, None], e] if by_home else table[l][e]).reshape(-1).astype(np.int64)
         copies[:, l, :] = np.bincount(sample * G + dev, minlength=S * G).reshape(S, G)
@@ -180,11 +189,12 @@ def sample_steps(experts: np.ndarray, home: np.ndarray | None, placement: Placem
         idx = rng.choice(T, S * n, replace=S * n > T)
         ex = np.ascontiguousarray(experts[idx])
         h = None if home is None else np.ascontiguousarray(home[idx])
-        res = simulate(ex, h, placement, topo, pipeline, replace(opts, batch=n))
+        served = dispatched(ex, h, placement, n, pipeline.expert_parallel)
+        res = simulate(ex, h, placement, topo, pipeline, replace(opts, batch=n), served)
         comm[b, :S] = res["per_batch"]["comm_seconds"]
         a2a[b, :S] = res["per_batch"]["a2a_seconds"]
         c, a = expert_loads(ex, h, placement, topo, opts.token_bytes, S, n,
-                            pipeline.expert_parallel)
+                            pipeline.expert_parallel, served)
         loads.append((b, c, a))
         count[b] = S
         if res["total"]["lar_mean"] is not None:

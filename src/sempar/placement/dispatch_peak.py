@@ -1,0 +1,158 @@
+"""The peak device load a balancing dispatch can reach on a layout, and the replica slots that
+lower it on several load scenarios at once (issue 45, item 3: replicas under drift).
+
+A balancing dispatch (`lp`, `lp-cap`, `placement.dispatch`) may send any activation of a
+replicated expert to any of its copies. With splittable loads, the least peak over the devices
+is a max-flow bound (Hall's condition for fractional assignment): for every set D of devices,
+the experts whose copies all lie in D must be served inside D, so
+
+    peak* = max over non-empty D of  load(experts with copies only in D) / |D|,
+
+and a split reaching it exists. With G devices that is 2^G - 1 sets: one histogram of the
+experts' copy masks and a subset-sum (zeta) transform, exact and cheap for G <= 16
+(`min_peak`). Ours (the papers and EPLB place replicas by load alone): the peak is the one the
+dispatch actually serves, not the nearest copy's.
+
+`replica_pass` retargets replica slots (a copy of an expert with several copies given to
+another expert: one expert copy moved) greedily, per layer, to lower the worst over scenarios of
+peak* / (cap x mean load) (the scenarios: windows of recent load, each with its cap, or
+`ReplicaPass.target` for all); it moves only while that worst is above 1 and a move lowers it
+by `min_cut`, at most `max_moves` per layer (with the default target 1.0: while a move lowers
+the worst window's peak at all).
+
+Shapes: N experts, G devices, P = G x S slots, H scenarios, M = 2^G copy masks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sempar.errors import InputError
+
+MAX_DEVICES = 16        # 2^G masks per scenario: beyond this the exact bound is too large
+
+
+@dataclass(frozen=True)
+class ReplicaPass:
+    """`replica_pass`'s knobs: at most `max_moves` replica retargets per layer per update;
+    scenario caps (x the scenario's mean device load) are given by the caller."""
+
+    max_moves: int = 2
+    min_cut: float = 1e-3   # a move must lower the worst scenario ratio by at least this
+    target: float | None = 1.0    # every scenario's cap (None: the caller's caps): 1.0 keeps
+                                  # raising the slots' slack while moves lower the worst window
+
+    def __post_init__(self) -> None:
+        if self.max_moves < 0 or self.min_cut < 0:
+            raise InputError(f"replica pass: max_moves {self.max_moves} / min_cut "
+                             f"{self.min_cut} out of range")
+
+
+def _masks(row: np.ndarray, G: int, N: int) -> np.ndarray:
+    """int64[N]: bit g set where device g holds a copy of the expert (slot row int[P])."""
+    S = row.size // G
+    m = np.zeros(N, np.int64)
+    np.bitwise_or.at(m, np.asarray(row, np.int64), np.int64(1) << (np.arange(row.size) // S))
+    return m
+
+
+def _popcount(G: int) -> np.ndarray:
+    M = 1 << G
+    return np.array([bin(d).count("1") for d in range(M)], np.float64)
+
+
+def _zeta_peak(f: np.ndarray, G: int, pop: np.ndarray) -> np.ndarray:
+    """float[...]: max over non-empty device sets D of (sum of f over masks within D) / |D|;
+    f float[..., M] the load of each copy mask (transformed in place)."""
+    M = 1 << G
+    idx = np.arange(M)
+    for i in range(G):
+        has = idx[(idx >> i) & 1 == 1]
+        f[..., has] += f[..., has ^ (1 << i)]
+    return (f[..., 1:] / pop[1:]).max(axis=-1)
+
+
+def min_peak(row: np.ndarray, load: np.ndarray, G: int) -> np.ndarray:
+    """float64[H]: peak* / mean device load (module docstring) of slot row int[P] under expert
+    loads float[H, N] (one row per scenario); 1.0 is a perfect split."""
+    load = np.atleast_2d(np.asarray(load, np.float64))
+    H, N = load.shape
+    if G > MAX_DEVICES:
+        raise InputError(f"min_peak: {G} devices; the exact bound is kept to {MAX_DEVICES}")
+    m = _masks(row, G, N)
+    f = np.zeros((H, 1 << G))
+    for h in range(H):
+        f[h] = np.bincount(m, load[h], minlength=1 << G)
+    mean = np.maximum(load.sum(axis=1) / G, 1e-12)
+    return _zeta_peak(f, G, _popcount(G)) / mean
+
+
+def _candidates(row: np.ndarray, G: int, N: int) -> list[tuple[int, int]]:
+    """(slot p, new expert b): every retarget of a slot holding an expert with several copies
+    to an expert its device does not hold."""
+    S = row.size // G
+    cnt = np.bincount(row, minlength=N)
+    out = []
+    for p in np.flatnonzero(cnt[row] > 1):
+        held = set(row[(p // S) * S:(p // S + 1) * S].tolist())
+        out += [(int(p), b) for b in range(N) if b not in held]
+    return out
+
+
+def replica_pass(phy2log: np.ndarray, G: int, loads: np.ndarray, caps: np.ndarray,
+                 cfg: ReplicaPass = ReplicaPass(), keep: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, int]:
+    """(new phy2log int32[L, P], slots retargeted): per layer, greedy replica retargets that
+    lower max over scenarios h of min_peak_h / caps[h] while it is above 1.
+
+    phy2log int[L, P] (device g owns slots [g S, (g + 1) S)); loads float[L, H, N] expert loads
+    per layer and scenario; caps float[H] (>= 1); keep float[L, N] or None: among moves of
+    equal worst ratio, the one dropping the copy of least `keep` (locality of the dropped copy)
+    and adding the most."""
+    phy2log = np.array(phy2log, np.int32, copy=True)
+    L, P = phy2log.shape
+    _, H, N = loads.shape
+    caps = np.asarray(caps, np.float64)
+    if cfg.target is not None:
+        caps = np.full(H, cfg.target)
+    if G > MAX_DEVICES:
+        raise InputError(f"replica pass: {G} devices; the exact bound is kept to {MAX_DEVICES}")
+    S = P // G
+    moved = 0
+    pop = _popcount(G)
+    for l in range(L):
+        w = np.asarray(loads[l], np.float64)
+        mean = np.maximum(w.sum(axis=1) / G, 1e-12)
+        for _ in range(cfg.max_moves):
+            row = phy2log[l]
+            score = float((min_peak(row, w, G) / caps).max())
+            if score <= 1.0:
+                break
+            cand = _candidates(row, G, N)
+            if not cand:
+                break
+            m = _masks(row, G, N)
+            base = np.stack([np.bincount(m, w[h], minlength=1 << G) for h in range(H)])
+            F = np.repeat(base[None], len(cand), axis=0)           # [C, H, M]
+            c = np.arange(len(cand))
+            p = np.array([x[0] for x in cand])
+            b = np.array([x[1] for x in cand])
+            a = row[p].astype(np.int64)
+            d = p // S
+            on = np.bincount(np.arange(P) // S * N + row, minlength=G * N)
+            twice = on[d * N + a] > 1            # two copies on one device (engines' maps)
+            ma = np.where(twice, m[a], m[a] & ~(np.int64(1) << d))   # a keeps its other copies
+            mb = m[b] | (np.int64(1) << d)
+            for e, old, new in ((a, m[a], ma), (b, m[b], mb)):
+                F[c, :, old] -= w[:, e].T
+                F[c, :, new] += w[:, e].T
+            ratio = (_zeta_peak(F, G, pop) / mean[None] / caps[None]).max(axis=1)   # [C]
+            tie = 0.0 if keep is None else (keep[l, b] - keep[l, a]) * 1e-9
+            best = int(np.argmax(-ratio + tie))
+            if score - ratio[best] < cfg.min_cut:
+                break
+            phy2log[l, p[best]] = b[best]
+            moved += 1
+    return phy2log, moved
