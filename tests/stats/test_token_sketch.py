@@ -5,17 +5,17 @@ merges in any order; exact (error 0) while the cap is not reached; the cap trave
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from scipy import sparse
 
-from conftest import build_trace
+from conftest import build_trace, run_cli
 from sempar.errors import InputError
 from sempar.stats.build import StatsBuilder
-from sempar.stats.file import HEADER_KEY, checksum, load_stats, save_stats
+from sempar.stats.file import _header, load_stats, save_stats, to_arrays
+from sempar.trace.io import write_trace
+from test_stats_checks import forge
 from sempar.stats.routing_stats import merge, merge_all
 from sempar.stats.sketch import bound, reduce_table
 from test_routing_stats_merge import assert_same, stats_of, uneven_trace
@@ -93,40 +93,28 @@ def test_capped_file_round_trip_v1_files_and_cap_mismatch(tmp_path):
     with pytest.raises(InputError, match="token_cells"):
         merge(back, capped(trace, 31))
     # a version 1 file (exact tables, no cap, error or occurrences) loads as cap 0, error 0
-    from safetensors.numpy import save_file
-
-    from sempar.stats.file import _header, to_arrays
-
     exact = stats_of(trace, parts=("sample", "tokens"))
     exact.token_cells = 0
     arrays = {k: v for k, v in to_arrays(exact).items() if k not in
               ("tokens.error", "tokens.occurrences")}
     header = {k: v for k, v in _header(exact).items() if k != "token_cells"}
     header["version"] = 1
-    header["sha256"] = checksum(header, arrays)
-    save_file(arrays, str(tmp_path / "v1.stats"), metadata={HEADER_KEY: json.dumps(header)})
+    forge(header, arrays, tmp_path / "v1.stats")
     old = load_stats(tmp_path / "v1.stats")
     assert old.token_cells == 0 and not old.token_error.any()
     assert np.array_equal(old.token_occurrences, exact.token_occurrences)
     assert_same(old, exact)
     header["version"] = 3
-    header["sha256"] = checksum(header, arrays)
-    save_file(arrays, str(tmp_path / "v3.stats"), metadata={HEADER_KEY: json.dumps(header)})
+    forge(header, arrays, tmp_path / "v3.stats")
     with pytest.raises(InputError, match="version 3 is not supported"):
         load_stats(tmp_path / "v3.stats")
 
 
 def test_forged_error_beyond_the_bound_is_refused(tmp_path):
-    from sempar.stats.file import _header, to_arrays
-
-    trace = build_trace(T=400, R=40)
-    s = capped(trace, 30)
-    arrays, header = to_arrays(s), _header(s)
+    s = capped(build_trace(T=400, R=40), 30)
+    arrays = to_arrays(s)
     arrays["tokens.error"] = arrays["tokens.error"] + 10 ** 6
-    header["sha256"] = checksum(header, arrays)
-    from safetensors.numpy import save_file
-
-    save_file(arrays, str(tmp_path / "f.stats"), metadata={HEADER_KEY: json.dumps(header)})
+    forge(_header(s), arrays, tmp_path / "f.stats")
     with pytest.raises(InputError, match="outside its cap's bound"):
         load_stats(tmp_path / "f.stats")
 
@@ -137,3 +125,23 @@ def test_merge_all_of_capped_shards_is_the_fold(tmp_path):
     folded = merge(merge(parts[0], parts[1]), parts[2])
     assert_same(merge_all(parts), folded)
     assert np.array_equal(merge_all(parts).token_error, folded.token_error)
+
+
+def test_cli_capped_build_then_merge_equals_the_fold(tmp_path):
+    """`stats build --token-cells` per shard, then `stats merge`: the in-memory fold."""
+    trace = build_trace(T=400, R=40)
+    halves = [trace.take(np.arange(0, 200)), trace.take(np.arange(200, 400))]
+    for i, h in enumerate(halves):
+        write_trace(h, tmp_path / f"{i}.parquet")
+        r = run_cli("stats", "build", "--trace", tmp_path / f"{i}.parquet", "--token-cells", 30,
+                    "--out", tmp_path / f"{i}.stats")
+        assert r.returncode == 0, r.stderr
+    r = run_cli("stats", "merge", "--stats", tmp_path / "0.stats", "--stats", tmp_path / "1.stats",
+                "--out", tmp_path / "m.stats")
+    assert r.returncode == 0, r.stderr
+    got = load_stats(tmp_path / "m.stats")
+    want = merge(load_stats(tmp_path / "0.stats"), load_stats(tmp_path / "1.stats"))
+    assert got.token_cells == 30 and got.token_error.any()
+    assert_same(got, want)
+    r = run_cli("stats", "info", tmp_path / "m.stats", "--json")
+    assert r.returncode == 0 and '"token_error_max"' in r.stdout
