@@ -188,7 +188,7 @@ SIDE_TOKENS = 240_000
 SIDE_EPS = (16, 64)
 
 
-def side_by_side(a: argparse.Namespace) -> dict:
+def side_by_side(a: argparse.Namespace, save) -> dict:
     """240k DeepSeek-V3-shape tokens: `place --trace` and `place --stats` (default flags) at
     EP 16 and 64, each step its own subprocess (module docstring)."""
     cache = a.cache_dir / "side"
@@ -201,10 +201,12 @@ def side_by_side(a: argparse.Namespace) -> dict:
                  "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                  "build": run("stats", "build", "--trace", trace, "--out", cache / "s.stats")}
     for ep in SIDE_EPS:
-        res[f"trace_ep{ep}"] = run("place", "--trace", trace, "--ep", ep,
-                                   "--out", cache / f"trace-{ep}.json")
+        save(side=res)
         res[f"stats_ep{ep}"] = run("place", "--stats", cache / "s.stats", "--ep", ep,
                                    "--out", cache / f"stats-{ep}.json")
+        save(side=res)
+        res[f"trace_ep{ep}"] = run("place", "--trace", trace, "--ep", ep,
+                                   "--out", cache / f"trace-{ep}.json")
         res[f"same_ep{ep}"] = same_placement(cache / f"stats-{ep}.json",
                                              cache / f"trace-{ep}.json")
     return res
@@ -268,6 +270,7 @@ def body(doc: dict) -> str:
         for ep in SIDE_EPS:
             if f"trace_ep{ep}" in side:
                 lines.append(_row(f"place --trace, EP {ep}", side[f"trace_ep{ep}"]))
+            if f"stats_ep{ep}" in side:
                 lines.append(_row(f"place --stats, EP {ep}", side[f"stats_ep{ep}"]))
         lines.append("")
         for ep in SIDE_EPS:
@@ -335,7 +338,7 @@ def main() -> None:
             res = measure(a, save)
             print(json.dumps(res, indent=1))
         if a.side_by_side:
-            side = side_by_side(a)
+            side = side_by_side(a, save)
             save(side=side)
             print(json.dumps(side, indent=1))
     if a.table:
