@@ -1,11 +1,11 @@
-"""Benchmark: routing statistics built shard by shard, and placements solved from them (issues 39, 46).
+"""Benchmark: routing statistics built shard by shard, and placements solved from them (#39, #46).
 
 Target (issue 46): 20M DeepSeek-V3-shape tokens (58 MoE layers, 256 experts, top-8) in 10 shards,
 EP 64: `sempar stats build` + `sempar place --stats` within 10 minutes wall and 8 GB peak RSS
 across processes on the 2-core machine (the pipeline's peak: the larger of the two steps' peak
 tree RSS, each summed over the step's process and all its descendants), memory flat in the
-number of shards (the token tables are capped, `stats.sketch`); stats merged from the shards equal the stats of
-the concatenated trace; placements from stats equal placements from the trace (same seed); the
+number of shards (the token tables are capped, `stats.sketch`); stats merged from the shards
+equal the stats of the concatenated trace; placements from stats equal placements from the trace (same seed); the
 same build on a local Ray cluster (2 workers) gives identical stats.
 
 Side by side, each step a subprocess of the real CLI (its peak RSS its own, RUSAGE_CHILDREN):
@@ -275,7 +275,8 @@ def body(doc: dict) -> str:
         lines.append("")
         for ep in SIDE_EPS:
             if f"same_ep{ep}" in side:
-                lines.append(f"- EP {ep}: place --stats equals place --trace: {side[f'same_ep{ep}']}")
+                lines.append(f"- EP {ep}: place --stats equals place --trace: "
+                             f"{side[f'same_ep{ep}']}")
         for note in side.get("notes", []):
             lines.append(f"- {note}")
         lines.append("")

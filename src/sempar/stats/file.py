@@ -1,6 +1,7 @@
 """The `RoutingStats` file: safetensors arrays plus a self-describing, checksummed header.
 
-Format `sempar-routing-stats` version 2 (version 1 files are read too): a safetensors file (no pickle; its header's offsets
+Format `sempar-routing-stats` version 2 (version 1 files are read too): a safetensors file
+(no pickle; its header's offsets
 are checked before any array is read) whose metadata entry "sempar" is a JSON object: format,
 version, the trace's model metadata (`TraceMeta.to_json`), domains, parts, seed, sample_rows,
 shards [[name, rows]], sample_cut, token_cells (version 2: the token tables' cap,

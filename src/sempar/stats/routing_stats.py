@@ -23,7 +23,8 @@ the placement objectives and evaluations that need no raw order read:
 
 Merging (`merge`) is associative and exact but for capped token tables: the counts of a
 concatenation are the sums of the shards' (bit for bit; capped token tables: summed, then
-reduced to the cap, their error bounds added, `stats.sketch`), and the sample of a concatenation is the sample rule applied to the
+reduced to the cap, their error bounds added, `stats.sketch`), and the sample of a
+concatenation is the sample rule applied to the
 union of the shards' samples (`stats.sample`'s docstring says why), the second operand's row
 indices shifted by the first's row count. Requests must not straddle shards (refused, one
 line). Shards of different models (`TraceMeta.model_difference`: name, type or shape) are

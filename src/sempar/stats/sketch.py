@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 
-TOKEN_CELLS = 1 << 21        # default cap: cells per layer (58 layers x 2,097,152 x 12 bytes: 1.46 GB)
+TOKEN_CELLS = 1 << 21      # default cap, cells a layer (DeepSeek-V3: 58 x 2^21 x 12 B = 1.46 GB)
 
 
 def reduce_table(table: sparse.csr_matrix, cap: int) -> tuple[sparse.csr_matrix, int]:
