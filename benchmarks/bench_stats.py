@@ -5,8 +5,8 @@ EP 64: `sempar stats build` + `sempar place --stats` within 10 minutes wall and 
 across processes on the 2-core machine (the pipeline's peak: the larger of the two steps' peak
 tree RSS, each summed over the step's process and all its descendants), memory flat in the
 number of shards (the token tables are capped, `stats.sketch`); stats merged from the shards
-equal the stats of the concatenated trace; placements from stats equal placements from the trace (same seed); the
-same build on a local Ray cluster (2 workers) gives identical stats.
+equal the stats of the concatenated trace; placements from stats equal placements from the
+trace (same seed); the same build on a local Ray cluster (2 workers) gives identical stats.
 
 Side by side, each step a subprocess of the real CLI (its peak RSS its own, RUSAGE_CHILDREN):
 - `build`: `sempar stats build` over the shards (default parts: loads, requests, the request
