@@ -1,10 +1,12 @@
-"""Benchmark: routing statistics built shard by shard, and placements solved from them (issue 39).
+"""Benchmark: routing statistics built shard by shard, and placements solved from them (#39, #46).
 
-Target: 20M DeepSeek-V3-shape tokens (58 MoE layers, 256 experts, top-8) in 10 shards, EP 64:
-`sempar stats build` + `sempar place --stats` within 10 minutes and 8 GB peak RSS on the 2-core
-machine, memory flat in the number of shards; stats merged from the shards equal the stats of
-the concatenated trace; placements from stats equal placements from the trace (same seed); the
-same build on a local Ray cluster (2 workers) gives identical stats.
+Target (issue 46): 20M DeepSeek-V3-shape tokens (58 MoE layers, 256 experts, top-8) in 10 shards,
+EP 64: `sempar stats build` + `sempar place --stats` within 10 minutes wall and 8 GB peak RSS
+across processes on the 2-core machine (the pipeline's peak: the larger of the two steps' peak
+tree RSS, each summed over the step's process and all its descendants), memory flat in the
+number of shards (the token tables are capped, `stats.sketch`); stats merged from the shards
+equal the stats of the concatenated trace; placements from stats equal placements from the
+trace (same seed); the same build on a local Ray cluster (2 workers) gives identical stats.
 
 Side by side, each step a subprocess of the real CLI (its peak RSS its own, RUSAGE_CHILDREN):
 - `build`: `sempar stats build` over the shards (default parts: loads, requests, the request
@@ -13,10 +15,17 @@ Side by side, each step a subprocess of the real CLI (its peak RSS its own, RUSA
 - `solve-stats`: `sempar place --stats` at EP 64;
 - `solve-trace`: `sempar place --trace` (the concatenated trace, rows objective) at EP 64, the
   whole-trace path, only when `--whole` (it reads the whole trace into memory: T x L x k bytes);
-- equality: the merged stats against the whole trace's stats (`--whole`), the two placements.
+- equality: the merged stats against the whole trace's stats (`--whole`), the two placements;
+- `--side-by-side`: 240k DeepSeek-V3-shape tokens (issue 46's "placed in about a minute"
+  target: <= 60 s wall and <= 4 GB), `place --trace` and `place --stats` at EP 16 and EP 64
+  with default flags, each its wall, CPU and peak tree RSS (the stats built once beforehand).
+
+The results file is rewritten after every step, so a run stopped early keeps what it measured.
 
     python benchmarks/bench_stats.py [--tokens 20000000] [--shards 10] [--ep 64] [--whole]
-        [--cache-dir DIR] [--json docs/results/stats.json] [--table docs/results/stats.md]
+        [--no-ray] [--no-one-shard] [--side-by-side] [--cache-dir DIR]
+        [--json docs/results/stats.json] [--table docs/results/stats.md]
+    python scripts/make_results.py docs/results/stats.json --out docs/results/
     python benchmarks/bench_stats.py --from docs/results/stats.json --table docs/results/stats.md
 
 Shards are synthesised (`sempar synth --shards`, seed 1) into --cache-dir unless there. This
@@ -117,7 +126,19 @@ def whole_trace_gb(tokens: int, L: int = 58, k: int = 8) -> float:
     return round(tokens * (L * k + 12) / 2**30, 2)
 
 
-def measure(a: argparse.Namespace) -> dict:
+def stats_info(path: Path) -> dict:
+    """`sempar stats info --json` of a stats file (the token tables' cells, cap and error)."""
+    r = subprocess.run([sys.executable, "-m", "sempar.cli", "stats", "info", str(path), "--json"],
+                       capture_output=True, text=True)
+    if r.returncode:
+        return {"error": r.stderr.strip()[-200:]}
+    info = json.loads(r.stdout)
+    return {k: info[k] for k in ("rows", "token_cells", "token_table_cells", "token_error_max")
+            if k in info}
+
+
+def measure(a: argparse.Namespace, save) -> dict:
+    """The pipeline's steps (module docstring); `save(res)` after each."""
     a.cache_dir.mkdir(parents=True, exist_ok=True)
     paths, whole = synth(a.cache_dir, a.tokens, a.shards, a.whole)
     out = a.cache_dir / "out"
@@ -130,13 +151,20 @@ def measure(a: argparse.Namespace) -> dict:
         f.unlink()
     res["build"] = run("stats", "build", *shard_args, "--jobs", a.jobs, "--out", out / "s.stats")
     res["stats_file_gb"] = round((out / "s.stats").stat().st_size / 2**30, 2)
+    res["stats_info"] = stats_info(out / "s.stats")
+    save(res)
     res["solve_stats"] = run("place", "--stats", out / "s.stats", "--ep", a.ep,
                              "--out", out / "from-stats.json")
     res["build_plus_solve_s"] = round(res["build"]["seconds"] + res["solve_stats"]["seconds"], 1)
     res["build_plus_solve_cpu_s"] = round(res["build"]["cpu_seconds"]
                                           + res["solve_stats"]["cpu_seconds"], 1)
-    # memory flat in shards: one shard's build beside the build of all of them
-    res["build_one_shard"] = run("stats", "build", "--trace", paths[0], "--out", out / "one.stats")
+    res["pipeline_peak_rss_gb"] = max(res["build"]["peak_tree_rss_gb"],
+                                      res["solve_stats"]["peak_tree_rss_gb"])
+    save(res)
+    if not a.no_one_shard:       # memory flat in shards: one shard's build beside all of them
+        res["build_one_shard"] = run("stats", "build", "--trace", paths[0],
+                                     "--out", out / "one.stats")
+        save(res)
     if not a.no_ray:
         try:
             import ray  # noqa: F401
@@ -145,12 +173,42 @@ def measure(a: argparse.Namespace) -> dict:
             res["ray_equal"] = same_stats(out / "s.stats", out / "ray.stats")
         except ImportError:
             res["build_ray"] = "skipped: ray not installed"
+        save(res)
     if a.whole:
         res["build_whole"] = run("stats", "build", "--trace", whole, "--out", out / "w.stats")
         res["merged_equal_whole"] = same_stats(out / "s.stats", out / "w.stats")
         res["solve_trace"] = run("place", "--trace", whole, "--objective", "rows", "--ep", a.ep,
                                  "--out", out / "from-trace.json")
         res["placements_equal"] = same_placement(out / "from-stats.json", out / "from-trace.json")
+        save(res)
+    return res
+
+
+SIDE_TOKENS = 240_000
+SIDE_EPS = (16, 64)
+
+
+def side_by_side(a: argparse.Namespace, save) -> dict:
+    """240k DeepSeek-V3-shape tokens: `place --trace` and `place --stats` (default flags) at
+    EP 16 and 64, each step its own subprocess (module docstring)."""
+    cache = a.cache_dir / "side"
+    cache.mkdir(parents=True, exist_ok=True)
+    trace = cache / f"dsv3-{SIDE_TOKENS}.parquet"
+    if not trace.exists():
+        run("synth", "--preset", "deepseek-v3", "--tokens", SIDE_TOKENS, "--seed", 1,
+            "--out", trace)
+    res: dict = {"tokens": SIDE_TOKENS, "cpus": os.cpu_count(),
+                 "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 "build": run("stats", "build", "--trace", trace, "--out", cache / "s.stats")}
+    for ep in SIDE_EPS:
+        save(side=res)
+        res[f"stats_ep{ep}"] = run("place", "--stats", cache / "s.stats", "--ep", ep,
+                                   "--out", cache / f"stats-{ep}.json")
+        save(side=res)
+        res[f"trace_ep{ep}"] = run("place", "--trace", trace, "--ep", ep,
+                                   "--out", cache / f"trace-{ep}.json")
+        res[f"same_ep{ep}"] = same_placement(cache / f"stats-{ep}.json",
+                                             cache / f"trace-{ep}.json")
     return res
 
 
@@ -159,35 +217,42 @@ STEPS = (("build", "stats build (shards, local)"), ("build_ray", "stats build (s
          ("build_whole", "stats build (whole trace)"), ("solve_trace", "place --trace (whole)"))
 
 
-def table(doc: dict) -> str:
-    """docs/results/stats.md from the benchmark's JSON (every figure from it)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from results_stamp import stamp
+def _row(name: str, x) -> str:
+    if isinstance(x, dict):
+        return (f"| {name} | {x['seconds']} | {x['cpu_seconds']} | {x['peak_tree_rss_gb']} | "
+                f"{x['peak_process_rss_gb']} | {x['load_before']} / {x['load_after']} | "
+                f"{x['rc']} |")
+    return f"| {name} | {x} | | | | | |"
 
-    lines = ["# Routing statistics: build + solve", "",
-             stamp("benchmarks/bench_stats.py --table", "benchmarks/bench_stats.py --json",
-                   rows=[("results", "[stats.json](stats.json)")]),
-             "Each step is one `sempar` "
-             "subprocess; CPU = user + system seconds of it and its waited-for workers; tree RSS "
-             "= the peak of the summed RSS of the process and all its descendants (forked "
-             "workers' shared pages count twice), process RSS = the largest single process.", ""]
+
+HEAD = ["| step | wall s | CPU s | peak tree RSS GB | peak process RSS GB | load avg "
+        "(before / after) | rc |", "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+
+
+def body(doc: dict) -> str:
+    """The page's tables and notes from the benchmark's JSON (every figure from it)."""
+    lines = ["Each step is one `sempar` subprocess; CPU = user + system seconds of it and its "
+             "waited-for workers; tree RSS = the peak of the summed RSS of the process and all "
+             "its descendants (sampled every 0.2 s; forked workers' shared pages count twice): "
+             "the peak across processes; process RSS = the largest single process.", ""]
     for r in doc["runs"]:
         lines += [f"## {r['tokens']:,} DeepSeek-V3-shape tokens, {r['shards']} shards, EP {r['ep']}"
-                  f" ({r['when']}, {r['cpus']} CPUs, --jobs {r['jobs']})", "",
-                  "| step | wall s | CPU s | peak tree RSS GB | peak process RSS GB | load avg "
-                  "(before / after) | rc |", "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
-        for key, name in STEPS:
-            x = r.get(key)
-            if isinstance(x, dict):
-                lines.append(f"| {name} | {x['seconds']} | {x['cpu_seconds']} | "
-                             f"{x['peak_tree_rss_gb']} | {x['peak_process_rss_gb']} | "
-                             f"{x['load_before']} / {x['load_after']} | {x['rc']} |")
-            elif isinstance(x, str):
-                lines.append(f"| {name} | {x} | | | | | |")
-        lines += ["", f"- stats build + place --stats: **{r['build_plus_solve_s']} s wall, "
-                      f"{r['build_plus_solve_cpu_s']} CPU s** (target: 600 s wall, 8 GB)",
-                  f"- stats file: {r['stats_file_gb']} GB; a whole trace's ids alone: "
-                  f"{r['whole_trace_ids_gb']} GB in memory"]
+                  f" ({r['when']}, {r['cpus']} CPUs, --jobs {r['jobs']})", "", *HEAD]
+        lines += [_row(name, r[key]) for key, name in STEPS if key in r]
+        lines.append("")
+        if "build_plus_solve_s" in r:
+            peak = r.get("pipeline_peak_rss_gb", "")
+            lines.append(f"- stats build + place --stats: **{r['build_plus_solve_s']} s wall, "
+                         f"{r['build_plus_solve_cpu_s']} CPU s"
+                         + (f", peak {peak} GB across processes" if peak != "" else "")
+                         + "** (target: 600 s wall, 8 GB)")
+        lines.append(f"- stats file: {r['stats_file_gb']} GB; a whole trace's ids alone: "
+                     f"{r['whole_trace_ids_gb']} GB in memory")
+        info = r.get("stats_info") or {}
+        if "token_table_cells" in info:
+            lines.append(f"- token tables: {info['token_table_cells']:,} cells, cap "
+                         f"{info['token_cells']:,} a layer (`stats.sketch`), counts read low by "
+                         f"at most {info['token_error_max']} (0: exact)")
         for key, name in (("ray_equal", "Ray-built stats equal the local ones"),
                           ("merged_equal_whole", "merged shard stats equal the whole trace's"),
                           ("placements_equal", "place --stats equals place --trace")):
@@ -196,7 +261,37 @@ def table(doc: dict) -> str:
         for note in r.get("notes", []):
             lines.append(f"- {note}")
         lines.append("")
+    side = doc.get("side_by_side")
+    if side:
+        lines += [f"## {side['tokens']:,} DeepSeek-V3-shape tokens: place from the trace and from "
+                  f"stats, default flags ({side['when']}, {side['cpus']} CPUs)", "",
+                  "Target (issue 46): <= 60 s wall and <= 4 GB on 2 cores.", "", *HEAD,
+                  _row("stats build (one file)", side["build"])]
+        for ep in SIDE_EPS:
+            if f"trace_ep{ep}" in side:
+                lines.append(_row(f"place --trace, EP {ep}", side[f"trace_ep{ep}"]))
+            if f"stats_ep{ep}" in side:
+                lines.append(_row(f"place --stats, EP {ep}", side[f"stats_ep{ep}"]))
+        lines.append("")
+        for ep in SIDE_EPS:
+            if f"same_ep{ep}" in side:
+                lines.append(f"- EP {ep}: place --stats equals place --trace: "
+                             f"{side[f'same_ep{ep}']}")
+        for note in side.get("notes", []):
+            lines.append(f"- {note}")
+        lines.append("")
     return "\n".join(lines)
+
+
+def table(doc: dict) -> str:
+    """docs/results/stats.md from the benchmark's JSON (`scripts/make_results.py` makes the
+    same page with its own stamp)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from results_stamp import stamp
+
+    return "\n".join(["# Routing statistics: build + solve", "",
+                      stamp("benchmarks/bench_stats.py --table", "benchmarks/bench_stats.py --json",
+                            rows=[("results", "[stats.json](stats.json)")]), body(doc)])
 
 
 def main() -> None:
@@ -208,6 +303,10 @@ def main() -> None:
     ap.add_argument("--whole", action="store_true",
                     help="also the whole-trace stats and solve (reads the trace into memory)")
     ap.add_argument("--no-ray", action="store_true")
+    ap.add_argument("--no-one-shard", action="store_true", help="skip the one-shard build")
+    ap.add_argument("--no-pipeline", action="store_true", help="only --side-by-side")
+    ap.add_argument("--side-by-side", action="store_true",
+                    help="also 240k tokens: place --trace / --stats at EP 16 and 64")
     ap.add_argument("--cache-dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) /
                     "sempar-bench-stats")
     ap.add_argument("--json", type=Path, help="results file: this run replaces the run of the "
@@ -220,17 +319,29 @@ def main() -> None:
     if a.from_json:
         doc = json.loads(a.from_json.read_text())
     else:
-        res = measure(a)
-        res["notes"] = a.note
-        print(json.dumps(res, indent=1))
         doc = {"runs": []}
         if a.json and a.json.exists():
             doc = json.loads(a.json.read_text())
-        doc["runs"] = [r for r in doc["runs"]
-                       if (r["tokens"], r["shards"]) != (a.tokens, a.shards)] + [res]
-        doc["runs"].sort(key=lambda r: r["tokens"])
-        if a.json:
-            a.json.write_text(json.dumps(doc, indent=1) + "\n")
+
+        def save(res: dict | None = None, side: dict | None = None) -> None:
+            if res is not None:
+                res["notes"] = a.note
+                doc["runs"] = [r for r in doc["runs"]
+                               if (r["tokens"], r["shards"]) != (res["tokens"], res["shards"])]
+                doc["runs"] = sorted(doc["runs"] + [res], key=lambda r: r["tokens"])
+            if side is not None:
+                side["notes"] = a.note
+                doc["side_by_side"] = side
+            if a.json:
+                a.json.write_text(json.dumps(doc, indent=1) + "\n")
+
+        if not a.no_pipeline:
+            res = measure(a, save)
+            print(json.dumps(res, indent=1))
+        if a.side_by_side:
+            side = side_by_side(a, save)
+            save(side=side)
+            print(json.dumps(side, indent=1))
     if a.table:
         a.table.write_text(table(doc) + "\n")
 

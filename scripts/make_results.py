@@ -3,7 +3,8 @@
     python scripts/make_results.py BENCH.json [BENCH2.json ...] --out docs/results/ \
         [--command "python benchmarks/bench_placement.py --json ..."] [--note "short run: ..."]
 
-Each input file is recognised by its content (KINDS: `placement-real`, the case list of
+Each input file is recognised by its content (KINDS: `stats`, the results file of
+`benchmarks/bench_stats.py --json`; `placement-real`, the case list of
 `benchmarks/bench_placement.py --real-only --json`, every case `real`; `placement`, any other
 case list of `benchmarks/bench_placement.py --json`); files of one kind are concatenated into one page,
 `OUT/<kind>.md`, whose tables come from the benchmark's own formatter
@@ -30,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_placement_table  # noqa: E402  (benchmarks/ is not a package)
+import bench_stats  # noqa: E402
 from results_stamp import stamp  # noqa: E402
 
 
@@ -128,6 +130,17 @@ def _optimality_body(rows: list[dict]) -> str:
 
 
 # kind -> (recogniser, page title, benchmark that writes it, body formatter)
+def _is_stats(data) -> bool:
+    return (isinstance(data, dict) and isinstance(data.get("runs"), list)
+            and all(isinstance(r, dict) and {"tokens", "shards", "build"} <= r.keys()
+                    for r in data["runs"])
+            and (bool(data["runs"]) or isinstance(data.get("side_by_side"), dict)))
+
+
+def _stats_body(docs: list[dict]) -> str:
+    return "\n".join(bench_stats.body(d) for d in docs) + "\n"
+
+
 KINDS = {      # the first whose recogniser accepts a file names its page
     "placement-real": (_is_placement_real, "Placement quality on real routing (held out)",
                        "benchmarks/bench_placement.py --real-only --json", _placement_body),
@@ -145,6 +158,8 @@ KINDS = {      # the first whose recogniser accepts a file names its page
                "benchmarks/bench_tp_gap.py --json", _tp_gap_body),
     "drift-engines": (_is_drift_engines, "The engines' balancers and replica slots under drift",
                       "benchmarks/bench_drift_engines.py --json", _drift_engines_body),
+    "stats": (_is_stats, "Routing statistics: build + solve",
+              "benchmarks/bench_stats.py --json", _stats_body),
     "eplb-plugin": (_is_eplb_plugin, "sempar's EPLB plug-in against the engines' own balancer",
                     "benchmarks/bench_eplb_plugin.py --json", _eplb_plugin_body),
 }

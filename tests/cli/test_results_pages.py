@@ -171,3 +171,28 @@ def test_optimality_page_has_the_certified_ratio(tmp_path, capsys):
     text = (out / "optimality-bound.md").read_text()
     assert "| GPT-OSS-20B EP 8 | sempar-hypergraph | 0.4109 | 0.4212 | 0.4572 (device " \
            "configuration LP) | 0.899 |" in text
+
+
+def test_stats_page_from_bench_stats_json(tmp_path, capsys):
+    """benchmarks/bench_stats.py's results file becomes docs/results/stats.md: the pipeline's
+    steps, its totals against the target, the token tables' cap and error, the side by side."""
+    step = {"seconds": 12.5, "cpu_seconds": 20.1, "peak_tree_rss_gb": 1.5,
+            "peak_process_rss_gb": 1.0, "load_before": 1.0, "load_after": 1.2, "rc": 0}
+    doc = {"runs": [{"tokens": 1000, "shards": 2, "ep": 64, "jobs": 2, "cpus": 2,
+                     "when": "2026-12-07 09:00 UTC", "whole_trace_ids_gb": 0.0,
+                     "build": step, "solve_stats": step, "stats_file_gb": 0.1,
+                     "build_plus_solve_s": 25.0, "build_plus_solve_cpu_s": 40.2,
+                     "pipeline_peak_rss_gb": 1.5,
+                     "stats_info": {"rows": 1000, "token_cells": 2097152,
+                                    "token_table_cells": 5000, "token_error_max": 0}}],
+           "side_by_side": {"tokens": 240000, "cpus": 2, "when": "2026-12-07 09:10 UTC",
+                            "build": step, "trace_ep16": step, "stats_ep16": step,
+                            "same_ep16": True}}
+    bench = tmp_path / "stats.json"
+    bench.write_text(json.dumps(doc, indent=1) + "\n")
+    code, err = _run(capsys, str(bench), "--out", str(tmp_path))
+    assert code == 0, err
+    text = (tmp_path / "stats.md").read_text()
+    assert "| place --stats | 12.5 | 20.1 | 1.5 | 1.0 | 1.0 / 1.2 | 0 |" in text
+    assert "**25.0 s wall, 40.2 CPU s, peak 1.5 GB across processes**" in text
+    assert "cap 2,097,152 a layer" in text and "| place --trace, EP 16 | 12.5 |" in text

@@ -37,6 +37,10 @@ def assert_same(a, b):
     assert np.array_equal(a.request_rows, b.request_rows)
     for x, y in zip(a.tokens or [], b.tokens or []):
         assert (x != y).nnz == 0
+    if a.tokens is not None:
+        assert a.token_cells == b.token_cells
+        assert np.array_equal(a.token_error, b.token_error)
+        assert np.array_equal(a.token_occurrences, b.token_occurrences)
     for x, y in zip(a.request_experts or [], b.request_experts or []):
         assert (x != y).nnz == 0
     for name in ("coactivation", "transitions"):
@@ -176,8 +180,9 @@ def test_ray_local_cluster_builds_the_same_stats(tmp_path):
         p = tmp_path / f"s{i}.parquet"
         write_unchecked(trace.take(np.arange(200 * i, 200 * (i + 1))), p, row_group_size=64)
         paths.append(str(p))
-    settings_ = StatsSettings(parts=ALL, sample_rows=150)
+    settings_ = StatsSettings(parts=ALL, sample_rows=150, token_cells=40)   # capped: sketched
     local = build_stats(paths, settings_)
+    assert local.token_error.any()
     on_ray = build_stats(paths, settings_, runner="ray", jobs=2, ray_address="local")
     assert_same(on_ray, local)
 

@@ -67,6 +67,14 @@ def stats_build(traces: List[Path] = typer.Option(..., "--trace",
                 sample_rows: int = typer.Option(200_000, "--sample-rows",
                                                 callback=bound(1, TOKENS_MAX),
                                                 help="row budget of the request sample"),
+                token_cells: int = typer.Option(None, "--token-cells",
+                                                callback=bound(0, TOKENS_MAX),
+                                                help="cap on each layer's token table, in "
+                                                     "(token, expert) cells: a Misra-Gries "
+                                                     "summary whose counts read low by at most "
+                                                     "k x rows / (cap + 1), the exact bound "
+                                                     "stored (0: exact, no cap; default "
+                                                     "stats.sketch.TOKEN_CELLS)"),
                 ray: Optional[str] = typer.Option(None, "--ray", callback=_check_ray,
                                                   help="build the shards as Ray tasks: local (a "
                                                        "local cluster), auto (the running one) "
@@ -82,6 +90,7 @@ def stats_build(traces: List[Path] = typer.Option(..., "--trace",
     from sempar.stats.parts import DEFAULT_PARTS
     from sempar.stats.file import save_stats
     from sempar.stats.run import StatsSettings, build_stats, small_pages
+    from sempar.stats.sketch import TOKEN_CELLS
     from sempar.atomic import check_output
     from sempar.progress import progress_bar
 
@@ -91,7 +100,8 @@ def stats_build(traces: List[Path] = typer.Option(..., "--trace",
     chosen = tuple(p.strip() for p in parts.split(",") if p.strip()) if parts else DEFAULT_PARTS
     if parts:
         _check_token_parts(chosen, traces)
-    settings = StatsSettings(parts=chosen, seed=seed, sample_rows=sample_rows)
+    settings = StatsSettings(parts=chosen, seed=seed, sample_rows=sample_rows,
+                             token_cells=TOKEN_CELLS if token_cells is None else token_cells)
     runner = "local" if ray is None else "ray"
     with progress_bar(f"stats of {len(traces)} shard(s)", len(traces)) as advance:
         stats = build_stats([str(t) for t in traces], settings, runner=runner, jobs=jobs,
@@ -135,12 +145,20 @@ def _report(stats, written: Optional[Path], as_json: bool) -> None:
             "top_k": stats.meta.top_k, "parts": list(stats.parts), "seed": stats.seed,
             "sample_rows": None if stats.sample is None else int(stats.sample["row"].size),
             "shards": [{"name": n, "rows": r} for n, r in stats.shards]}
+    if stats.tokens is not None:
+        info["token_cells"] = int(stats.token_cells)
+        info["token_table_cells"] = int(sum(t.nnz for t in stats.tokens))
+        info["token_error_max"] = int(stats.token_error.max(initial=0))
     if as_json:
         emit_json(info)
     else:
         out.print(f"{stats.meta.model}: {info['rows']} rows, {info['requests']} requests in "
                   f"{len(stats.shards)} shard(s); parts {', '.join(stats.parts) or '(none)'}; "
-                  f"sample {info['sample_rows']} rows (seed {stats.seed})", markup=False)
+                  f"sample {info['sample_rows']} rows (seed {stats.seed})"
+                  + (f"; token tables {info['token_table_cells']} cells (cap "
+                     f"{info['token_cells'] or 'none'} a layer, counts low by <= "
+                     f"{info['token_error_max']})" if stats.tokens is not None else ""),
+                  markup=False)
     if written is not None:
         sys.stderr.write(f"wrote {written}\n")
 

@@ -36,14 +36,18 @@ from sempar.predict.token_table import TokenTable
 
 class TableCounts:
     """The part of `AffinityStats` that `base.token_table_row` reads, from the stats' per-layer
-    token x expert counts (CSR [V, N]): `tokens` int64[U] the fit token ids (rows with counts),
-    `U`, and `device_share`."""
+    token x expert counts (CSR [V, N]) and each token's occurrences occurrences int64[V]:
+    `tokens` int64[U] the fit token ids (those seen), `U`, and `device_share`. Capped tables
+    (`stats.sketch`) read each share low by at most (N / G) x error[l] / (k x occurrences);
+    a token whose cells were all dropped at a layer gets device 0 with confidence 0."""
 
-    def __init__(self, tables: list[sparse.csr_matrix], top_k: int):
+    def __init__(self, tables: list[sparse.csr_matrix], top_k: int,
+                 occurrences: np.ndarray | None = None):
         self.tables, self.k = tables, top_k
-        occ = np.asarray(tables[0].sum(axis=1)).ravel()            # k per occurrence
-        self.tokens = np.flatnonzero(occ).astype(np.int64)
-        self.a = occ[self.tokens].astype(np.float64) / top_k
+        if occurrences is None:                                    # exact tables: k per occurrence
+            occurrences = np.asarray(tables[0].sum(axis=1)).ravel() // top_k
+        self.tokens = np.flatnonzero(occurrences).astype(np.int64)
+        self.a = occurrences[self.tokens].astype(np.float64)
         self.N = tables[0].shape[1]
 
     @property
@@ -103,7 +107,7 @@ def solve_from_stats(stats: RoutingStats, *, num_devices: int,
             placement.token_table = None
             placement.info["token_table_dropped"] = "the stats hold no token counts"
         else:
-            counts = TableCounts(stats.tokens, meta.top_k)
+            counts = TableCounts(stats.tokens, meta.top_k, stats.token_occurrences)
             dev = first_copy_device(placement)
             rows = [token_table_row(counts, l, dev[l], num_devices)
                     for l in range(meta.num_layers)]
@@ -111,4 +115,7 @@ def solve_from_stats(stats: RoutingStats, *, num_devices: int,
                                                np.stack([r[1] for r in rows]))
     placement.info["fit_stats"] = {"rows": stats.rows, "shards": len(stats.shards),
                                    "sample_rows": int(stats.sample["row"].size)}
+    if stats.tokens is not None and stats.token_cells:
+        placement.info["fit_stats"]["token_cells"] = int(stats.token_cells)
+        placement.info["fit_stats"]["token_error_max"] = int(stats.token_error.max(initial=0))
     return placement

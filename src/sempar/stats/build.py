@@ -10,7 +10,10 @@ and keeps only sums and the sample's candidate rows, so a shard is never whole i
   are sorted by token id once (shared by every layer), each layer's int32 keys
   rank(token) x N + expert are then sorted in runs (a stable sort merges them) and the
   distinct keys with their run lengths are the layer's (token, expert) counts, as CSR [V, N]
-  added to the running table (a linear merge). Why not a bincount over the chunk's distinct
+  added to the running table (a linear merge), which is then cut back to at most
+  `token_cells` cells a layer (`stats.sketch`: a Misra-Gries summary with a stated error
+  bound; exact while it fits). Beside the tables, each token's exact occurrence count.
+  Why not a bincount over the chunk's distinct
   tokens x N cells (the first version, per block): a chunk touches ~10 of the N = 256 experts
   per token and layer, so the cells outnumber the ids 4-15x, and scanning them cost 3-4x the
   sort on DeepSeek-V3-shape traces (`benchmarks/bench_stats.py`);
@@ -29,6 +32,7 @@ from scipy import sparse
 
 from sempar.stats.sample import bottom_requests, cut_after, request_priority
 from sempar.stats.routing_stats import SAMPLE_COLUMNS, RoutingStats
+from sempar.stats.sketch import TOKEN_CELLS, add_reduce
 from sempar.trace.schema import TraceMeta
 
 CHUNK_IDS = 1 << 28      # expert ids per token-count chunk (uint8: 256 MiB; 580k DSv3 rows)
@@ -78,8 +82,10 @@ class StatsBuilder:
     """Accumulates the blocks of one shard (module docstring) into a `RoutingStats`."""
 
     def __init__(self, meta: TraceMeta, domains: list[str], parts: tuple[str, ...], seed: int,
-                 sample_rows: int, name: str, chunk_ids: int = CHUNK_IDS):
+                 sample_rows: int, name: str, chunk_ids: int = CHUNK_IDS,
+                 token_cells: int = TOKEN_CELLS):
         self.meta, self.domains, self.parts = meta, list(domains), tuple(parts)
+        self.token_cells = token_cells
         self.seed, self.sample_rows, self.name = seed, sample_rows, name
         L, N = meta.num_layers, meta.num_experts
         self.L, self.N, self.V = L, N, meta.vocab_size
@@ -92,6 +98,8 @@ class StatsBuilder:
         self._tok_pending_ids = 0
         self._tokens = ([sparse.csr_matrix((self.V, N), dtype=np.int64) for _ in range(L)]
                         if "tokens" in parts else None)
+        self._token_error = np.zeros(L, np.int64)
+        self._occurrences = np.zeros(self.V, np.int64) if "tokens" in parts else None
         self.coactivation = np.zeros((L, N, N), np.int64) if "coactivation" in parts else None
         self.transitions = (np.zeros((max(L - 1, 0), N, N), np.int64)
                             if "transitions" in parts else None)
@@ -140,6 +148,7 @@ class StatsBuilder:
         # copies: the block's arrays may be views of Arrow buffers that are reused
         self._tok_pending.append((tok.copy(), np.array(ex, copy=True)))
         self._tok_pending_ids += ex.size
+        self._occurrences += np.bincount(tok, minlength=self.V)
         if self._tok_pending_ids >= self._chunk_ids:
             self._flush_tokens()
 
@@ -153,7 +162,9 @@ class StatsBuilder:
         counts = chunk_token_counts(tok[order], ex[order], self.V, self.N)
         del tok, ex
         for l, m in enumerate(counts):
-            self._tokens[l] = m if self._tokens[l].nnz == 0 else self._tokens[l] + m
+            counts[l] = None
+            self._tokens[l], t = add_reduce(self._tokens[l], m, self.token_cells)
+            self._token_error[l] += t
 
     def _add_sample(self, arrays: dict[str, np.ndarray], n: int) -> None:
         blk = {"row": np.arange(self.rows, self.rows + n, dtype=np.int64),
@@ -181,10 +192,12 @@ class StatsBuilder:
         """The shard's `RoutingStats` (exact sample rule applied, sums flushed)."""
         out = RoutingStats(self.meta, self.domains, self.parts, self.seed, self.sample_rows,
                            [(self.name, self.rows)], self.loads, self._req_ids, self._req_rows,
-                           coactivation=self.coactivation, transitions=self.transitions)
+                           coactivation=self.coactivation, transitions=self.transitions,
+                           token_cells=self.token_cells)
         if self._tokens is not None:
             self._flush_tokens()
-            out.tokens = self._tokens
+            out.tokens, out.token_error = self._tokens, self._token_error
+            out.token_occurrences = self._occurrences
         if "request-experts" in self.parts:
             out.request_experts = [self._request_table(l) for l in range(self.L)]
         if "sample" in self.parts:

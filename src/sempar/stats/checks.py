@@ -19,6 +19,10 @@ figure is read from it, each violation one line (`InputError`) naming the part:
 - token / request-expert tables: canonical CSR (indptr from 0, non-decreasing; column
   indices in [0, N), strictly increasing in a row; counts > 0), column sums equal to `loads`,
   row sums multiples of k (tokens) or equal to the request's rows x k (request-experts);
+  token tables also: occurrences int64[V] summing to the rows, no count above its token's
+  occurrences, row sums k x occurrences; a capped layer (`stats.sketch`: error > 0) instead
+  at most `token_cells` cells, column sums <= `loads`, row sums <= k x occurrences, and its
+  error within the bound k x rows / (token_cells + 1);
 - co-activation int64[L, N, N]: symmetric, its diagonal `loads`, row sums loads x k;
   transitions int64[L-1, N, N]: row sums loads[l] x k, column sums loads[l+1] x k.
 """
@@ -86,6 +90,8 @@ def check_header(header: dict) -> None:
         raise InputError("the stats header's domains is not a list of distinct names")
     for d in domains:
         _plain(d, "domain")
+    if header.get("version", 1) >= 2:
+        _int(header.get("token_cells"), "token_cells", 0, TOKENS_MAX)
     cut = header.get("sample_cut")
     if cut is not None:
         if not (isinstance(cut, list) and len(cut) == 2):
@@ -94,12 +100,16 @@ def check_header(header: dict) -> None:
         _int(cut[1], "sample_cut request id", -2**63, 2**63 - 1)
 
 
-def check_arrays(arrays: dict[str, np.ndarray], parts: list[str], L: int) -> None:
-    """The file holds exactly the arrays of its parts, of the writer's dtypes (module docstring)."""
+def check_arrays(arrays: dict[str, np.ndarray], parts: list[str], L: int,
+                 version: int = 2) -> None:
+    """The file holds exactly the arrays of its parts, of the writer's dtypes (module docstring);
+    `version` of the file format (`stats.file`: 1 has no token error or occurrences)."""
     want = {"loads", "request_ids", "request_rows"}
     tables = [p for p in ("tokens", "request_experts") if p.replace("_", "-") in parts]
     for t in tables:
         want |= {f"{t}.indptr", f"{t}.indices", f"{t}.data", f"{t}.offsets"}
+    if "tokens" in tables and version >= 2:
+        want |= {"tokens.error", "tokens.occurrences"}
     for p in ("coactivation", "transitions"):
         if p in parts:
             want.add(p)
@@ -201,6 +211,8 @@ def _table(t: sparse.csr_matrix, what: str, rows_want: int, N: int) -> np.ndarra
 def _tables(stats: RoutingStats) -> None:
     m = stats.meta
     L, N, k = m.num_layers, m.num_experts, m.top_k
+    if stats.tokens is not None:
+        _token_extras(stats)
     for name, tables, nrows in (("tokens", stats.tokens, m.vocab_size),
                                 ("request-experts", stats.request_experts,
                                  stats.request_ids.size)):
@@ -212,14 +224,49 @@ def _tables(stats: RoutingStats) -> None:
             what = f"{name} table of layer {l}"
             rs = _table(t, what, nrows, N)
             cols = np.asarray(t.sum(axis=0, dtype=np.int64)).ravel()
+            if name == "tokens":
+                _token_table(stats, l, t, rs, cols, what)
+                continue
             if (cols != stats.loads[l]).any():
                 raise InputError(f"the stats file's {what} disagrees with its loads")
-            # a token seen n times selected each expert at most n times, k in all per time
-            if name == "tokens" and ((rs % k).any() or (
-                    t.data > np.repeat(rs // k, np.diff(t.indptr))).any()):
-                raise InputError(f"the stats file's {what} is not k selections per occurrence")
-            if name == "request-experts" and (rs != stats.request_rows * k).any():
+            if (rs != stats.request_rows * k).any():
                 raise InputError(f"the stats file's {what} disagrees with its request sizes")
+
+
+def _token_extras(stats: RoutingStats) -> None:
+    from sempar.stats.sketch import bound
+
+    L, V = stats.meta.num_layers, stats.meta.vocab_size
+    err, occ = stats.token_error, stats.token_occurrences
+    if err is None or occ is None or err.shape != (L,) or occ.shape != (V,):
+        raise InputError(f"the stats file's token error / occurrences are not int64[{L}] / "
+                         f"int64[{V}]")
+    if occ.min(initial=0) < 0 or int(occ.sum()) != stats.rows:
+        raise InputError("the stats file's token occurrences do not sum to its rows")
+    if err.min(initial=0) < 0 or err.max(initial=0) > bound(stats.token_cells, stats.meta.top_k,
+                                                            stats.rows):
+        raise InputError("the stats file's token error is outside its cap's bound")
+
+
+def _token_table(stats: RoutingStats, l: int, t: sparse.csr_matrix, rs: np.ndarray,
+                 cols: np.ndarray, what: str) -> None:
+    """Layer l's token table against its loads and the tokens' occurrences (exact when its
+    error is 0, else a Misra-Gries summary: counts only read low, `stats.sketch`)."""
+    k, occ = stats.meta.top_k, stats.token_occurrences
+    # a token seen n times selected each expert at most n times, k in all per time
+    if (t.data > np.repeat(occ, np.diff(t.indptr))).any():
+        raise InputError(f"the stats file's {what} counts an expert above its token's "
+                         f"occurrences")
+    if stats.token_error[l] == 0:
+        if stats.token_cells and t.nnz > stats.token_cells:
+            raise InputError(f"the stats file's {what} holds more cells than its cap")
+        if (cols != stats.loads[l]).any():
+            raise InputError(f"the stats file's {what} disagrees with its loads")
+        if (rs != k * occ).any():
+            raise InputError(f"the stats file's {what} is not k selections per occurrence")
+        return
+    if t.nnz > stats.token_cells or (cols > stats.loads[l]).any() or (rs > k * occ).any():
+        raise InputError(f"the stats file's {what} holds more than its capped counts can")
 
 
 def _sample(stats: RoutingStats) -> None:

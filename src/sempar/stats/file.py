@@ -1,9 +1,11 @@
 """The `RoutingStats` file: safetensors arrays plus a self-describing, checksummed header.
 
-Format `sempar-routing-stats` version 1: a safetensors file (no pickle; its header's offsets
+Format `sempar-routing-stats` version 2 (version 1 files are read too): a safetensors file
+(no pickle; its header's offsets
 are checked before any array is read) whose metadata entry "sempar" is a JSON object: format,
 version, the trace's model metadata (`TraceMeta.to_json`), domains, parts, seed, sample_rows,
-shards [[name, rows]], sample_cut, and "sha256": the SHA-256 of the object without that key
+shards [[name, rows]], sample_cut, token_cells (version 2: the token tables' cap,
+`stats.sketch`; 0 for none) and "sha256": the SHA-256 of the object without that key
 (sorted keys, compact) followed by each array's name, dtype, shape and bytes in name order. A
 flipped bit anywhere is a one-line refusal. The hash has no key: it detects damage, it is no
 signature (whoever edits a file can recompute it), so `load_stats` then checks every part's
@@ -13,7 +15,13 @@ contents (`stats.checks`). Arrays:
 - `sample.<column>` (part "sample"): row int64[S], token_id, request_id, position, experts
   [S, L, k], domain (when the trace has one);
 - `tokens.indptr` int64[L, V + 1], `tokens.indices` int32[nnz], `tokens.data` int64[nnz],
-  `tokens.offsets` int64[L + 1] (layer l's entries are [offsets[l], offsets[l+1]));
+  `tokens.offsets` int64[L + 1] (layer l's entries are [offsets[l], offsets[l+1])), and in
+  version 2 `tokens.error` int64[L] (each layer's error bound, `stats.sketch`) and
+  `tokens.occurrences` int64[V] (each token's occurrences);
+
+Version 1 (before the tables had a cap) is version 2 with token_cells 0, error 0 and the
+occurrences read from the exact tables (row sums / k): such files load unchanged, and merge
+with files built with `--token-cells 0`.
 - `coactivation` int64[L, N, N]; `transitions` int64[L-1, N, N];
 - `request_experts.*` as `tokens.*`, rows indexed like `request_ids`.
 """
@@ -33,7 +41,8 @@ from sempar.errors import InputError
 from sempar.trace.schema import TraceMeta
 
 FORMAT = "sempar-routing-stats"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)
 HEADER_KEY = "sempar"
 
 
@@ -74,6 +83,7 @@ def to_arrays(stats: RoutingStats) -> dict[str, np.ndarray]:
         arrays.update({f"sample.{k}": v for k, v in stats.sample.items()})
     if stats.tokens is not None:
         arrays.update(_pack_tables("tokens", stats.tokens))
+        arrays.update(_token_extras(stats))
     if stats.coactivation is not None:
         arrays["coactivation"] = stats.coactivation
     if stats.transitions is not None:
@@ -83,11 +93,17 @@ def to_arrays(stats: RoutingStats) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(v) for k, v in arrays.items()}
 
 
+def _token_extras(stats: RoutingStats) -> dict[str, np.ndarray]:
+    return {"tokens.error": np.asarray(stats.token_error, np.int64),
+            "tokens.occurrences": np.asarray(stats.token_occurrences, np.int64)}
+
+
 def _header(stats: RoutingStats) -> dict:
     return {"format": FORMAT, "version": VERSION, "meta": stats.meta.to_json(),
             "domains": list(stats.domains), "parts": list(stats.parts), "seed": stats.seed,
             "sample_rows": stats.sample_rows, "shards": [[n, r] for n, r in stats.shards],
-            "sample_cut": list(stats.sample_cut) if stats.sample_cut else None}
+            "sample_cut": list(stats.sample_cut) if stats.sample_cut else None,
+            "token_cells": int(stats.token_cells)}
 
 
 def checksum(header: dict, arrays: dict[str, np.ndarray]) -> str:
@@ -121,6 +137,9 @@ def _pieces(stats: RoutingStats) -> dict[str, tuple[np.dtype, tuple, list[np.nda
     for prefix, tables in (("tokens", stats.tokens), ("request_experts", stats.request_experts)):
         if tables is None:
             continue
+        if prefix == "tokens":
+            for k, v in _token_extras(stats).items():
+                out[k] = (v.dtype, v.shape, [v])
         data = [np.ascontiguousarray(t.data, np.int64) for t in tables]
         ind = [np.ascontiguousarray(t.indices, np.int32) for t in tables]
         nnz = sum(d.size for d in data)
@@ -193,9 +212,9 @@ def load_stats(path: str | os.PathLike) -> RoutingStats:
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise InputError(f"{path}: not a sempar stats file (format {header.get('format')!r})"
                          if isinstance(header, dict) else f"{path}: the stats header is not an object")
-    if header.get("version") != VERSION:
+    if header.get("version") not in READS:
         raise InputError(f"{path}: stats format version {header.get('version')!r} is not "
-                         f"supported (this sempar reads {VERSION})")
+                         f"supported (this sempar reads {', '.join(map(str, READS))})")
     if header.get("sha256") != checksum(header, arrays):
         raise InputError(f"{path}: checksum mismatch: the stats file was changed or is corrupt")
     return _from_parts(header, arrays, path)
@@ -211,19 +230,28 @@ def _from_parts(header: dict, arrays: dict[str, np.ndarray], path) -> RoutingSta
         check_header(header)
         parts = tuple(header["parts"])
         L, N = meta.num_layers, meta.num_experts
-        check_arrays(arrays, list(parts), L)
+        version = header["version"]
+        check_arrays(arrays, list(parts), L, version)
         if arrays["loads"].shape != (L, N):
             raise InputError(f"loads shape {arrays['loads'].shape} is not ({L}, {N})")
         cut = header.get("sample_cut")
         stats = RoutingStats(meta, list(header["domains"]), parts, int(header["seed"]),
                              int(header["sample_rows"]), [(str(n), int(r)) for n, r in header["shards"]],
                              arrays["loads"], arrays["request_ids"], arrays["request_rows"],
-                             sample_cut=(int(cut[0]), int(cut[1])) if cut else None)
+                             sample_cut=(int(cut[0]), int(cut[1])) if cut else None,
+                             token_cells=header["token_cells"] if version >= 2 else 0)
         if "sample" in parts:
             stats.sample = {c: arrays[f"sample.{c}"] for c in SAMPLE_COLUMNS
                             if f"sample.{c}" in arrays}
         if "tokens" in parts:
             stats.tokens = _unpack_tables("tokens", arrays, L, N)
+            if version >= 2:
+                stats.token_error = arrays["tokens.error"]
+                stats.token_occurrences = arrays["tokens.occurrences"]
+            else:                          # exact tables: occurrences are row sums / k
+                stats.token_error = np.zeros(L, np.int64)
+                stats.token_occurrences = np.asarray(stats.tokens[0].sum(
+                    axis=1, dtype=np.int64)).ravel() // meta.top_k
         stats.coactivation = arrays.get("coactivation")
         stats.transitions = arrays.get("transitions")
         if "request-experts" in parts:

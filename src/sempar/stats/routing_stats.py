@@ -9,7 +9,11 @@ the placement objectives and evaluations that need no raw order read:
   `sample_rows` rows (`stats.sample`), with their row index in the whole trace, in
   trace order: the rows objective's fit sample (`placement/sempar/rows.py`);
 - `tokens` (part "tokens", traces with token ids): per layer the token x expert counts
-  c[l, u, e] as CSR [V, N] (Sem-MoE §3.2's activation table T^(l), rows by token id);
+  c[l, u, e] as CSR [V, N] (Sem-MoE §3.2's activation table T^(l), rows by token id), kept
+  to at most `token_cells` cells a layer as a Misra-Gries summary (`stats.sketch`: every
+  count read low by at most `token_error[l]` <= k x rows / (token_cells + 1); exact, error
+  0, while the cap is not reached; `token_cells` 0: no cap), with `token_occurrences`
+  int64[V], each token's exact occurrence count;
 - `coactivation` (part "coactivation") int64[L, N, N]: rows selecting both e and f at layer l
   (X^T X of the one-hot selections; the diagonal is `loads`);
 - `transitions` (part "transitions") int64[L-1, N, N]: rows selecting e at layer l and f at
@@ -17,8 +21,10 @@ the placement objectives and evaluations that need no raw order read:
 - `request_experts` (part "request-experts"): per layer the request x expert counts (Alg. 2's
   Q, for dp mode) as CSR [R, N].
 
-Merging (`merge`) is associative and exact: the counts of a concatenation are the sums of the
-shards' (bit for bit), and the sample of a concatenation is the sample rule applied to the
+Merging (`merge`) is associative and exact but for capped token tables: the counts of a
+concatenation are the sums of the shards' (bit for bit; capped token tables: summed, then
+reduced to the cap, their error bounds added, `stats.sketch`), and the sample of a
+concatenation is the sample rule applied to the
 union of the shards' samples (`stats.sample`'s docstring says why), the second operand's row
 indices shifted by the first's row count. Requests must not straddle shards (refused, one
 line). Shards of different models (`TraceMeta.model_difference`: name, type or shape) are
@@ -34,6 +40,7 @@ import numpy as np
 from scipy import sparse
 
 from sempar.stats.sample import below, bottom_requests, cut_after, request_priority
+from sempar.stats.sketch import add_reduce
 from sempar.errors import InputError
 from sempar.stats.parts import DEFAULT_PARTS, PARTS, STATS_PARTS
 from sempar.trace.schema import RoutingTrace, TraceMeta
@@ -71,6 +78,9 @@ class RoutingStats:
     transitions: np.ndarray | None = None               # int64[L-1, N, N]
     request_experts: list[sparse.csr_matrix] | None = None   # L x CSR int64[R, N]
     sample_cut: tuple[int, int] | None = None   # (priority, id) of the first left-out request
+    token_cells: int = 0                                # cap on a token table's cells; 0: none
+    token_error: np.ndarray | None = None               # int64[L]: `stats.sketch`'s bound
+    token_occurrences: np.ndarray | None = None         # int64[V]: occurrences of each token
     extra: dict = field(default_factory=dict)
 
     @property
@@ -99,7 +109,7 @@ def check_same_model(a: RoutingStats, b: RoutingStats, where: str) -> None:
     if diff:
         raise InputError(f"{where}: another model ({diff}: {getattr(a.meta, diff)!r} vs "
                          f"{getattr(b.meta, diff)!r}); shards of one trace only")
-    for name in ("parts", "seed", "sample_rows"):
+    for name in ("parts", "seed", "sample_rows", "token_cells"):
         if getattr(a, name) != getattr(b, name):
             raise InputError(f"{where}: built with another {name} ({getattr(a, name)!r} vs "
                              f"{getattr(b, name)!r})")
@@ -160,14 +170,16 @@ def merge(a: RoutingStats, b: RoutingStats, where: str = "stats", *,
         out.sample, out.sample_cut = resample(cat, out.request_ids, out.request_rows,
                                               a.sample_rows, a.seed,
                                               _lowest(a.sample_cut, b.sample_cut))
-    if a.tokens is not None and consume:
-        tables = a.tokens
+    if a.tokens is not None:
+        tables = a.tokens if consume else list(a.tokens)
+        error = a.token_error + b.token_error
         for l in range(len(tables)):
-            tables[l] = tables[l] + b.tokens[l]
-            b.tokens[l] = None
-        out.tokens = tables
-    elif a.tokens is not None:
-        out.tokens = [x + y for x, y in zip(a.tokens, b.tokens)]
+            tables[l], t = add_reduce(tables[l], b.tokens[l], a.token_cells)
+            error[l] += t
+            if consume:
+                b.tokens[l] = None
+        out.tokens, out.token_error = tables, error
+        out.token_occurrences = a.token_occurrences + b.token_occurrences
     if a.coactivation is not None:
         out.coactivation = a.coactivation + b.coactivation
     if a.transitions is not None:

@@ -25,17 +25,20 @@ from typing import Callable, Iterator
 
 from sempar.stats.routing_stats import DEFAULT_PARTS, SAMPLE_ROWS, RoutingStats, merge, resolve_parts
 from sempar.stats.build import StatsBuilder
+from sempar.stats.sketch import TOKEN_CELLS
 from sempar.errors import InputError
 from sempar.registry import Registry
 
 
 @dataclass(frozen=True, kw_only=True)
 class StatsSettings:
-    """What a shard's stats hold: parts (`routing_stats.PARTS`), the sample's seed and row budget."""
+    """What a shard's stats hold: parts (`routing_stats.PARTS`), the sample's seed and row
+    budget, and the token tables' cap in cells a layer (`stats.sketch`; 0: exact, no cap)."""
 
     parts: tuple[str, ...] = DEFAULT_PARTS
     seed: int = 0
     sample_rows: int = SAMPLE_ROWS
+    token_cells: int = TOKEN_CELLS
 
 
 @contextmanager
@@ -74,7 +77,8 @@ def _build_shard(path: str, settings: StatsSettings) -> RoutingStats:
     for meta, domains, _row0, arrays in iter_blocks(path, optional=("domain",)):
         if builder is None:
             builder = StatsBuilder(meta, domains, resolve_parts(settings.parts, meta),
-                                   settings.seed, settings.sample_rows, os.path.basename(path))
+                                   settings.seed, settings.sample_rows, os.path.basename(path),
+                                   token_cells=settings.token_cells)
         builder.add(arrays)
     return builder.finish()
 
