@@ -28,7 +28,15 @@ figures beside ours. Where ours loses, the verdict names the winner.
 
     python benchmarks/bench_placement.py [--shapes 4 8 2x4] [--modes tp dp] [--replicas]
         [--synth olmoe-1b-7b:100000] [--traces NAME ...] [--methods a,b] [--homes exact|method]
-        [--real-only] [--no-cross] [--cache-dir DIR] [--json]
+        [--real-only] [--no-cross] [--no-replicas] [--no-predicted] [--reuse FILE]
+        [--cache-dir DIR] [--json]
+
+Subsets (a loaded machine; the page's stamp says which): `--no-replicas` skips the real traces'
+R = G cases, `--no-predicted` their predicted-homes line, `--no-cross` the cross-domain case.
+`--reuse FILE` (an earlier `--json` output of this benchmark, same code for the reused methods):
+the methods of FILE's cases that `--methods` does not name are taken from it instead of solved
+again (cases matched by trace, shape, mode, R); the ceilings and verdicts are recomputed on the
+union, and each case lists the reused methods under `reused`.
 """
 
 from __future__ import annotations
@@ -234,6 +242,33 @@ def sempar_config(fit, ep: int) -> dict:
     return asdict(SemparConfig.for_shape(fit.num_tokens, meta.num_layers, meta.num_experts, ep))
 
 
+def load_reuse(path: str, methods: list[str]) -> dict[tuple, dict]:
+    """{(trace, shape, mode, R): {method: figures}} of an earlier `--json` output (`--reuse`),
+    only the methods `methods` does not name (those are solved again)."""
+    from bench_placement_table import read_report
+
+    out = {}
+    for c in read_report(path):
+        if "cross" in c:
+            continue
+        keep = {m: r for m, r in c["methods"].items() if m not in methods}
+        out[(c["trace"], c["shape"], c["mode"], c["redundant"])] = keep
+    return out
+
+
+def merge_reused(res: dict, figures: dict | None) -> None:
+    """`res` (one mode's case) with the reused methods' figures added and its ceilings
+    (`ref:`) recomputed over all of them; `reused` lists those methods."""
+    if not figures:
+        return
+    from sempar.schedule.evaluate import ceiling_refs
+
+    res["methods"].update({m: r for m, r in figures.items() if m not in res["methods"]})
+    res["reused"] = sorted(figures)
+    refs = {k: v for k, v in res.get("refs", {}).items() if not k.startswith("ref: ")}
+    res["refs"] = {**ceiling_refs(res["methods"], res["mode"]), **refs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["4", "8", "2x4"], help="G or NODESxPER_NODE")
@@ -249,6 +284,11 @@ def main() -> None:
                          "for the others)")
     ap.add_argument("--real-only", action="store_true", help="only the real traces")
     ap.add_argument("--no-cross", action="store_true", help="no cross-domain case")
+    ap.add_argument("--no-replicas", action="store_true", help="real traces: no R = G cases")
+    ap.add_argument("--no-predicted", action="store_true",
+                    help="real traces: no predicted-homes line (sempar, tokens objective)")
+    ap.add_argument("--reuse", default=None,
+                    help="an earlier --json output: methods not in --methods taken from it")
     ap.add_argument("--cache-dir", default=None,
                     help="folder for the real traces' imports (default: a temporary one)")
     ap.add_argument("--json", action="store_true", help="print one JSON list of cases")
@@ -271,6 +311,7 @@ def main() -> None:
             traces[f"synthetic {preset}"] = synthesize(preset, int(n), seed=1)
     modes = tuple(args.modes)
     report = []
+    reused = load_reuse(args.reuse, methods) if args.reuse else {}
 
     def emit(case: dict, shape: str, lines: list[str], homes: str) -> None:
         config = sempar_config(fit, case["ep"]) if OURS in methods else None
@@ -292,6 +333,8 @@ def main() -> None:
             if name in is_real:
                 both = real.evaluate_each(fit, ev, ep, nodes, methods, modes, 0, objective,
                                           f"{name[:8]} {shape} R 0")
+                for res in both.values():
+                    merge_reused(res, reused.get((name, shape, res["mode"], 0)))
             else:
                 both = evaluate_modes(fit, ev, ep, SolveOptions(num_nodes=nodes, objective=objective),
                                       methods=methods, modes=modes)
@@ -300,16 +343,19 @@ def main() -> None:
             for res in both.values():
                 lines = verdict(res, name, floor, homes, margin) + real.paper_line(name, res)
                 extra = {}
-                if name in is_real and res["mode"] == "tp" and trace.meta.has_token_ids:
+                if name in is_real and res["mode"] == "tp" and trace.meta.has_token_ids \
+                        and not args.no_predicted:
                     extra["predicted_homes"], more = real.predicted_homes(
                         fit, ev, ep, nodes, res["methods"].get(OURS))
                     lines += more
                 emit(dict(res, balance_floor=floor, **extra), shape, lines, homes)
-            if (args.replicas or name in is_real) and not name.startswith("synthetic") \
-                    and nodes == 1:
+            if (args.replicas or (name in is_real and not args.no_replicas)) \
+                    and not name.startswith("synthetic") and nodes == 1:
                 if name in is_real:
                     rep = real.evaluate_each(fit, ev, ep, nodes, methods, modes, ep, objective,
                                              f"{name[:8]} {shape} R G")
+                    for res in rep.values():
+                        merge_reused(res, reused.get((name, shape, res["mode"], ep)))
                 else:
                     rep = evaluate_modes(fit, ev, ep, SolveOptions(num_nodes=nodes, redundant=ep,
                                                                    objective=objective),
