@@ -172,6 +172,9 @@ class SemparConfig:
     """`rows` objective: cross-validation folds over the fit requests that measure how much
     further than the bootstrap a placement drifts on new requests (held_out.py, step 3; each
     fold one more solve; 0: the bootstrap alone, and no imbalance is promised)."""
+    held_out_refold: bool = True
+    """`rows` objective: where the cap search moved the fit cap, the folds are solved again at
+    the cap kept and the prediction uses their inflation (held_out.py, step 4)."""
     block_layers: int = BLOCK_LAYERS
     """Consecutive layers a forked worker takes at a time (the affinity statistics gather the
     trace's selections that many layers at once)."""
