@@ -175,9 +175,6 @@ class SemparConfig:
     held_out_refold: bool = True
     """`rows` objective: where the cap search moved the fit cap, the folds are solved again at
     the cap kept and the prediction uses their inflation (held_out.py, step 4)."""
-    held_out_repair: bool = True
-    """`rows` objective, R = 0: where the upper prediction is still above the target at the cap
-    kept, expert swaps that lower it at the least locality (repair.py)."""
     block_layers: int = BLOCK_LAYERS
     """Consecutive layers a forked worker takes at a time (the affinity statistics gather the
     trace's selections that many layers at once)."""

@@ -73,7 +73,6 @@ from sempar.placement import serving
 from sempar.placement.base import PlacementProblem
 from sempar.placement.capacity import BATCH, capacity_home
 from sempar.placement.placement import Placement
-from sempar.placement.sempar.repair import repair
 from sempar.trace.schema import RoutingTrace
 
 
@@ -89,8 +88,6 @@ class HeldOut:
     folds: int = 4           # cross-validation folds over requests (0: the bootstrap alone)
     min_fold_requests: int = 2   # fewer requests per fold: no cross-validation (warning)
     refold: bool = True      # the folds solved again at the cap kept, where it moved
-    repair: bool = True      # still above target at the cap kept: swaps (repair.py)
-    repair_margin: float = 0.005   # the repair aims at target - margin (upper prediction)
 
 
 def request_loads(placement: Placement, trace: RoutingTrace, batch: int = BATCH) -> np.ndarray:
@@ -278,18 +275,12 @@ def calibrated_solve(p: PlacementProblem, solve: Callable[[PlacementProblem], Pl
                         "first_upper": round(float(hi), 4)}
             cv, rho, hi = cv2, cv2["inflation"], cv2["upper"]
             boot, pred, upper = predict(out)
-    repaired = None
-    if cv is not None and upper > held_out.target and held_out.repair and not p.redundant \
-            and not p.preserve_groups:     # the cap has nothing left to give: swap (repair.py)
-        repaired = repair(out, p.trace, p.mode, hi, held_out.target - held_out.repair_margin,
-                          held_out.replicates, held_out.seed)
-        boot, pred, upper = predict(out)
     R = int(np.unique(p.trace.request_id).size)
     info = {"target": held_out.target, "predicted_imbalance": round(float(pred), 4),
             "bootstrap_imbalance": round(float(boot), 4), "fit_cap": round(float(cap), 4),
             "predicted_upper": round(float(upper), 4),
             "caps_tried": [[round(float(t[0]), 4), round(float(t[4]), 4)] for t in tried],
-            "refolded": refolded, "repaired": repaired,
+            "refolded": refolded,
             "fit_requests": R, "cv_inflation": None if cv is None else round(float(rho), 4),
             "cv_inflation_upper": None if cv is None else round(float(hi), 4),
             "cv_folds": None if cv is None else cv["folds"],
