@@ -30,13 +30,18 @@ figures beside ours. Where ours loses, the verdict names the winner.
         [--synth olmoe-1b-7b:100000] [--traces NAME ...] [--methods a,b] [--homes exact|method]
         [--real-only] [--no-cross] [--no-replicas] [--no-predicted] [--reuse FILE]
         [--cache-dir DIR] [--json]
+    python benchmarks/bench_placement.py --merge A.json B.json ... > MERGED.json
 
 Subsets (a loaded machine; the page's stamp says which): `--no-replicas` skips the real traces'
 R = G cases, `--no-predicted` their predicted-homes line, `--no-cross` the cross-domain case.
 `--reuse FILE` (an earlier `--json` output of this benchmark, same code for the reused methods):
 the methods of FILE's cases that `--methods` does not name are taken from it instead of solved
 again (cases matched by trace, shape, mode, R); the ceilings and verdicts are recomputed on the
-union, and each case lists the reused methods under `reused`.
+union, and each case lists the reused methods under `reused`. `--merge FILE ...` solves
+nothing: it joins earlier `--json` outputs (runs of the same code split by trace, shape or
+method, side by side on a loaded machine) case by case, the first file's figures of a method
+kept, the ceilings and verdicts recomputed on the union (`merge_reports`), and prints the
+joined JSON.
 """
 
 from __future__ import annotations
@@ -269,6 +274,36 @@ def merge_reused(res: dict, figures: dict | None) -> None:
     res["refs"] = {**ceiling_refs(res["methods"], res["mode"]), **refs}
 
 
+def merge_reports(reports: list[list[dict]]) -> list[dict]:
+    """The cases of several `--json` outputs joined by (trace, shape, mode, R, homes): each
+    method's figures from the first report that has them, the ceilings (`ref:`) and the R = 0
+    verdicts recomputed on the union (R = G and cross-domain cases are kept as they are)."""
+    import bench_placement_real as real
+    from sempar.schedule.evaluate import ceiling_refs
+
+    out: dict[tuple, dict] = {}
+    for report in reports:
+        for c in report:
+            key = (c["trace"], c["shape"], c["mode"], c["redundant"], c.get("homes"),
+                   "cross" in c)
+            if key not in out:
+                out[key] = dict(c, methods=dict(c["methods"]))
+                continue
+            have = out[key]["methods"]
+            have.update({m: r for m, r in c["methods"].items() if m not in have})
+    for (name, _, _, redundant, homes, cross), c in out.items():
+        if cross:
+            continue
+        refs = {k: v for k, v in c.get("refs", {}).items() if not k.startswith("ref: ")}
+        c["refs"] = {**ceiling_refs(c["methods"], c["mode"]), **refs}
+        if redundant == 0:
+            margin = REAL_MARGIN if c.get("real") else MARGIN
+            kept = [v for v in c.get("verdict", []) if v.startswith("target 'predicted homes")]
+            c["verdict"] = (verdict(c, name, c.get("balance_floor"), homes or "method", margin)
+                            + (real.paper_line(name, c) if c.get("real") else []) + kept)
+    return list(out.values())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["4", "8", "2x4"], help="G or NODESxPER_NODE")
@@ -292,8 +327,16 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=None,
                     help="folder for the real traces' imports (default: a temporary one)")
     ap.add_argument("--json", action="store_true", help="print one JSON list of cases")
+    ap.add_argument("--merge", nargs="+", default=None,
+                    help="join earlier --json outputs (nothing solved) and print the JSON")
     args = ap.parse_args()
     import bench_placement_real as real
+
+    if args.merge:
+        from bench_placement_table import read_report
+
+        print(json.dumps(merge_reports([read_report(p) for p in args.merge])))
+        return
 
     methods = args.methods.split(",")
     unknown = [m for m in methods if m not in SOLVERS.names()]
