@@ -175,6 +175,9 @@ class SemparConfig:
     held_out_refold: bool = True
     """`rows` objective: where the cap search moved the fit cap, the folds are solved again at
     the cap kept and the prediction uses their inflation (held_out.py, step 4)."""
+    held_out_margin: float = 0.0
+    """`rows` objective: the cap search aims the upper prediction at the target less this
+    (0: at the target; the promise itself is always upper <= target)."""
     block_layers: int = BLOCK_LAYERS
     """Consecutive layers a forked worker takes at a time (the affinity statistics gather the
     trace's selections that many layers at once)."""

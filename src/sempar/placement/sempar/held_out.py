@@ -88,6 +88,7 @@ class HeldOut:
     folds: int = 4           # cross-validation folds over requests (0: the bootstrap alone)
     min_fold_requests: int = 2   # fewer requests per fold: no cross-validation (warning)
     refold: bool = True      # the folds solved again at the cap kept, where it moved
+    margin: float = 0.0      # the cap search keeps the upper prediction <= target - margin
 
 
 def request_loads(placement: Placement, trace: RoutingTrace, batch: int = BATCH) -> np.ndarray:
@@ -257,9 +258,10 @@ def calibrated_solve(p: PlacementProblem, solve: Callable[[PlacementProblem], Pl
     first = (cap0, out, *predict(out))
     tried = [first]
     bad, good = first, None                 # the highest cap too loose, the highest within
-    for _ in range(held_out.retries if first[4] > held_out.target else 0):
+    aim = held_out.target - held_out.margin
+    for _ in range(held_out.retries if first[4] > aim else 0):
         if good is None:
-            cap = max(1.0, bad[0] - (bad[4] - held_out.target))
+            cap = max(1.0, bad[0] - (bad[4] - aim))
             if any(abs(cap - t[0]) < 1e-4 for t in tried):
                 break                       # 1.0 already tried and still too loose
         else:
@@ -267,7 +269,7 @@ def calibrated_solve(p: PlacementProblem, solve: Callable[[PlacementProblem], Pl
         placed = solve(dataclasses.replace(p, max_imbalance=cap))
         t = (cap, placed, *predict(placed))
         tried.append(t)
-        if t[4] <= held_out.target:
+        if t[4] <= aim:
             good = t if good is None or cap > good[0] else good
         else:
             bad = t if cap < bad[0] else bad
