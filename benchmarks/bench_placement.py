@@ -40,8 +40,8 @@ again (cases matched by trace, shape, mode, R); the ceilings and verdicts are re
 union, and each case lists the reused methods under `reused`. `--merge FILE ...` solves
 nothing: it joins earlier `--json` outputs (runs of the same code split by trace, shape or
 method, side by side on a loaded machine) case by case, the first file's figures of a method
-kept, the ceilings and verdicts recomputed on the union (`merge_reports`), and prints the
-joined JSON.
+kept, the ceilings and verdicts recomputed on the union (bench_placement_merge.py), and prints
+the joined JSON.
 """
 
 from __future__ import annotations
@@ -247,63 +247,6 @@ def sempar_config(fit, ep: int) -> dict:
     return asdict(SemparConfig.for_shape(fit.num_tokens, meta.num_layers, meta.num_experts, ep))
 
 
-def load_reuse(path: str, methods: list[str]) -> dict[tuple, dict]:
-    """{(trace, shape, mode, R): {method: figures}} of an earlier `--json` output (`--reuse`),
-    only the methods `methods` does not name (those are solved again)."""
-    from bench_placement_table import read_report
-
-    out = {}
-    for c in read_report(path):
-        if "cross" in c:
-            continue
-        keep = {m: r for m, r in c["methods"].items() if m not in methods}
-        out[(c["trace"], c["shape"], c["mode"], c["redundant"])] = keep
-    return out
-
-
-def merge_reused(res: dict, figures: dict | None) -> None:
-    """`res` (one mode's case) with the reused methods' figures added and its ceilings
-    (`ref:`) recomputed over all of them; `reused` lists those methods."""
-    if not figures:
-        return
-    from sempar.schedule.evaluate import ceiling_refs
-
-    res["methods"].update({m: r for m, r in figures.items() if m not in res["methods"]})
-    res["reused"] = sorted(figures)
-    refs = {k: v for k, v in res.get("refs", {}).items() if not k.startswith("ref: ")}
-    res["refs"] = {**ceiling_refs(res["methods"], res["mode"]), **refs}
-
-
-def merge_reports(reports: list[list[dict]]) -> list[dict]:
-    """The cases of several `--json` outputs joined by (trace, shape, mode, R, homes): each
-    method's figures from the first report that has them, the ceilings (`ref:`) and the R = 0
-    verdicts recomputed on the union (R = G and cross-domain cases are kept as they are)."""
-    import bench_placement_real as real
-    from sempar.schedule.evaluate import ceiling_refs
-
-    out: dict[tuple, dict] = {}
-    for report in reports:
-        for c in report:
-            key = (c["trace"], c["shape"], c["mode"], c["redundant"], c.get("homes"),
-                   "cross" in c)
-            if key not in out:
-                out[key] = dict(c, methods=dict(c["methods"]))
-                continue
-            have = out[key]["methods"]
-            have.update({m: r for m, r in c["methods"].items() if m not in have})
-    for (name, _, _, redundant, homes, cross), c in out.items():
-        if cross:
-            continue
-        refs = {k: v for k, v in c.get("refs", {}).items() if not k.startswith("ref: ")}
-        c["refs"] = {**ceiling_refs(c["methods"], c["mode"]), **refs}
-        if redundant == 0:
-            margin = REAL_MARGIN if c.get("real") else MARGIN
-            kept = [v for v in c.get("verdict", []) if v.startswith("target 'predicted homes")]
-            c["verdict"] = (verdict(c, name, c.get("balance_floor"), homes or "method", margin)
-                            + (real.paper_line(name, c) if c.get("real") else []) + kept)
-    return list(out.values())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["4", "8", "2x4"], help="G or NODESxPER_NODE")
@@ -333,6 +276,7 @@ def main() -> None:
     import bench_placement_real as real
 
     if args.merge:
+        from bench_placement_merge import merge_reports
         from bench_placement_table import read_report
 
         print(json.dumps(merge_reports([read_report(p) for p in args.merge])))
@@ -354,6 +298,8 @@ def main() -> None:
             traces[f"synthetic {preset}"] = synthesize(preset, int(n), seed=1)
     modes = tuple(args.modes)
     report = []
+    from bench_placement_merge import load_reuse, merge_reused
+
     reused = load_reuse(args.reuse, methods) if args.reuse else {}
 
     def emit(case: dict, shape: str, lines: list[str], homes: str) -> None:

@@ -160,7 +160,7 @@ def test_cross_folds_leave_one_out_or_seeded_halves():
 
 def test_merge_reports_joins_cases_and_rejudges():
     """`--merge`: runs split by method join case by case; the verdict sees every method."""
-    from bench_placement import merge_reports
+    from bench_placement_merge import merge_reports
 
     def case(methods):
         return {"trace": "deepseek-v2-lite-esft", "shape": "4", "ep": 4, "nodes": 1,
