@@ -217,7 +217,7 @@ def test_cap_search_keeps_the_highest_cap_within_and_refolds(monkeypatch):
     p = types.SimpleNamespace(max_imbalance=1.05, trace=trace)
     monkeypatch.setattr(ho.dataclasses, "replace", lambda q, **kw: types.SimpleNamespace(
         **{**vars(q), **kw}))
-    out = ho.calibrated_solve(p, solve, ho.HeldOut(target=1.10))
+    out = ho.calibrated_solve(p, solve, ho.HeldOut(target=1.10, margin=0.0))
     h = out.info["held_out"]
     assert [c for c, _ in h["caps_tried"]] == pytest.approx([1.05, 1.0, 1.025, 1.0375])
     assert h["fit_cap"] == pytest.approx(1.025) and h["within_budget"]
