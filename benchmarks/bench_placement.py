@@ -28,7 +28,20 @@ figures beside ours. Where ours loses, the verdict names the winner.
 
     python benchmarks/bench_placement.py [--shapes 4 8 2x4] [--modes tp dp] [--replicas]
         [--synth olmoe-1b-7b:100000] [--traces NAME ...] [--methods a,b] [--homes exact|method]
-        [--real-only] [--no-cross] [--cache-dir DIR] [--json]
+        [--real-only] [--no-cross] [--no-replicas] [--no-predicted] [--reuse FILE]
+        [--cache-dir DIR] [--json]
+    python benchmarks/bench_placement.py --merge A.json B.json ... > MERGED.json
+
+Subsets (a loaded machine; the page's stamp says which): `--no-replicas` skips the real traces'
+R = G cases, `--no-predicted` their predicted-homes line, `--no-cross` the cross-domain case.
+`--reuse FILE` (an earlier `--json` output of this benchmark, same code for the reused methods):
+the methods of FILE's cases that `--methods` does not name are taken from it instead of solved
+again (cases matched by trace, shape, mode, R); the ceilings and verdicts are recomputed on the
+union, and each case lists the reused methods under `reused`. `--merge FILE ...` solves
+nothing: it joins earlier `--json` outputs (runs of the same code split by trace, shape or
+method, side by side on a loaded machine) case by case, the first file's figures of a method
+kept, the ceilings and verdicts recomputed on the union (bench_placement_merge.py), and prints
+the joined JSON.
 """
 
 from __future__ import annotations
@@ -249,11 +262,25 @@ def main() -> None:
                          "for the others)")
     ap.add_argument("--real-only", action="store_true", help="only the real traces")
     ap.add_argument("--no-cross", action="store_true", help="no cross-domain case")
+    ap.add_argument("--no-replicas", action="store_true", help="real traces: no R = G cases")
+    ap.add_argument("--no-predicted", action="store_true",
+                    help="real traces: no predicted-homes line (sempar, tokens objective)")
+    ap.add_argument("--reuse", default=None,
+                    help="an earlier --json output: methods not in --methods taken from it")
     ap.add_argument("--cache-dir", default=None,
                     help="folder for the real traces' imports (default: a temporary one)")
     ap.add_argument("--json", action="store_true", help="print one JSON list of cases")
+    ap.add_argument("--merge", nargs="+", default=None,
+                    help="join earlier --json outputs (nothing solved) and print the JSON")
     args = ap.parse_args()
     import bench_placement_real as real
+
+    if args.merge:
+        from bench_placement_merge import merge_reports
+        from bench_placement_table import read_report
+
+        print(json.dumps(merge_reports([read_report(p) for p in args.merge])))
+        return
 
     methods = args.methods.split(",")
     unknown = [m for m in methods if m not in SOLVERS.names()]
@@ -271,6 +298,9 @@ def main() -> None:
             traces[f"synthetic {preset}"] = synthesize(preset, int(n), seed=1)
     modes = tuple(args.modes)
     report = []
+    from bench_placement_merge import load_reuse, merge_reused
+
+    reused = load_reuse(args.reuse, methods) if args.reuse else {}
 
     def emit(case: dict, shape: str, lines: list[str], homes: str) -> None:
         config = sempar_config(fit, case["ep"]) if OURS in methods else None
@@ -292,6 +322,8 @@ def main() -> None:
             if name in is_real:
                 both = real.evaluate_each(fit, ev, ep, nodes, methods, modes, 0, objective,
                                           f"{name[:8]} {shape} R 0")
+                for res in both.values():
+                    merge_reused(res, reused.get((name, shape, res["mode"], 0)))
             else:
                 both = evaluate_modes(fit, ev, ep, SolveOptions(num_nodes=nodes, objective=objective),
                                       methods=methods, modes=modes)
@@ -300,16 +332,19 @@ def main() -> None:
             for res in both.values():
                 lines = verdict(res, name, floor, homes, margin) + real.paper_line(name, res)
                 extra = {}
-                if name in is_real and res["mode"] == "tp" and trace.meta.has_token_ids:
+                if name in is_real and res["mode"] == "tp" and trace.meta.has_token_ids \
+                        and not args.no_predicted:
                     extra["predicted_homes"], more = real.predicted_homes(
                         fit, ev, ep, nodes, res["methods"].get(OURS))
                     lines += more
                 emit(dict(res, balance_floor=floor, **extra), shape, lines, homes)
-            if (args.replicas or name in is_real) and not name.startswith("synthetic") \
-                    and nodes == 1:
+            if (args.replicas or (name in is_real and not args.no_replicas)) \
+                    and not name.startswith("synthetic") and nodes == 1:
                 if name in is_real:
                     rep = real.evaluate_each(fit, ev, ep, nodes, methods, modes, ep, objective,
                                              f"{name[:8]} {shape} R G")
+                    for res in rep.values():
+                        merge_reused(res, reused.get((name, shape, res["mode"], ep)))
                 else:
                     rep = evaluate_modes(fit, ev, ep, SolveOptions(num_nodes=nodes, redundant=ep,
                                                                    objective=objective),

@@ -30,9 +30,23 @@ def _cell(c: dict, r: dict | None, homes: str) -> str:
     if homes == "method":
         share = r["share_of_oracle"]
     else:       # the exact figure's share of the case's capacity-bound ceiling
-        ref = c.get("refs", {}).get("ref: capacity-bound oracle", {}).get("lar_mean")
-        share = r[lk] / ref if ref else float("nan")
+        ref = _ceiling(c)
+        if not ref:     # no ceiling recorded: no share (never a `nan%`)
+            return f"{r[lk]:.3f} ({r[ik]:.2f}{'*' if r[ik] > BALANCE else ''})"
+        share = r[lk] / ref["lar_mean"]
     return f"{r[lk]:.3f} ({r[ik]:.2f}{'*' if r[ik] > BALANCE else ''}) {share:.0%}"
+
+
+# the case's capacity-bound ceiling: tp mode names it "capacity-bound oracle", dp mode
+# "requests on best rank, balanced" (evaluate.ceiling_refs); the dp tables once looked up only
+# the tp name and printed `nan%`
+CEILING = ("ref: capacity-bound", "ref: requests on best rank, balanced")
+
+
+def _ceiling(c: dict) -> dict | None:
+    """The case's capacity-bound ceiling ref ({"lar_mean", "placement"}), or None."""
+    return next((v for k, v in c.get("refs", {}).items() if k.startswith(CEILING)
+                 and v.get("lar_mean")), None)
 
 
 def tables(report: list[dict]) -> str:
@@ -60,7 +74,7 @@ def tables(report: list[dict]) -> str:
         for m in methods:
             cells = [_cell(c, c["methods"].get(m), homes) for c in cases]
             out.append(f"| {m} | " + " | ".join(cells) + " |")
-        rows = [("ceiling", ("ref: capacity-bound", "ref: requests on best rank, balanced"))]
+        rows = [("ceiling", CEILING)]
         if homes == "exact":
             rows.append(("best device", ("ref: every token on its best device",)))
         for label, prefixes in rows:
@@ -71,10 +85,49 @@ def tables(report: list[dict]) -> str:
                 ceil.append("" if ref is None else f"{ref['lar_mean']:.3f} ({ref['placement']})")
             out.append(f"| {label} | " + " | ".join(ceil) + " |")
         out[-1] += "\n"
+    held = held_out_table(report)
+    if held:
+        out.append(held)
     cross = [c for c in report if "cross" in c]
     if cross:
         out.append(cross_table(cross))
     return "\n".join(out)
+
+
+def held_out_table(report: list[dict]) -> str:
+    """Exact-home cases where `sempar` records its held-out prediction (placement/sempar/
+    held_out.py): the fit cap, predicted imbalance (upper), the held-out imbalance and the gap,
+    `within_budget`, sempar's LAR and the best other deployable method within the budget
+    (`bench_placement.BALANCE`); "" when no case has one."""
+    rows = []
+    for c in report:
+        s = c.get("methods", {}).get("sempar")
+        if "cross" in c or c.get("homes") != "exact" or not s or "held_out" not in s:
+            continue
+        h, lk, ik = s["held_out"], *FIGURES["exact"]
+        rivals = sorted(((m, r) for m, r in c["methods"].items()
+                         if m not in ("sempar", "oracle") and r[ik] <= BALANCE),
+                        key=lambda kv: -kv[1][lk])
+        best = (f"{rivals[0][0]} {rivals[0][1][lk]:.3f} ({rivals[0][1][ik]:.3f})" if rivals
+                else "none within")
+        lead = f"{s[lk] - rivals[0][1][lk]:+.3f}" if rivals and s[ik] <= BALANCE else ""
+        pred = h.get("predicted_imbalance")
+        gap = f"{pred - s[ik]:+.3f}" if pred is not None else ""
+        rows.append(f"| {c['trace']} {c['shape']} | {c['mode']} | {c['redundant']} | "
+                    f"{h.get('fit_cap', float('nan')):.3f} | {pred:.3f} "
+                    f"({h.get('predicted_upper', float('nan')):.3f}) | {s[ik]:.3f} | {gap} | "
+                    f"{'yes' if h.get('within_budget') else 'no'} | {s[lk]:.3f} | {best} | "
+                    f"{lead} |")
+    if not rows:
+        return ""
+    return "\n".join([
+        f"sempar's held-out prediction (exact homes): fit cap solved at, predicted imbalance "
+        f"(upper, the promise), held-out imbalance, predicted - held out, within_budget (the "
+        f"promise <= {BALANCE}), sempar's LAR, the best other method within {BALANCE} "
+        f"(LAR (imbalance)) and sempar's lead over it (where sempar is within)\n",
+        "| case | mode | R | fit cap | predicted (upper) | held out | gap | within_budget | "
+        "sempar LAR | best other within | lead |",
+        "| --- |" + " --- |" * 10, *rows]) + "\n"
 
 
 def cross_table(cases: list[dict]) -> str:

@@ -156,3 +156,25 @@ def test_cross_folds_leave_one_out_or_seeded_halves():
     assert a == a2 and b == b2 and len(a) == len(b) == 35 and sorted(a + b) == sorted(names)
     assert real.folds(trace(names)) == real.folds(trace(names), seed=0) != real.folds(trace(names), 1)
     assert real.folds(trace(["a"])) == []
+
+
+def test_merge_reports_joins_cases_and_rejudges():
+    """`--merge`: runs split by method join case by case; the verdict sees every method."""
+    from bench_placement_merge import merge_reports
+
+    def case(methods):
+        return {"trace": "deepseek-v2-lite-esft", "shape": "4", "ep": 4, "nodes": 1,
+                "mode": "dp", "redundant": 0, "homes": "exact", "real": True,
+                "balance_floor": None, "methods": methods, "refs": {}, "verdict": ["old"]}
+
+    def fig(lar, imb):
+        return {"lar_mean": lar, "oracle_lar_mean": lar, "imbalance_max_mean": imb,
+                "oracle_imbalance_max_mean": imb, "oracle_lar_unconstrained_mean": lar + 0.1,
+                "oracle_lar_request_free_mean": lar + 0.05}
+
+    base = [case({"eplb": fig(0.25, 1.05), "moetuner": fig(0.27, 1.06)})]
+    ours = [case({"sempar": fig(0.26, 1.09)})]
+    (m,) = merge_reports([base, ours])
+    assert sorted(m["methods"]) == ["eplb", "moetuner", "sempar"]
+    assert m["refs"]["ref: requests on best rank, balanced"]["placement"] == "moetuner"
+    assert any("MISSED" in v and "moetuner" in v for v in m["verdict"]) and "old" not in m["verdict"]

@@ -110,6 +110,27 @@ REAL = [
 ]
 
 
+def test_dp_cells_share_the_dp_ceiling_and_held_out_table(tmp_path, capsys):
+    """dp's ceiling is named "requests on best rank, balanced": the cells' share uses it (the
+    page once printed `nan%`); sempar's held-out prediction gets its own table."""
+    held = {"predicted_imbalance": 1.081, "predicted_upper": 1.093, "fit_cap": 1.03,
+            "within_budget": True}
+    case = dict(REAL[0], mode="dp", methods={
+        "eplb": _exact(0.20, 0.25, 1.05),
+        "sempar": dict(_exact(0.25, 0.28, 1.09), held_out=held)},
+        refs={"ref: requests on best rank, balanced": {"lar_mean": 0.28, "placement": "sempar"},
+              "ref: every token on its best device": {"lar_mean": 0.6, "placement": "sempar"}})
+    bench = tmp_path / "real.json"
+    bench.write_text(json.dumps([case]) + "\n")
+    code, err = _run(capsys, str(bench), "--out", str(tmp_path))
+    assert code == 0, err
+    text = (tmp_path / "placement-real.md").read_text()
+    assert "nan" not in text
+    assert "| sempar | 0.280 (1.09) 100% |" in text and "| eplb | 0.250 (1.05) 89% |" in text
+    assert ("| deepseek-v2-lite-esft 4 | dp | 0 | 1.030 | 1.081 (1.093) | 1.090 | -0.009 | yes | "
+            "0.280 | eplb 0.250 (1.050) | +0.030 |") in text
+
+
 def test_real_cases_get_their_page_with_exact_and_cross_tables(tmp_path, capsys):
     bench = tmp_path / "real.json"
     bench.write_text(json.dumps(REAL) + "\n")

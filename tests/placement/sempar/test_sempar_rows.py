@@ -189,3 +189,37 @@ def test_evaluate_prints_the_budget_warning():
                        "eplb": {},
                        "ok": {"held_out": {"within_budget": True}}}}
     assert held_out_warnings(res) == ["warning: sempar: too small"]
+
+
+def test_cap_search_keeps_the_highest_cap_within_and_refolds(monkeypatch):
+    """held_out.calibrated_solve's cap search (issue 45): the excess step, then bisection; the
+    highest cap whose upper prediction is within the target is kept, the folds solved again
+    there. A stand-in solver whose upper prediction is 1.05 + 2 x (cap - 1)."""
+    import types
+
+    from sempar.placement.sempar import held_out as ho
+
+    caps, folds_at = [], []
+
+    def solve(q):
+        caps.append(q.max_imbalance)
+        return types.SimpleNamespace(info={}, cap=q.max_imbalance)
+
+    def cv(q, fold, h):
+        folds_at.append(q.max_imbalance)
+        return {"inflation": 1.0, "upper": 2.0, "folds": []}
+
+    monkeypatch.setattr(ho, "cv_inflation", cv)
+    monkeypatch.setattr(ho, "request_loads", lambda placed, trace: placed.cap)
+    monkeypatch.setattr(ho, "_bootstrap", lambda X, h, inflation=1.0:
+                        1.0 + (inflation - 1.0) * (0.05 + 2 * (X - 1.0)))
+    trace = types.SimpleNamespace(request_id=np.arange(40))
+    p = types.SimpleNamespace(max_imbalance=1.05, trace=trace)
+    monkeypatch.setattr(ho.dataclasses, "replace", lambda q, **kw: types.SimpleNamespace(
+        **{**vars(q), **kw}))
+    out = ho.calibrated_solve(p, solve, ho.HeldOut(target=1.10, margin=0.0))
+    h = out.info["held_out"]
+    assert [c for c, _ in h["caps_tried"]] == pytest.approx([1.05, 1.0, 1.025, 1.0375])
+    assert h["fit_cap"] == pytest.approx(1.025) and h["within_budget"]
+    assert folds_at == pytest.approx([1.05, 1.025])       # refolded at the kept cap
+    assert h["refolded"]["cap"] == pytest.approx(1.025)

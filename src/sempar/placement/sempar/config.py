@@ -172,6 +172,14 @@ class SemparConfig:
     """`rows` objective: cross-validation folds over the fit requests that measure how much
     further than the bootstrap a placement drifts on new requests (held_out.py, step 3; each
     fold one more solve; 0: the bootstrap alone, and no imbalance is promised)."""
+    held_out_refold: bool = True
+    """`rows` objective: where the cap search moved the fit cap, the folds are solved again at
+    the cap kept and the prediction uses their inflation (held_out.py, step 4)."""
+    held_out_margin: float = 0.01
+    """`rows` objective: the cap search aims the upper prediction at the target less this (the
+    promise itself stays upper <= target). 0.01 (issue 45): at 0 GPT-OSS-20B EP 8 tp kept an
+    upper figure of 1.0999 and held out 1.103; at 0.01 fit cap 1.0, held out 1.087, LAR
+    0.374 -> 0.366 (held_out.py)."""
     block_layers: int = BLOCK_LAYERS
     """Consecutive layers a forked worker takes at a time (the affinity statistics gather the
     trace's selections that many layers at once)."""

@@ -246,7 +246,8 @@ def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable) -> Placemen
         held_out = HeldOut(target=p.held_out_imbalance, retries=cfg.held_out_retries,
                            replicates=cfg.held_out_replicates,
                            resamples=cfg.held_out_resamples, seed=p.seed,
-                           folds=cfg.held_out_folds)
+                           folds=cfg.held_out_folds, refold=cfg.held_out_refold,
+                           margin=cfg.held_out_margin)
         inner = lambda q: _solve(q, cfg, mapper)                                   # noqa: E731
         if p.mode == "tp" and cfg.row_sets:      # layer by layer on distinct sets (row_sets.py)
             fast = replace(cfg, token_patience=cfg.row_patience)
