@@ -18,6 +18,19 @@ from test_sempar_solver import planted
 def test_shipped_models_keep_whole_sample_and_restarts(rows, L, N):
     cfg = SemparConfig.for_shape(rows, L, N, 8)
     assert (cfg.budget_rows, cfg.budget_restarts) == (min(rows, cfg.row_sample), cfg.row_restarts)
+    full = SemparConfig()                       # the whole held-out calibration runs
+    assert (cfg.held_out_retries, cfg.held_out_folds, cfg.held_out_refold) == \
+        (full.held_out_retries, full.held_out_folds, full.held_out_refold)
+
+
+def test_cut_sample_keeps_calibration_within_budget_unless_asked():
+    cut = SemparConfig.for_shape(240_000, 58, 256, 16)
+    assert (cut.held_out_retries, cut.held_out_folds, cut.held_out_refold) == \
+        (0, cut.budget_held_out_folds, False)
+    asked = SemparConfig.for_shape(240_000, 58, 256, 16, held_out_retries=3)
+    assert asked.held_out_retries == 3 and asked.held_out_folds == cut.budget_held_out_folds
+    bought = SemparConfig.for_shape(240_000, 58, 256, 16, effort=1000.0)
+    assert bought.held_out_retries == SemparConfig().held_out_retries
 
 
 def test_large_model_cut_and_effort_buys_back():

@@ -180,6 +180,10 @@ class SemparConfig:
     promise itself stays upper <= target). 0.01 (issue 45): at 0 GPT-OSS-20B EP 8 tp kept an
     upper figure of 1.0999 and held out 1.103; at 0.01 fit cap 1.0, held out 1.087, LAR
     0.374 -> 0.366 (held_out.py)."""
+    budget_held_out_folds: int = 2
+    """`rows` objective: the folds kept where the work budget cuts the fit sample (DeepSeek-V3
+    shape at `--effort` 1: 240k tokens, EP 16, 12 solves in 426 CPU s with the full calibration;
+    see `budget_held_out`)."""
     block_layers: int = BLOCK_LAYERS
     """Consecutive layers a forked worker takes at a time (the affinity statistics gather the
     trace's selections that many layers at once)."""
@@ -204,6 +208,13 @@ class SemparConfig:
             return rows, restarts
         return min(rows, max(self.min_budget_rows, int(budget // unit))), 1
 
+    def budget_held_out(self) -> dict:
+        """The held-out calibration's settings where the work budget cuts the fit sample: no
+        cap search (the solve's cap is kept), no refold, and at most `budget_held_out_folds`
+        folds (each solves on part of the fit, together about one more solve)."""
+        return {"held_out_retries": 0, "held_out_refold": False,
+                "held_out_folds": min(self.held_out_folds, self.budget_held_out_folds)}
+
     @classmethod
     def for_shape(cls, tokens: int, layers: int, experts: int, devices: int,
                   effort: float = 1.0, **settings) -> SemparConfig:
@@ -214,6 +225,12 @@ class SemparConfig:
         `hypergraph_start` on from `hypergraph_effort`."""
         cfg = cls(**settings)
         rows, restarts = cfg.budget(tokens, layers, experts, effort)
+        if rows < min(int(tokens), cfg.row_sample):
+            # The budget cut the sample, so one solve is all it affords: the held-out
+            # calibration's extra solves (up to 1 + retries + folds x 2) would multiply it.
+            # Keep a 2-fold prediction at the solved cap; `--effort` raises the budget back.
+            cfg = replace(cfg, **{k: v for k, v in cfg.budget_held_out().items()
+                                  if k not in settings})
         return replace(
             cfg,
             budget_rows=rows if cfg.budget_rows is None else cfg.budget_rows,
