@@ -142,6 +142,12 @@ def _best_within(deploy: dict, budget: float, label: str, homes: str = "method",
     return out
 
 
+def judge_case(res: dict, trace: str, homes: str) -> list[str]:
+    """`verdict` of one R = 0 case with its own balance floor and the margin its trace asks."""
+    return verdict(res, trace, res.get("balance_floor"), homes,
+                   REAL_MARGIN if res.get("real") else MARGIN)
+
+
 def verdict(res: dict, trace: str, floor: float | None = None, homes: str = "method",
             margin: float = MARGIN) -> list[str]:
     """The verdict lines of one case (R = 0), judged on the figures of `homes` (FIGURES)."""
@@ -276,10 +282,9 @@ def main() -> None:
     import bench_placement_real as real
 
     if args.merge:
-        from bench_placement_merge import merge_reports
-        from bench_placement_table import read_report
+        from bench_placement_merge import merge_reports, read_report
 
-        print(json.dumps(merge_reports([read_report(p) for p in args.merge])))
+        print(json.dumps(merge_reports([read_report(p) for p in args.merge], judge_case)))
         return
 
     methods = args.methods.split(",")

@@ -5,15 +5,22 @@ see every method."""
 
 from __future__ import annotations
 
-from bench_placement import MARGIN, REAL_MARGIN, verdict
+import json
+from typing import Callable
+
 from sempar.schedule.evaluate import ceiling_refs
+
+
+def read_report(path) -> list[dict]:
+    """The case list of one `bench_placement.py --json` output file (its first line that starts
+    with `[`). Raises StopIteration when there is none, json.JSONDecodeError when it is not JSON."""
+    with open(path) as f:          # HiGHS may print a line of its own to stdout: skipped
+        return next(json.loads(line) for line in f if line.startswith("["))
 
 
 def load_reuse(path: str, methods: list[str]) -> dict[tuple, dict]:
     """{(trace, shape, mode, R): {method: figures}} of an earlier `--json` output (`--reuse`),
     only the methods `methods` does not name (those are solved again)."""
-    from bench_placement_table import read_report
-
     out = {}
     for c in read_report(path):
         if "cross" in c:
@@ -34,10 +41,13 @@ def merge_reused(res: dict, figures: dict | None) -> None:
     res["refs"] = {**ceiling_refs(res["methods"], res["mode"]), **refs}
 
 
-def merge_reports(reports: list[list[dict]]) -> list[dict]:
+def merge_reports(reports: list[list[dict]], judge: Callable[[dict, str, str], list[str]]
+                  ) -> list[dict]:
     """The cases of several `--json` outputs joined by (trace, shape, mode, R, homes): each
     method's figures from the first report that has them, the ceilings (`ref:`) and the R = 0
-    verdicts recomputed on the union (R = G and cross-domain cases are kept as they are)."""
+    verdicts recomputed on the union (R = G and cross-domain cases are kept as they are).
+    judge(case, trace, homes): the verdict lines of one R = 0 case (bench_placement.judge_case;
+    passed in, so this module imports nothing of bench_placement)."""
     import bench_placement_real as real
 
     out: dict[tuple, dict] = {}
@@ -56,8 +66,7 @@ def merge_reports(reports: list[list[dict]]) -> list[dict]:
         refs = {k: v for k, v in c.get("refs", {}).items() if not k.startswith("ref: ")}
         c["refs"] = {**ceiling_refs(c["methods"], c["mode"]), **refs}
         if redundant == 0:
-            margin = REAL_MARGIN if c.get("real") else MARGIN
             kept = [v for v in c.get("verdict", []) if v.startswith("target 'predicted homes")]
-            c["verdict"] = (verdict(c, name, c.get("balance_floor"), homes or "method", margin)
+            c["verdict"] = (judge(c, name, homes or "method")
                             + (real.paper_line(name, c) if c.get("real") else []) + kept)
     return list(out.values())

@@ -21,6 +21,7 @@ import json
 import sys
 
 from bench_placement import BALANCE, FIGURES
+from bench_placement_merge import read_report
 
 
 def _cell(c: dict, r: dict | None, homes: str) -> str:
@@ -152,13 +153,6 @@ def cross_table(cases: list[dict]) -> str:
                   f"{f['eval_domains'][0]} <- {'+'.join(f['fit_domains'])}"
                   for f in c["cross"]["folds"]) for c in cases) + " |\n")
     return "\n".join(out)
-
-
-def read_report(path) -> list[dict]:
-    """The case list of one `bench_placement.py --json` output file (its first line that starts
-    with `[`). Raises StopIteration when there is none, json.JSONDecodeError when it is not JSON."""
-    with open(path) as f:          # HiGHS may print a line of its own to stdout: skipped
-        return next(json.loads(line) for line in f if line.startswith("["))
 
 
 def main() -> None:

@@ -160,6 +160,7 @@ def test_cross_folds_leave_one_out_or_seeded_halves():
 
 def test_merge_reports_joins_cases_and_rejudges():
     """`--merge`: runs split by method join case by case; the verdict sees every method."""
+    from bench_placement import judge_case
     from bench_placement_merge import merge_reports
 
     def case(methods):
@@ -174,7 +175,7 @@ def test_merge_reports_joins_cases_and_rejudges():
 
     base = [case({"eplb": fig(0.25, 1.05), "moetuner": fig(0.27, 1.06)})]
     ours = [case({"sempar": fig(0.26, 1.09)})]
-    (m,) = merge_reports([base, ours])
+    (m,) = merge_reports([base, ours], judge_case)
     assert sorted(m["methods"]) == ["eplb", "moetuner", "sempar"]
     assert m["refs"]["ref: requests on best rank, balanced"]["placement"] == "moetuner"
     assert any("MISSED" in v and "moetuner" in v for v in m["verdict"]) and "old" not in m["verdict"]

@@ -24,7 +24,7 @@ from sempar.cli import app
 from sempar.trace import TraceMeta, read_trace, write_trace
 
 # keys whose values are wall-clock measurements of this run, not figures
-_WALL_CLOCK = {"solve_seconds", "seconds", "wall_seconds"}
+_WALL_CLOCK = {"solve_seconds", "seconds", "wall_seconds", "bound_seconds"}
 
 
 def _figures(x):
