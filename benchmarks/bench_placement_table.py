@@ -17,7 +17,6 @@ Lines of the files that are not the JSON report (a solver's own prints) are skip
 
 from __future__ import annotations
 
-import json
 import sys
 
 from bench_placement import BALANCE, FIGURES
