@@ -93,10 +93,8 @@ def timed_solve(trace, ep: int, path: str):
     return placement, time.perf_counter() - t0, cpu_now() - c0
 
 
-BOUND = BoundConfig()      # --bound-parts replaces it
-
-
-def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool) -> list[dict]:
+def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool,
+          bound_config: BoundConfig = BoundConfig()) -> list[dict]:
     """One row per path at (trace, EP). The bound is computed once for all paths, at the
     largest beta among them (a bound over every placement within that balance is one for
     each), seeded with the best in-sample placement; `bound_s` / `bound_cpu_s` its cost."""
@@ -111,7 +109,7 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
     start = solved[best][0].phy2log.astype("int64") \
         if solved[best][0].phy2log.shape[1] == trace.meta.num_experts else None
     c0, t0 = cpu_now(), time.perf_counter()
-    bound = lar_upper_bound(trace, ep, BOUND, beta, start)
+    bound = lar_upper_bound(trace, ep, bound_config, beta, start)
     bound_s, bound_cpu = time.perf_counter() - t0, cpu_now() - c0
     rows = []
     for p, (placement, wall, cpu) in solved.items():
@@ -186,14 +184,13 @@ def main(argv: list[str] | None = None) -> None:
         print(gap_table(json.loads(Path(args.table).read_text())))
         return
     given = dict(t.split("=", 1) for t in args.trace)
-    if args.bound_parts is not None:
-        global BOUND
-        BOUND = BoundConfig(colgen=ColgenConfig(parts=args.bound_parts))
+    bound_config = (BoundConfig() if args.bound_parts is None
+                    else BoundConfig(colgen=ColgenConfig(parts=args.bound_parts)))
     rows = []
     for name in args.cases:
         path = ensure_trace(name, given, Path(args.cache_dir))
         for ep in args.ep:
-            for row in cases(name, path, ep, args.paths, args.held_out):
+            for row in cases(name, path, ep, args.paths, args.held_out, bound_config):
                 rows.append(row)
                 if not args.json:
                     print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
