@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from sempar.errors import InputError
-from sempar.trace.schema import TraceMeta
+from sempar.trace.schema import FORMAT_VERSION, TraceMeta
 
 WEIGHT_DTYPE = np.dtype("<f4")
 
@@ -176,3 +176,25 @@ def _domain_codes(col: pa.ChunkedArray, domains: list[str], row0: int) -> np.nda
         raise InputError(f"domain: row {row0 + r}: {arr[r].as_py()!r} is not listed in "
                          f"metadata.domains {domains}")
     return codes.astype(np.int16, copy=False)
+
+
+def arrow_schema(meta: TraceMeta, has_domain: bool, has_weights: bool,
+                 format_version: int = FORMAT_VERSION, has_decode: bool = False) -> pa.Schema:
+    width = meta.num_layers * meta.top_k
+    if format_version == 1:
+        expert_type = pa.list_(pa.int16() if meta.stored_dtype == np.int16 else pa.int32(), width)
+        weight_type = pa.list_(pa.float32(), width)
+    else:
+        expert_type = pa.binary(width * stored_dtype(meta).itemsize)
+        weight_type = pa.binary(width * WEIGHT_DTYPE.itemsize)
+    fields = [pa.field("token_id", pa.int32(), nullable=False),
+              pa.field("request_id", pa.int32(), nullable=False),
+              pa.field("position", pa.int32(), nullable=False)]
+    if has_domain:
+        fields.append(pa.field("domain", pa.dictionary(pa.int16(), pa.string())))
+    fields.append(pa.field("experts", expert_type, nullable=False))
+    if has_weights:
+        fields.append(pa.field("weights", weight_type, nullable=False))
+    if has_decode:              # prefill (false) / decode (true) rows, when the source knew
+        fields.append(pa.field("decode", pa.bool_(), nullable=False))
+    return pa.schema(fields)

@@ -17,7 +17,7 @@ variable-size list with exactly L * k values per row is accepted too). The binar
 format 2 decode as one buffer per column chunk, viewed by numpy; Parquet assembles a
 fixed-size list value by value (about 10x slower for DeepSeek-V3's 464 ids per row).
 
-Key-value metadata `sempar.trace` holds JSON: `format_version`, `meta` (TraceMeta), `domains`,
+Key-value metadata `sempar.trace` (trace/footer.py) holds JSON: `format_version`, `meta` (TraceMeta), `domains`,
 `num_tokens`, `num_requests`; `sempar.trace.sha256` holds "sha256:" + the hex SHA-256 of that
 block's bytes, verified on read (required from format 3; files of formats 1 and 2, written
 before it, are read without one, and their metadata is still checked against the rows: every
@@ -31,7 +31,6 @@ validates every row group and reports the first bad row in file coordinates.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import mmap
 import os
@@ -44,62 +43,16 @@ import pyarrow.parquet as pq
 
 from sempar.atomic import atomic_path, check_input
 from sempar.errors import InputError
-from sempar.safe_json import parse_json
-from sempar.trace.columns import WEIGHT_DTYPE, block_arrays, check_row_type, stored_dtype
+from sempar.trace.columns import (WEIGHT_DTYPE, arrow_schema, block_arrays, check_row_type,
+                                  stored_dtype)
+from sempar.trace.footer import META_KEY, SUM_KEY, block_checksum, parse_block
 from sempar.trace.schema import FORMAT_VERSION, SUPPORTED_VERSIONS, RoutingTrace, TraceMeta
 from sempar.trace.validate import check_decode, validate_arrays
 
-META_KEY = b"sempar.trace"
-# SHA-256 of the metadata block's bytes (format 3 on): a changed expert count, layer list or
-# row count in the footer is refused like a flipped bit in a page. Formats 1 and 2 predate it
-# and are read without one; a format-3 file without it is refused.
-SUM_KEY = b"sempar.trace.sha256"
-CHECKSUM_SINCE = 3
-META_BYTES_MAX = 16 << 20       # the block is a few kB; provenance (`extra`) stays small
-
-
-def block_checksum(block: bytes) -> bytes:
-    """The `SUM_KEY` value of a metadata block: "sha256:" + hex digest of its bytes."""
-    return b"sha256:" + hashlib.sha256(block).hexdigest().encode()
-
-
-def check_block_checksum(block: bytes, stored: bytes | None, version: int) -> None:
-    """Refuse a metadata block whose checksum does not match, or a format that needs one
-    (`CHECKSUM_SINCE` on) without it; older formats without one pass."""
-    if stored is None:
-        if version >= CHECKSUM_SINCE:
-            raise InputError(f"metadata: format {version} carries a '{SUM_KEY.decode()}' checksum "
-                             "of its metadata block, and this file has none (edited by hand?)")
-        return
-    if stored != block_checksum(block):
-        raise InputError("metadata: the metadata block does not match its checksum "
-                         f"'{SUM_KEY.decode()}' (changed after it was written)")
 # zstd level 1 compresses expert ids about 3x at several hundred MB/s: the 2M-token
 # deepseek-v3 synth benchmark is bound by this step.
 COMPRESSION = "zstd"
 COMPRESSION_LEVEL = 1
-
-
-def arrow_schema(meta: TraceMeta, has_domain: bool, has_weights: bool,
-                 format_version: int = FORMAT_VERSION, has_decode: bool = False) -> pa.Schema:
-    width = meta.num_layers * meta.top_k
-    if format_version == 1:
-        expert_type = pa.list_(pa.int16() if meta.stored_dtype == np.int16 else pa.int32(), width)
-        weight_type = pa.list_(pa.float32(), width)
-    else:
-        expert_type = pa.binary(width * stored_dtype(meta).itemsize)
-        weight_type = pa.binary(width * WEIGHT_DTYPE.itemsize)
-    fields = [pa.field("token_id", pa.int32(), nullable=False),
-              pa.field("request_id", pa.int32(), nullable=False),
-              pa.field("position", pa.int32(), nullable=False)]
-    if has_domain:
-        fields.append(pa.field("domain", pa.dictionary(pa.int16(), pa.string())))
-    fields.append(pa.field("experts", expert_type, nullable=False))
-    if has_weights:
-        fields.append(pa.field("weights", weight_type, nullable=False))
-    if has_decode:              # prefill (false) / decode (true) rows, when the source knew
-        fields.append(pa.field("decode", pa.bool_(), nullable=False))
-    return pa.schema(fields)
 
 
 class TraceWriter:
@@ -276,26 +229,7 @@ def read_header(path: str | os.PathLike) -> tuple[pq.ParquetFile, dict[str, Any]
         raise InputError(f"{path}: Parquet file has no '{META_KEY.decode()}' metadata block: "
                          "not a sempar trace")
     raw = kv[META_KEY]
-    try:
-        block = parse_json(raw, f"metadata: the '{META_KEY.decode()}' block",
-                           max_bytes=META_BYTES_MAX)
-    except InputError as err:
-        if "not JSON" in str(err) or "not UTF-8" in str(err):
-            raise InputError(f"metadata: the '{META_KEY.decode()}' block is not valid JSON") from None
-        raise
-    if not isinstance(block, dict):
-        raise InputError("metadata: the metadata block is not a JSON object")
-    version = block.get("format_version")
-    if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
-        raise InputError(f"metadata.format_version: {version!r} is not supported "
-                         f"(this sempar reads {', '.join(map(str, SUPPORTED_VERSIONS))})")
-    check_block_checksum(raw, kv.get(SUM_KEY), version)
-    if not isinstance(block.get("meta"), dict):
-        raise InputError("metadata.meta: missing or not an object")
-    try:
-        meta = TraceMeta.from_json(block["meta"])
-    except TypeError as err:
-        raise InputError(f"metadata.meta: {err}") from None
+    block, version, meta = parse_block(raw, kv.get(SUM_KEY))
     names = pf.schema_arrow.names
     for col in ("token_id", "request_id", "position", "experts"):
         if col not in names:
