@@ -107,7 +107,7 @@ def _run(argv: Optional[list[str]]) -> Any:
     try:
         args = sys.argv[1:] if argv is None else argv
         if {"--help", "-h"} & set(args):
-            from sempar.commands._options import fill_name_helps
+            from sempar.commands._names import fill_name_helps
             # name options list their registry (generated): only the asked command's, so that
             # `sempar --help` imports no registry (numpy, scipy, torch) and answers at once
             fill_name_helps(_asked(_command(), args), recursive=False)

@@ -1,5 +1,5 @@
 """Every CLI option that names registry entries is declared with the shared name option
-(`commands/_options.names_option`: checked on parsing) and its help, generated at `--help` time,
+(`commands/_names.names_option`: checked on parsing) and its help, generated at `--help` time,
 lists every name its registry holds (issue 34 item 4)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import typer
 
 from sempar.cli import app
-from sempar.commands._options import fill_name_helps, names_help
+from sempar.commands._names import fill_name_helps, names_help
 
 # Options that name a registry entry, wherever they appear; each must be a names_option.
 NAMING = {"--engine", "--to", "--accelerator", "--policy", "--policies", "--method", "--methods",

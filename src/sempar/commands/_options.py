@@ -2,7 +2,7 @@
 `--nodes`, `--json`, the user's options of a placement solve (`--mode`, `--max-imbalance`,
 `--redundant`, ..., gathered into one `SolveOptions` by `solve_options`), the serving forecast's workload (`--rates`, `--duration`, `--input-len`,
 `--output-len`, `--token-budget`, `--max-running`, `--slo`, `--slo-scale`); name lists checked
-against their registry (`names_option`); options that apply to some pipelines only (`given`,
+against their registry (`_names.names_option`); options that apply to some pipelines only (`given`,
 `refuse_unused`); the old spelling of a renamed option, still read; the collective model a
 forecast prices with."""
 
@@ -17,6 +17,7 @@ from sempar.bounds import (BUDGET_MAX, DEVICES, DEVICES_MAX, HOSTS, RATE_MAX, RE
                            REQUEST_TOKENS_MAX, RUNNING_MAX, SCALE_MAX, SECONDS_MAX, SEED, Bounds,
                            NumberList, bound)
 from sempar.errors import InputError
+from sempar.commands._names import names_option
 from sempar.solve_options import DEFAULT_HOMES, HOME_RULES, SolveOptions
 
 T = TypeVar("T")
@@ -237,89 +238,6 @@ def slo_option(help: str) -> Any:
     return typer.Option(None, "--slo", help=help, callback=check)
 
 
-# ---- names checked against their registry --------------------------------------------------
-
-def check_names(option: str, text: Optional[str], registry: Any,
-                words: tuple[str, ...] = (), single: bool = False) -> Optional[list[str]]:
-    """The names of a comma-separated option value, each registered in `registry` (or one of
-    `words`, e.g. "all"); an unknown one is refused naming the known ones; with `single`, one
-    name only. None for None."""
-    if text is None:
-        return None
-    names = [x.strip() for x in str(text).split(",") if x.strip()]
-    if not names:
-        raise InputError(f"{option}: {text!r} names nothing")
-    if single and len(names) > 1:
-        raise InputError(f"{option}: {text!r} names {len(names)}; give one")
-    for n in names:
-        if n not in registry and n not in words:
-            known = ", ".join([*words, *registry.names()])
-            raise InputError(f"{option}: unknown {registry.kind} {n!r}; choose one of: {known}")
-    return names
-
-
-class WithAliases:
-    """A registry seen with extra spellings (`aliases`: alias -> name, matched case-insensitively),
-    for `names_option` where the verb resolves aliases itself (stream's strategies)."""
-
-    def __init__(self, registry: Any, aliases: dict[str, str]):
-        self.registry, self.aliases, self.kind = registry, aliases, registry.kind
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.registry or str(name).lower() in self.aliases
-
-    def names(self) -> list[str]:
-        return [*self.registry.names(), *self.aliases]
-
-
-def names_option(default: Optional[str], option: str, registry: Callable[[], Any], help: str,
-                 words: tuple[str, ...] = (), single: bool = False) -> Any:
-    """An option naming one or more (comma-separated) items of the registry `registry()` returns
-    (imported when the option is given, not when the CLI is built); checked on parsing. The
-    callback's `registry` attribute lets the tests try an unknown name on every such option."""
-    def check(value: Optional[str]) -> Optional[str]:
-        check_names(option, value, registry(), words, single)
-        return value
-
-    check.registry = registry                                # type: ignore[attr-defined]
-    check.words = words                                      # type: ignore[attr-defined]
-    check.single = single                                    # type: ignore[attr-defined]
-    check.help = help                                        # type: ignore[attr-defined]
-    return typer.Option(default, option, help=help, callback=check)
-
-
-def names_help(check: Any) -> str:
-    """The help of a `names_option`, generated: its own words, then every name its registry
-    holds (`one of` / `any of`)."""
-    names = [*check.words, *check.registry().names()]
-    return f"{check.help}; {'one' if check.single else 'any'} of: {', '.join(names)}"
-
-
-def lazy_help_option(default: Any, option: str, help: Callable[[], str]) -> Any:
-    """An option whose help `help()` is generated at `--help` time (`fill_name_helps`): help that
-    names what a heavy module holds (numpy, pyarrow) without importing it when the CLI is built."""
-    def keep(value: Any) -> Any:
-        return value
-
-    keep.help_text = help                                    # type: ignore[attr-defined]
-    return typer.Option(default, option, help="", callback=keep)
-
-
-def fill_name_helps(command: Any, recursive: bool = True) -> None:
-    """Write the generated help (`names_help`, `lazy_help_option`'s) into every such option of the
-    click command `command` (and, `recursive`, of the commands under it). Called only when help
-    is asked for, and then only for the command asked about (cli.py), so a plain run, and
-    `sempar --help`, import no registry they do not use."""
-    for param in getattr(command, "params", ()):
-        check = getattr(param, "callback", None)
-        if getattr(check, "registry", None) is not None:
-            param.help = names_help(check)
-        elif getattr(check, "help_text", None) is not None:
-            param.help = check.help_text()
-    for sub in getattr(command, "commands", {}).values() if recursive else ():
-        fill_name_helps(sub)
-
-
 # ---- options that apply to some choices only ----------------------------------------------
 
 def given(ctx: typer.Context, name: str) -> bool:
@@ -339,69 +257,6 @@ def refuse_unused(ctx: typer.Context, knobs: dict[str, str], takes: Callable[[st
             opt = next(("/".join([max(p.opts, key=len), *p.secondary_opts])
                         for p in ctx.command.params if p.name == param), param)
             raise InputError(f"{opt}: does not apply to {chosen}")
-
-
-def solvers() -> Any:
-    """The placement methods' registry (each solver module registers itself on import)."""
-    from sempar.placement import SOLVERS
-
-    return SOLVERS
-
-
-def pipelines() -> Any:
-    from sempar.comm.pipelines import PIPELINES
-
-    return PIPELINES
-
-
-def request_policies() -> Any:
-    from sempar.schedule.requests import REQUEST_POLICIES
-
-    return REQUEST_POLICIES
-
-
-def dispatch_rules() -> Any:
-    """The dispatch rules' registry (placement/dispatch.py)."""
-    from sempar.placement.dispatch import DISPATCH
-
-    return DISPATCH
-
-
-def dispatch_option() -> Any:
-    """--dispatch: which copy of a replicated expert serves each activation."""
-    return names_option("nearest", "--dispatch", dispatch_rules, single=True,
-                        help="with --redundant: the rule choosing, per engine step, the copy "
-                             "that serves each activation (figures after dispatch)")
-
-
-def capture_engines() -> Any:
-    from sempar.capture.engines import ENGINES
-
-    return ENGINES
-
-
-def export_targets() -> Any:
-    from sempar.export.engines import ENGINES
-
-    return ENGINES
-
-
-def accelerators() -> Any:
-    from sempar.serving.hardware import ACCELERATORS
-
-    return ACCELERATORS
-
-
-def router_engines() -> Any:
-    from sempar.router.engines import ENGINES
-
-    return ENGINES
-
-
-def serving_systems() -> Any:
-    from sempar.serving.systems import SYSTEMS
-
-    return SYSTEMS
 
 
 def accelerator_profile_option() -> Any:

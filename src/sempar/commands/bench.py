@@ -9,7 +9,8 @@ import sys
 import typer
 
 from sempar.bounds import POSITIVE_SECONDS, bound
-from sempar.commands._options import ep_option, json_option, names_option
+from sempar.commands._names import names_option
+from sempar.commands._options import ep_option, json_option
 
 
 def _methods():

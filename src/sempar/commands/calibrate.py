@@ -22,7 +22,8 @@ from typing import Optional
 import typer
 
 from sempar.bounds import bound
-from sempar.commands._options import accelerators, json_option, names_option
+from sempar.commands._names import accelerators, names_option
+from sempar.commands._options import json_option
 
 cal_app = typer.Typer(add_completion=False, help="Measure the forecast's operator blocks on "
                       "this device (an accelerator profile); check the forecast against "

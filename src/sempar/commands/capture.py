@@ -10,8 +10,8 @@ from typing import Optional
 import typer
 
 from sempar.bounds import POSITIVE_SECONDS, bound
-from sempar.commands._options import (capture_engines, json_option, names_option,
-                                      optional_seed_option)
+from sempar.commands._names import capture_engines, names_option
+from sempar.commands._options import json_option, optional_seed_option
 from sempar.console import emit_json
 
 

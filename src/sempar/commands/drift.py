@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 
 from sempar.bounds import REQUESTS_MAX, bound
-from sempar.commands._options import json_option, names_option, seed_option
+from sempar.commands._names import names_option
+from sempar.commands._options import json_option, seed_option
 from sempar.errors import InputError
 
 

@@ -10,11 +10,11 @@ from typing import Optional
 import typer
 
 from sempar.bounds import CHUNK_SLACK, bound
-from sempar.commands._options import (dispatch_option, ep_option, held_out_option,
-                                      homes_option, json_option, max_imbalance_option,
-                                      mode_option, names_option, nodes_option, objective_option,
-                                      preserve_groups_option, redundant_option, request_policies,
-                                      seed_option, solve_options, solvers)
+from sempar.commands._names import dispatch_option, names_option, request_policies, solvers
+from sempar.commands._options import (ep_option, held_out_option, homes_option, json_option,
+                                      max_imbalance_option, mode_option, nodes_option,
+                                      objective_option, preserve_groups_option, redundant_option,
+                                      seed_option, solve_options)
 from sempar.console import emit_json, out
 from sempar.errors import InputError
 

@@ -9,7 +9,8 @@ from typing import Any, Optional
 import typer
 
 from sempar.bounds import LAYERS_MAX, bound
-from sempar.commands._options import export_targets, json_option, names_option
+from sempar.commands._names import export_targets, names_option
+from sempar.commands._options import json_option
 from sempar.console import emit_json
 from sempar.errors import InputError
 

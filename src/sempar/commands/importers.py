@@ -10,7 +10,8 @@ from typing import Optional
 import typer
 
 from sempar.bounds import LAYERS_MAX, TOKENS_MAX, Bounds, NumberList, bound
-from sempar.commands._options import json_option, lazy_help_option
+from sempar.commands._names import lazy_help_option
+from sempar.commands._options import json_option
 from sempar.console import emit_json
 
 import_app = typer.Typer(add_completion=False, no_args_is_help=True,

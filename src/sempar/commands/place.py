@@ -10,11 +10,11 @@ import typer
 
 from sempar.bounds import bound
 from sempar.errors import InputError
-from sempar.commands._options import (dispatch_option, effort_option, ep_option,
-                                      held_out_option, homes_option, jobs_option,
-                                      max_imbalance_option, mode_option, names_option,
-                                      nodes_option, objective_option, preserve_groups_option,
-                                      redundant_option, seed_option, solve_options, solvers)
+from sempar.commands._names import dispatch_option, names_option, solvers
+from sempar.commands._options import (effort_option, ep_option, held_out_option, homes_option,
+                                      jobs_option, max_imbalance_option, mode_option, nodes_option,
+                                      objective_option, preserve_groups_option, redundant_option,
+                                      seed_option, solve_options)
 
 
 def place(ctx: typer.Context,

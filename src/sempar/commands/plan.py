@@ -9,12 +9,11 @@ from typing import Optional
 
 import typer
 
-from sempar.commands._options import (COLLECTIVES_HELP, RATES, accelerators, budget_option,
-                                      duration_option,
+from sempar.commands._names import accelerators, names_option, pipelines, request_policies, solvers
+from sempar.commands._options import (COLLECTIVES_HELP, RATES, budget_option, duration_option,
                                       ep_list_option, ep_values, input_len_option, json_option,
-                                      max_running_option, names_option, output_len_option,
-                                      pipelines, rates_option, request_policies, seed_option,
-                                      slo_option, solvers)
+                                      max_running_option, output_len_option, rates_option,
+                                      seed_option, slo_option)
 from sempar.bounds import REDUNDANT_MAX, Bounds, NumberList, bound
 from sempar.commands._options import collectives as check_collectives
 from sempar.model_presets import names as preset_names

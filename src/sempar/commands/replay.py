@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 
 from sempar.bounds import REQUESTS_MAX, bound
-from sempar.commands._options import ep_option, json_option, names_option, seed_option
+from sempar.commands._names import names_option
+from sempar.commands._options import ep_option, json_option, seed_option
 from sempar.commands.rebalance import cost_option, imbalance_option, moves_option
 from sempar.drift.costs import MOVES_MAX
 

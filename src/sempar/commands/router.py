@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from sempar.bounds import DEVICES, POSITIVE_SECONDS, bound
-from sempar.commands._options import names_option, request_policies, router_engines
+from sempar.commands._names import names_option, request_policies, router_engines
 
 
 POLICY_HELP = "request policy (docs/router.md)"      # + the registry's names (names_help)

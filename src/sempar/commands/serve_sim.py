@@ -9,12 +9,12 @@ from typing import Optional
 
 import typer
 
+from sempar.commands._names import accelerators, dispatch_option, names_option, serving_systems
 from sempar.commands._options import (COLLECTIVES_HELP, RATES, accelerator_profile_option,
-                                      accelerators, budget_option, dispatch_option, duration_option,
-                                      ep_option, input_len_option, json_option,
-                                      max_running_option, names_option, nodes_option,
-                                      output_len_option, rates_option, seed_option,
-                                      serving_systems, slo_option, slo_scale_option)
+                                      budget_option, duration_option, ep_option, input_len_option,
+                                      json_option, max_running_option, nodes_option,
+                                      output_len_option, rates_option, seed_option, slo_option,
+                                      slo_scale_option)
 from sempar.commands._options import collectives as check_collectives
 from sempar.model_presets import names as preset_names
 

@@ -11,9 +11,9 @@ import typer
 
 from sempar.bounds import bound
 from sempar.console import emit_json, out
-from sempar.commands._options import (COLLECTIVES_HELP, given, json_option, names_option,
-                                      nodes_option, pipelines, refuse_unused, request_policies,
-                                      seed_option)
+from sempar.commands._names import names_option, pipelines, request_policies
+from sempar.commands._options import (COLLECTIVES_HELP, given, json_option, nodes_option,
+                                      refuse_unused, seed_option)
 from sempar.commands._options import collectives as check_collectives
 from sempar.errors import InputError
 

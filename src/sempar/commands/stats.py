@@ -22,7 +22,7 @@ SHARDS_MAX = 100_000      # files on one command line: each is opened and its he
 
 def _parts(value: Optional[str]) -> Optional[str]:
     from sempar.stats.parts import STATS_PARTS
-    from sempar.commands._options import check_names
+    from sempar.commands._names import check_names
 
     check_names("--parts", value, STATS_PARTS)
     return value

@@ -9,7 +9,8 @@ from typing import Optional
 import typer
 
 from sempar.bounds import MICRO_SLICES_MAX, bound
-from sempar.commands._options import WithAliases, json_option, names_option, seed_option
+from sempar.commands._names import WithAliases, names_option
+from sempar.commands._options import json_option, seed_option
 from sempar.console import emit_json
 
 
