@@ -1,5 +1,5 @@
 """`sempar demo` stages downstream of scheduling: simulated communication, cost-aware routing,
-the chiplet simulator, and the last real EP benchmark. Registered after `demo.stages`' own
+the chiplet simulator, the last real EP benchmark, and the EPLB plug-in under drift. Registered after `demo.stages`' own
 (importing this module registers them), each small enough for the demo's time budget.
 """
 
@@ -153,3 +153,63 @@ def stage_serve(ctx: DemoContext) -> dict | None:
 
     prof = str(ctx.accelerator_profile) if ctx.accelerator_profile else None
     return run_stage(ctx, DemoServeConfig(accelerator_profile=prof))
+
+
+BALANCER_STEPS = 8              # replay steps of 16 requests: ~15 CPU s per slot setting
+BALANCER_EP = 4
+
+
+@STAGES.register("balancer")
+def stage_balancer(ctx: DemoContext) -> dict | None:
+    """The EPLB plug-in inside the engine's balancer (`sempar-engine`, docs/eplb-plugin.md)
+    against DeepSeek EPLB, the engines' default (`eplb-periodic`), replayed on a task-switching
+    stream of the packaged DeepSeek-V2-Lite routing (`drift.streams.drift_stream`, order
+    "tasks") at EP 4: without replica slots (dispatch nearest), and with R = G slots and the
+    `lp-cap` dispatch (`placement.dispatch`)."""
+    from sempar.drift.config import ReplayConfig
+    from sempar.drift.engines import sempar_unavailable
+    from sempar.drift.plot import plot_replay
+    from sempar.drift.replay import replay
+    from sempar.drift.streams import drift_stream
+    from sempar.paths import real_trace_path
+    from sempar.solve_options import SolveOptions
+    from sempar.trace import read_trace
+
+    ctx.report.heading("Inside the engine's balancer: the sempar EPLB plug-in under drift")
+    why = sempar_unavailable()
+    if why:
+        ctx.report.paragraph(why, note=True)
+        return None
+    stream = drift_stream(read_trace(real_trace_path("deepseek-v2-lite")), "tasks")
+    policies = ["eplb-periodic", "sempar-engine"]
+    rows, out = [], {}
+    for R, dispatch in ((0, "nearest"), (BALANCER_EP, "lp-cap")):
+        cfg = ReplayConfig.for_model("deepseek-v2-lite", BALANCER_EP, max_steps=BALANCER_STEPS,
+                                     dispatch=dispatch,
+                                     solve=SolveOptions(jobs=1, redundant=R))
+        res = replay(stream, policies, cfg)
+        out[f"R{R}"] = {n: {k: v for k, v in p.items() if k != "steps"}
+                        for n, p in res["policies"].items()}
+        base = res["policies"]["eplb-periodic"]
+        for name, p in res["policies"].items():
+            rows.append([R, dispatch, name, p["lar_mean"],
+                         p["lar_mean"] / max(base["lar_mean"], 1e-12), p["imbalance_p95"],
+                         p["migrated_bytes"] / 1e9])
+        if R:
+            png = ctx.work / "figures" / "balancer.png"
+            png.parent.mkdir(parents=True, exist_ok=True)      # inside the demo's temporary folder
+            plot_replay(res, png)
+    ctx.report.paragraph("With `--enable-eplb`, an engine replaces any launch placement at its "
+                         "first rebalance by DeepSeek EPLB's load-only layout. Set `SEMPAR_EPLB="
+                         "FILE` and the plug-in takes that policy's place: it keeps the locality "
+                         "FILE holds and balances the live window. Replayed here on "
+                         f"{BALANCER_STEPS} steps of 16 requests of the packaged DeepSeek-V2-Lite "
+                         f"routing, switching ESFT task every 16 requests, EP {BALANCER_EP}, at "
+                         "vLLM's cadence (every 3rd step); the engines' own code runs in "
+                         "`sempar replay --policies vllm-eplb,sglang-eplb,sempar-engine` "
+                         "(the `engines` extra; docs/results/drift-engines.md).", note=True)
+    ctx.report.table(["replica slots R", "dispatch", "policy", "LAR (exact homes)",
+                      "x eplb-periodic", "imbalance p95", "migrated GB"], rows)
+    ctx.report.image(png)
+    return {"trace": "deepseek-v2-lite-esft", "ep": BALANCER_EP, "steps": BALANCER_STEPS,
+            "policies": out}
