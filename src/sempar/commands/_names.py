@@ -6,6 +6,7 @@ it does not use."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, Optional
 
 import typer
@@ -94,30 +95,28 @@ def fill_name_helps(command: Any, recursive: bool = True) -> None:
         fill_name_helps(sub)
 
 
-def solvers() -> Any:
-    """The placement methods' registry (each solver module registers itself on import)."""
-    from sempar.placement import SOLVERS
+def lazy_registry(module: str, name: str, doc: str = "") -> Callable[[], Any]:
+    """A function returning the registry `name` of `module`, imported on the first call (when
+    the option is given or its help asked for), not when the CLI is built."""
+    def get() -> Any:
+        return getattr(importlib.import_module(module), name)
 
-    return SOLVERS
-
-
-def pipelines() -> Any:
-    from sempar.comm.pipelines import PIPELINES
-
-    return PIPELINES
+    get.__doc__ = doc or f"{module}.{name}"
+    return get
 
 
-def request_policies() -> Any:
-    from sempar.schedule.requests import REQUEST_POLICIES
-
-    return REQUEST_POLICIES
-
-
-def dispatch_rules() -> Any:
-    """The dispatch rules' registry (placement/dispatch.py)."""
-    from sempar.placement.dispatch import DISPATCH
-
-    return DISPATCH
+solvers = lazy_registry("sempar.placement", "SOLVERS",
+                        "The placement methods' registry (each solver module registers itself on "
+                        "import).")
+pipelines = lazy_registry("sempar.comm.pipelines", "PIPELINES")
+request_policies = lazy_registry("sempar.schedule.requests", "REQUEST_POLICIES")
+dispatch_rules = lazy_registry("sempar.placement.dispatch", "DISPATCH",
+                               "The dispatch rules' registry (placement/dispatch.py).")
+capture_engines = lazy_registry("sempar.capture.engines", "ENGINES")
+export_targets = lazy_registry("sempar.export.engines", "ENGINES")
+accelerators = lazy_registry("sempar.serving.hardware", "ACCELERATORS")
+router_engines = lazy_registry("sempar.router.engines", "ENGINES")
+serving_systems = lazy_registry("sempar.serving.systems", "SYSTEMS")
 
 
 def dispatch_option() -> Any:
@@ -125,33 +124,3 @@ def dispatch_option() -> Any:
     return names_option("nearest", "--dispatch", dispatch_rules, single=True,
                         help="with --redundant: the rule choosing, per engine step, the copy "
                              "that serves each activation (figures after dispatch)")
-
-
-def capture_engines() -> Any:
-    from sempar.capture.engines import ENGINES
-
-    return ENGINES
-
-
-def export_targets() -> Any:
-    from sempar.export.engines import ENGINES
-
-    return ENGINES
-
-
-def accelerators() -> Any:
-    from sempar.serving.hardware import ACCELERATORS
-
-    return ACCELERATORS
-
-
-def router_engines() -> Any:
-    from sempar.router.engines import ENGINES
-
-    return ENGINES
-
-
-def serving_systems() -> Any:
-    from sempar.serving.systems import SYSTEMS
-
-    return SYSTEMS
