@@ -7,7 +7,8 @@ and keeps only sums and the sample's candidate rows, so a shard is never whole i
 - loads: one bincount per layer;
 - tokens: blocks are held until a chunk of `chunk_ids` expert ids (about `CHUNK_IDS` bytes
   of uint8 ids), then counted in one pass per layer (`chunk_token_counts`): the chunk's rows
-  are sorted by token id once (shared by every layer), each layer's int32 keys
+  are ordered by token id once (shared by every layer; each layer's ids gathered in that
+  order from the held blocks, no sorted copy of the chunk), each layer's int32 keys
   rank(token) x N + expert are then sorted in runs (a stable sort merges them) and the
   distinct keys with their run lengths are the layer's (token, expert) counts, as CSR [V, N]
   added to the running table (a linear merge), which is then cut back to at most
@@ -32,33 +33,40 @@ from scipy import sparse
 
 from sempar.stats.sample import bottom_requests, cut_after, request_priority
 from sempar.stats.routing_stats import SAMPLE_COLUMNS, RoutingStats
-from sempar.stats.sketch import TOKEN_CELLS, add_reduce
+from sempar.stats.sketch import TOKEN_CELLS, add_reduce, count_dtype
 from sempar.trace.schema import TraceMeta
 
 CHUNK_IDS = 1 << 28      # expert ids per token-count chunk (uint8: 256 MiB; 580k DSv3 rows)
 
 
-def chunk_token_counts(ts: np.ndarray, exs: np.ndarray, V: int, N: int
-                       ) -> list[sparse.csr_matrix]:
-    """Per layer, the (token, expert) counts of rows sorted by token id, ts int[n] (sorted)
-    with experts exs int[n, L, k], as canonical CSR int64[V, N] (module docstring)."""
-    ut, cnt = np.unique(ts, return_counts=True)
-    U, k = ut.size, exs.shape[2]
+def chunk_token_counts(tok: np.ndarray, blocks: list[np.ndarray], V: int, N: int,
+                       dtype=np.int64) -> list[sparse.csr_matrix]:
+    """Per layer, the (token, expert) counts of a chunk of rows as canonical CSR [V, N] of
+    `dtype` counts (module docstring): tok int[n] the rows' token ids, blocks the rows'
+    experts int[n_i, L, k] in order (sum of n_i = n).
+
+    The rows are sorted by token id once; each layer's ids are gathered from the blocks in
+    that order (an [n, k] copy a layer), never a sorted copy of the whole chunk (it was the
+    build's largest array beside the blocks: 256 MiB at the default chunk)."""
+    order = np.argsort(tok, kind="stable")
+    ut, cnt = np.unique(tok[order], return_counts=True)
+    U, k = ut.size, blocks[0].shape[2]
     slot_rank = np.repeat(np.arange(U, dtype=np.int32), cnt * k)    # rank of each id's token
     row_nnz_at = np.zeros(V + 1, np.int64)
     out = []
-    for l in range(exs.shape[1]):
-        e = np.ascontiguousarray(exs[:, l]).ravel()
+    for l in range(blocks[0].shape[1]):
+        e = np.concatenate([b[:, l] for b in blocks])[order].ravel()
         # stable counting sort by expert (numpy's radix sort for uint8): within an expert
         # the ids stay in token order, so equal (expert, token) pairs are adjacent
         p = np.argsort(e, kind="stable")
         r, es = slot_rank[p], e[p]
+        del p
         first = np.empty(r.size, bool)
         first[0] = True
         np.not_equal(r[1:], r[:-1], out=first[1:])
         first[1:] |= es[1:] != es[:-1]
         at = np.flatnonzero(first)
-        val = np.diff(np.append(at, r.size))
+        val = np.diff(np.append(at, r.size)).astype(dtype)
         # expert-major [N, U] is canonical as built; its transpose as CSR is token-major
         em = np.zeros(N + 1, np.int64)
         np.cumsum(np.bincount(es[at], minlength=N), out=em[1:])
@@ -66,8 +74,7 @@ def chunk_token_counts(ts: np.ndarray, exs: np.ndarray, V: int, N: int
         row_nnz_at[1:] = 0
         row_nnz_at[1:][ut] = np.diff(tm.indptr)
         indptr = np.cumsum(row_nnz_at).astype(tm.indptr.dtype)
-        out.append(sparse.csr_matrix((tm.data.astype(np.int64), tm.indices, indptr),
-                                     shape=(V, N)))
+        out.append(sparse.csr_matrix((tm.data, tm.indices, indptr), shape=(V, N)))
     return out
 
 
@@ -96,7 +103,7 @@ class StatsBuilder:
         self._chunk_ids = chunk_ids
         self._tok_pending: list[tuple[np.ndarray, np.ndarray]] = []    # (token_id, experts)
         self._tok_pending_ids = 0
-        self._tokens = ([sparse.csr_matrix((self.V, N), dtype=np.int64) for _ in range(L)]
+        self._tokens = ([sparse.csr_matrix((self.V, N), dtype=np.int32) for _ in range(L)]
                         if "tokens" in parts else None)
         self._token_error = np.zeros(L, np.int64)
         self._occurrences = np.zeros(self.V, np.int64) if "tokens" in parts else None
@@ -156,14 +163,14 @@ class StatsBuilder:
         if not self._tok_pending:
             return
         tok = np.concatenate([p[0] for p in self._tok_pending])
-        order = np.argsort(tok, kind="stable")
-        ex = np.concatenate([p[1] for p in self._tok_pending])
-        self._tok_pending, self._tok_pending_ids = [], 0       # the blocks go before the copy
-        counts = chunk_token_counts(tok[order], ex[order], self.V, self.N)
-        del tok, ex
+        blocks = [p[1] for p in self._tok_pending]
+        self._tok_pending, self._tok_pending_ids = [], 0
+        dtype = count_dtype(self.rows + tok.size)     # >= the rows the tables count so far
+        counts = chunk_token_counts(tok, blocks, self.V, self.N, dtype)
+        del tok, blocks
         for l, m in enumerate(counts):
             counts[l] = None
-            self._tokens[l], t = add_reduce(self._tokens[l], m, self.token_cells)
+            self._tokens[l], t = add_reduce(self._tokens[l], m, self.token_cells, dtype)
             self._token_error[l] += t
 
     def _add_sample(self, arrays: dict[str, np.ndarray], n: int) -> None:

@@ -9,7 +9,8 @@ the placement objectives and evaluations that need no raw order read:
   `sample_rows` rows (`stats.sample`), with their row index in the whole trace, in
   trace order: the rows objective's fit sample (`placement/sempar/rows.py`);
 - `tokens` (part "tokens", traces with token ids): per layer the token x expert counts
-  c[l, u, e] as CSR [V, N] (Sem-MoE §3.2's activation table T^(l), rows by token id), kept
+  c[l, u, e] as CSR [V, N] (int32 counts in memory while the rows fit, `sketch.count_dtype`;
+  int64 as read from a file) (Sem-MoE §3.2's activation table T^(l), rows by token id), kept
   to at most `token_cells` cells a layer as a Misra-Gries summary (`stats.sketch`: every
   count read low by at most `token_error[l]` <= k x rows / (token_cells + 1); exact, error
   0, while the cap is not reached; `token_cells` 0: no cap), with `token_occurrences`
@@ -40,7 +41,7 @@ import numpy as np
 from scipy import sparse
 
 from sempar.stats.sample import below, bottom_requests, cut_after, request_priority
-from sempar.stats.sketch import add_reduce
+from sempar.stats.sketch import add_reduce, count_dtype
 from sempar.errors import InputError
 from sempar.stats.parts import DEFAULT_PARTS, PARTS, STATS_PARTS
 from sempar.trace.schema import RoutingTrace, TraceMeta
@@ -73,7 +74,7 @@ class RoutingStats:
     request_ids: np.ndarray                             # int64[R], sorted
     request_rows: np.ndarray                            # int64[R]
     sample: dict[str, np.ndarray] | None = None         # SAMPLE_COLUMNS -> [S, ...]
-    tokens: list[sparse.csr_matrix] | None = None       # L x CSR int64[V, N]
+    tokens: list[sparse.csr_matrix] | None = None       # L x CSR int[V, N] (`count_dtype`)
     coactivation: np.ndarray | None = None              # int64[L, N, N]
     transitions: np.ndarray | None = None               # int64[L-1, N, N]
     request_experts: list[sparse.csr_matrix] | None = None   # L x CSR int64[R, N]
@@ -173,8 +174,9 @@ def merge(a: RoutingStats, b: RoutingStats, where: str = "stats", *,
     if a.tokens is not None:
         tables = a.tokens if consume else list(a.tokens)
         error = a.token_error + b.token_error
+        dtype = count_dtype(a.rows + b.rows)
         for l in range(len(tables)):
-            tables[l], t = add_reduce(tables[l], b.tokens[l], a.token_cells)
+            tables[l], t = add_reduce(tables[l], b.tokens[l], a.token_cells, dtype)
             error[l] += t
             if consume:
                 b.tokens[l] = None
