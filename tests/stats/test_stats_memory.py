@@ -1,6 +1,7 @@
 """The build's memory savings keep the stats exact (issue 46, item 5): token tables counted as
 int32 in memory widen to int64 before any sum could pass int32 (`sketch.count_dtype`); the
-file written from int32 tables is the file written from int64 ones, byte for byte; a shard's
+file written from int32 tables is the file written from int64 ones, byte for byte, and loads
+as int32 (a forged count past int32 is refused, not wrapped); a shard's
 tables handed over as a file (`stats.spill`) read back equal and leave no file behind; the
 local runner with workers builds the stats the serial one builds."""
 
@@ -37,9 +38,23 @@ def test_int32_tables_write_the_int64_tables_file(tmp_path):
     save_stats(s, tmp_path / "a.stats")
     save_stats(wide, tmp_path / "b.stats")
     assert (tmp_path / "a.stats").read_bytes() == (tmp_path / "b.stats").read_bytes()
-    back = load_stats(tmp_path / "a.stats")
-    assert all(t.dtype == np.int64 for t in back.tokens)       # the file keeps int64 counts
+    back = load_stats(tmp_path / "a.stats")           # int64 in the file, int32 once loaded
+    assert all(t.dtype == np.int32 for t in back.tokens)
     assert_same(back, s)
+
+
+def test_a_count_past_int32_in_a_file_is_not_wrapped_but_refused(tmp_path):
+    from test_stats_checks import forge, read_raw
+
+    s = stats_of(build_trace(T=240, R=24, L=4), parts=PARTS, sample_rows=60)
+    save_stats(s, tmp_path / "a.stats")
+    header, arrays = read_raw(tmp_path / "a.stats")
+    data = arrays["tokens.data"].copy()
+    data[0] += 2**32                    # would read as the same count if cast to int32
+    arrays["tokens.data"] = data
+    forge(header, arrays, tmp_path / "b.stats")
+    with pytest.raises(Exception, match="above its token's occurrences"):
+        load_stats(tmp_path / "b.stats")
 
 
 def test_spilled_tables_read_back_equal_and_leave_no_file(tmp_path):

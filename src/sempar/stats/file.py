@@ -55,8 +55,13 @@ def _pack_tables(prefix: str, tables: list[sparse.csr_matrix]) -> dict[str, np.n
                                                 ).astype(np.int64)}
 
 
-def _unpack_tables(prefix: str, arrays: dict[str, np.ndarray], layers: int, cols: int
-                   ) -> list[sparse.csr_matrix]:
+def _unpack_tables(prefix: str, arrays: dict[str, np.ndarray], layers: int, cols: int,
+                   dtype=np.int64) -> list[sparse.csr_matrix]:
+    """The L tables of `prefix`, each layer's counts as `dtype` where they fit it (int32 for
+    token tables while the rows fit, `sketch.count_dtype`: the build's 8 B a cell instead of
+    the file's 12, for the load and all that runs after it; a layer with a count outside
+    int32 stays int64 and is refused by the checks, no count of a valid file being above
+    its rows)."""
     indptr, off = arrays[f"{prefix}.indptr"], arrays[f"{prefix}.offsets"]
     ind, data = arrays[f"{prefix}.indices"], arrays[f"{prefix}.data"]
     if indptr.ndim != 2 or indptr.shape[0] != layers or indptr.shape[1] < 1 \
@@ -70,7 +75,11 @@ def _unpack_tables(prefix: str, arrays: dict[str, np.ndarray], layers: int, cols
         lo, hi = int(off[l]), int(off[l + 1])
         if indptr[l, -1] != hi - lo:
             raise InputError(f"stats file: {prefix} table {l} is inconsistent")
-        out.append(sparse.csr_matrix((data[lo:hi], ind[lo:hi], indptr[l]),
+        d = data[lo:hi]
+        if d.dtype != dtype and d.size and np.iinfo(dtype).min <= d.min() \
+                and d.max() <= np.iinfo(dtype).max:
+            d = d.astype(dtype)      # its own array: scipy copies a small view of a big one
+        out.append(sparse.csr_matrix((d, ind[lo:hi], indptr[l]),
                                      shape=(indptr.shape[1] - 1, cols)))
     return out
 
@@ -248,6 +257,7 @@ def _from_parts(header: dict, arrays: dict[str, np.ndarray], path) -> RoutingSta
     """The stats of a file whose hash matched, every part checked (`stats.checks`: the hash
     has no key, so a matching one says nothing about who wrote the contents)."""
     from sempar.stats.checks import check_arrays, check_header, check_stats
+    from sempar.stats.sketch import count_dtype
 
     try:
         meta = TraceMeta.from_json(header["meta"])
@@ -268,7 +278,7 @@ def _from_parts(header: dict, arrays: dict[str, np.ndarray], path) -> RoutingSta
             stats.sample = {c: arrays[f"sample.{c}"] for c in SAMPLE_COLUMNS
                             if f"sample.{c}" in arrays}
         if "tokens" in parts:
-            stats.tokens = _unpack_tables("tokens", arrays, L, N)
+            stats.tokens = _unpack_tables("tokens", arrays, L, N, count_dtype(stats.rows))
             if version >= 2:
                 stats.token_error = arrays["tokens.error"]
                 stats.token_occurrences = arrays["tokens.occurrences"]
