@@ -11,7 +11,8 @@ and keeps only sums and the sample's candidate rows, so a shard is never whole i
   order from the held blocks, no sorted copy of the chunk), each layer's int32 keys
   rank(token) x N + expert are then sorted in runs (a stable sort merges them) and the
   distinct keys with their run lengths are the layer's (token, expert) counts, as CSR [V, N]
-  added to the running table (a linear merge), which is then cut back to at most
+  added to the running table (a linear merge; int32 counts while the rows fit,
+  `sketch.count_dtype`), which is then cut back to at most
   `token_cells` cells a layer (`stats.sketch`: a Misra-Gries summary with a stated error
   bound; exact while it fits). Beside the tables, each token's exact occurrence count.
   Why not a bincount over the chunk's distinct
