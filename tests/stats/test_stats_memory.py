@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from scipy import sparse
 
-from conftest import build_trace, write_unchecked
+from conftest import build_trace
 from sempar.stats.file import load_stats, save_stats
 from sempar.stats.routing_stats import PARTS
 from sempar.stats.sketch import INT32_ROWS, add_reduce, count_dtype
 from sempar.stats.spill import spill_tables
-from test_routing_stats_merge import assert_same, stats_of
+from test_routing_stats_merge import assert_same, stats_of, three_shards
 
 
 def test_counts_are_int32_until_the_rows_could_pass_it():
@@ -80,12 +80,7 @@ def test_local_workers_build_the_serial_stats_and_clean_up(tmp_path, monkeypatch
 
     from sempar.stats.run import StatsSettings, build_stats
 
-    trace = build_trace(T=600, R=60)
-    paths = []
-    for i in range(3):
-        p = tmp_path / f"s{i}.parquet"
-        write_unchecked(trace.take(np.arange(200 * i, 200 * (i + 1))), p, row_group_size=64)
-        paths.append(str(p))
+    paths = three_shards(tmp_path)
     spill = tmp_path / "tmp"
     spill.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(spill))
