@@ -29,6 +29,8 @@ and keeps only sums and the sample's candidate rows, so a shard is never whole i
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 from scipy import sparse
 
@@ -41,20 +43,22 @@ CHUNK_IDS = 1 << 28      # expert ids per token-count chunk (uint8: 256 MiB; 580
 
 
 def chunk_token_counts(tok: np.ndarray, blocks: list[np.ndarray], V: int, N: int,
-                       dtype=np.int64) -> list[sparse.csr_matrix]:
-    """Per layer, the (token, expert) counts of a chunk of rows as canonical CSR [V, N] of
-    `dtype` counts (module docstring): tok int[n] the rows' token ids, blocks the rows'
+                       dtype=np.int64) -> Iterator[sparse.csr_matrix]:
+    """Layer by layer, the (token, expert) counts of a chunk of rows as canonical CSR [V, N]
+    of `dtype` counts (module docstring): tok int[n] the rows' token ids, blocks the rows'
     experts int[n_i, L, k] in order (sum of n_i = n).
 
     The rows are sorted by token id once; each layer's ids are gathered from the blocks in
     that order (an [n, k] copy a layer), never a sorted copy of the whole chunk (it was the
-    build's largest array beside the blocks: 256 MiB at the default chunk)."""
+    build's largest array beside the blocks: 256 MiB at the default chunk). A generator, so
+    that a layer's counts are merged and dropped before the next layer's are made: the
+    chunk's tables of every layer at once were 0.45 GB beside the running tables on 580k
+    DeepSeek-V3-shape rows."""
     order = np.argsort(tok, kind="stable")
     ut, cnt = np.unique(tok[order], return_counts=True)
     U, k = ut.size, blocks[0].shape[2]
     slot_rank = np.repeat(np.arange(U, dtype=np.int32), cnt * k)    # rank of each id's token
     row_nnz_at = np.zeros(V + 1, np.int64)
-    out = []
     for l in range(blocks[0].shape[1]):
         e = np.concatenate([b[:, l] for b in blocks])[order].ravel()
         # stable counting sort by expert (numpy's radix sort for uint8): within an expert
@@ -75,8 +79,7 @@ def chunk_token_counts(tok: np.ndarray, blocks: list[np.ndarray], V: int, N: int
         row_nnz_at[1:] = 0
         row_nnz_at[1:][ut] = np.diff(tm.indptr)
         indptr = np.cumsum(row_nnz_at).astype(tm.indptr.dtype)
-        out.append(sparse.csr_matrix((tm.data, tm.indices, indptr), shape=(V, N)))
-    return out
+        yield sparse.csr_matrix((tm.data, tm.indices, indptr), shape=(V, N))
 
 
 def _pair_counts(a: np.ndarray, b: np.ndarray, N: int) -> np.ndarray:
@@ -153,8 +156,11 @@ class StatsBuilder:
                                      ).astype(np.int64)
 
     def _add_tokens(self, tok: np.ndarray, ex: np.ndarray) -> None:
-        # copies: the block's arrays may be views of Arrow buffers that are reused
-        self._tok_pending.append((tok.copy(), np.array(ex, copy=True)))
+        # copies: the block's arrays may be views of Arrow buffers that are reused; the ids
+        # held as uint8 where the experts fit (traces store them as uint16: DeepSeek-V3's
+        # 2^28-id chunk was 512 MiB of held blocks, now 256 MiB)
+        small = np.uint8 if self.N <= 256 else ex.dtype
+        self._tok_pending.append((tok.copy(), ex.astype(small, copy=True)))
         self._tok_pending_ids += ex.size
         self._occurrences += np.bincount(tok, minlength=self.V)
         if self._tok_pending_ids >= self._chunk_ids:
@@ -167,12 +173,10 @@ class StatsBuilder:
         blocks = [p[1] for p in self._tok_pending]
         self._tok_pending, self._tok_pending_ids = [], 0
         dtype = count_dtype(self.rows + tok.size)     # >= the rows the tables count so far
-        counts = chunk_token_counts(tok, blocks, self.V, self.N, dtype)
-        del tok, blocks
-        for l, m in enumerate(counts):
-            counts[l] = None
+        for l, m in enumerate(chunk_token_counts(tok, blocks, self.V, self.N, dtype)):
             self._tokens[l], t = add_reduce(self._tokens[l], m, self.token_cells, dtype)
             self._token_error[l] += t
+            del m
 
     def _add_sample(self, arrays: dict[str, np.ndarray], n: int) -> None:
         blk = {"row": np.arange(self.rows, self.rows + n, dtype=np.int64),
@@ -228,9 +232,18 @@ class StatsBuilder:
         chosen = bottom_requests(prio, self._req_ids, self._req_rows, self.sample_rows)
         keep = self._req_ids[chosen]
         cols = [c for c in SAMPLE_COLUMNS if c != "domain" or self._has_domain]
-        if self._sample:
-            cat = {c: np.concatenate([s[c] for s in self._sample]) for c in cols}
-        else:
-            cat = {c: np.zeros(0, np.int64) for c in cols}
-        mask = np.isin(cat["request_id"], keep)
-        return {c: v[mask] for c, v in cat.items()}, cut_after(prio, self._req_ids, chosen)
+        # each held block cut to the kept rows and dropped before the next: concatenating the
+        # candidates first held them twice beside the cut (up to 2 x sample_rows + a block
+        # of DeepSeek-V3 rows, 0.4 GB, three times over at a shard's end)
+        held = self._sample
+        self._sample = []
+        kept = [{c: held[0][c][:0] for c in cols}] if held else []   # dtypes when none kept
+        while held:
+            s = held.pop(0)
+            m = np.isin(s["request_id"], keep)
+            if m.any():
+                kept.append({c: s[c][m] for c in cols})
+            del s
+        out = {c: np.concatenate([s.pop(c) for s in kept]) if kept else np.zeros(0, np.int64)
+               for c in cols}
+        return out, cut_after(prio, self._req_ids, chosen)
