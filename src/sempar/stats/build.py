@@ -50,7 +50,8 @@ def chunk_token_counts(tok: np.ndarray, blocks: list[np.ndarray], V: int, N: int
 
     The rows are sorted by token id once; each layer's ids are gathered from the blocks in
     that order (an [n, k] copy a layer), never a sorted copy of the whole chunk (it was the
-    build's largest array beside the blocks: 256 MiB at the default chunk). A generator, so
+    build's largest array beside the blocks: 512 MiB of uint16 ids at the default chunk). A
+    generator, so
     that a layer's counts are merged and dropped before the next layer's are made: the
     chunk's tables of every layer at once were 0.45 GB beside the running tables on 580k
     DeepSeek-V3-shape rows."""
