@@ -47,8 +47,9 @@ def run(*args: str) -> dict:
     """One `sempar` subprocess: wall seconds, CPU seconds (user + system, its waited-for
     descendants included: `os.wait4`), peak RSS of the whole process tree (`psutil`, sampled
     every 0.2 s: forked `--jobs` workers and a local Ray cluster's processes count together),
-    the largest single process's peak (`ru_maxrss`), the load average before and after, the
-    return code and the last stderr line."""
+    the largest single process's peak (`ru_maxrss`), the sampled peaks of the step's own
+    process and of its largest descendant (a build worker, a layer solve), the load average
+    before and after, the return code and the last stderr line."""
     import tempfile
     import threading
 
@@ -59,15 +60,23 @@ def run(*args: str) -> dict:
         t = time.perf_counter()
         p = subprocess.Popen([sys.executable, "-m", "sempar.cli", *map(str, args)],
                              stdout=subprocess.DEVNULL, stderr=err)
-        peak, done = [0], threading.Event()
+        peak, done = [0, 0, 0], threading.Event()     # tree, own process, largest child
+
+        def rss(q) -> int:
+            try:
+                return q.memory_info().rss if q.is_running() else 0
+            except psutil.Error:
+                return 0
 
         def sample() -> None:
             root = psutil.Process(p.pid)
             while not done.is_set():
                 try:
-                    procs = [root, *root.children(recursive=True)]
-                    peak[0] = max(peak[0], sum(q.memory_info().rss for q in procs
-                                               if q.is_running()))
+                    kids = [rss(q) for q in root.children(recursive=True)]
+                    own = rss(root)
+                    peak[0] = max(peak[0], own + sum(kids))
+                    peak[1] = max(peak[1], own)
+                    peak[2] = max(peak[2], *kids, 0)
                 except psutil.Error:
                     pass
                 done.wait(0.2)
@@ -84,6 +93,8 @@ def run(*args: str) -> dict:
     return {"seconds": round(wall, 1), "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
             "peak_tree_rss_gb": round(peak[0] / 2**30, 2),
             "peak_process_rss_gb": round(usage.ru_maxrss / 2**20, 2),
+            "peak_main_rss_gb": round(peak[1] / 2**30, 2),
+            "peak_child_rss_gb": round(peak[2] / 2**30, 2),
             "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2),
             "rc": p.returncode, "stderr": tail}
 
@@ -219,14 +230,17 @@ STEPS = (("build", "stats build (shards, local)"), ("build_ray", "stats build (s
 
 def _row(name: str, x) -> str:
     if isinstance(x, dict):
+        split = (f"{x['peak_main_rss_gb']} / {x['peak_child_rss_gb']}"
+                 if "peak_main_rss_gb" in x else "")
         return (f"| {name} | {x['seconds']} | {x['cpu_seconds']} | {x['peak_tree_rss_gb']} | "
-                f"{x['peak_process_rss_gb']} | {x['load_before']} / {x['load_after']} | "
-                f"{x['rc']} |")
-    return f"| {name} | {x} | | | | | |"
+                f"{x['peak_process_rss_gb']} | {split} | {x['load_before']} / "
+                f"{x['load_after']} | {x['rc']} |")
+    return f"| {name} | {x} | | | | | | |"
 
 
-HEAD = ["| step | wall s | CPU s | peak tree RSS GB | peak process RSS GB | load avg "
-        "(before / after) | rc |", "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+HEAD = ["| step | wall s | CPU s | peak tree RSS GB | peak process RSS GB | main / largest "
+        "worker GB | load avg (before / after) | rc |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
 
 
 def body(doc: dict) -> str:
@@ -234,7 +248,9 @@ def body(doc: dict) -> str:
     lines = ["Each step is one `sempar` subprocess; CPU = user + system seconds of it and its "
              "waited-for workers; tree RSS = the peak of the summed RSS of the process and all "
              "its descendants (sampled every 0.2 s; forked workers' shared pages count twice): "
-             "the peak across processes; process RSS = the largest single process.", ""]
+             "the peak across processes; process RSS = the largest single process; main / "
+             "largest worker = the sampled peaks of the step's own process and of its largest "
+             "descendant (blank in runs before they were recorded).", ""]
     for r in doc["runs"]:
         lines += [f"## {r['tokens']:,} DeepSeek-V3-shape tokens, {r['shards']} shards, EP {r['ep']}"
                   f" ({r['when']}, {r['cpus']} CPUs, --jobs {r['jobs']})", "", *HEAD]

@@ -170,16 +170,22 @@ def test_place_from_stats_equals_place_from_trace(tmp_path):
     assert a == b
 
 
-def test_ray_local_cluster_builds_the_same_stats(tmp_path):
-    pytest.importorskip("ray")
-    from sempar.stats.run import StatsSettings, build_stats
-
+def three_shards(tmp_path) -> list[str]:
+    """Three 200-row shard files of one 600-row trace (row groups of 64)."""
     trace = build_trace(T=600, R=60)
     paths = []
     for i in range(3):
         p = tmp_path / f"s{i}.parquet"
         write_unchecked(trace.take(np.arange(200 * i, 200 * (i + 1))), p, row_group_size=64)
         paths.append(str(p))
+    return paths
+
+
+def test_ray_local_cluster_builds_the_same_stats(tmp_path):
+    pytest.importorskip("ray")
+    from sempar.stats.run import StatsSettings, build_stats
+
+    paths = three_shards(tmp_path)
     settings_ = StatsSettings(parts=ALL, sample_rows=150, token_cells=40)   # capped: sketched
     local = build_stats(paths, settings_)
     assert local.token_error.any()

@@ -7,10 +7,12 @@ and keeps only sums and the sample's candidate rows, so a shard is never whole i
 - loads: one bincount per layer;
 - tokens: blocks are held until a chunk of `chunk_ids` expert ids (about `CHUNK_IDS` bytes
   of uint8 ids), then counted in one pass per layer (`chunk_token_counts`): the chunk's rows
-  are sorted by token id once (shared by every layer), each layer's int32 keys
+  are ordered by token id once (shared by every layer; each layer's ids gathered in that
+  order from the held blocks, no sorted copy of the chunk), each layer's int32 keys
   rank(token) x N + expert are then sorted in runs (a stable sort merges them) and the
   distinct keys with their run lengths are the layer's (token, expert) counts, as CSR [V, N]
-  added to the running table (a linear merge), which is then cut back to at most
+  added to the running table (a linear merge; int32 counts while the rows fit,
+  `sketch.count_dtype`), which is then cut back to at most
   `token_cells` cells a layer (`stats.sketch`: a Misra-Gries summary with a stated error
   bound; exact while it fits). Beside the tables, each token's exact occurrence count.
   Why not a bincount over the chunk's distinct
@@ -27,38 +29,50 @@ and keeps only sums and the sample's candidate rows, so a shard is never whole i
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 from scipy import sparse
 
 from sempar.stats.sample import bottom_requests, cut_after, request_priority
 from sempar.stats.routing_stats import SAMPLE_COLUMNS, RoutingStats
-from sempar.stats.sketch import TOKEN_CELLS, add_reduce
+from sempar.stats.sketch import TOKEN_CELLS, add_reduce, count_dtype
 from sempar.trace.schema import TraceMeta
 
 CHUNK_IDS = 1 << 28      # expert ids per token-count chunk (uint8: 256 MiB; 580k DSv3 rows)
 
 
-def chunk_token_counts(ts: np.ndarray, exs: np.ndarray, V: int, N: int
-                       ) -> list[sparse.csr_matrix]:
-    """Per layer, the (token, expert) counts of rows sorted by token id, ts int[n] (sorted)
-    with experts exs int[n, L, k], as canonical CSR int64[V, N] (module docstring)."""
-    ut, cnt = np.unique(ts, return_counts=True)
-    U, k = ut.size, exs.shape[2]
+def chunk_token_counts(tok: np.ndarray, blocks: list[np.ndarray], V: int, N: int,
+                       dtype=np.int64) -> Iterator[sparse.csr_matrix]:
+    """Layer by layer, the (token, expert) counts of a chunk of rows as canonical CSR [V, N]
+    of `dtype` counts (module docstring): tok int[n] the rows' token ids, blocks the rows'
+    experts int[n_i, L, k] in order (sum of n_i = n).
+
+    The rows are sorted by token id once; each layer's ids are gathered from the blocks in
+    that order (an [n, k] copy a layer), never a sorted copy of the whole chunk (it was the
+    build's largest array beside the blocks: 512 MiB of uint16 ids at the default chunk). A
+    generator, so
+    that a layer's counts are merged and dropped before the next layer's are made: the
+    chunk's tables of every layer at once were 0.45 GB beside the running tables on 580k
+    DeepSeek-V3-shape rows."""
+    order = np.argsort(tok, kind="stable")
+    ut, cnt = np.unique(tok[order], return_counts=True)
+    U, k = ut.size, blocks[0].shape[2]
     slot_rank = np.repeat(np.arange(U, dtype=np.int32), cnt * k)    # rank of each id's token
     row_nnz_at = np.zeros(V + 1, np.int64)
-    out = []
-    for l in range(exs.shape[1]):
-        e = np.ascontiguousarray(exs[:, l]).ravel()
+    for l in range(blocks[0].shape[1]):
+        e = np.concatenate([b[:, l] for b in blocks])[order].ravel()
         # stable counting sort by expert (numpy's radix sort for uint8): within an expert
         # the ids stay in token order, so equal (expert, token) pairs are adjacent
         p = np.argsort(e, kind="stable")
         r, es = slot_rank[p], e[p]
+        del p
         first = np.empty(r.size, bool)
         first[0] = True
         np.not_equal(r[1:], r[:-1], out=first[1:])
         first[1:] |= es[1:] != es[:-1]
         at = np.flatnonzero(first)
-        val = np.diff(np.append(at, r.size))
+        val = np.diff(np.append(at, r.size)).astype(dtype)
         # expert-major [N, U] is canonical as built; its transpose as CSR is token-major
         em = np.zeros(N + 1, np.int64)
         np.cumsum(np.bincount(es[at], minlength=N), out=em[1:])
@@ -66,9 +80,7 @@ def chunk_token_counts(ts: np.ndarray, exs: np.ndarray, V: int, N: int
         row_nnz_at[1:] = 0
         row_nnz_at[1:][ut] = np.diff(tm.indptr)
         indptr = np.cumsum(row_nnz_at).astype(tm.indptr.dtype)
-        out.append(sparse.csr_matrix((tm.data.astype(np.int64), tm.indices, indptr),
-                                     shape=(V, N)))
-    return out
+        yield sparse.csr_matrix((tm.data, tm.indices, indptr), shape=(V, N))
 
 
 def _pair_counts(a: np.ndarray, b: np.ndarray, N: int) -> np.ndarray:
@@ -96,7 +108,7 @@ class StatsBuilder:
         self._chunk_ids = chunk_ids
         self._tok_pending: list[tuple[np.ndarray, np.ndarray]] = []    # (token_id, experts)
         self._tok_pending_ids = 0
-        self._tokens = ([sparse.csr_matrix((self.V, N), dtype=np.int64) for _ in range(L)]
+        self._tokens = ([sparse.csr_matrix((self.V, N), dtype=np.int32) for _ in range(L)]
                         if "tokens" in parts else None)
         self._token_error = np.zeros(L, np.int64)
         self._occurrences = np.zeros(self.V, np.int64) if "tokens" in parts else None
@@ -145,8 +157,11 @@ class StatsBuilder:
                                      ).astype(np.int64)
 
     def _add_tokens(self, tok: np.ndarray, ex: np.ndarray) -> None:
-        # copies: the block's arrays may be views of Arrow buffers that are reused
-        self._tok_pending.append((tok.copy(), np.array(ex, copy=True)))
+        # copies: the block's arrays may be views of Arrow buffers that are reused; the ids
+        # held as uint8 where the experts fit (traces store them as uint16: DeepSeek-V3's
+        # 2^28-id chunk was 512 MiB of held blocks, now 256 MiB)
+        small = np.uint8 if self.N <= 256 else ex.dtype
+        self._tok_pending.append((tok.copy(), ex.astype(small, copy=True)))
         self._tok_pending_ids += ex.size
         self._occurrences += np.bincount(tok, minlength=self.V)
         if self._tok_pending_ids >= self._chunk_ids:
@@ -156,15 +171,13 @@ class StatsBuilder:
         if not self._tok_pending:
             return
         tok = np.concatenate([p[0] for p in self._tok_pending])
-        order = np.argsort(tok, kind="stable")
-        ex = np.concatenate([p[1] for p in self._tok_pending])
-        self._tok_pending, self._tok_pending_ids = [], 0       # the blocks go before the copy
-        counts = chunk_token_counts(tok[order], ex[order], self.V, self.N)
-        del tok, ex
-        for l, m in enumerate(counts):
-            counts[l] = None
-            self._tokens[l], t = add_reduce(self._tokens[l], m, self.token_cells)
+        blocks = [p[1] for p in self._tok_pending]
+        self._tok_pending, self._tok_pending_ids = [], 0
+        dtype = count_dtype(self.rows + tok.size)     # >= the rows the tables count so far
+        for l, m in enumerate(chunk_token_counts(tok, blocks, self.V, self.N, dtype)):
+            self._tokens[l], t = add_reduce(self._tokens[l], m, self.token_cells, dtype)
             self._token_error[l] += t
+            del m
 
     def _add_sample(self, arrays: dict[str, np.ndarray], n: int) -> None:
         blk = {"row": np.arange(self.rows, self.rows + n, dtype=np.int64),
@@ -220,9 +233,18 @@ class StatsBuilder:
         chosen = bottom_requests(prio, self._req_ids, self._req_rows, self.sample_rows)
         keep = self._req_ids[chosen]
         cols = [c for c in SAMPLE_COLUMNS if c != "domain" or self._has_domain]
-        if self._sample:
-            cat = {c: np.concatenate([s[c] for s in self._sample]) for c in cols}
-        else:
-            cat = {c: np.zeros(0, np.int64) for c in cols}
-        mask = np.isin(cat["request_id"], keep)
-        return {c: v[mask] for c, v in cat.items()}, cut_after(prio, self._req_ids, chosen)
+        # each held block cut to the kept rows and dropped before the next: concatenating the
+        # candidates first held them twice beside the cut (up to 2 x sample_rows + a block
+        # of DeepSeek-V3 rows, 0.4 GB, three times over at a shard's end)
+        held = self._sample
+        self._sample = []
+        kept = [{c: held[0][c][:0] for c in cols}] if held else []   # dtypes when none kept
+        while held:
+            s = held.pop(0)
+            m = np.isin(s["request_id"], keep)
+            if m.any():
+                kept.append({c: s[c][m] for c in cols})
+            del s
+        out = {c: np.concatenate([s.pop(c) for s in kept]) if kept else np.zeros(0, np.int64)
+               for c in cols}
+        return out, cut_after(prio, self._req_ids, chosen)

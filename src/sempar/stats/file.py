@@ -55,8 +55,13 @@ def _pack_tables(prefix: str, tables: list[sparse.csr_matrix]) -> dict[str, np.n
                                                 ).astype(np.int64)}
 
 
-def _unpack_tables(prefix: str, arrays: dict[str, np.ndarray], layers: int, cols: int
-                   ) -> list[sparse.csr_matrix]:
+def _unpack_tables(prefix: str, arrays: dict[str, np.ndarray], layers: int, cols: int,
+                   dtype=np.int64) -> list[sparse.csr_matrix]:
+    """The L tables of `prefix`, each layer's counts as `dtype` where they fit it (int32 for
+    token tables while the rows fit, `sketch.count_dtype`: the build's 8 B a cell instead of
+    the file's 12, for the load and all that runs after it; a layer with a count outside
+    int32 stays int64 and is refused by the checks, no count of a valid file being above
+    its rows)."""
     indptr, off = arrays[f"{prefix}.indptr"], arrays[f"{prefix}.offsets"]
     ind, data = arrays[f"{prefix}.indices"], arrays[f"{prefix}.data"]
     if indptr.ndim != 2 or indptr.shape[0] != layers or indptr.shape[1] < 1 \
@@ -70,7 +75,11 @@ def _unpack_tables(prefix: str, arrays: dict[str, np.ndarray], layers: int, cols
         lo, hi = int(off[l]), int(off[l + 1])
         if indptr[l, -1] != hi - lo:
             raise InputError(f"stats file: {prefix} table {l} is inconsistent")
-        out.append(sparse.csr_matrix((data[lo:hi], ind[lo:hi], indptr[l]),
+        d = data[lo:hi]
+        if d.dtype != dtype and d.size and np.iinfo(dtype).min <= d.min() \
+                and d.max() <= np.iinfo(dtype).max:
+            d = d.astype(dtype)      # its own array: scipy copies a small view of a big one
+        out.append(sparse.csr_matrix((d, ind[lo:hi], indptr[l]),
                                      shape=(indptr.shape[1] - 1, cols)))
     return out
 
@@ -127,9 +136,11 @@ _ST_DTYPES = {"int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uin
               "float32": "F32", "bool": "BOOL"}
 
 
-def _pieces(stats: RoutingStats) -> dict[str, tuple[np.dtype, tuple, list[np.ndarray]]]:
+def _pieces(stats: RoutingStats) -> dict[str, tuple[np.dtype, tuple, list]]:
     """The file's arrays as (dtype, shape, pieces in order), the token tables' per-layer
-    arrays left unconcatenated (`to_arrays`' content without its copies)."""
+    arrays left unconcatenated (`to_arrays`' content without its copies); a piece is an array
+    or a function making it (a layer's counts widened to int64 only when written: the tables
+    are int32 in memory, `sketch.count_dtype`)."""
     out = {}
     small = to_arrays(dataclasses.replace(stats, tokens=None, request_experts=None))
     for k, v in small.items():
@@ -140,16 +151,23 @@ def _pieces(stats: RoutingStats) -> dict[str, tuple[np.dtype, tuple, list[np.nda
         if prefix == "tokens":
             for k, v in _token_extras(stats).items():
                 out[k] = (v.dtype, v.shape, [v])
-        data = [np.ascontiguousarray(t.data, np.int64) for t in tables]
-        ind = [np.ascontiguousarray(t.indices, np.int32) for t in tables]
-        nnz = sum(d.size for d in data)
-        out[f"{prefix}.data"] = (np.dtype(np.int64), (nnz,), data)
-        out[f"{prefix}.indices"] = (np.dtype(np.int32), (nnz,), ind)
-        out[f"{prefix}.indptr"] = (np.dtype(np.int64), (len(tables), tables[0].shape[0] + 1),
-                                   [np.ascontiguousarray(t.indptr, np.int64) for t in tables])
+        sizes = [t.nnz for t in tables]
+        nnz = sum(sizes)
+        out[f"{prefix}.data"] = (np.dtype(np.int64), (nnz,), [
+            lambda t=t: np.ascontiguousarray(t.data, np.int64) for t in tables])
+        out[f"{prefix}.indices"] = (np.dtype(np.int32), (nnz,), [
+            lambda t=t: np.ascontiguousarray(t.indices, np.int32) for t in tables])
+        out[f"{prefix}.indptr"] = (np.dtype(np.int64), (len(tables), tables[0].shape[0] + 1), [
+            lambda t=t: np.ascontiguousarray(t.indptr, np.int64) for t in tables])
         out[f"{prefix}.offsets"] = (np.dtype(np.int64), (len(tables) + 1,), [np.concatenate(
-            [[0], np.cumsum([d.size for d in data])]).astype(np.int64)])
+            [[0], np.cumsum(sizes)]).astype(np.int64)])
     return out
+
+
+def _blob(table: dict, header: dict) -> bytes:
+    table = {**table, "__metadata__": {HEADER_KEY: json.dumps(header)}}
+    blob = json.dumps(table, separators=(",", ":")).encode()
+    return blob + b" " * (-len(blob) % 8)
 
 
 def save_stats(stats: RoutingStats, path: str | os.PathLike, option: str = "--out") -> None:
@@ -157,7 +175,10 @@ def save_stats(stats: RoutingStats, path: str | os.PathLike, option: str = "--ou
     in the safetensors layout (8-byte little-endian header size, JSON header, the arrays'
     bytes in header order): `safetensors.numpy.save_file` builds the whole file in memory
     beside a packed copy of every table (3x the stats at peak: 4.7 GB for the 1.3 GB stats
-    of 20M DeepSeek-V3-shape tokens); `load_stats` reads it with safetensors."""
+    of 20M DeepSeek-V3-shape tokens); `load_stats` reads it with safetensors. One pass: the
+    arrays are hashed as they are written (a layer at a time, widened to the file's dtypes
+    then), and the header, written first with a placeholder hash of the same length, is
+    rewritten with the hash at the end."""
     import struct
 
     from sempar.atomic import atomic_path
@@ -167,26 +188,38 @@ def save_stats(stats: RoutingStats, path: str | os.PathLike, option: str = "--ou
     h = hashlib.sha256(json.dumps(header, sort_keys=True, separators=(",", ":")).encode())
     table, at = {}, 0
     for name in sorted(pieces):
-        dtype, shape, parts = pieces[name]
-        h.update(f"{name}|{dtype.str}|{tuple(shape)}".encode())
-        size = 0
-        for part in parts:
-            h.update(_raw(part))
-            size += part.nbytes
+        dtype, shape, _parts = pieces[name]
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         table[name] = {"dtype": _ST_DTYPES[dtype.name], "shape": list(shape),
                        "data_offsets": [at, at + size]}
         at += size
-    header["sha256"] = h.hexdigest()
-    table["__metadata__"] = {HEADER_KEY: json.dumps(header)}
-    blob = json.dumps(table, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
+    header["sha256"] = "0" * 64
+    blob = _blob(table, header)
     with atomic_path(path, suffix=".safetensors", option=option) as tmp:
         with open(tmp, "wb") as f:
             f.write(struct.pack("<Q", len(blob)))
             f.write(blob)
             for name in sorted(pieces):
-                for part in pieces[name][2]:
-                    f.write(_raw(part))
+                dtype, shape, parts = pieces[name]
+                h.update(f"{name}|{dtype.str}|{tuple(shape)}".encode())
+                size = 0
+                for part in parts:
+                    a = part() if callable(part) else part
+                    if a.dtype != dtype:
+                        raise AssertionError(f"{name}: {a.dtype} written as {dtype}")
+                    h.update(_raw(a))
+                    f.write(_raw(a))
+                    size += a.nbytes
+                    del a
+                start, end = table[name]["data_offsets"]
+                if size != end - start:
+                    raise AssertionError(f"{name}: {size} bytes written for {end - start}")
+            header["sha256"] = h.hexdigest()
+            final = _blob(table, header)
+            if len(final) != len(blob):
+                raise AssertionError("the stats header changed length with its hash")
+            f.seek(8)
+            f.write(final)
 
 
 def load_stats(path: str | os.PathLike) -> RoutingStats:
@@ -224,6 +257,7 @@ def _from_parts(header: dict, arrays: dict[str, np.ndarray], path) -> RoutingSta
     """The stats of a file whose hash matched, every part checked (`stats.checks`: the hash
     has no key, so a matching one says nothing about who wrote the contents)."""
     from sempar.stats.checks import check_arrays, check_header, check_stats
+    from sempar.stats.sketch import count_dtype
 
     try:
         meta = TraceMeta.from_json(header["meta"])
@@ -244,7 +278,7 @@ def _from_parts(header: dict, arrays: dict[str, np.ndarray], path) -> RoutingSta
             stats.sample = {c: arrays[f"sample.{c}"] for c in SAMPLE_COLUMNS
                             if f"sample.{c}" in arrays}
         if "tokens" in parts:
-            stats.tokens = _unpack_tables("tokens", arrays, L, N)
+            stats.tokens = _unpack_tables("tokens", arrays, L, N, count_dtype(stats.rows))
             if version >= 2:
                 stats.token_error = arrays["tokens.error"]
                 stats.token_occurrences = arrays["tokens.occurrences"]

@@ -9,7 +9,8 @@ the placement objectives and evaluations that need no raw order read:
   `sample_rows` rows (`stats.sample`), with their row index in the whole trace, in
   trace order: the rows objective's fit sample (`placement/sempar/rows.py`);
 - `tokens` (part "tokens", traces with token ids): per layer the token x expert counts
-  c[l, u, e] as CSR [V, N] (Sem-MoE §3.2's activation table T^(l), rows by token id), kept
+  c[l, u, e] as CSR [V, N] (int32 counts in memory while the rows fit, `sketch.count_dtype`;
+  int64 as read from a file) (Sem-MoE §3.2's activation table T^(l), rows by token id), kept
   to at most `token_cells` cells a layer as a Misra-Gries summary (`stats.sketch`: every
   count read low by at most `token_error[l]` <= k x rows / (token_cells + 1); exact, error
   0, while the cap is not reached; `token_cells` 0: no cap), with `token_occurrences`
@@ -40,7 +41,7 @@ import numpy as np
 from scipy import sparse
 
 from sempar.stats.sample import below, bottom_requests, cut_after, request_priority
-from sempar.stats.sketch import add_reduce
+from sempar.stats.sketch import add_reduce, count_dtype
 from sempar.errors import InputError
 from sempar.stats.parts import DEFAULT_PARTS, PARTS, STATS_PARTS
 from sempar.trace.schema import RoutingTrace, TraceMeta
@@ -73,7 +74,7 @@ class RoutingStats:
     request_ids: np.ndarray                             # int64[R], sorted
     request_rows: np.ndarray                            # int64[R]
     sample: dict[str, np.ndarray] | None = None         # SAMPLE_COLUMNS -> [S, ...]
-    tokens: list[sparse.csr_matrix] | None = None       # L x CSR int64[V, N]
+    tokens: list[sparse.csr_matrix] | None = None       # L x CSR int[V, N] (`count_dtype`)
     coactivation: np.ndarray | None = None              # int64[L, N, N]
     transitions: np.ndarray | None = None               # int64[L-1, N, N]
     request_experts: list[sparse.csr_matrix] | None = None   # L x CSR int64[R, N]
@@ -117,29 +118,35 @@ def check_same_model(a: RoutingStats, b: RoutingStats, where: str) -> None:
         raise InputError(f"{where}: other domain names ({a.domains} vs {b.domains})")
 
 
-def _cat_sample(a: dict, b: dict, shift: int) -> dict:
+def _cat_sample(a: dict, b: dict, shift: int, keep: np.ndarray | None = None) -> dict:
+    """a's sample rows then b's (b's row indices shifted by `shift`); with `keep` bool[|a| +
+    |b|] only those rows, cut column by column (no uncut copy of both samples: two 200k-row
+    DeepSeek-V3 samples are 0.4 GB)."""
     out = {}
+    na = a["request_id"].size
     for key in a:
         x, y = a[key], b[key]
+        if keep is not None:
+            x, y = x[keep[:na]], y[keep[na:]]
         out[key] = np.concatenate([x, y + shift if key == "row" else y])
     return out
 
 
-def resample(sample: dict[str, np.ndarray], request_ids: np.ndarray, request_rows: np.ndarray,
-             max_rows: int, seed: int, cut: tuple[int, int] | None
-             ) -> tuple[dict[str, np.ndarray], tuple[int, int] | None]:
-    """(rows of `sample` the sample rule keeps, the new cut): the rule applied to the sample's
-    requests ordered before `cut` (the operands' lowest), `request_ids` int64[R] with
-    `request_rows` int64[R] giving their sizes."""
-    in_sample = np.isin(request_ids, sample["request_id"])
+def _resample_mask(sample_ids: np.ndarray, request_ids: np.ndarray, request_rows: np.ndarray,
+                   max_rows: int, seed: int, cut: tuple[int, int] | None
+                   ) -> tuple[np.ndarray, tuple[int, int] | None]:
+    """(the rows of a sample the sample rule keeps, bool[S] over its rows, whose request ids
+    are `sample_ids` int[S]; the new cut): the rule applied to the sample's requests ordered
+    before `cut` (the operands' lowest), `request_ids` int64[R] with `request_rows` int64[R]
+    giving their sizes."""
+    in_sample = np.isin(request_ids, sample_ids)
     ids, rows = request_ids[in_sample], request_rows[in_sample]
     prio = request_priority(ids, seed)
     ok = below(prio, ids, cut)
     ids, rows, prio = ids[ok], rows[ok], prio[ok]
     chosen = bottom_requests(prio, ids, rows, max_rows)
     new = cut_after(prio, ids, chosen)
-    mask = np.isin(sample["request_id"], ids[chosen])
-    return {k: v[mask] for k, v in sample.items()}, _lowest(cut, new)
+    return np.isin(sample_ids, ids[chosen]), _lowest(cut, new)
 
 
 def _lowest(a: tuple[int, int] | None, b: tuple[int, int] | None) -> tuple[int, int] | None:
@@ -166,15 +173,17 @@ def merge(a: RoutingStats, b: RoutingStats, where: str = "stats", *,
         a, domains=a.domains or b.domains, shards=a.shards + b.shards, loads=a.loads + b.loads,
         request_ids=ids[order], request_rows=rows[order], extra=dict(a.extra))
     if a.sample is not None:
-        cat = _cat_sample(a.sample, b.sample, a.rows)
-        out.sample, out.sample_cut = resample(cat, out.request_ids, out.request_rows,
+        both_ids = np.concatenate([a.sample["request_id"], b.sample["request_id"]])
+        keep, out.sample_cut = _resample_mask(both_ids, out.request_ids, out.request_rows,
                                               a.sample_rows, a.seed,
                                               _lowest(a.sample_cut, b.sample_cut))
+        out.sample = _cat_sample(a.sample, b.sample, a.rows, keep)
     if a.tokens is not None:
         tables = a.tokens if consume else list(a.tokens)
         error = a.token_error + b.token_error
+        dtype = count_dtype(a.rows + b.rows)
         for l in range(len(tables)):
-            tables[l], t = add_reduce(tables[l], b.tokens[l], a.token_cells)
+            tables[l], t = add_reduce(tables[l], b.tokens[l], a.token_cells, dtype)
             error[l] += t
             if consume:
                 b.tokens[l] = None

@@ -13,7 +13,9 @@ is the stats of the shards' concatenation. Runners (`RUNNERS`, by name):
   the same sempar. Ray is the optional `ray` extra.
 
 In both, finished shards are merged as soon as their turn comes and then dropped, so memory
-holds the running merge and the shards in flight, not every shard's stats.
+holds the running merge and the shards in flight, not every shard's stats. The local workers
+hand their token tables over as files (`stats.spill`), read one layer at a time by the merge,
+so the main process never holds a whole shard's tables (nor their pickle).
 """
 
 from __future__ import annotations
@@ -83,6 +85,18 @@ def _build_shard(path: str, settings: StatsSettings) -> RoutingStats:
     return builder.finish()
 
 
+def build_shard_spilled(path: str, settings: StatsSettings, folder: str, i: int
+                        ) -> RoutingStats:
+    """`build_shard`, its token tables written to a file in `folder` (`stats.spill`): what a
+    local worker returns through the process pool instead of the tables themselves."""
+    from sempar.stats.spill import spill_tables
+
+    stats = build_shard(path, settings)
+    if stats.tokens is not None:
+        stats.tokens = spill_tables(stats.tokens, os.path.join(folder, f"shard{i}.tokens"))
+    return stats
+
+
 def _local(paths: list[str], settings: StatsSettings, jobs: int, address: str | None,
            timeout: float) -> Iterator[RoutingStats]:
     if jobs <= 1 or len(paths) == 1:
@@ -90,15 +104,19 @@ def _local(paths: list[str], settings: StatsSettings, jobs: int, address: str | 
             yield build_shard(p, settings)
         return
     import multiprocessing
+    import tempfile
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = [pool.submit(build_shard, p, settings) for p in paths[:jobs]]
+    with tempfile.TemporaryDirectory(prefix="sempar-stats-") as folder, \
+            ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(build_shard_spilled, p, settings, folder, i)
+                   for i, p in enumerate(paths[:jobs])]
         for i in range(len(paths)):
             res = futures[i].result()
             if i + jobs < len(paths):
-                futures.append(pool.submit(build_shard, paths[i + jobs], settings))
+                futures.append(pool.submit(build_shard_spilled, paths[i + jobs], settings,
+                                           folder, i + jobs))
             futures[i] = None
             yield res
 
@@ -160,7 +178,12 @@ def build_stats(paths: list[str], settings: StatsSettings, *, runner: str = "loc
     with small_pages():
         for i, stats in enumerate(run(list(map(str, paths)), settings, max(1, jobs),
                                       ray_address, ray_timeout)):
-            out = stats if out is None else merge(out, stats, str(paths[i]), consume=True)
+            if out is None:                # the running merge's tables are held in memory
+                out = stats
+                if out.tokens is not None and not isinstance(out.tokens, list):
+                    out.tokens = list(out.tokens)
+            else:                          # a spilled shard's tables read a layer at a time
+                out = merge(out, stats, str(paths[i]), consume=True)
             del stats
             if progress:
                 progress(1)
