@@ -14,9 +14,10 @@ Suites (`--suites`):
   p95 <= theirs + 0.02, migrated bytes <= theirs.
 - `replicas` (issue 45, item 3): EP 4 and 8, R = G, dispatch `--replica-dispatch` (default
   `lp-cap`, the per-batch LP over every copy; `locality-first` was the first measurement):
-  `sempar-incremental`, `resolve` and `eplb-periodic` with the same slots and dispatch, every
-  step. Targets: incremental imbalance p95 <= 1.10 and LAR >= 0.95 x resolve's; against
-  eplb-periodic higher LAR and imbalance p95 no higher. Beside them the ceiling: `oracle`, EPLB
+  `sempar-incremental` (with its switch test: updates inside a step as soon as the served
+  requests show a new mix, `sempar.drift.events`), `resolve` and `eplb-periodic` with the same
+  slots and dispatch, every step. Targets: incremental imbalance p95 <= 1.10 and LAR >= 0.95 x
+  resolve's; against eplb-periodic higher LAR and imbalance p95 no higher. Beside them the ceiling: `oracle`, EPLB
   solved on each step's own requests (the traffic no past-only policy has seen) with the same
   slots and dispatch; and per policy the p95 over the settled steps (`bench_drift.unseen_steps`:
   the steps whose main domain held under half of the window before them left out).
@@ -205,10 +206,11 @@ def main() -> None:
 
 
 def _row(n: str, p: dict) -> str:
+    events = f" + {p['events']} events" if p.get("events") else ""   # updates inside steps
     return (f"| {n} | {p['lar_mean']:.4f} | {p['imbalance_p95']:.3f} | "
             f"{p['imbalance_layer_p95']:.3f} | {p['migrated_bytes'] / 1e9:.1f} | "
             f"{p['migrated_bytes_per_step'] / 1e9:.2f} | {p['moves_per_step']:.1f} | "
-            f"{p['updates']} | {len(p.get('fallbacks', []))} | {p['solve_s_mean']:.2f} |")
+            f"{p['updates']}{events} | {len(p.get('fallbacks', []))} | {p['solve_s_mean']:.2f} |")
 
 
 def _mean_max(p: dict) -> str:
@@ -260,7 +262,9 @@ def tables(results: list[dict]) -> str:
              "the mean over steps and the worst step beside it, where a case kept it); layer p95 "
              "over every step and layer; migrated = expert copies x the "
              "model's expert bytes (total, and mean per step); copies/step = expert copies per "
-             "step; updates = rebalances run; fallbacks = rebalances where the plug-in returned "
+             "step; updates = rebalances run before a step (+ events: updates inside a step "
+             "where sempar-incremental's switch test fired, `drift.events`); fallbacks = "
+             "rebalances where the plug-in returned "
              "the engine's own result; update s = mean wall seconds of one update (a loaded "
              "machine: not a figure of the method).", ""] + summary(results)
     for r in results:

@@ -36,7 +36,7 @@ same dispatch among copies (`--dispatch`, `placement.dispatch`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -113,10 +113,10 @@ def _incremental(current: Placement, seen: RoutingTrace, cfg: ReplayConfig,
     keep, w, age = history_sample(seen, cfg.window, h, regime if young else None)
     slack = cfg.events.old_slack if young else h.slack
     caps = cfg.rebalance.max_imbalance + slack * (np.arange(int(age.max()) + 1) > 0)
-    nxt = rebalance(current, seen.experts[keep], cfg.rebalance, w,
-                    age if h.robust else None, caps)[0]
-    if nxt.redundant == 0 or cfg.replicas.max_moves == 0 \
-            or not DISPATCH.get(cfg.dispatch).balances:
+    balances = DISPATCH.get(cfg.dispatch).balances
+    rb = replace(cfg.rebalance, split=True) if balances and cfg.split_bound else cfg.rebalance
+    nxt = rebalance(current, seen.experts[keep], rb, w, age if h.robust else None, caps)[0]
+    if nxt.redundant == 0 or cfg.replicas.max_moves == 0 or not balances:
         return nxt
     # the replica slots, for the peak the balancing dispatch serves on every window of the
     # history (`placement.dispatch_peak`): rebalance's bound counts the nearest copy only

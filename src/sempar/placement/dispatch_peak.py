@@ -100,14 +100,14 @@ def fill_loads(row: np.ndarray, load: np.ndarray, G: int) -> np.ndarray:
     expert loads float[H, N] over slot row int[P]; its max / mean is >= `min_peak`'s."""
     load = np.atleast_2d(np.asarray(load, np.float64))
     H, N = load.shape
-    S = row.size // G
-    dev = np.arange(row.size) // S
-    hosts = [np.unique(dev[row == e]) for e in range(N)]
-    out = np.zeros((H, G))
-    single = np.array([h.size == 1 for h in hosts])
-    for e in np.flatnonzero(single):
-        out[:, hosts[e][0]] += load[:, e]
-    rep = np.flatnonzero(~single & np.array([h.size > 0 for h in hosts]))
+    row = np.asarray(row, np.intp)
+    on = np.zeros((N, G), bool)
+    on[row, np.arange(row.size) // (row.size // G)] = True
+    copies = on.sum(axis=1)
+    single = copies == 1
+    out = load[:, single] @ on[single].astype(np.float64)                # [H, G]
+    rep = np.flatnonzero(copies > 1)
+    hosts = {int(e): np.flatnonzero(on[e]) for e in rep}
     for e in rep[np.argsort(-load[:, rep].sum(axis=0), kind="stable")]:
         d = hosts[e]
         lv = np.sort(out[:, d], axis=1)                                   # [H, C]
