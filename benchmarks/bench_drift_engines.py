@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import numpy as np  # noqa: E402
 from bench_drift import STREAMS  # noqa: E402
 
 ENGINE_POLICIES = ["sempar-engine", "vllm-eplb", "sglang-eplb"]
@@ -252,6 +253,37 @@ def summary(results: list[dict]) -> list[str]:
     return out + [""]
 
 
+def p95_sources(results: list[dict]) -> list[str]:
+    """Where each replicas case's imbalance p95 comes from: steps, steps after a switch to
+    unseen traffic, the two worst steps (np.percentile interpolates between them: with 8-10
+    steps p95 = worst2 + 0.55-0.65 x (worst - worst2)), p95 over all and over settled steps."""
+    rows = [r for r in results if r["suite"] == "replicas" and "unseen_steps" in r]
+    if not rows:
+        return []
+    out = ["## Where the imbalance p95 comes from", "",
+           "Per case and policy: the two worst steps (* after a switch to traffic the window did "
+           "not hold), the p95 over every step and over the settled ones. With n steps "
+           "np.percentile puts p95 at 0.95 (n - 1) of the sorted steps: between the two worst "
+           "(0.55 of the way to the worst at 10 steps, 0.65 at 8), so one or two steps decide "
+           "it.", "",
+           "| stream | EP | steps (after a switch) | policy | worst two steps | p95 all | "
+           "p95 settled |", "| --- | ---: | --- | --- | --- | ---: | ---: |"]
+    for r in rows:
+        u = r["unseen_steps"]
+        pols = {n: p["imbalance_steps"] for n, p in r["policies"].items()}
+        if "oracle" in r:
+            pols["oracle"] = r["oracle"]["imbalance_steps"]
+        for n, xs in pols.items():
+            top = sorted(range(len(xs)), key=lambda i: -xs[i])[:2]
+            worst = ", ".join(f"{i}{'*' if u[i] else ''} {xs[i]:.3f}" for i in top)
+            settled = [x for x, f in zip(xs, u) if not f]
+            out.append(f"| {r['stream']} | {r['ep']} | {len(u)} ({sum(u)}: "
+                       f"{', '.join(str(i) for i, f in enumerate(u) if f)}) | {n} | {worst} | "
+                       f"{float(np.percentile(xs, 95)):.3f} | "
+                       f"{float(np.percentile(settled, 95)) if settled else float('nan'):.3f} |")
+    return out + [""]
+
+
 def tables(results: list[dict]) -> str:
     """The page body (`scripts/make_results.py`): one table per case, its verdicts below."""
     lines = ["Each case: the policies side by side on one drift stream (`sempar replay`); LAR = "
@@ -266,7 +298,7 @@ def tables(results: list[dict]) -> str:
              "where sempar-incremental's switch test fired, `drift.events`); fallbacks = "
              "rebalances where the plug-in returned "
              "the engine's own result; update s = mean wall seconds of one update (a loaded "
-             "machine: not a figure of the method).", ""] + summary(results)
+             "machine: not a figure of the method).", ""] + summary(results) + p95_sources(results)
     for r in results:
         lines += [f"## {r['suite']}: {r['stream']} ({r['model']}), EP {r['ep']}, R {r['redundant']}, "
                   f"dispatch {r['dispatch']}"

@@ -58,8 +58,10 @@ class ReplayConfig:
     dispatch: str = DEFAULT_DISPATCH    # which copy of a replicated expert serves a token
     replicas: ReplicaPass = field(default_factory=ReplicaPass)   # sempar-incremental's slots
     events: Events = field(default_factory=Events)   # sempar-incremental's switch test
-    split_bound: bool = True            # sempar-incremental under a balancing dispatch: its
-                                        # bound on the load the dispatch serves (False: nearest)
+    split_bound: bool = False           # sempar-incremental under a balancing dispatch: its
+                                        # bound on the load the dispatch serves (True) or on the
+                                        # nearest copy's (False: stricter, and it leaves the
+                                        # replicas as headroom for traffic not seen yet)
                                         # (Events(enabled=False): step updates only, as before)
     engine: str = "vllm"                # sempar-engine: the balancer it is plugged into
     passes_per_step: int = 1000         # forward passes one replay step stands for
