@@ -17,8 +17,8 @@ Suites (`--suites`):
   `sempar-incremental` (with its switch test: updates inside a step as soon as the served
   requests show a new mix, `sempar.drift.events`), `resolve` and `eplb-periodic` with the same
   slots and dispatch, every step. Targets: incremental imbalance p95 <= 1.10 and LAR >= 0.95 x
-  resolve's; against eplb-periodic higher LAR and imbalance p95 no higher. Beside them the ceiling: `oracle`, EPLB
-  solved on each step's own requests (the traffic no past-only policy has seen) with the same
+  resolve's; against eplb-periodic higher LAR and imbalance p95 no higher. Beside them the
+  ceiling: `oracle`, EPLB solved on each step's own requests (the traffic no past-only policy has seen) with the same
   slots and dispatch; and per policy the p95 over the settled steps (`bench_drift.unseen_steps`:
   the steps whose main domain held under half of the window before them left out).
 
@@ -214,6 +214,11 @@ def _row(n: str, p: dict) -> str:
             f"{p['updates']}{events} | {len(p.get('fallbacks', []))} | {p['solve_s_mean']:.2f} |")
 
 
+def _run_note(r: dict) -> str:
+    """" (NOTE)" where a case carries a `run_note` (a case kept from an earlier run)."""
+    return f" ({r['run_note']})" if r.get("run_note") else ""
+
+
 def _mean_max(p: dict) -> str:
     """Imbalance mean / worst step ("-" where a case did not keep it)."""
     return " / ".join("-" if p.get(k) is None else f"{p[k]:.3f}"
@@ -243,8 +248,8 @@ def summary(results: list[dict]) -> list[str]:
                 if "oracle" in r else "-")
         ok = [k for k, x in v.items() if isinstance(x, bool) and x]
         no = [k for k, x in v.items() if isinstance(x, bool) and not x]
-        out.append(f"| {r['suite']} | {r['stream']} | {r['ep']} | {r['redundant']} | "
-                   f"{r['dispatch']} | {ours} | {them} | {ratio:.3f}"
+        out.append(f"| {r['suite']} | {r['stream']}{_run_note(r)} | {r['ep']} | "
+                   f"{r['redundant']} | {r['dispatch']} | {ours} | {them} | {ratio:.3f}"
                    f"{'' if r['suite'] == 'engines' else ' (vs resolve)'} | "
                    f"{p[ours]['imbalance_p95']:.3f} / {p[them]['imbalance_p95']:.3f} | "
                    f"{_mean_max(p[ours])}, {_mean_max(p[them])} | {settled} | {ceil} | "
@@ -277,7 +282,7 @@ def p95_sources(results: list[dict]) -> list[str]:
             top = sorted(range(len(xs)), key=lambda i: -xs[i])[:2]
             worst = ", ".join(f"{i}{'*' if u[i] else ''} {xs[i]:.3f}" for i in top)
             settled = [x for x, f in zip(xs, u) if not f]
-            out.append(f"| {r['stream']} | {r['ep']} | {len(u)} ({sum(u)}: "
+            out.append(f"| {r['stream']}{_run_note(r)} | {r['ep']} | {len(u)} ({sum(u)}: "
                        f"{', '.join(str(i) for i, f in enumerate(u) if f)}) | {n} | {worst} | "
                        f"{float(np.percentile(xs, 95)):.3f} | "
                        f"{float(np.percentile(settled, 95)) if settled else float('nan'):.3f} |")
@@ -300,7 +305,8 @@ def tables(results: list[dict]) -> str:
              "the engine's own result; update s = mean wall seconds of one update (a loaded "
              "machine: not a figure of the method).", ""] + summary(results) + p95_sources(results)
     for r in results:
-        lines += [f"## {r['suite']}: {r['stream']} ({r['model']}), EP {r['ep']}, R {r['redundant']}, "
+        lines += [f"## {r['suite']}: {r['stream']}{_run_note(r)} ({r['model']}), EP {r['ep']}, "
+                  f"R {r['redundant']}, "
                   f"dispatch {r['dispatch']}"
                   + (f", {r['engine']} cadence" if r["suite"] == "engines" else ""), "",
                   f"{r.get('requests', '?')} requests, {r.get('steps', '?')} steps of "

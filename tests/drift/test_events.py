@@ -111,3 +111,32 @@ def test_rebalance_bound_after_dispatch_sees_what_a_replica_buys():
     split = rebalance(p, ex, RebalanceConfig(max_imbalance=1.05, max_moves=4, split=True))[1]
     assert max(near.imbalance_before) > 1.05                      # 0 served near its home
     assert max(split.imbalance_before) < 1.05                     # split over its copies
+
+
+@pytest.mark.slow
+def test_replay_updates_inside_the_step_of_a_switch_and_counts_its_copies(tasks):
+    """intent -> law inside a step: sempar-incremental updates there (an event), its copies
+    counted in that step; with the switch test off it updates before steps only."""
+    from dataclasses import replace
+
+    from sempar.drift.config import ReplayConfig
+    from sempar.drift.costs import expert_bytes
+    from sempar.drift.replay import replay
+    from sempar.solve_options import SolveOptions
+
+    stream, dom, _ = tasks
+    _, _, rows, starts = request_table(stream)
+    law = int(np.flatnonzero(dom == dom[-20])[0])
+    part = stream.take(rows[starts[law - 40]:starts[law + 20]])          # switch at request 40
+    cfg = ReplayConfig.for_model(stream.meta.model, 4, solve=SolveOptions(jobs=1, redundant=4),
+                                 rebalance=dict(max_moves=8), every=16, window=16,
+                                 max_steps=3, dispatch="lp-cap",
+                                 events=Events(max_moves=16, replica_moves=2))
+    on = replay(part, ["sempar-incremental"], cfg)["policies"]["sempar-incremental"]
+    off = replay(part, ["sempar-incremental"], replace(cfg, events=Events(enabled=False))
+                 )["policies"]["sempar-incremental"]
+    assert off["events"] == 0 and on["events"] >= 1
+    step = [s for s in on["steps"] if s["events"]][0]
+    assert step["first_request"] <= 40 < step["first_request"] + step["requests"]
+    assert step["migrated_bytes"] == step["migrated_experts"] * expert_bytes(stream.meta.model)
+    assert step["migrated_experts"] > [s for s in off["steps"]][step["step"]]["migrated_experts"]
