@@ -130,6 +130,18 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
     return out
 
 
+def borrow_resolve(r: dict, earlier: list[dict], note: str) -> None:
+    """`resolve`'s summary from the earlier case of the same stream and EP (`--resolve-from`),
+    the case labelled (`run_note`) and its verdicts recomputed; unchanged where none matches."""
+    for e in earlier:
+        if (e.get("suite"), e["stream"], e["ep"]) == ("replicas", r["stream"], r["ep"]) \
+                and "resolve" in e["policies"]:
+            r["policies"]["resolve"] = e["policies"]["resolve"]
+            r["run_note"] = note
+            r["verdicts"] = replica_verdicts(r)
+            return
+
+
 def engine_verdicts(r: dict) -> dict:
     """Issue 43's targets: sempar-engine against the engine whose cadence it runs at."""
     p = r["policies"]
@@ -175,7 +187,8 @@ def cases(a) -> list[tuple]:
         if "replicas" in a.suites:
             for ep in (int(x) for x in a.eps.split(",")):
                 out.append((name, "replicas", ep, ep, a.replica_dispatch, "vllm",
-                            REPLICA_POLICIES))
+                            [n for n in REPLICA_POLICIES
+                             if not (a.resolve_from and n == "resolve")]))
     return out
 
 
@@ -190,10 +203,18 @@ def main() -> None:
     ap.add_argument("--max-moves", type=int, default=32)
     ap.add_argument("--json", type=Path, required=True, help="write the cases here (after each)")
     ap.add_argument("--append", action="store_true", help="add to the cases --json holds")
+    ap.add_argument("--resolve-from", type=Path, default=None,
+                    help="replicas suite: take `resolve` (the costly full re-solve per step) from "
+                         "this earlier JSON's case of the same stream and EP instead of running "
+                         "it; the case is labelled with --resolve-note")
+    ap.add_argument("--resolve-note", default="resolve from an earlier run")
     a = ap.parse_args()
+    earlier = json.loads(a.resolve_from.read_text()) if a.resolve_from else []
     results = json.loads(a.json.read_text()) if a.append and a.json.exists() else []
     for c in cases(a):
         r = run_case(*c, max_steps=a.max_steps, max_moves=a.max_moves)
+        if a.resolve_from and r["suite"] == "replicas":
+            borrow_resolve(r, earlier, a.resolve_note)
         results.append(r)
         for n, p in r["policies"].items():
             print(f"{r['suite']:8s} {r['stream']:12s} EP {r['ep']} R {r['redundant']} "
