@@ -14,10 +14,11 @@ Suites (`--suites`):
   p95 <= theirs + 0.02, migrated bytes <= theirs.
 - `replicas` (issue 45, item 3): EP 4 and 8, R = G, dispatch `--replica-dispatch` (default
   `lp-cap`, the per-batch LP over every copy; `locality-first` was the first measurement):
-  `sempar-incremental`, `resolve` and `eplb-periodic` with the same slots and dispatch, every
-  step. Targets: incremental imbalance p95 <= 1.10 and LAR >= 0.95 x resolve's; against
-  eplb-periodic higher LAR and imbalance p95 no higher. Beside them the ceiling: `oracle`, EPLB
-  solved on each step's own requests (the traffic no past-only policy has seen) with the same
+  `sempar-incremental` (with its switch test: updates inside a step as soon as the served
+  requests show a new mix, `sempar.drift.events`), `resolve` and `eplb-periodic` with the same
+  slots and dispatch, every step. Targets: incremental imbalance p95 <= 1.10 and LAR >= 0.95 x
+  resolve's; against eplb-periodic higher LAR and imbalance p95 no higher. Beside them the
+  ceiling: `oracle`, EPLB solved on each step's own requests (the traffic no past-only policy has seen) with the same
   slots and dispatch; and per policy the p95 over the settled steps (`bench_drift.unseen_steps`:
   the steps whose main domain held under half of the window before them left out).
 
@@ -36,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import numpy as np  # noqa: E402
 from bench_drift import STREAMS  # noqa: E402
 
 ENGINE_POLICIES = ["sempar-engine", "vllm-eplb", "sglang-eplb"]
@@ -128,6 +130,18 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
     return out
 
 
+def borrow_resolve(r: dict, earlier: list[dict], note: str) -> None:
+    """`resolve`'s summary from the earlier case of the same stream and EP (`--resolve-from`),
+    the case labelled (`run_note`) and its verdicts recomputed; unchanged where none matches."""
+    for e in earlier:
+        if (e.get("suite"), e["stream"], e["ep"]) == ("replicas", r["stream"], r["ep"]) \
+                and "resolve" in e["policies"]:
+            r["policies"]["resolve"] = e["policies"]["resolve"]
+            r["run_note"] = note
+            r["verdicts"] = replica_verdicts(r)
+            return
+
+
 def engine_verdicts(r: dict) -> dict:
     """Issue 43's targets: sempar-engine against the engine whose cadence it runs at."""
     p = r["policies"]
@@ -173,7 +187,8 @@ def cases(a) -> list[tuple]:
         if "replicas" in a.suites:
             for ep in (int(x) for x in a.eps.split(",")):
                 out.append((name, "replicas", ep, ep, a.replica_dispatch, "vllm",
-                            REPLICA_POLICIES))
+                            [n for n in REPLICA_POLICIES
+                             if not (a.resolve_from and n == "resolve")]))
     return out
 
 
@@ -188,10 +203,18 @@ def main() -> None:
     ap.add_argument("--max-moves", type=int, default=32)
     ap.add_argument("--json", type=Path, required=True, help="write the cases here (after each)")
     ap.add_argument("--append", action="store_true", help="add to the cases --json holds")
+    ap.add_argument("--resolve-from", type=Path, default=None,
+                    help="replicas suite: take `resolve` (the costly full re-solve per step) from "
+                         "this earlier JSON's case of the same stream and EP instead of running "
+                         "it; the case is labelled with --resolve-note")
+    ap.add_argument("--resolve-note", default="resolve from an earlier run")
     a = ap.parse_args()
+    earlier = json.loads(a.resolve_from.read_text()) if a.resolve_from else []
     results = json.loads(a.json.read_text()) if a.append and a.json.exists() else []
     for c in cases(a):
         r = run_case(*c, max_steps=a.max_steps, max_moves=a.max_moves)
+        if a.resolve_from and r["suite"] == "replicas":
+            borrow_resolve(r, earlier, a.resolve_note)
         results.append(r)
         for n, p in r["policies"].items():
             print(f"{r['suite']:8s} {r['stream']:12s} EP {r['ep']} R {r['redundant']} "
@@ -205,10 +228,16 @@ def main() -> None:
 
 
 def _row(n: str, p: dict) -> str:
+    events = f" + {p['events']} events" if p.get("events") else ""   # updates inside steps
     return (f"| {n} | {p['lar_mean']:.4f} | {p['imbalance_p95']:.3f} | "
             f"{p['imbalance_layer_p95']:.3f} | {p['migrated_bytes'] / 1e9:.1f} | "
             f"{p['migrated_bytes_per_step'] / 1e9:.2f} | {p['moves_per_step']:.1f} | "
-            f"{p['updates']} | {len(p.get('fallbacks', []))} | {p['solve_s_mean']:.2f} |")
+            f"{p['updates']}{events} | {len(p.get('fallbacks', []))} | {p['solve_s_mean']:.2f} |")
+
+
+def _run_note(r: dict) -> str:
+    """" (NOTE)" where a case carries a `run_note` (a case kept from an earlier run)."""
+    return f" ({r['run_note']})" if r.get("run_note") else ""
 
 
 def _mean_max(p: dict) -> str:
@@ -240,13 +269,44 @@ def summary(results: list[dict]) -> list[str]:
                 if "oracle" in r else "-")
         ok = [k for k, x in v.items() if isinstance(x, bool) and x]
         no = [k for k, x in v.items() if isinstance(x, bool) and not x]
-        out.append(f"| {r['suite']} | {r['stream']} | {r['ep']} | {r['redundant']} | "
-                   f"{r['dispatch']} | {ours} | {them} | {ratio:.3f}"
+        out.append(f"| {r['suite']} | {r['stream']}{_run_note(r)} | {r['ep']} | "
+                   f"{r['redundant']} | {r['dispatch']} | {ours} | {them} | {ratio:.3f}"
                    f"{'' if r['suite'] == 'engines' else ' (vs resolve)'} | "
                    f"{p[ours]['imbalance_p95']:.3f} / {p[them]['imbalance_p95']:.3f} | "
                    f"{_mean_max(p[ours])}, {_mean_max(p[them])} | {settled} | {ceil} | "
                    f"{p[ours]['migrated_bytes'] / 1e9:.1f} / {p[them]['migrated_bytes'] / 1e9:.1f} | "
                    f"met: {', '.join(ok) or '-'}; missed: {', '.join(no) or '-'} |")
+    return out + [""]
+
+
+def p95_sources(results: list[dict]) -> list[str]:
+    """Where each replicas case's imbalance p95 comes from: steps, steps after a switch to
+    unseen traffic, the two worst steps (np.percentile interpolates between them: with 8-10
+    steps p95 = worst2 + 0.55-0.65 x (worst - worst2)), p95 over all and over settled steps."""
+    rows = [r for r in results if r["suite"] == "replicas" and "unseen_steps" in r]
+    if not rows:
+        return []
+    out = ["## Where the imbalance p95 comes from", "",
+           "Per case and policy: the two worst steps (* after a switch to traffic the window did "
+           "not hold), the p95 over every step and over the settled ones. With n steps "
+           "np.percentile puts p95 at 0.95 (n - 1) of the sorted steps: between the two worst "
+           "(0.55 of the way to the worst at 10 steps, 0.65 at 8), so one or two steps decide "
+           "it.", "",
+           "| stream | EP | steps (after a switch) | policy | worst two steps | p95 all | "
+           "p95 settled |", "| --- | ---: | --- | --- | --- | ---: | ---: |"]
+    for r in rows:
+        u = r["unseen_steps"]
+        pols = {n: p["imbalance_steps"] for n, p in r["policies"].items()}
+        if "oracle" in r:
+            pols["oracle"] = r["oracle"]["imbalance_steps"]
+        for n, xs in pols.items():
+            top = sorted(range(len(xs)), key=lambda i: -xs[i])[:2]
+            worst = ", ".join(f"{i}{'*' if u[i] else ''} {xs[i]:.3f}" for i in top)
+            settled = [x for x, f in zip(xs, u) if not f]
+            out.append(f"| {r['stream']}{_run_note(r)} | {r['ep']} | {len(u)} ({sum(u)}: "
+                       f"{', '.join(str(i) for i, f in enumerate(u) if f)}) | {n} | {worst} | "
+                       f"{float(np.percentile(xs, 95)):.3f} | "
+                       f"{float(np.percentile(settled, 95)) if settled else float('nan'):.3f} |")
     return out + [""]
 
 
@@ -260,11 +320,14 @@ def tables(results: list[dict]) -> str:
              "the mean over steps and the worst step beside it, where a case kept it); layer p95 "
              "over every step and layer; migrated = expert copies x the "
              "model's expert bytes (total, and mean per step); copies/step = expert copies per "
-             "step; updates = rebalances run; fallbacks = rebalances where the plug-in returned "
+             "step; updates = rebalances run before a step (+ events: updates inside a step "
+             "where sempar-incremental's switch test fired, `drift.events`); fallbacks = "
+             "rebalances where the plug-in returned "
              "the engine's own result; update s = mean wall seconds of one update (a loaded "
-             "machine: not a figure of the method).", ""] + summary(results)
+             "machine: not a figure of the method).", ""] + summary(results) + p95_sources(results)
     for r in results:
-        lines += [f"## {r['suite']}: {r['stream']} ({r['model']}), EP {r['ep']}, R {r['redundant']}, "
+        lines += [f"## {r['suite']}: {r['stream']}{_run_note(r)} ({r['model']}), EP {r['ep']}, "
+                  f"R {r['redundant']}, "
                   f"dispatch {r['dispatch']}"
                   + (f", {r['engine']} cadence" if r["suite"] == "engines" else ""), "",
                   f"{r.get('requests', '?')} requests, {r.get('steps', '?')} steps of "

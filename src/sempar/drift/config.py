@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from sempar.drift.costs import MOVES_MAX
+from sempar.drift.events import Events
 from sempar.drift.history import History
 from sempar.errors import InputError
 from sempar.placement.dispatch import DEFAULT_DISPATCH
@@ -42,7 +43,8 @@ def rebalance_config(model: str, *, expert_bytes: float | None = None,
 class ReplayConfig:
     """The replay's knobs (`drift.replay`): EP degree, step and window in requests, the full
     solves' options (their `redundant` is the replica slots R every policy gets), the
-    incremental step's config and history, the dispatch rule among copies, and the engine
+    incremental step's config, history and switch test (`drift.events`), the dispatch rule
+    among copies, and the engine
     cadence (`drift.engines`): the balancer `sempar-engine` runs in (`engine`) and the forward
     passes one step of `every` requests stands for (`passes_per_step`)."""
 
@@ -55,6 +57,12 @@ class ReplayConfig:
     history: History = field(default_factory=History)   # sempar-incremental's load history
     dispatch: str = DEFAULT_DISPATCH    # which copy of a replicated expert serves a token
     replicas: ReplicaPass = field(default_factory=ReplicaPass)   # sempar-incremental's slots
+    events: Events = field(default_factory=Events)   # sempar-incremental's switch test
+    split_bound: bool = False           # sempar-incremental under a balancing dispatch: its
+                                        # bound on the load the dispatch serves (True) or on the
+                                        # nearest copy's (False: stricter, and it leaves the
+                                        # replicas as headroom for traffic not seen yet)
+                                        # (Events(enabled=False): step updates only, as before)
     engine: str = "vllm"                # sempar-engine: the balancer it is plugged into
     passes_per_step: int = 1000         # forward passes one replay step stands for
 

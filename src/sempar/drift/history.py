@@ -43,26 +43,33 @@ class History:
         return window * (1 + self.windows)
 
 
-def history_rows(trace: RoutingTrace, window: int, history: History
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def history_rows(trace: RoutingTrace, window: int, history: History,
+                 regime: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(weight float64[T], age int64[T]) of each row: its request's age in whole windows of
     requests before the trace's last request (0: the last window; the trace's requests in
-    arrival order) and `decay ** age`."""
+    arrival order) and `decay ** age`. `regime`: the last `regime` requests are window 0 (a
+    switch `drift.events` detected: the new mix is its own scenario), the windows before them
+    counted back from its first request."""
     _, _, rows, starts = request_table(trace)
     R = starts.size - 1
-    age_r = (R - 1 - np.arange(R)) // max(window, 1)                     # [R] in windows
+    if regime is not None and 0 < regime < R:
+        pre = R - regime
+        age_r = np.where(np.arange(R) >= pre, 0, 1 + (pre - 1 - np.arange(R)) // max(window, 1))
+    else:
+        age_r = (R - 1 - np.arange(R)) // max(window, 1)                 # [R] in windows
     age = np.empty(trace.num_tokens, np.int64)
     age[rows] = np.repeat(age_r, np.diff(starts))
     return history.decay ** age.astype(np.float64), age
 
 
-def history_sample(trace: RoutingTrace, window: int, history: History
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def history_sample(trace: RoutingTrace, window: int, history: History,
+                   regime: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(rows int64[n], weight float64[n], age int64[n]): the rows the incremental step fits,
     per window at most `rows` (the last) / `older_rows` (the others) evenly spaced rows (in
     arrival order, so every request keeps its share), each weighed `decay ** age` x the
-    window's rows per kept row (the window's total weight is kept)."""
-    w, age = history_rows(trace, window, history)
+    window's rows per kept row (the window's total weight is kept); `regime` as
+    `history_rows`."""
+    w, age = history_rows(trace, window, history, regime)
     keep, weight = [], []
     for a in np.unique(age):
         idx = np.flatnonzero(age == a)
@@ -75,12 +82,13 @@ def history_sample(trace: RoutingTrace, window: int, history: History
     return rows[order], np.concatenate(weight)[order], age[rows[order]]
 
 
-def window_loads(trace: RoutingTrace, window: int, history: History
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def window_loads(trace: RoutingTrace, window: int, history: History,
+                 regime: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(loads float64[L, H, N], ages int64[H]): each layer's expert activations in each window
     of the history (`history_rows`' ages, those present, youngest first), unweighted: the
-    scenarios a replica layout is checked on one by one (`placement.dispatch_peak`)."""
-    _, age = history_rows(trace, window, history)
+    scenarios a replica layout is checked on one by one (`placement.dispatch_peak`); `regime`
+    as `history_rows`."""
+    _, age = history_rows(trace, window, history, regime)
     T, L, k = trace.experts.shape
     N = trace.meta.num_experts
     ages = np.unique(age)

@@ -19,7 +19,10 @@ update it from the last `--window` requests:
   over the history's windows, of the least peak that dispatch can serve (rebalance's bound
   counts the nearest copy only, so it cannot see what a replica buys). The only policy that
   keeps a history:
-  the others see the last `window` requests, as the engines' EPLB sees its recorder's window;
+  the others see the last `window` requests, as the engines' EPLB sees its recorder's window.
+  With `ReplayConfig.events` (the default; `Events(enabled=False)` gives the step updates
+  alone) it also updates inside a step, as soon as the switch test of `drift.events` finds the
+  mix changed in the requests served so far, fitting the new mix as its own window;
 - `vllm-eplb`, `sglang-eplb`: each engine's default EPLB policy through the engine's own code,
   at the engine's cadence (`drift.engines`: window, interval, replicas, the old map), its map
   served as the engine returns it (no alignment: the engine copies what changed);
@@ -33,7 +36,7 @@ same dispatch among copies (`--dispatch`, `placement.dispatch`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -42,7 +45,7 @@ from sempar.drift import engines
 from sempar.drift.config import ReplayConfig
 from sempar.drift.history import history_sample, window_loads
 from sempar.placement.dispatch import DISPATCH
-from sempar.placement.dispatch_peak import MAX_DEVICES, replica_pass
+from sempar.placement.dispatch_peak import replica_pass
 from sempar.placement.migration import align_devices
 from sempar.placement.placement import Placement
 from sempar.placement.rebalance import rebalance
@@ -57,7 +60,8 @@ class ReplayPolicy:
     """start: "sempar" or "eplb" (the first window's solve); update: (current placement,
     window trace, config) -> next placement, or None (never updates). Capabilities: full_layout
     (each update re-lays every layer), locality (optimises exact-home LAR), budgeted (bounded
-    moves per update), history (sees `ReplayConfig.history` beyond the window), help;
+    moves per update), history (sees `ReplayConfig.history` beyond the window), events (updates
+    inside a step where `drift.events`' switch test fires; update takes `regime=`), help;
     cadence: None (updates before every step from `--window` requests), an engine's name (its
     `engines.CADENCES` entry) or "host" (`ReplayConfig.engine`'s); unavailable: () -> the one-line
     reason it cannot run here (an engine not installed), or None."""
@@ -69,6 +73,7 @@ class ReplayPolicy:
     budgeted: bool
     help: str
     history: bool = False
+    events: bool = False
     cadence: str | None = None
     unavailable: Callable[[], str | None] | None = None
 
@@ -97,20 +102,27 @@ def _eplb(current: Placement, window: RoutingTrace, cfg: ReplayConfig) -> Placem
     return align_devices(current, solve_window("eplb", window, cfg))
 
 
-def _incremental(current: Placement, seen: RoutingTrace, cfg: ReplayConfig) -> Placement:
+def _incremental(current: Placement, seen: RoutingTrace, cfg: ReplayConfig,
+                 regime: int | None = None) -> Placement:
+    """rebalance on the history's windows, then the replica pass. `regime` (`drift.events`):
+    the last `regime` requests of `seen` are a new mix the switch test found, younger than a
+    window: they are window 0, bound at the window's cap, the windows before them at the cap
+    + `Events.old_slack` (the old mix still counts, less)."""
     h = cfg.history
-    keep, w, age = history_sample(seen, cfg.window, h)
-    caps = cfg.rebalance.max_imbalance + h.slack * (np.arange(h.windows + 1) > 0)
-    nxt = rebalance(current, seen.experts[keep], cfg.rebalance, w,
-                    age if h.robust else None, caps)[0]
-    if nxt.redundant == 0 or cfg.replicas.max_moves == 0 or nxt.num_devices > MAX_DEVICES \
-            or not DISPATCH.get(cfg.dispatch).balances:
+    young = regime is not None and cfg.events.enabled
+    keep, w, age = history_sample(seen, cfg.window, h, regime if young else None)
+    slack = cfg.events.old_slack if young else h.slack
+    caps = cfg.rebalance.max_imbalance + slack * (np.arange(int(age.max()) + 1) > 0)
+    balances = DISPATCH.get(cfg.dispatch).balances
+    rb = replace(cfg.rebalance, split=True) if balances and cfg.split_bound else cfg.rebalance
+    nxt = rebalance(current, seen.experts[keep], rb, w, age if h.robust else None, caps)[0]
+    if nxt.redundant == 0 or cfg.replicas.max_moves == 0 or not balances:
         return nxt
     # the replica slots, for the peak the balancing dispatch serves on every window of the
     # history (`placement.dispatch_peak`): rebalance's bound counts the nearest copy only
-    loads, ages = window_loads(seen, cfg.window, h)
-    phy, moved = replica_pass(nxt.phy2log, nxt.num_devices, loads, caps[np.minimum(ages, h.windows)],
-                              cfg.replicas)
+    loads, ages = window_loads(seen, cfg.window, h, regime if young else None)
+    phy, moved = replica_pass(nxt.phy2log, nxt.num_devices, loads,
+                              caps[np.minimum(ages, caps.size - 1)], cfg.replicas)
     if moved:
         nxt = Placement(phy, nxt.num_experts, nxt.num_devices, nxt.node_of.copy(), nxt.method,
                         {**nxt.info, "replica_pass": moved}).validate()
@@ -149,7 +161,8 @@ POLICIES.add("eplb-periodic", ReplayPolicy("eplb", _eplb, True, False, False,
                                            "DeepSeek EPLB on every window's loads (the engines')"))
 POLICIES.add("sempar-incremental", ReplayPolicy("sempar", _incremental, False, True, True,
                                                 "sempar rebalance on every window and its "
-                                                "load history", history=True))
+                                                "load history, and at once on a switch of "
+                                                "the mix", history=True, events=True))
 POLICIES.add("vllm-eplb", ReplayPolicy("eplb", _vllm, True, False, False,
                                        "vLLM's default EPLB policy, through vLLM's code, at its "
                                        "cadence", cadence="vllm",

@@ -28,12 +28,13 @@ refused with its one-line reason before anything runs.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import numpy as np
 
 from sempar.drift import engines
+from sempar.drift.events import detect, request_histograms
 from sempar.drift.policies import POLICIES, ReplayConfig, ReplayPolicy, solve_window
 from sempar.drift.streams import request_table
 from sempar.errors import InputError
@@ -57,20 +58,31 @@ class StepFigures:
     migrated_bytes: float
     solve_s: float
     updated: bool = False
+    events: int = 0                   # updates inside the step (`drift.events`)
+
+
+def serve_loads(p: Placement, experts: np.ndarray, batch: int, dispatch: str = "nearest",
+                seed: int = 0, offset: int = 0) -> tuple[int, np.ndarray]:
+    """(activations served on their exact home device, served load float64[L, G]) of `p`
+    serving rows experts int[T, L, k] in batches of `batch` rows (row i in batch
+    (offset + i) // batch: a step served in parts keeps the step's batches), each activation
+    served by the copy `dispatch` chooses."""
+    home = oracle_home(p, experts, batch)
+    T, L, _ = experts.shape
+    served = dispatch_all(p, experts, home, dispatch, (offset + np.arange(T)) // max(batch, 1),
+                          seed)
+    G = p.num_devices
+    key = np.arange(L)[None, :, None] * G + served
+    load = np.bincount(key.ravel(), minlength=L * G).reshape(L, G).astype(float)
+    return int((served == home[:, :, None]).sum()), load
 
 
 def serve_figures(p: Placement, experts: np.ndarray, batch: int, dispatch: str = "nearest",
                   seed: int = 0) -> tuple[float, np.ndarray]:
     """(exact-home LAR, per-layer imbalance float[L]) of `p` serving rows experts int[T, L, k]
     in batches of `batch` rows, each activation served by the copy `dispatch` chooses."""
-    home = oracle_home(p, experts, batch)
-    T, L, _ = experts.shape
-    served = dispatch_all(p, experts, home, dispatch, np.arange(T) // max(batch, 1), seed)
-    lar = float((served == home[:, :, None]).mean())
-    G = p.num_devices
-    key = np.arange(L)[None, :, None] * G + served
-    load = np.bincount(key.ravel(), minlength=L * G).reshape(L, G).astype(float)
-    return lar, load.max(axis=1) / np.maximum(load.mean(axis=1), 1e-12)
+    local, load = serve_loads(p, experts, batch, dispatch, seed)
+    return local / max(experts.size, 1), load.max(axis=1) / np.maximum(load.mean(axis=1), 1e-12)
 
 
 def check_policies(names: list[str]) -> list[ReplayPolicy]:
@@ -96,6 +108,37 @@ def _update_window(pol: ReplayPolicy, cfg: ReplayConfig, step: int) -> int | Non
     return engines.window_requests(cad, cfg.every, cfg.passes_per_step)
 
 
+class _EventState:
+    """The switch test's state over one policy's replay (`drift.events`): the request after the
+    layout's last update (`last`), the start of the young regime (`start`, None when there is
+    none or it is a window old), and the event update's config (`cfg`: the event budget)."""
+
+    def __init__(self, cfg: ReplayConfig, first: int):
+        e = cfg.events
+        self.window, self.e, self.last, self.start = cfg.window, e, first, None
+        self.pre = cfg.window * cfg.history.windows        # requests seen before a regime
+        self.rng = np.random.default_rng(e.seed)
+        self.cfg = cfg.with_(rebalance=replace(cfg.rebalance, max_moves=e.max_moves),
+                             replicas=replace(cfg.replicas, max_moves=e.replica_moves))
+
+    def regime(self, a: int) -> int | None:
+        """Requests of the young regime before request a, or None (none, or a window old)."""
+        if self.start is not None and a - self.start >= self.window:
+            self.start = None
+        return None if self.start is None else a - self.start
+
+    def check(self, hist: np.ndarray, r: int) -> bool:
+        """After serving request r: whether to update now (a switch found, or the young regime
+        reached 2, 4, 8, ... requests); sets `start`."""
+        n = self.regime(r + 1)
+        if n is not None and self.e.regrow and n > 1 and n & (n - 1) == 0 and r + 1 > self.last:
+            return True
+        c = detect(hist, r, r + 1 - self.last, self.window, self.e, self.rng)
+        if c:
+            self.start = r - c + 1
+        return bool(c)
+
+
 def summary(steps: list[StepFigures], layer_imb: list[np.ndarray]) -> dict:
     upd = [s.solve_s for s in steps if s.updated]
     return {"lar_mean": float(np.mean([s.lar for s in steps])),
@@ -108,6 +151,7 @@ def summary(steps: list[StepFigures], layer_imb: list[np.ndarray]) -> dict:
             "moves_per_step": float(np.mean([s.migrated_experts for s in steps])),
             "solve_s_mean": float(np.mean(upd)) if upd else 0.0,
             "solve_s_max": float(np.max(upd)) if upd else 0.0,
+            "events": int(sum(s.events for s in steps)),
             "steps": [asdict(s) for s in steps]}
 
 
@@ -135,28 +179,58 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
                     sorted({POLICIES.get(n).start for n in policies})}
     start_s = time.perf_counter() - t0
     out: dict = {"policies": {}}
+    hist = None
     for name in policies:
         pol = POLICIES.get(name)
         p = starts_cache[pol.start]
         steps, layer_imb, fallbacks = [], [], []
+        ev = _EventState(cfg, bounds[0]) if pol.events and cfg.events.enabled else None
+        if ev is not None and hist is None:
+            hist = request_histograms(stream)
         for s, a in enumerate(bounds):
             b = min(a + cfg.every, R)
-            moved, dt = 0, 0.0
-            span = _update_window(pol, cfg, s)
-            if span is not None:
+            moved, dt, n_events = 0, 0.0, 0
+
+            def update(lo: int, hi: int, regime: int | None) -> None:
+                nonlocal p, moved, dt
                 t0 = time.perf_counter()
-                nxt = pol.update(p, part(max(0, a - span), a), cfg)
-                dt = time.perf_counter() - t0
-                moved = int(copied_experts(p, nxt).sum())
+                if regime is None:
+                    nxt = pol.update(p, part(max(0, lo), hi), cfg)
+                else:                # a young regime (`drift.events`): the event budget
+                    nxt = pol.update(p, part(max(0, lo), hi), ev.cfg, regime=regime)
+                dt += time.perf_counter() - t0
+                moved += int(copied_experts(p, nxt).sum())
                 if nxt.info.get("fallback"):         # the plug-in gave the engine's result
                     fallbacks.append(f"step {s}: {nxt.info['fallback']}")
                 p = nxt
-            served = part(a, b)
-            lar, imb = serve_figures(p, served.experts, cfg.rebalance.batch, cfg.dispatch,
-                                     cfg.solve.seed)
-            fig = StepFigures(s, a, b - a, served.num_tokens, lar, float(imb.mean()),
-                              float(imb.max()), moved, moved * cfg.rebalance.expert_bytes, dt,
-                              span is not None)
+
+            span = _update_window(pol, cfg, s)
+            if span is not None:
+                regime = ev.regime(a) if ev is not None else None
+                update(a - span if regime is None else a - regime - ev.pre, a, regime)
+                if ev is not None:
+                    ev.last = a
+            # serve the step; with the switch test, in parts split where it updated
+            local, load, pos = 0, None, a
+            for r in range(a, b) if ev is not None else ():
+                if not ev.check(hist, r) or r + 1 >= b:
+                    continue
+                part_rows = part(pos, r + 1)
+                x, y = serve_loads(p, part_rows.experts, cfg.rebalance.batch, cfg.dispatch,
+                                   cfg.solve.seed, starts[pos] - starts[a])
+                local, load = local + x, y if load is None else load + y
+                update(ev.start - ev.pre, r + 1, r + 1 - ev.start)
+                ev.last, pos, n_events = r + 1, r + 1, n_events + 1
+            served = part(pos, b)
+            x, y = serve_loads(p, served.experts, cfg.rebalance.batch, cfg.dispatch,
+                               cfg.solve.seed, starts[pos] - starts[a])
+            local, load = local + x, y if load is None else load + y
+            acts = (starts[b] - starts[a]) * stream.experts.shape[1] * stream.experts.shape[2]
+            imb = load.max(axis=1) / np.maximum(load.mean(axis=1), 1e-12)
+            fig = StepFigures(s, a, b - a, int(starts[b] - starts[a]), local / max(acts, 1),
+                              float(imb.mean()), float(imb.max()), moved,
+                              moved * cfg.rebalance.expert_bytes, dt, span is not None,
+                              n_events)
             steps.append(fig)
             layer_imb.append(imb)
             if on_step is not None:
@@ -169,7 +243,8 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
                                  "capabilities": {"full_layout": pol.full_layout,
                                                   "locality": pol.locality,
                                                   "budgeted": pol.budgeted}}
-    out.update({"ep": cfg.ep, "every": cfg.every, "window": cfg.window, "requests": R,
+    out.update({"events": asdict(cfg.events), "ep": cfg.ep, "every": cfg.every,
+                "window": cfg.window, "requests": R,
                 "steps": len(bounds), "start_solve_s": start_s,
                 "expert_bytes": cfg.rebalance.expert_bytes,
                 "rebalance": asdict(cfg.rebalance), "history": asdict(cfg.history),

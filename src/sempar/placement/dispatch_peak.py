@@ -13,6 +13,12 @@ experts' copy masks and a subset-sum (zeta) transform, exact and cheap for G <= 
 (`min_peak`). Ours (the papers and EPLB place replicas by load alone): the peak is the one the
 dispatch actually serves, not the nearest copy's.
 
+Above `MAX_DEVICES` the exact bound is out of reach; `fill_loads` gives a feasible split instead
+(each replicated expert's load, heaviest first, water-filled over its copies' devices: an upper
+bound on peak*), and `replica_pass` uses it there, over a narrower candidate set (slots on the
+least loaded devices, retargeted to the experts of most load per copy) so that it still runs
+(it was skipped above 16 devices before).
+
 `replica_pass` retargets replica slots (a copy of an expert with several copies given to
 another expert: one expert copy moved) greedily, per layer, to lower the worst over scenarios of
 peak* / (cap x mean load) (the scenarios: windows of recent load, each with its cap, or
@@ -89,6 +95,40 @@ def min_peak(row: np.ndarray, load: np.ndarray, G: int) -> np.ndarray:
     return _zeta_peak(f, G, _popcount(G)) / mean
 
 
+def fill_loads(row: np.ndarray, load: np.ndarray, G: int) -> np.ndarray:
+    """float64[H, G]: device loads of a feasible split (module docstring: water-filling) of
+    expert loads float[H, N] over slot row int[P]; its max / mean is >= `min_peak`'s."""
+    load = np.atleast_2d(np.asarray(load, np.float64))
+    H, N = load.shape
+    row = np.asarray(row, np.intp)
+    on = np.zeros((N, G), bool)
+    on[row, np.arange(row.size) // (row.size // G)] = True
+    copies = on.sum(axis=1)
+    single = copies == 1
+    out = load[:, single] @ on[single].astype(np.float64)                # [H, G]
+    rep = np.flatnonzero(copies > 1)
+    hosts = {int(e): np.flatnonzero(on[e]) for e in rep}
+    for e in rep[np.argsort(-load[:, rep].sum(axis=0), kind="stable")]:
+        d = hosts[e]
+        lv = np.sort(out[:, d], axis=1)                                   # [H, C]
+        C = d.size
+        t = (load[:, e][:, None] + np.cumsum(lv, axis=1)) / np.arange(1, C + 1)   # [H, C]
+        ok = t >= lv                                  # level t_j reaches the j-th lowest load
+        j = C - 1 - np.argmax(ok[:, ::-1], axis=1)    # the last j where it does
+        level = t[np.arange(H), j]
+        out[:, d] = np.maximum(out[:, d], level[:, None])
+    return out
+
+
+def peak_of(row: np.ndarray, load: np.ndarray, G: int) -> np.ndarray:
+    """float64[H]: `min_peak` (exact) up to `MAX_DEVICES` devices, else `fill_loads`' max /
+    mean (an upper bound)."""
+    if G <= MAX_DEVICES:
+        return min_peak(row, load, G)
+    f = fill_loads(row, load, G)
+    return f.max(axis=1) / np.maximum(f.mean(axis=1), 1e-12)
+
+
 def _candidates(row: np.ndarray, G: int, N: int) -> list[tuple[int, int]]:
     """(slot p, new expert b): every retarget of a slot holding an expert with several copies
     to an expert its device does not hold."""
@@ -117,14 +157,15 @@ def replica_pass(phy2log: np.ndarray, G: int, loads: np.ndarray, caps: np.ndarra
     caps = np.asarray(caps, np.float64)
     if cfg.target is not None:
         caps = np.full(H, cfg.target)
-    if G > MAX_DEVICES:
-        raise InputError(f"replica pass: {G} devices; the exact bound is kept to {MAX_DEVICES}")
     S = P // G
     moved = 0
-    pop = _popcount(G)
+    pop = _popcount(G) if G <= MAX_DEVICES else None
     for l in range(L):
         w = np.asarray(loads[l], np.float64)
         mean = np.maximum(w.sum(axis=1) / G, 1e-12)
+        if G > MAX_DEVICES:
+            moved += _fill_pass(phy2log[l], G, w, caps, cfg)
+            continue
         for _ in range(cfg.max_moves):
             row = phy2log[l]
             score = float((min_peak(row, w, G) / caps).max())
@@ -156,3 +197,43 @@ def replica_pass(phy2log: np.ndarray, G: int, loads: np.ndarray, caps: np.ndarra
             phy2log[l, p[best]] = b[best]
             moved += 1
     return phy2log, moved
+
+
+def _fill_pass(row: np.ndarray, G: int, w: np.ndarray, caps: np.ndarray, cfg: ReplicaPass,
+               devices: int = 4, experts: int = 8) -> int:
+    """`replica_pass` on one layer above `MAX_DEVICES` (row int32[P] changed in place; slots
+    retargeted): the peak by `fill_loads`, candidates the replica slots on the `devices` least
+    loaded devices of the worst scenario, retargeted to the `experts` experts of most load per
+    copy there."""
+    S = row.size // G
+    N = w.shape[1]
+    moved = 0
+    for _ in range(cfg.max_moves):
+        f = fill_loads(row, w, G)
+        ratio = f.max(axis=1) / np.maximum(f.mean(axis=1), 1e-12) / caps
+        h = int(np.argmax(ratio))
+        score = float(ratio[h])
+        if score <= 1.0:
+            break
+        cnt = np.bincount(row, minlength=N)
+        low = np.argsort(f[h], kind="stable")[:devices]
+        hot = np.argsort(-w[h] / np.maximum(cnt, 1), kind="stable")[:experts]
+        best, arg = score, None
+        for d in low:
+            slots = np.arange(d * S, (d + 1) * S)
+            held = set(row[slots].tolist())
+            for p in slots[cnt[row[slots]] > 1]:
+                for b in hot:
+                    if int(b) in held:
+                        continue
+                    new = row.copy()
+                    new[p] = b
+                    g = fill_loads(new, w, G)
+                    r = float((g.max(axis=1) / np.maximum(g.mean(axis=1), 1e-12) / caps).max())
+                    if r < best - cfg.min_cut:
+                        best, arg = r, (int(p), int(b))
+        if arg is None:
+            break
+        row[arg[0]] = arg[1]
+        moved += 1
+    return moved

@@ -5,7 +5,9 @@ needed), choose at most `max_moves` moves (or `max_bytes` of copied weights) tha
 window's **exact-home LAR** (tp mode: every row homed on the device hosting most of its experts,
 equal shares per batch, `capacity.capacity_home`, as the exact pre-router and `evaluate`'s
 oracle) while every layer's device load imbalance (max / mean of the served loads,
-`serving`'s rule) stays within `max_imbalance` on the window. Moves:
+`serving`'s rule; with `split`, the load a balancing dispatch serves: each replicated
+expert's load water-filled over its copies, `dispatch_peak.fill_loads`) stays within
+`max_imbalance` on the window. Moves:
 
 - **swap**: experts e1 on device g1 and e2 on g2 trade devices (two expert copies);
 - **retarget** (only where the placement has redundant slots): a replica slot of an expert with
@@ -48,6 +50,7 @@ import numpy as np
 
 from sempar.errors import InputError
 from sempar.placement.capacity import BATCH, capacity_home
+from sempar.placement.dispatch_peak import fill_loads
 from sempar.placement.placement import Placement
 from sempar.placement.serving import node_order, table
 
@@ -70,6 +73,9 @@ class RebalanceConfig:
     candidates: int = 12                # moves per layer re-evaluated exactly each round
     trade: float = 0.1                  # balance moves: local activations one unit of overload
                                         # cut is worth (0: the largest cut, locality breaks ties)
+    split: bool = False                 # the bound on the load a balancing dispatch serves:
+                                        # a replicated expert's load water-filled over its copies
+                                        # (`dispatch_peak.fill_loads`); False: the nearest copy
 
     def __post_init__(self) -> None:
         if self.max_moves < 0 or not 1.0 <= self.max_imbalance < 100:
@@ -151,8 +157,8 @@ class _Layer:
 
     def __init__(self, row: np.ndarray, experts: np.ndarray, G: int, N: int,
                  order: np.ndarray, batch: int, max_imbalance: float, weight: np.ndarray,
-                 group: np.ndarray, caps: np.ndarray):
-        self.G, self.N, self.order, self.batch = G, N, order, batch
+                 group: np.ndarray, caps: np.ndarray, split: bool = False):
+        self.G, self.N, self.order, self.batch, self.split = G, N, order, batch, split
         self.experts = np.asarray(experts, np.intp)
         k = self.experts.shape[1]
         self.weight = weight                                  # float64[T] per row
@@ -171,6 +177,11 @@ class _Layer:
         hosts[np.repeat(np.arange(G), S), row] = True
         hits = hosts[:, self.experts].sum(axis=2).T                        # [T, G]
         home = capacity_home(hits, self.batch)
+        if self.split and row.size > self.N:       # what a balancing dispatch serves
+            tot = np.bincount(self.gk // G * self.N + self.experts.ravel(), self.wk,
+                              minlength=self.H * self.N).reshape(self.H, self.N)
+            return float(hits[np.arange(home.size), home] @ self.weight), \
+                fill_loads(row, tot, G), home
         serve = table(hosts, self.order)[home[:, None], self.experts]      # [T, k]
         load = np.bincount(self.gk + serve.ravel(), self.wk,
                            minlength=self.H * G).reshape(self.H, G)
@@ -360,7 +371,7 @@ def rebalance(placement: Placement, experts: np.ndarray,
     if group_caps is not None:
         caps = np.maximum(np.asarray(group_caps, np.float64)[ids], 1.0)
     layers = [_Layer(placement.phy2log[l], experts[:, l], G, N, order, cfg.batch,
-                     cfg.max_imbalance, w, grp, caps)
+                     cfg.max_imbalance, w, grp, caps, cfg.split)
               for l in range(L)]
     res = RebalanceResult(lar_before=sum(s.local for s in layers) / (T * L * experts.shape[2]),
                           imbalance_before=[s.imbalance for s in layers])

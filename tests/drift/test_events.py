@@ -1,0 +1,142 @@
+"""sempar-incremental's switch test and event updates (drift/events.py), the regime window of
+the history, the water-filled split (dispatch_peak.fill_loads) behind the replica pass above 16
+devices and rebalance's bound after dispatch; on the shipped real DeepSeek-V2-Lite ESFT trace
+where a stream is needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import sempar
+from sempar.drift.events import Events, detect, request_histograms, switch_score
+from sempar.drift.history import History, history_rows
+from sempar.drift.streams import drift_stream, request_table
+from sempar.errors import InputError
+from sempar.placement.dispatch_peak import ReplicaPass, fill_loads, min_peak, replica_pass
+from sempar.placement.placement import Placement
+from sempar.placement.rebalance import RebalanceConfig, rebalance
+
+ESFT = Path(sempar.__file__).parent / "assets" / "traces" / "deepseek-v2-lite-esft.parquet"
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    from sempar.trace import read_trace
+
+    stream = drift_stream(read_trace(ESFT, optional=("domain",)), "tasks")
+    _, dom, _, _ = request_table(stream)
+    return stream, dom, request_histograms(stream)
+
+
+def test_histograms_count_every_activation_per_request(tasks):
+    stream, _, hist = tasks
+    _, _, rows, starts = request_table(stream)
+    assert hist.shape == (starts.size - 1, stream.experts.shape[1], stream.meta.num_experts)
+    assert hist.sum() == stream.experts.size
+    first = stream.experts[rows[starts[0]:starts[1]]]
+    assert np.array_equal(hist[0, 3], np.bincount(first[:, 3].ravel(), minlength=hist.shape[2]))
+
+
+def test_the_switch_to_a_new_task_is_found_at_its_first_request(tasks):
+    """intent -> law: the first law request scores far above the window's own spread; inside
+    the intent stretch no request reaches the threshold."""
+    _, dom, hist = tasks
+    cfg = Events()
+    rng = np.random.default_rng(0)
+    first_law = int(np.flatnonzero(dom == dom[-20])[0])          # the law task's first request
+    assert dom[first_law - 1] != dom[first_law]
+    assert detect(hist, first_law, 1, 16, cfg, rng) == 1
+    quiet = [detect(hist, r, 8, 16, cfg, rng) for r in range(40, 100)]
+    assert sum(quiet) == 0
+    assert switch_score(hist, 5, 1, 16, rng, 10) == 0.0            # no full window before it
+    assert detect(hist, first_law, 0, 16, cfg, rng) == 0           # nothing served since update
+    with pytest.raises(InputError):
+        Events(threshold=0.0)
+
+
+def test_a_regime_is_window_zero_and_the_windows_before_it_count_back_from_it(tasks):
+    stream, _, _ = tasks
+    _, _, rows, starts = request_table(stream)
+    seen = stream.take(rows[starts[0]:starts[20]])
+    _, age = history_rows(seen, 8, History(windows=2), regime=3)
+    _, _, r2, s2 = request_table(seen)
+    per_req = np.array([age[r2[s2[r]]] for r in range(20)])
+    assert per_req.tolist() == [3] + [2] * 8 + [1] * 8 + [0] * 3
+    _, plain = history_rows(seen, 8, History(windows=2))
+    assert not np.array_equal(age, plain)
+
+
+def test_fill_loads_is_a_feasible_split_at_or_above_the_exact_peak():
+    rng = np.random.default_rng(3)
+    G, N = 4, 12
+    row = np.concatenate([np.arange(N), rng.choice(N, G, replace=False)])   # one spare each
+    rng.shuffle(row)
+    load = rng.integers(0, 100, (3, N)).astype(float)
+    f = fill_loads(row, load, G)
+    assert np.allclose(f.sum(axis=1), load.sum(axis=1))                  # every load served
+    assert np.all(f.max(axis=1) / f.mean(axis=1) >= min_peak(row, load, G) - 1e-9)
+    single = np.arange(N)                                                # no replicas
+    dev = np.bincount(single // (N // G), load[0], minlength=G)
+    assert np.allclose(fill_loads(single, load[:1], G)[0], dev)
+
+
+def test_replica_pass_runs_above_16_devices():
+    """The exact bound stops at 16 devices; above it the pass water-fills instead of being
+    skipped: a hot expert gets a second copy."""
+    G, N = 32, 64
+    row = np.concatenate([np.arange(N).reshape(G, 2), np.arange(G)[:, None]], axis=1).ravel()
+    load = np.ones((1, 1, N))
+    load[0, 0, 40] = 30.0                                                # one hot expert
+    before = fill_loads(row, load[0], G)
+    new, moved = replica_pass(row[None], G, load, np.array([1.0]), ReplicaPass(max_moves=2))
+    after = fill_loads(new[0], load[0], G)
+    assert moved >= 1 and after.max() < before.max()
+    assert np.bincount(new[0], minlength=N).min() >= 1                  # every expert kept
+
+
+def test_rebalance_bound_after_dispatch_sees_what_a_replica_buys():
+    """A hot expert with two copies: the nearest copy serves it all from one device (above
+    the bound), a balancing dispatch splits it (within): with `split` no balance move is
+    needed (the nearest rule sees an overload no move can cut)."""
+    G, N = 2, 5
+    phy = np.array([[0, 1, 2, 0, 3, 4]])            # expert 0 on both devices (the spare)
+    p = Placement(phy, N, G, np.zeros(G, np.int64), "test", {}).validate()
+    rng = np.random.default_rng(0)
+    hot = rng.random(400) < 0.6                     # rows (0, 1): homed on device 0
+    ex = np.where(hot[:, None], [0, 1], [3, 4])[:, None, :]
+    near = rebalance(p, ex, RebalanceConfig(max_imbalance=1.05, max_moves=4))[1]
+    split = rebalance(p, ex, RebalanceConfig(max_imbalance=1.05, max_moves=4, split=True))[1]
+    assert max(near.imbalance_before) > 1.05                      # 0 served near its home
+    assert max(split.imbalance_before) < 1.05                     # split over its copies
+
+
+@pytest.mark.slow
+def test_replay_updates_inside_the_step_of_a_switch_and_counts_its_copies(tasks):
+    """intent -> law inside a step: sempar-incremental updates there (an event), its copies
+    counted in that step; with the switch test off it updates before steps only."""
+    from dataclasses import replace
+
+    from sempar.drift.config import ReplayConfig
+    from sempar.drift.costs import expert_bytes
+    from sempar.drift.replay import replay
+    from sempar.solve_options import SolveOptions
+
+    stream, dom, _ = tasks
+    _, _, rows, starts = request_table(stream)
+    law = int(np.flatnonzero(dom == dom[-20])[0])
+    part = stream.take(rows[starts[law - 40]:starts[law + 20]])          # switch at request 40
+    cfg = ReplayConfig.for_model(stream.meta.model, 4, solve=SolveOptions(jobs=1, redundant=4),
+                                 rebalance=dict(max_moves=8), every=16, window=16,
+                                 max_steps=3, dispatch="lp-cap",
+                                 events=Events(max_moves=16, replica_moves=2))
+    on = replay(part, ["sempar-incremental"], cfg)["policies"]["sempar-incremental"]
+    off = replay(part, ["sempar-incremental"], replace(cfg, events=Events(enabled=False))
+                 )["policies"]["sempar-incremental"]
+    assert off["events"] == 0 and on["events"] >= 1
+    step = [s for s in on["steps"] if s["events"]][0]
+    assert step["first_request"] <= 40 < step["first_request"] + step["requests"]
+    assert step["migrated_bytes"] == step["migrated_experts"] * expert_bytes(stream.meta.model)
+    assert step["migrated_experts"] > [s for s in off["steps"]][step["step"]]["migrated_experts"]
