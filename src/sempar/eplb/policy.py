@@ -73,6 +73,7 @@ class RebalanceReport:
     budget: int | None = None
     seconds: float = 0.0
     per_layer_moves: list[int] = field(default_factory=list)
+    layout: str = ""            # FILE's locality layout used (`Source.home`), with a fallback's why
 
     def line(self) -> str:
         lar = ("" if self.lar_after is None else
@@ -80,7 +81,7 @@ class RebalanceReport:
         return (f"{self.moves} slots moved in {self.layers_changed} layers, imbalance "
                 f"{self.imbalance_before:.3f} -> {self.imbalance_after:.3f}, locality "
                 f"{self.locality_before:.3f} -> {self.locality_after:.3f}{lar}, "
-                f"{self.seconds * 1e3:.0f} ms")
+                f"{self.seconds * 1e3:.0f} ms" + (f", layout {self.layout}" if self.layout else ""))
 
 
 def replica_counts(weight: np.ndarray, P: int, G: int) -> np.ndarray:
@@ -187,7 +188,7 @@ def _layout(W: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: 
     device whose worst scenario is lowest after it, the swaps lower the worst scenario."""
     K, N = W.shape
     share = W / cnt
-    caps = _caps(K, cfg)
+    caps = _caps(W, cfg)
     hosts = np.zeros((G, N), bool)
     hosts[home, np.arange(N)] = True
     used = hosts.sum(axis=1)
@@ -232,7 +233,7 @@ def _rebalance_only(W: np.ndarray, old_row: np.ndarray, A: np.ndarray, G: int, S
     aff = (hosts.astype(np.float32) @ A).astype(np.float64)
     ee = np.nonzero(hosts)[1].astype(np.int64)
     swap_loop(load, hosts, ee, share, aff, np.ascontiguousarray(A, np.float32), S,
-              _caps(W.shape[0], cfg), max_swaps)
+              _caps(W, cfg), max_swaps)
     return hosts
 
 
@@ -284,6 +285,15 @@ def _lar_cached(rows: np.ndarray, m: np.ndarray, G: int, N: int) -> float:
     return _LAR_SEEN[key]
 
 
+def _layout_line(source: Source, G: int, config: PluginConfig) -> str:
+    """Which locality layout FILE gave (`Source.layouts`): "placement", "sempar", or "metis"
+    with the reason `sempar` fell back."""
+    if source.base_home is not None:
+        return "placement"
+    used, _, why = source.layouts.get((G, config.layout), (config.layout, 0.0, None))
+    return used if why is None else f"{used} (sempar fell back: {why})"
+
+
 def rebalance(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
               num_ranks: int, old_map: np.ndarray | None, source: Source,
               config: PluginConfig = PluginConfig()) -> np.ndarray:
@@ -318,11 +328,10 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
     old = None if old_map is None else np.asarray(old_map, np.int64)
     if old is not None and old.shape != (L, P):
         old = None                                   # another slot count: lay out afresh
-    home_all = source.home(G, config.seed)
+    home_all = source.home(G, config.seed, config.layout)
     cnt = replica_counts(w, P, G)
     W = scenario_loads(w, source.sample, config.scenarios)   # [L, K, N], W[:, 0] = w
-    caps = _caps(W.shape[1], config)
-    report = RebalanceReport(budget=config.move_budget())
+    report = RebalanceReport(budget=config.move_budget(), layout=_layout_line(source, G, config))
     new_rows, gains = [], []
     imb0, imb1, loc0, loc1 = [], [], [], []      # imbalance: the worst scenario's
     live0, live1 = [], []                          # the live window's (reported)
@@ -333,6 +342,7 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
         hosts = _layout(W[l], _relabel(home_all[l], old_hosts, G), cnt[l], A, G, S, config)
         row = _row(hosts, None if old is None else old[l], S)
         ld = _loads(hosts, W[l])
+        caps = _caps(W[l], config)
         i1, c1, v1 = _robust(ld, caps), _locality(hosts, A, total), _imbalance(ld[0])
         if old_hosts is None or not old_hosts.any(axis=0).all():
             new_rows.append(row)
@@ -378,7 +388,7 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
         row = _row(hosts, old[l], S)
         moved = int((row != old[l]).sum())
         ld = _loads(hosts, W[l])
-        i1 = _robust(ld, caps)
+        i1 = _robust(ld, _caps(W[l], config))
         if moved and i1 < imb0[l] - EPS and (left is None or moved <= left):
             out[l] = row
             imb1[l], live1[l] = i1, _imbalance(ld[0])
