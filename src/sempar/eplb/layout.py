@@ -139,3 +139,12 @@ def sempar_home(meta, sample: np.ndarray, requests: np.ndarray | None, G: int, s
     if affinity is not None:
         home = np.stack([capped(home[l], affinity[l], G) for l in range(L)])
     return home
+
+
+def layout_line(source, G: int, layout: str) -> str:
+    """Which locality layout a `Source` gave for G devices (`Source.layouts`): "placement",
+    the layout asked for, or "metis" with the reason `sempar` fell back (the log line's end)."""
+    if source.base_home is not None:
+        return "placement"
+    used, _, why = source.layouts.get((G, layout), (layout, 0.0, None))
+    return used if why is None else f"{used} (sempar fell back: {why})"

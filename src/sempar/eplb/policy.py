@@ -9,7 +9,8 @@ sample rows, each scaled to w's total, `PluginConfig.scenarios`; K = 1 is the li
    with the highest load per copy (DeepSeek EPLB's `replicate_experts`, sempar's port in
    `placement/eplb.py`, vectorised over layers here).
 2. **Locality layout**: each expert's primary copy on its device in FILE's layout
-   (`Source.home`), the devices relabelled to overlap the old map most (Hungarian,
+   (`Source.home`: a placement's own, or for a stats FILE `PluginConfig.layout`'s, by default
+   sempar's rows-objective solver on FILE's sample, `layout.py`), the devices relabelled to overlap the old map most (Hungarian,
    `scipy.optimize.linear_sum_assignment`, as `placement.migration.align_devices` does for
    whole placements): a relabelling moves nothing and keeps every co-location.
 3. **Redundant copies where the load needs them**: heaviest copy first (its worst scenario),
@@ -49,6 +50,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from sempar.eplb.config import PluginConfig
+from sempar.eplb.layout import layout_line
 from sempar.eplb.source import Source
 from sempar.eplb.scenarios import caps_of as _caps, robust_imbalance as _robust, scenario_loads
 from sempar.eplb.swaps import swap_loop
@@ -285,15 +287,6 @@ def _lar_cached(rows: np.ndarray, m: np.ndarray, G: int, N: int) -> float:
     return _LAR_SEEN[key]
 
 
-def _layout_line(source: Source, G: int, config: PluginConfig) -> str:
-    """Which locality layout FILE gave (`Source.layouts`): "placement", "sempar", or "metis"
-    with the reason `sempar` fell back."""
-    if source.base_home is not None:
-        return "placement"
-    used, _, why = source.layouts.get((G, config.layout), (config.layout, 0.0, None))
-    return used if why is None else f"{used} (sempar fell back: {why})"
-
-
 def rebalance(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
               num_ranks: int, old_map: np.ndarray | None, source: Source,
               config: PluginConfig = PluginConfig()) -> np.ndarray:
@@ -331,7 +324,7 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
     home_all = source.home(G, config.seed, config.layout)
     cnt = replica_counts(w, P, G)
     W = scenario_loads(w, source.sample, config.scenarios)   # [L, K, N], W[:, 0] = w
-    report = RebalanceReport(budget=config.move_budget(), layout=_layout_line(source, G, config))
+    report = RebalanceReport(budget=config.move_budget(), layout=layout_line(source, G, config.layout))
     new_rows, gains = [], []
     imb0, imb1, loc0, loc1 = [], [], [], []      # imbalance: the worst scenario's
     live0, live1 = [], []                          # the live window's (reported)
