@@ -7,7 +7,9 @@ as its engine calls it, on the same load windows:
 - `sempar`: `sempar.eplb.policy.rebalance_report` (the plug-ins' core), FILE = a stats file
   (`sempar stats build --parts sample,coactivation`) of the fit requests, the old map = the
   map the policy returned at the previous window (steady state); `sempar-first`: the first
-  call on a FILE version, which also reads FILE and partitions its co-activation graph;
+  call on a FILE version, which also reads FILE and computes its locality layout
+  (`SEMPAR_EPLB_LAYOUT`, default `sempar`: sempar's rows-objective solver on FILE's sample;
+  its own cost reported apart, it is paid once per FILE version);
 - `vllm-default`: vLLM 0.33.0 `DefaultEplbPolicy.rebalance_experts` (with the old map);
 - `sglang-default`: SGLang 0.5.23 `eplb_algorithms.deepseek.rebalance_experts` (hierarchical
   when the model's expert groups allow, as `compute_algorithm("auto")` picks);
@@ -138,8 +140,13 @@ def run_shape(shape: str, tokens: int, windows: int, cache: Path) -> dict:
     _CACHE.clear()
     t0, c0 = time.perf_counter(), time.thread_time()
     src = load_source(str(stats), num_layers=L, num_experts=N, num_ranks=G)
-    src.home(G, cfg.seed)
-    first = {"seconds": time.perf_counter() - t0, "cpu_seconds": time.thread_time() - c0}
+    t1, c1 = time.perf_counter(), time.thread_time()
+    src.home(G, cfg.seed, cfg.layout)
+    used, _, why = src.layouts.get((G, cfg.layout), ("placement", 0.0, None))
+    first = {"seconds": time.perf_counter() - t0, "cpu_seconds": time.thread_time() - c0,
+             "layout": used, "layout_fallback": why,
+             "layout_seconds": time.perf_counter() - t1,
+             "layout_cpu_seconds": time.thread_time() - c1}
     A = src.affinity
     rows: dict[str, list] = {}
     prev: dict[str, np.ndarray | None] = {}
@@ -197,6 +204,15 @@ def run_shape(shape: str, tokens: int, windows: int, cache: Path) -> dict:
     return out
 
 
+def _layout_note(first: dict) -> str:
+    """The first call's layout, its own cost and any fallback (older JSON: none recorded)."""
+    if "layout" not in first:
+        return ""
+    why = f", sempar fell back: {first['layout_fallback']}" if first["layout_fallback"] else ""
+    return (f"; of it the `{first['layout']}` layout {first['layout_cpu_seconds']:.2f} s CPU, "
+            f"{first['layout_seconds']:.2f} s wall{why}")
+
+
 def tables(rows: list[dict]) -> str:
     """Markdown: one table per shape, the policies side by side (scripts/make_results.py)."""
     out = []
@@ -206,7 +222,8 @@ def tables(rows: list[dict]) -> str:
                 f"{r['ep']}, R {r['redundant']}; {r['windows']} load windows: the last 80% of the "
                 f"trace's {r['tokens']} tokens (fit: the first 20%); load average {r['load_average'][0]:.1f} "
                 f"(cores {r['cpu_affinity']}). sempar's first call on a FILE version (read + "
-                f"partition): {first['cpu_seconds']:.2f} s CPU, {first['seconds']:.2f} s wall.",
+                f"locality layout): {first['cpu_seconds']:.2f} s CPU, {first['seconds']:.2f} s "
+                f"wall{_layout_note(first)}.",
                 "",
                 "| policy | s CPU / rebalance (median) | max | s wall (median) | slots moved "
                 "(mean) | imbalance | locality | LAR (held out) |",

@@ -31,8 +31,19 @@ class PluginConfig:
     window and scenarios - 1 contiguous splits of FILE's sample rows (runs of requests), so the
     layout holds when the mix moves toward any of them and experts that spike together in some
     run of requests are not left on one device (1: the live window alone).
-    scenario_slack: a split's bound is max_imbalance + this.
+    scenario_slack: a split's bound is max_imbalance + this (+ scenario_distance x its
+    distance from the live window's mix, `scenarios.caps_of`).
+    scenario_distance: a split's bound rises by this x the total variation distance of its
+    load mix from the live window's (0: every split at max_imbalance + scenario_slack, the
+    first rule).
     scenario_rows: sample rows of a stats FILE read for the scenarios (and the LAR).
+    layout: the locality layout of a stats FILE (`layout.LAYOUTS`): "sempar" (ours, the
+    default: sempar's rows-objective solver on FILE's sample rows, once per FILE version;
+    "metis" where FILE has no sample or the solve fails) or "metis" (the METIS baseline on the
+    co-activation graph). A placement FILE is sempar's layout already.
+    layout_rows: sample rows the `sempar` layout is solved on, at most (its cost grows with
+    them; 0: every row read).
+    layout_effort: x the sempar solver's work budget for the layout (`SolveOptions.effort`).
     """
 
     max_moves: int | None = None
@@ -46,7 +57,11 @@ class PluginConfig:
     lar_rows: int = 1024
     scenarios: int = 5
     scenario_slack: float = 0.0
+    scenario_distance: float = 0.0
     scenario_rows: int = 4096
+    layout: str = "sempar"
+    layout_rows: int = 4096
+    layout_effort: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -62,16 +77,33 @@ class PluginConfig:
             raise InputError(f"{ENV_PREFIX}MAX_IMBALANCE: {self.max_imbalance} not in [1, 100)")
         if self.swaps_per_slot < 0 or self.lar_rows < 0 or not self.min_gain >= 0:
             raise InputError(f"{ENV_PREFIX}*: swaps_per_slot / lar_rows / min_gain negative")
-        if self.scenarios < 1 or self.scenario_rows < 0 or not self.scenario_slack >= 0:
+        if self.scenarios < 1 or self.scenario_rows < 0 or not self.scenario_slack >= 0 \
+                or not self.scenario_distance >= 0:
             raise InputError(f"{ENV_PREFIX}SCENARIOS: {self.scenarios} < 1 (or SCENARIO_ROWS "
                              f"{self.scenario_rows} negative)")
+        from sempar.eplb.layout import LAYOUTS
+
+        if self.layout not in LAYOUTS:
+            raise InputError(f"{ENV_PREFIX}LAYOUT: {self.layout!r} is not one of "
+                             f"{', '.join(LAYOUTS.names())}")
+        if self.layout_rows < 0 or not (math.isfinite(self.layout_effort) and
+                                        0 < self.layout_effort <= 1000):
+            raise InputError(f"{ENV_PREFIX}LAYOUT_ROWS / LAYOUT_EFFORT: {self.layout_rows} "
+                             f"negative or {self.layout_effort} not in (0, 1000]")
 
     def sample_rows(self) -> int:
         """Rows of a stats FILE's sample to read: enough for the LAR and the scenarios (0:
         every row)."""
-        if self.lar_rows == 0 and self.scenarios <= 1:
-            return 1                        # neither needs the sample; keep what is read small
-        return max(self.lar_rows, self.scenario_rows if self.scenarios > 1 else 0)
+        layout = self.layout_rows if self.layout == "sempar" else 0
+        if self.lar_rows == 0 and self.scenarios <= 1 and self.layout != "sempar":
+            return 1                        # nothing needs the sample; keep what is read small
+        if self.layout == "sempar" and layout == 0:
+            return 0
+        return max(self.lar_rows, self.scenario_rows if self.scenarios > 1 else 0, layout)
+
+    def layout_knobs(self) -> dict:
+        """The `sempar` layout's work settings, as `source.load_source` takes them."""
+        return {"layout_rows": self.layout_rows, "layout_effort": self.layout_effort}
 
     def move_budget(self) -> int | None:
         """Slot changes allowed per rebalance: the smaller of max_moves and max_bytes /
@@ -95,8 +127,11 @@ class PluginConfig:
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is None or raw.strip() == "":
                 continue
+            if f.name == "layout":
+                kw[f.name] = raw.strip()
+                continue
             kind = int if f.name in ("max_moves", "swaps_per_slot", "lar_rows", "seed", "scenarios",
-                                   "scenario_rows") else float
+                                   "scenario_rows", "layout_rows") else float
             try:
                 kw[f.name] = kind(raw)
             except ValueError:

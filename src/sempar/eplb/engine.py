@@ -134,7 +134,7 @@ def plan(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
         cfg = PluginConfig.from_env()
         src = load_source(path, num_layers=L, num_experts=N, num_ranks=num_ranks, model=model,
                           max_age_s=cfg.max_age_s, sample_rows=cfg.sample_rows(), seed=cfg.seed,
-                          settle_s=cfg.settle_s)
+                          settle_s=cfg.settle_s, layout=cfg.layout_knobs())
         m, report = checked_map(w, num_replicas, num_groups, num_nodes, num_ranks, old_map,
                                 src, cfg)
     except Exception as err:  # noqa: BLE001 - never take the engine down

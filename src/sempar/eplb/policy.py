@@ -9,7 +9,8 @@ sample rows, each scaled to w's total, `PluginConfig.scenarios`; K = 1 is the li
    with the highest load per copy (DeepSeek EPLB's `replicate_experts`, sempar's port in
    `placement/eplb.py`, vectorised over layers here).
 2. **Locality layout**: each expert's primary copy on its device in FILE's layout
-   (`Source.home`), the devices relabelled to overlap the old map most (Hungarian,
+   (`Source.home`: a placement's own, or for a stats FILE `PluginConfig.layout`'s, by default
+   sempar's rows-objective solver on FILE's sample, `layout.py`), the devices relabelled to overlap the old map most (Hungarian,
    `scipy.optimize.linear_sum_assignment`, as `placement.migration.align_devices` does for
    whole placements): a relabelling moves nothing and keeps every co-location.
 3. **Redundant copies where the load needs them**: heaviest copy first (its worst scenario),
@@ -49,6 +50,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from sempar.eplb.config import PluginConfig
+from sempar.eplb.layout import layout_line
 from sempar.eplb.source import Source
 from sempar.eplb.scenarios import caps_of as _caps, robust_imbalance as _robust, scenario_loads
 from sempar.eplb.swaps import swap_loop
@@ -73,6 +75,7 @@ class RebalanceReport:
     budget: int | None = None
     seconds: float = 0.0
     per_layer_moves: list[int] = field(default_factory=list)
+    layout: str = ""            # FILE's locality layout used (`Source.home`), with a fallback's why
 
     def line(self) -> str:
         lar = ("" if self.lar_after is None else
@@ -80,7 +83,7 @@ class RebalanceReport:
         return (f"{self.moves} slots moved in {self.layers_changed} layers, imbalance "
                 f"{self.imbalance_before:.3f} -> {self.imbalance_after:.3f}, locality "
                 f"{self.locality_before:.3f} -> {self.locality_after:.3f}{lar}, "
-                f"{self.seconds * 1e3:.0f} ms")
+                f"{self.seconds * 1e3:.0f} ms" + (f", layout {self.layout}" if self.layout else ""))
 
 
 def replica_counts(weight: np.ndarray, P: int, G: int) -> np.ndarray:
@@ -187,7 +190,7 @@ def _layout(W: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: 
     device whose worst scenario is lowest after it, the swaps lower the worst scenario."""
     K, N = W.shape
     share = W / cnt
-    caps = _caps(K, cfg)
+    caps = _caps(W, cfg)
     hosts = np.zeros((G, N), bool)
     hosts[home, np.arange(N)] = True
     used = hosts.sum(axis=1)
@@ -232,7 +235,7 @@ def _rebalance_only(W: np.ndarray, old_row: np.ndarray, A: np.ndarray, G: int, S
     aff = (hosts.astype(np.float32) @ A).astype(np.float64)
     ee = np.nonzero(hosts)[1].astype(np.int64)
     swap_loop(load, hosts, ee, share, aff, np.ascontiguousarray(A, np.float32), S,
-              _caps(W.shape[0], cfg), max_swaps)
+              _caps(W, cfg), max_swaps)
     return hosts
 
 
@@ -318,11 +321,10 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
     old = None if old_map is None else np.asarray(old_map, np.int64)
     if old is not None and old.shape != (L, P):
         old = None                                   # another slot count: lay out afresh
-    home_all = source.home(G, config.seed)
+    home_all = source.home(G, config.seed, config.layout)
     cnt = replica_counts(w, P, G)
     W = scenario_loads(w, source.sample, config.scenarios)   # [L, K, N], W[:, 0] = w
-    caps = _caps(W.shape[1], config)
-    report = RebalanceReport(budget=config.move_budget())
+    report = RebalanceReport(budget=config.move_budget(), layout=layout_line(source, G, config.layout))
     new_rows, gains = [], []
     imb0, imb1, loc0, loc1 = [], [], [], []      # imbalance: the worst scenario's
     live0, live1 = [], []                          # the live window's (reported)
@@ -333,6 +335,7 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
         hosts = _layout(W[l], _relabel(home_all[l], old_hosts, G), cnt[l], A, G, S, config)
         row = _row(hosts, None if old is None else old[l], S)
         ld = _loads(hosts, W[l])
+        caps = _caps(W[l], config)
         i1, c1, v1 = _robust(ld, caps), _locality(hosts, A, total), _imbalance(ld[0])
         if old_hosts is None or not old_hosts.any(axis=0).all():
             new_rows.append(row)
@@ -378,7 +381,7 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
         row = _row(hosts, old[l], S)
         moved = int((row != old[l]).sum())
         ld = _loads(hosts, W[l])
-        i1 = _robust(ld, caps)
+        i1 = _robust(ld, _caps(W[l], config))
         if moved and i1 < imb0[l] - EPS and (left is None or moved <= left):
             out[l] = row
             imb1[l], live1[l] = i1, _imbalance(ld[0])

@@ -40,10 +40,26 @@ def scenario_loads(w: np.ndarray, sample: np.ndarray | None, K: int) -> np.ndarr
     return out
 
 
-def caps_of(K: int, cfg: PluginConfig) -> np.ndarray:
-    """float64[K]: each scenario's bound on max / mean device load: the live window's
-    `max_imbalance`, a split's that + `scenario_slack`."""
+def distances(W: np.ndarray) -> np.ndarray:
+    """float64[K]: how far each scenario's mix is from the live window's, for one layer's
+    scenarios W float[K, N] (row 0 the window, all of one total): the total variation distance
+    0.5 x sum |W_i - W_0| / sum W_0 (0: the same mix, 1: disjoint experts)."""
+    tot = max(float(W[0].sum()), EPS)
+    return 0.5 * np.abs(W - W[:1]).sum(axis=1) / tot
+
+
+def caps_of(W: np.ndarray, cfg: PluginConfig) -> np.ndarray:
+    """float64[K]: each scenario's bound on max / mean device load, for one layer's scenarios W
+    float[K, N]: the live window's `max_imbalance`; a split's that + `scenario_slack` +
+    `scenario_distance` x its distance from the window (`distances`; ours, issue 43): a split
+    whose mix is far from the live one is a run of requests the traffic has moved away from, so
+    it bounds the layout loosely and costs little locality, while a split near the window (the
+    steady traffic's runs) keeps almost the window's bound. K = 1: [max_imbalance], the rule
+    without scenarios."""
+    K = W.shape[0]
     caps = np.full(K, cfg.max_imbalance + cfg.scenario_slack)
+    if K > 1 and cfg.scenario_distance:
+        caps += cfg.scenario_distance * distances(W)
     caps[0] = cfg.max_imbalance
     return caps
 

@@ -6,13 +6,14 @@ What the policy takes from FILE (`Source`):
   file: its co-activation counts (part "coactivation", rows selecting both experts; else the
   same counts from its row sample); a placement: 1 for every pair FILE put on one device (so
   keeping FILE's groups is what scores).
-- `home(G)` int64[L, N]: each expert's device in the locality layout of G devices. A placement:
-  the device of the expert's first slot (`placement.sempar.rows.first_copy_device`). A stats
-  file: a balanced partition of the co-activation graph into G parts of ceil(N / G) experts
-  (pymetis `part_graph` on each expert's `NEIGHBOURS` strongest pairs, then
-  `graph_baselines.fix_expert_counts`, s-MoE §5.7's METIS baseline
-  on the expert graph), computed once per (FILE version, G).
-- `sample` int[S, L, k] (stats files with a sample): rows the reported LAR is measured on.
+- `home(G, seed, layout)` int64[L, N]: each expert's device in the locality layout of G
+  devices. A placement: the device of the expert's first slot
+  (`placement.sempar.rows.first_copy_device`). A stats file: the layout named by
+  `PluginConfig.layout` (`layout.LAYOUTS`: `sempar`, ours, sempar's rows-objective solver on
+  FILE's sample rows; `metis`, the METIS baseline on the co-activation graph, also the fallback
+  where `sempar` has no sample or fails), computed once per (FILE version, G, layout).
+- `sample` int[S, L, k] (stats files with a sample): rows the reported LAR is measured on and
+  the `sempar` layout is solved on; `requests` int64[S]: their requests (None: unknown).
 
 `load_source` refuses with `SourceMismatch` (one line saying why) a FILE that is missing,
 unreadable or corrupt (the readers' checksums), stale (`max_age_s`), of another model, or of
@@ -30,7 +31,9 @@ import numpy as np
 from sempar.errors import InputError
 
 
-NEIGHBOURS = 16        # strongest co-activation pairs per expert kept in the METIS graph
+from sempar.eplb.layout import LAYOUTS, NEIGHBOURS, capped, metis_home, partition, sempar_home
+
+__all__ = ["Source", "SourceMismatch", "load_source", "partition", "capped", "NEIGHBOURS"]
 
 
 class SourceMismatch(Exception):
@@ -51,10 +54,17 @@ class Source:
     affinity: np.ndarray                    # float32[L, N, N], zero diagonal
     base_home: np.ndarray | None = None     # int64[L, N] (placement)
     sample: np.ndarray | None = None        # int[S, L, k]
+    requests: np.ndarray | None = None      # int64[S]: each sample row's request
+    meta: object | None = None              # TraceMeta (stats): the `sempar` layout's model
+    layout_effort: float = 1.0              # the `sempar` layout's work (`PluginConfig`)
+    layout_rows: int = 4096
     _homes: dict = field(default_factory=dict)
+    layouts: dict = field(default_factory=dict)   # (G, layout) -> (used, seconds, fallback)
 
-    def home(self, G: int, seed: int = 0) -> np.ndarray:
-        """int64[L, N]: each expert's device in FILE's locality layout of G devices."""
+    def home(self, G: int, seed: int = 0, layout: str = "sempar") -> np.ndarray:
+        """int64[L, N]: each expert's device in FILE's locality layout of G devices (module
+        docstring); `layouts[(G, layout)]` says which layout gave it, its seconds and, where
+        `sempar` fell back to `metis`, why."""
         if self.base_home is not None:
             if G != self.num_devices:
                 raise SourceMismatch(f"{self.path}: placement for EP {self.num_devices}, "
@@ -63,54 +73,27 @@ class Source:
                 self._homes[G] = np.stack([capped(self.base_home[l], self.affinity[l], G)
                                            for l in range(self.num_layers)])
             return self._homes[G]
-        if G not in self._homes:
-            self._homes[G] = np.stack([partition(self.affinity[l], G, seed)
-                                       for l in range(self.num_layers)])
-        return self._homes[G]
-
-
-def partition(A: np.ndarray, G: int, seed: int = 0) -> np.ndarray:
-    """int64[N]: part of each expert, ceil(N / G) at most per part, co-activated experts
-    together: METIS on the expert graph (edge weights A scaled to integers), then the count
-    fix-up of the METIS baseline (`capped`)."""
-    import pymetis
-
-    N = A.shape[0]
-    cap = -(-N // G)
-    if G == 1:
-        return np.zeros(N, np.int64)
-    top = float(A.max())
-    W = np.rint(A / top * 1e4).astype(np.int64) if top > 0 else np.zeros_like(A, np.int64)
-    np.fill_diagonal(W, 0)
-    if N > NEIGHBOURS:              # each expert's strongest pairs only: METIS time ~ edges
-        keep = np.zeros_like(W, bool)
-        nb = np.argpartition(-W, NEIGHBOURS, axis=1)[:, :NEIGHBOURS]
-        keep[np.arange(N)[:, None], nb] = True
-        W = np.where(keep | keep.T, W, 0)
-    rows, cols = np.nonzero(W)
-    if rows.size == 0:                      # no co-activation at all: contiguous groups
-        return np.arange(N, dtype=np.int64) // cap
-    xadj = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=N))])
-    _, part = pymetis.part_graph(G, pymetis.CSRAdjacency(xadj.astype(np.int64),
-                                                         cols.astype(np.int64)),
-                                 eweights=W[rows, cols], options=pymetis.Options(seed=seed))
-    return capped(np.asarray(part, np.int64), A, G)
-
-
-def capped(home: np.ndarray, A: np.ndarray, G: int) -> np.ndarray:
-    """home int64[N] with at most ceil(N / G) experts per device: a placement solved with more
-    redundant slots than the engine has may hold more primaries on a device than fit beside the
-    engine's replicas; the extra ones move where they lose the least affinity
-    (`fix_expert_counts`)."""
-    N = home.size
-    cap = -(-N // G)
-    if np.bincount(home, minlength=G).max() <= cap:
-        return home
-    from sempar.placement.graph_baselines import fix_expert_counts
-
-    onehot = np.zeros((N, G))
-    onehot[np.arange(N), home] = 1.0
-    return fix_expert_counts(home, A @ onehot, cap)[0]
+        LAYOUTS.get(layout)                                  # unknown name: InputError
+        key = (G, layout)
+        if key not in self._homes:
+            t0, why = time.perf_counter(), None
+            home = None
+            if layout == "sempar":
+                if self.sample is None or self.meta is None:
+                    why = "FILE has no sample rows"
+                else:
+                    try:
+                        home = sempar_home(self.meta, self.sample, self.requests, G, seed,
+                                           rows=self.layout_rows, effort=self.layout_effort,
+                                           affinity=self.affinity)
+                    except Exception as err:  # noqa: BLE001 - the METIS layout serves instead
+                        why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            used = layout if home is not None else "metis"
+            if home is None:
+                home = metis_home(self.affinity, G, seed)
+            self._homes[key] = home
+            self.layouts[key] = (used, time.perf_counter() - t0, why)
+        return self._homes[key]
 
 
 def file_key(path: str) -> tuple:
@@ -127,12 +110,12 @@ def _same_model(a: str, b: str) -> bool:
     return norm(a) == norm(b)
 
 
-def _read(path: str, key: tuple, sample_rows: int, seed: int) -> Source:
+def _read(path: str, key: tuple, sample_rows: int, seed: int, layout: dict) -> Source:
     with open(path, "rb") as f:
         head = f.read(1)
     if head == b"{":
         return _from_placement(path, key)
-    return _from_stats(path, key, sample_rows, seed)
+    return _from_stats(path, key, sample_rows, seed, layout)
 
 
 def _from_placement(path: str, key: tuple) -> Source:
@@ -161,23 +144,27 @@ def source_from_placement(p, path: str = "<placement>", key: tuple = ()) -> Sour
     return Source("placement", path, key, model, L, N, G, A, base_home=home)
 
 
-def _from_stats(path: str, key: tuple, sample_rows: int, seed: int) -> Source:
+def _from_stats(path: str, key: tuple, sample_rows: int, seed: int, layout: dict) -> Source:
     from sempar.stats.file import load_stats
 
-    return source_from_stats(load_stats(path), path, key, sample_rows, seed)
+    return source_from_stats(load_stats(path), path, key, sample_rows, seed, **layout)
 
 
 def source_from_stats(st, path: str = "<stats>", key: tuple = (), sample_rows: int = 4096,
-                      seed: int = 0) -> Source:
-    """`Source` of a `RoutingStats` in memory (as `source_from_placement`)."""
+                      seed: int = 0, **layout) -> Source:
+    """`Source` of a `RoutingStats` in memory (as `source_from_placement`); `layout`:
+    `layout_effort` / `layout_rows` of the `sempar` layout (`PluginConfig`)."""
     L, N = st.meta.num_layers, st.meta.num_experts
-    sample = None
+    sample = requests = None
     if st.sample is not None and "experts" in st.sample and st.sample["experts"].shape[0]:
         sample = np.asarray(st.sample["experts"])
+        if "request_id" in st.sample and len(st.sample["request_id"]) == sample.shape[0]:
+            requests = np.asarray(st.sample["request_id"], np.int64)
         if sample_rows and sample.shape[0] > sample_rows:
             keep = np.sort(np.random.default_rng(seed).choice(sample.shape[0], sample_rows,
                                                               replace=False))
             sample = sample[keep]
+            requests = None if requests is None else requests[keep]
     if st.coactivation is not None:
         A = np.asarray(st.coactivation, np.float32)
     elif st.sample is not None and "experts" in st.sample:
@@ -196,7 +183,8 @@ def source_from_stats(st, path: str = "<stats>", key: tuple = (), sample_rows: i
     A[:, idx, idx] = 0.0
     if not np.all(np.isfinite(A)) or A.min() < 0:
         raise SourceMismatch(f"{path}: co-activation counts are not finite and non-negative")
-    return Source("stats", path, key, st.meta.model, L, N, None, A, sample=sample)
+    return Source("stats", path, key, st.meta.model, L, N, None, A, sample=sample,
+                  requests=requests, meta=st.meta, **layout)
 
 
 _CACHE: dict[str, Source] = {}
@@ -204,7 +192,8 @@ _CACHE: dict[str, Source] = {}
 
 def load_source(path: str, *, num_layers: int, num_experts: int, num_ranks: int,
                 model: str | None = None, max_age_s: float | None = None,
-                sample_rows: int = 4096, seed: int = 0, settle_s: float = 0.0) -> Source:
+                sample_rows: int = 4096, seed: int = 0, settle_s: float = 0.0,
+                layout: dict | None = None) -> Source:
     """FILE checked against the engine's shape (module docstring). FILE is stat-ed on every
     call and read again only when its (inode, mtime, size) changed, so a refresh written
     atomically is picked up at the next rebalance and a half-written file is never seen.
@@ -227,7 +216,7 @@ def load_source(path: str, *, num_layers: int, num_experts: int, num_ranks: int,
     if src is None or src.key != key:
         _CACHE.pop(path, None)
         try:
-            src = _read(path, key, sample_rows, seed)
+            src = _read(path, key, sample_rows, seed, layout or {})
         except InputError as err:
             raise SourceMismatch(str(err)) from None
         except (OSError, ValueError, KeyError, TypeError, MemoryError) as err:
