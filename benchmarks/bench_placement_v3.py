@@ -57,17 +57,24 @@ def _held_out(path: Path) -> dict:
 
 
 def quality(trace: Path, ep: int) -> dict:
-    """`sempar evaluate --split --methods sempar --json` at EP `ep`: sempar's held-out figures."""
-    t0 = time.process_time()
+    """`sempar evaluate --split --methods sempar --json` at EP `ep`: sempar's held-out exact-home
+    LAR and imbalance, its prediction, and the subprocess's CPU seconds."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run([sys.executable, "-m", "sempar.cli", "evaluate", "--fit", str(trace),
                           "--split", "--ep", str(ep), "--methods", "sempar", "--json"],
                          capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1)
     if out.returncode:
         return {"rc": out.returncode, "stderr": out.stderr.strip().splitlines()[-1:]}
-    doc = json.loads(out.stdout)
-    rows = doc.get("methods", doc)
-    row = rows.get("sempar", rows) if isinstance(rows, dict) else rows
-    return {"evaluate": row, "cpu_seconds": round(time.process_time() - t0, 1)}
+    row = json.loads(out.stdout)["methods"]["sempar"]
+    h = row.get("held_out") or {}
+    return {"lar": row["oracle_lar_mean"], "imbalance": row["imbalance_max_mean"],
+            "predicted_imbalance": h.get("predicted_imbalance"),
+            "predicted_upper": h.get("predicted_upper"), "within_budget": h.get("within_budget"),
+            "cpu_seconds": cpu}
 
 
 def main(argv: list[str] | None = None) -> dict:
