@@ -63,28 +63,6 @@ class LoadModel:
         """float64[N, G]: sum of sigma[e, m] over the experts m on each device."""
         return self.sigma @ onehot(dev, G).astype(np.float64)
 
-    def swapped(self, dev: np.ndarray, G: int) -> tuple[np.ndarray, np.ndarray]:
-        """(R1, R2) float[N, N]: robust loads of dev[e1] and dev[e2] after swapping e1, e2."""
-        load, N = self.load, dev.size
-        L = np.bincount(dev, weights=load, minlength=G)
-        d = load[None, :] - load[:, None]                                  # e1 -> d2, e2 -> d1
-        L1, L2 = L[dev][:, None] + d, L[dev][None, :] - d
-        if self.sigma is None:
-            return L1, L2
-        Sg = self.sigma
-        S = self.by_device(dev, G)                                         # [N, G]
-        ar = np.arange(N)
-        V = np.bincount(dev, weights=S[ar, dev], minlength=G)              # [G]
-        own = S[ar, dev]                                                   # S[e, dev[e]]
-        cross = S[:, dev]                                                  # [e2, e1]: S[e2, dev[e1]]
-        diag = np.diag(Sg)
-        V1 = (V[dev][:, None] - 2 * own[:, None] + diag[:, None] + 2 * cross.T
-              - 2 * Sg + diag[None, :])
-        V2 = (V[dev][None, :] - 2 * own[None, :] + diag[None, :] + 2 * cross
-              - 2 * Sg + diag[:, None])
-        return (L1 + np.sqrt(np.maximum(V1, 0.0)) - self.offset,
-                L2 + np.sqrt(np.maximum(V2, 0.0)) - self.offset)
-
 
 def onehot(dev: np.ndarray, G: int) -> np.ndarray:
     out = np.zeros((dev.size, G), np.float32)
