@@ -108,3 +108,30 @@ def test_lar_upper_bound_uses_it_between_the_listed_and_the_scanned_sizes():
         assert b["per_layer"][l] >= best / ex[:, l].size - 1e-12
     listed = lar_upper_bound(trace, G, BoundConfig(batch=batch))   # C(10, 5) = 252 listed
     assert b["lar_mean"] >= listed["lar_mean"] - 1e-9
+
+
+def test_evaluate_bound_effort_picks_the_bounds_it_runs():
+    """`evaluate --bound`: fast skips the column generation (the listed LP and the pair budget
+    only), full runs it where the sets cannot be listed, none leaves the bound rows out."""
+    from sempar.placement.bound import COLGEN_METHOD
+    from sempar.placement.device_bound import BOUND_EFFORTS
+    from sempar.schedule.evaluate import evaluate
+    from sempar.schedule.optimality import BOUND_REF
+    from sempar.trace.schema import RoutingTrace, TraceMeta
+
+    N, G, k, T = 10, 2, 3, 64
+    ex = rows(T, N, k, 4, clustered=True)[:, None]
+    trace = RoutingTrace(TraceMeta(model="t", num_layers=1, num_experts=N, top_k=k, vocab_size=4),
+                         np.zeros(T, np.int32), np.arange(T) // 8,
+                         np.arange(T, dtype=np.int32) % 8, ex.astype(np.int16)).validate()
+    assert BOUND_EFFORTS["fast"].colgen_max_sets == 0 and BOUND_EFFORTS["none"] is None
+    small = dict(batch=16, max_device_sets=10)
+    got = {}
+    for name, cfg in (("fast", BoundConfig(colgen_max_sets=0, **small)),
+                      ("full", BoundConfig(colgen_max_sets=10_000, **small)), ("none", None)):
+        refs = evaluate(trace, trace, G, methods=["sempar"], bound=cfg)["refs"]
+        got[name] = refs.get(BOUND_REF)
+    assert got["none"] is None
+    assert COLGEN_METHOD not in got["fast"]["bound"] and COLGEN_METHOD in got["full"]["bound"]
+    assert got["full"]["lar_mean"] <= got["fast"]["lar_mean"] + 1e-12    # the least kept
+    assert got["full"]["lar_mean"] >= got["full"]["sempar_in_sample"] - 1e-12
