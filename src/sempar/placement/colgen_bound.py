@@ -172,22 +172,25 @@ def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = Col
                 continue
         scans += 1
         floor = max(tol, config.slack * value / G)
-        top, sets, done = _scan(R, S, mu, load, cap, config.scan_columns, floor,
-                                config.max_nodes)
-        if not done:
-            break
-        upper = max(float(top[0]), floor)         # none above the floor: the max is at most it
+        top, sets, exact, open_ub = _scan(R, S, mu, load, cap, config.scan_columns, floor,
+                                          config.max_nodes)
+        # none above the floor: the max is at most it; a scan out of nodes adds the bound of
+        # the subtrees it left (set_scan.exact_scan)
+        upper = max(float(top[0]), floor, float(open_ub))
         best = min(best, float(mu.sum()) + G * upper)
-        if upper <= floor:
+        if exact and upper <= floor:
             proved = True
             break
         if late:
             break
+        new = 0
         for v, s in zip(top, sets):
-            if np.isfinite(v):
+            if v > tol:
                 m = np.zeros(N, bool)
                 m[s] = True
-                add(m)
+                new += add(m)
+        if not new:                       # an inexact scan with nothing to add: no progress
+            break
     if not np.isfinite(best):
         return None
     witness = _round(cols, w, N, G) if cols and w.size else None
@@ -206,10 +209,10 @@ def _scan(R: LayerRows, S: int, mu: np.ndarray, load: np.ndarray, cap: float, K:
     ptr = np.concatenate([[0], np.cumsum(np.diff(R.ptr)[order])]).astype(np.int64)
     idx = np.concatenate([R.idx[R.ptr[o]:R.ptr[o + 1]] for o in order]).astype(np.int64)
     A2 = np.ascontiguousarray(R.A2[:, order][:, :, order])
-    top, sets, done = set_scan.exact_scan(S, mu[order], load[order], cap, ptr, idx, R.count,
-                                          R.part, np.ascontiguousarray(R.cnt1[:, order]), A2,
-                                          R.C, R.M, K, floor, max_nodes)
-    return top, np.where(sets >= 0, order[np.maximum(sets, 0)], -1), done
+    top, sets, exact, open_ub = set_scan.exact_scan(
+        S, mu[order], load[order], cap, ptr, idx, R.count, R.part,
+        np.ascontiguousarray(R.cnt1[:, order]), A2, R.C, R.M, K, floor, max_nodes)
+    return top, np.where(sets >= 0, order[np.maximum(sets, 0)], -1), exact, open_ub
 
 
 def _round(cols: list[np.ndarray], w: np.ndarray, N: int, G: int) -> np.ndarray:

@@ -114,7 +114,11 @@ def swap_search(start, mu, load, cap, ptr, idx, count, part, C, M, max_passes):
 def exact_scan(S, mu, load, cap, ptr, idx, count, part, cnt1, A2, C, M, K, floor, max_nodes):
     """The K sets of largest U(D) - mu(D) over every S-set D with load[D].sum() <= cap, exactly:
     (float64[K] their reduced costs, descending, -inf where fewer; int64[K, S] the sets,
-    whether it finished: False once it has expanded max_nodes nodes, and then nothing is proved).
+    whether it was exact, an upper bound of the subtrees it left open: -inf when exact).
+    Once it has expanded max_nodes nodes it expands no more: it walks back up the tree, and of
+    each subtree still unexplored whose bound is above the K-th best (or `floor`) it keeps the
+    largest bound instead, so max(the best found, that bound, floor) still bounds the reduced
+    cost of every set (what the Lagrangian bound needs), only less tightly.
     cnt1 float64[Q, N]: rows of each part holding each expert; A2 float64[Q, N, N]: the parts'
     pair co-activation.
 
@@ -155,9 +159,8 @@ def exact_scan(S, mu, load, cap, ptr, idx, count, part, cnt1, A2, C, M, K, floor
     d = 0
     nxt[0] = 0
     nodes = 0
+    open_ub = -np.inf                       # the largest bound of a subtree left unexplored
     while d >= 0:
-        if nodes > max_nodes:
-            return best_v, best_s, False
         e = nxt[d]
         thr = max(best_v[K - 1], floor)
         if d == S - 1:
@@ -225,6 +228,9 @@ def exact_scan(S, mu, load, cap, ptr, idx, count, part, cnt1, A2, C, M, K, floor
             ub = min(ub, base + ge + np.sort(gain[e + 1:])[::-1][:r].sum())
         if ub <= thr:
             continue
+        if nodes >= max_nodes:              # out of nodes: bound the subtree, do not enter it
+            open_ub = max(open_ub, ub)
+            continue
         chosen[d] = e
         nodes += 1
         _add(e, ptr, idx, count, part, h, lev)
@@ -234,4 +240,4 @@ def exact_scan(S, mu, load, cap, ptr, idx, count, part, cnt1, A2, C, M, K, floor
             p2[d + 1, q] = p2[d, q] + A2[q, :, e]
         nxt[d + 1] = e + 1
         d += 1
-    return best_v, best_s, True
+    return best_v, best_s, open_ub == -np.inf, open_ub
