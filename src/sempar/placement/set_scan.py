@@ -69,8 +69,12 @@ def set_value(member, ptr, idx, count, part, C, M):
 
 
 @njit(cache=True)
-def swap_search(start, mu, load, cap, ptr, idx, count, part, C, M, max_passes):
-    """(bool[N] a set, its U - mu) by best-improvement swaps from start bool[N] (load <= cap)."""
+def swap_search(start, mu, load, cap, ptr, idx, count, part, C, M, max_passes, A, width):
+    """(bool[N] a set, its U - mu) by best-improvement swaps from start bool[N] (load <= cap).
+
+    A float64[N, N]: the pair co-activation summed over parts; width > 0: of the experts b
+    that could come in for a, only the `width` best by the proxy A[b, D - a] - mu_b are valued
+    exactly (a pricing heuristic: the exact scan certifies the bound, not this search)."""
     N = start.size
     cur = start.copy()
     h = np.zeros(count.size, np.int8)
@@ -81,13 +85,28 @@ def swap_search(start, mu, load, cap, ptr, idx, count, part, C, M, max_passes):
             _add(e, ptr, idx, count, part, h, lev)
             ld += load[e]
     val = _value(lev, C)
+    prox = np.zeros(N)
     for _ in range(max_passes):
         best, ba, bb = 1e-9, -1, -1
+        for b in range(N):                  # A[b, D]
+            t = 0.0
+            for x in range(N):
+                if cur[x]:
+                    t += A[b, x]
+            prox[b] = t - mu[b]
         for a in range(N):
             if not cur[a]:
                 continue
             _remove(a, ptr, idx, count, part, h, lev)
-            for b in range(N):
+            if width > 0:
+                cand = np.full(N, -np.inf)
+                for b in range(N):
+                    if not cur[b] and ld - load[a] + load[b] <= cap:
+                        cand[b] = prox[b] - A[b, a]
+                order = np.argsort(-cand)[:width]
+            else:
+                order = np.arange(N)
+            for b in order:
                 if cur[b] or ld - load[a] + load[b] > cap:
                     continue
                 _add(b, ptr, idx, count, part, h, lev)
