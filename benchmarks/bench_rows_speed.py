@@ -122,7 +122,7 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
                "max_imbalance": round(b["max_imbalance"], 4),
                "bound_any_balance": round(b["bound_any_balance"], 4),
                "bound_method": b["bound"], "bound_s": round(bound_s, 1),
-               "bound_cpu_s": round(bound_cpu, 1)}
+               "bound_cpu_s": round(bound_cpu, 1), "bound_parts": bound_config.colgen.parts}
         if held_out:
             fit, eval_ = split_by_request(trace, seed=0)
             pl, wall2, cpu2 = timed_solve(fit, ep, p)
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--held-out", action="store_true")
     ap.add_argument("--bound-parts", type=int, default=None,
                     help="the column-generation bound's caps a layer (runs of tp batches; "
-                         "ColgenConfig.parts, default 1)")
+                         "ColgenConfig.parts, default 0: one a batch)")
     ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
                                                           "/tmp/sempar-bench-rows"))
     ap.add_argument("--json", action="store_true")

@@ -49,13 +49,42 @@ def test_exact_scan_finds_the_best_sets(N, G, cap, parts):
         if R.load[m].sum() <= cap:
             want.append(set_value(m, R.ptr, R.idx, R.count, R.part, R.C, R.M) - mu[m].sum())
     want = np.sort(want)[::-1][:4]
-    top, sets, done = _scan(R, S, mu, R.load, cap, 4, -np.inf, 10**9)
-    assert done
+    top, sets, exact, _ = _scan(R, S, mu, R.load, cap, 4, -np.inf, 10**9)
+    assert exact
     assert np.allclose(top[: want.size], want)
     for v, s in zip(top, sets):
         m = np.zeros(N, bool)
         m[s] = True
         assert set_value(m, R.ptr, R.idx, R.count, R.part, R.C, R.M) - mu[m].sum() == pytest.approx(v)
+
+
+@pytest.mark.parametrize("nodes", [0, 1, 3, 20, 200])
+def test_a_scan_out_of_nodes_still_bounds_the_best_set(nodes):
+    """Out of nodes, the scan's best found with the bound of the subtrees it left open is
+    still above the reduced cost of every set (brute force over all C(12, 4))."""
+    N, G = 12, 3
+    S = N // G
+    ex = rows(150, N, 3, 9, clustered=True)
+    R = layer_rows(ex, N, G, batch=40, parts=2)
+    mu = np.random.default_rng(2).normal(R.C.sum() * 1.2 / S, R.C.sum() / S / 3, N)
+    cap = 1.2 * R.load.sum() / G
+    best = -np.inf
+    for D in itertools.combinations(range(N), S):
+        m = np.zeros(N, bool)
+        m[list(D)] = True
+        if R.load[m].sum() <= cap:
+            best = max(best, set_value(m, R.ptr, R.idx, R.count, R.part, R.C, R.M) - mu[m].sum())
+    top, sets, exact, open_ub = _scan(R, S, mu, R.load, cap, 2, -np.inf, nodes)
+    assert max(top[0], open_ub) >= best - 1e-9
+    assert exact == (open_ub == -np.inf)
+    if exact:
+        assert top[0] == pytest.approx(best)
+    for v, s in zip(top, sets):             # what it did find are real sets, at their values
+        if np.isfinite(v):
+            m = np.zeros(N, bool)
+            m[s] = True
+            assert set_value(m, R.ptr, R.idx, R.count, R.part, R.C, R.M) - mu[m].sum() == \
+                pytest.approx(v)
 
 
 @pytest.mark.parametrize("G,k,seed,clustered,beta,parts", [
@@ -78,6 +107,17 @@ def test_bound_is_above_the_optimum_of_every_partition(G, k, seed, clustered, be
     assert b["local"] >= listed["local"] - 1e-6 * listed["local"]
     if parts == 4:
         assert b["local"] == pytest.approx(listed["local"], rel=1e-5)
+
+
+@pytest.mark.parametrize("nodes", [0, 5, 50])
+def test_scans_out_of_nodes_still_bound_the_optimum(nodes):
+    N, G, batch = 8, 2, 12
+    for seed in (5, 6):
+        ex = rows(40, N, 3, seed, clustered=True)
+        best = max(best_assignment(ex, p, batch) for p in partitions(tuple(range(N)), N // G))
+        b = colgen_bound(ex, N, G, ColgenConfig(slack=0.0, max_nodes=nodes, starts=2),
+                         batch=batch)
+        assert b is not None and b["local"] >= best - 1e-9
 
 
 def test_budget_stop_still_bounds():
@@ -108,3 +148,30 @@ def test_lar_upper_bound_uses_it_between_the_listed_and_the_scanned_sizes():
         assert b["per_layer"][l] >= best / ex[:, l].size - 1e-12
     listed = lar_upper_bound(trace, G, BoundConfig(batch=batch))   # C(10, 5) = 252 listed
     assert b["lar_mean"] >= listed["lar_mean"] - 1e-9
+
+
+def test_evaluate_bound_effort_picks_the_bounds_it_runs():
+    """`evaluate --bound`: fast skips the column generation (the listed LP and the pair budget
+    only), full runs it where the sets cannot be listed, none leaves the bound rows out."""
+    from sempar.placement.bound import COLGEN_METHOD
+    from sempar.placement.device_bound import BOUND_EFFORTS
+    from sempar.schedule.evaluate import evaluate
+    from sempar.schedule.optimality import BOUND_REF
+    from sempar.trace.schema import RoutingTrace, TraceMeta
+
+    N, G, k, T = 10, 2, 3, 64
+    ex = rows(T, N, k, 4, clustered=True)[:, None]
+    trace = RoutingTrace(TraceMeta(model="t", num_layers=1, num_experts=N, top_k=k, vocab_size=4),
+                         np.zeros(T, np.int32), np.arange(T) // 8,
+                         np.arange(T, dtype=np.int32) % 8, ex.astype(np.int16)).validate()
+    assert BOUND_EFFORTS["fast"].colgen_max_sets == 0 and BOUND_EFFORTS["none"] is None
+    small = dict(batch=16, max_device_sets=10)
+    got = {}
+    for name, cfg in (("fast", BoundConfig(colgen_max_sets=0, **small)),
+                      ("full", BoundConfig(colgen_max_sets=10_000, **small)), ("none", None)):
+        refs = evaluate(trace, trace, G, methods=["sempar"], bound=cfg)["refs"]
+        got[name] = refs.get(BOUND_REF)
+    assert got["none"] is None
+    assert COLGEN_METHOD not in got["fast"]["bound"] and COLGEN_METHOD in got["full"]["bound"]
+    assert got["full"]["lar_mean"] <= got["fast"]["lar_mean"] + 1e-12    # the least kept
+    assert got["full"]["lar_mean"] >= got["full"]["sempar_in_sample"] - 1e-12

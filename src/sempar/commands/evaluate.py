@@ -51,6 +51,10 @@ def evaluate(ctx: typer.Context,
                                                help="tp oracle / pre-routed homes: a device may "
                                                "take up to (1 + EPS) x batch / G, in [0, 1)"),
              dispatch: str = dispatch_option(),
+             bound_effort: str = typer.Option(
+                 "fast", "--bound", help="tp's bound row (how far from optimal, on the fit "
+                 "sample): fast (listed device-set LP / pair budget), full (also the column "
+                 "generation where the sets cannot be listed: minutes a case) or none"),
              seed: int = seed_option(),
              as_json: bool = json_option()) -> None:
     """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""
@@ -61,6 +65,10 @@ def evaluate(ctx: typer.Context,
     from sempar.report.console import print_cross, print_evaluation
     from sempar.trace import read_trace, split_by_request
 
+    from sempar.placement.device_bound import BOUND_EFFORTS
+
+    if bound_effort not in BOUND_EFFORTS:
+        raise InputError(f"--bound: {bound_effort!r} is not one of {', '.join(BOUND_EFFORTS)}")
     options = solve_options(ctx)          # passed whole to every solve, the matrix's too
     if (fit is None) == (fit_stats is None):
         raise InputError("evaluate: give one of --fit or --fit-stats")
@@ -104,7 +112,8 @@ def evaluate(ctx: typer.Context,
     chosen = names if methods != "all" else None
     with steps("evaluate", len(names)) as step:
         result = run(fit_trace, eval_trace, ep, options, methods=chosen, progress=step,
-                     extra=extra, chunk_slack=chunk_slack, dispatch=dispatch)
+                     extra=extra, chunk_slack=chunk_slack, dispatch=dispatch,
+                     bound=BOUND_EFFORTS[bound_effort])
     if cross:
         with steps("cross-dataset", len(cross_names) * len(whole.domains)) as step:
             # `all` lists the methods that refuse these options under `skipped`

@@ -27,8 +27,8 @@ the same expert set are one weighted item (the counts only see the set).
 
 The pair budget drops the homes' capacity; `device_bound.config_bound` (the device-configuration
 LP) keeps it and is far tighter where its C(N, N / G) device sets can be enumerated, and
-`colgen_bound` (the same LP with one cap a layer, by column generation, its pricing an exact
-pruned scan) where they are too many to list but few enough to scan: each layer keeps the
+`colgen_bound` (the same LP, one cap a tp batch by default, by column generation, its pricing
+an exact pruned scan) where they are too many to list but few enough to scan: each layer keeps the
 lowest (all are valid).
 """
 
@@ -150,6 +150,6 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
 
 
 CONFIG_METHOD = "device configuration LP (capacity-bound, HiGHS)"
-COLGEN_METHOD = ("device configuration LP by column generation (a cap per run of tp batches, "
-                 "exact pricing scan, Lagrangian bound)")
+COLGEN_METHOD = ("device configuration LP by column generation (exact pricing scan, "
+                 "Lagrangian bound)")
 PAIR_METHOD = "pair budget (star / Donath-Hoffman eigenvalue bound on co-located pairs)"

@@ -5,13 +5,15 @@ generation with an exact pricing scan and the Lagrangian (Farley) bound, valid a
 (each expert covered once) where C(N, S) is small. Here (ours):
 
 1. the value is U(D) >= V(D) (`set_scan`: the layer's tp batches in `ColgenConfig.parts` runs,
-   one cap a run, the sum of its batches' caps, instead of one a batch; one run a batch is V), so
+   one cap a run, the sum of its batches' caps; one run a batch, the default, is V itself), so
    every figure below bounds V's LP too;
 2. a restricted LP over the sets generated so far (HiGHS; "each expert at most once": the LP
    stays feasible with any columns, and a partition is still one of its points) gives prices
    mu_e >= 0;
 3. pricing: swap searches (`set_scan.swap_search`) propose sets with U(D) - mu(D) > 0; when they
-   find none, `set_scan.exact_scan` lists the best over ALL sets exactly (a pruned enumeration);
+   find none, `set_scan.exact_scan` lists the best over ALL sets exactly (a pruned enumeration;
+   out of nodes, it bounds the subtrees it did not enter instead: an upper bound on the best
+   reduced cost, all step 4 needs);
 4. the bound: for any prices mu, any partition P (each of whose sets meets the load cap) has
    sum_{D in P} U(D) = sum_e mu_e + sum_{D in P} (U(D) - mu(D)) <= sum_e mu_e + G x max_D
    (U(D) - mu(D)) (Lagrangian relaxation of "each expert on one device"; Farley 1990). Every
@@ -46,15 +48,18 @@ class ColgenConfig:
     slack: an exact scan only looks for sets above slack x LP value / G (it prunes far more),
         so a scan that finds none proves the bound within (1 + slack) of the LP's value;
     parts: the layer's tp batches split into this many runs, each with its own cap (`set_scan`:
-        one a batch is the listed LP's V, tightest; fewer are cheaper to scan)."""
+        one a batch, 0, is the listed LP's V, tightest; fewer are cheaper to scan);
+    swap_width: the swap search values exactly only this many incoming experts per outgoing one,
+        the best by co-activation with the set less price (0: all; a pricing heuristic only)."""
 
     budget_s: float = 15.0
-    starts: int = 16
+    starts: int = 8
     scan_columns: int = 32
     max_nodes: int = 30_000_000
     max_rounds: int = 400
     slack: float = 0.005
-    parts: int = 1
+    parts: int = 0
+    swap_width: int = 6
 
 
 @dataclass(frozen=True)
@@ -81,12 +86,12 @@ class LayerRows:
 def layer_rows(experts: np.ndarray, N: int, G: int, batch: int = BATCH, parts: int = 1
                ) -> LayerRows:
     """`LayerRows` of experts int[T, k] (one layer) on G devices, tp batches of `batch` rows,
-    split into `parts` runs of whole batches (at most one a batch)."""
+    split into `parts` runs of whole batches (at most one a batch; 0: one a batch)."""
     ex = np.sort(np.asarray(experts, np.int64), axis=1)
     T, k = ex.shape
     b = np.arange(T) // batch
     B = int(b[-1]) + 1 if T else 1
-    Q = max(1, min(parts, B))
+    Q = B if parts <= 0 else min(parts, B)
     q_of_b = np.arange(B) * Q // B
     q = q_of_b[b]
     uniq, cnt = np.unique(np.concatenate([q[:, None], ex], axis=1), axis=0, return_counts=True)
@@ -119,6 +124,7 @@ def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = Col
     cap = np.inf if max_imbalance is None else \
         max_imbalance * load.sum() / G * (1 + 1e-12)
     rng = np.random.default_rng(seed)
+    A = R.A2.sum(axis=0)                # the swap search's proxy
     cols: list[np.ndarray] = []
     vals: list[float] = []
     seen: set[bytes] = set()
@@ -165,29 +171,32 @@ def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = Col
                     starts.append(m)
             for s in starts:
                 m, red = set_scan.swap_search(s, mu, load, cap, R.ptr, R.idx, R.count, R.part,
-                                              R.C, R.M, 100)
+                                              R.C, R.M, 100, A, config.swap_width)
                 if red > tol and add(m):
                     found += 1
             if found:
                 continue
         scans += 1
         floor = max(tol, config.slack * value / G)
-        top, sets, done = _scan(R, S, mu, load, cap, config.scan_columns, floor,
-                                config.max_nodes)
-        if not done:
-            break
-        upper = max(float(top[0]), floor)         # none above the floor: the max is at most it
+        top, sets, exact, open_ub = _scan(R, S, mu, load, cap, config.scan_columns, floor,
+                                          config.max_nodes)
+        # none above the floor: the max is at most it; a scan out of nodes adds the bound of
+        # the subtrees it left (set_scan.exact_scan)
+        upper = max(float(top[0]), floor, float(open_ub))
         best = min(best, float(mu.sum()) + G * upper)
-        if upper <= floor:
+        if exact and upper <= floor:
             proved = True
             break
         if late:
             break
+        new = 0
         for v, s in zip(top, sets):
-            if np.isfinite(v):
+            if v > tol:
                 m = np.zeros(N, bool)
                 m[s] = True
-                add(m)
+                new += add(m)
+        if not new:                       # an inexact scan with nothing to add: no progress
+            break
     if not np.isfinite(best):
         return None
     witness = _round(cols, w, N, G) if cols and w.size else None
@@ -206,10 +215,10 @@ def _scan(R: LayerRows, S: int, mu: np.ndarray, load: np.ndarray, cap: float, K:
     ptr = np.concatenate([[0], np.cumsum(np.diff(R.ptr)[order])]).astype(np.int64)
     idx = np.concatenate([R.idx[R.ptr[o]:R.ptr[o + 1]] for o in order]).astype(np.int64)
     A2 = np.ascontiguousarray(R.A2[:, order][:, :, order])
-    top, sets, done = set_scan.exact_scan(S, mu[order], load[order], cap, ptr, idx, R.count,
-                                          R.part, np.ascontiguousarray(R.cnt1[:, order]), A2,
-                                          R.C, R.M, K, floor, max_nodes)
-    return top, np.where(sets >= 0, order[np.maximum(sets, 0)], -1), done
+    top, sets, exact, open_ub = set_scan.exact_scan(
+        S, mu[order], load[order], cap, ptr, idx, R.count, R.part,
+        np.ascontiguousarray(R.cnt1[:, order]), A2, R.C, R.M, K, floor, max_nodes)
+    return top, np.where(sets >= 0, order[np.maximum(sets, 0)], -1), exact, open_ub
 
 
 def _round(cols: list[np.ndarray], w: np.ndarray, N: int, G: int) -> np.ndarray:

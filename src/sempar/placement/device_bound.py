@@ -61,6 +61,15 @@ class BoundConfig:
     colgen: ColgenConfig = ColgenConfig()
 
 
+# `evaluate --bound`: how much the bound row may cost. "fast" (evaluate's default) keeps the
+# listed LP and the pair budget and skips the column generation (GPT-OSS-20B at EP 4: 61 of
+# evaluate's 76 s wall went to it); "full" is `BoundConfig()` (what bench_rows_speed.py
+# reports); "none" leaves the bound rows out. Every effort's bound is valid: each layer keeps
+# the least of the bounds it ran.
+BOUND_EFFORTS: dict[str, BoundConfig | None] = {
+    "fast": BoundConfig(colgen_max_sets=0), "full": BoundConfig(), "none": None}
+
+
 def _colex_rank(sets: np.ndarray) -> np.ndarray:
     """int64[...]: the colex rank of each sorted i-subset in sets int[..., i]
     (sum over j of C(c_j, j + 1))."""

@@ -69,8 +69,12 @@ def set_value(member, ptr, idx, count, part, C, M):
 
 
 @njit(cache=True)
-def swap_search(start, mu, load, cap, ptr, idx, count, part, C, M, max_passes):
-    """(bool[N] a set, its U - mu) by best-improvement swaps from start bool[N] (load <= cap)."""
+def swap_search(start, mu, load, cap, ptr, idx, count, part, C, M, max_passes, A, width):
+    """(bool[N] a set, its U - mu) by best-improvement swaps from start bool[N] (load <= cap).
+
+    A float64[N, N]: the pair co-activation summed over parts; width > 0: of the experts b
+    that could come in for a, only the `width` best by the proxy A[b, D - a] - mu_b are valued
+    exactly (a pricing heuristic: the exact scan certifies the bound, not this search)."""
     N = start.size
     cur = start.copy()
     h = np.zeros(count.size, np.int8)
@@ -81,13 +85,28 @@ def swap_search(start, mu, load, cap, ptr, idx, count, part, C, M, max_passes):
             _add(e, ptr, idx, count, part, h, lev)
             ld += load[e]
     val = _value(lev, C)
+    prox = np.zeros(N)
     for _ in range(max_passes):
         best, ba, bb = 1e-9, -1, -1
+        for b in range(N):                  # A[b, D]
+            t = 0.0
+            for x in range(N):
+                if cur[x]:
+                    t += A[b, x]
+            prox[b] = t - mu[b]
         for a in range(N):
             if not cur[a]:
                 continue
             _remove(a, ptr, idx, count, part, h, lev)
-            for b in range(N):
+            if width > 0:
+                cand = np.full(N, -np.inf)
+                for b in range(N):
+                    if not cur[b] and ld - load[a] + load[b] <= cap:
+                        cand[b] = prox[b] - A[b, a]
+                order = np.argsort(-cand)[:width]
+            else:
+                order = np.arange(N)
+            for b in order:
                 if cur[b] or ld - load[a] + load[b] > cap:
                     continue
                 _add(b, ptr, idx, count, part, h, lev)
@@ -114,7 +133,11 @@ def swap_search(start, mu, load, cap, ptr, idx, count, part, C, M, max_passes):
 def exact_scan(S, mu, load, cap, ptr, idx, count, part, cnt1, A2, C, M, K, floor, max_nodes):
     """The K sets of largest U(D) - mu(D) over every S-set D with load[D].sum() <= cap, exactly:
     (float64[K] their reduced costs, descending, -inf where fewer; int64[K, S] the sets,
-    whether it finished: False once it has expanded max_nodes nodes, and then nothing is proved).
+    whether it was exact, an upper bound of the subtrees it left open: -inf when exact).
+    Once it has expanded max_nodes nodes it expands no more: it walks back up the tree, and of
+    each subtree still unexplored whose bound is above the K-th best (or `floor`) it keeps the
+    largest bound instead, so max(the best found, that bound, floor) still bounds the reduced
+    cost of every set (what the Lagrangian bound needs), only less tightly.
     cnt1 float64[Q, N]: rows of each part holding each expert; A2 float64[Q, N, N]: the parts'
     pair co-activation.
 
@@ -140,37 +163,53 @@ def exact_scan(S, mu, load, cap, ptr, idx, count, part, cnt1, A2, C, M, K, floor
     mus = np.zeros(S + 1)
     lds = np.zeros(S + 1)
     nxt = np.zeros(S + 1, np.int64)         # next candidate at each depth
-    gain = np.zeros(N)
-    top2 = np.zeros((Q, N, S + 1))          # top2[q, b, j]: the j largest A2[q, b, :] summed
+    # topT[j, q, b]: the j largest A2[q, b, :] summed (b last: the loops below run over b)
+    topT = np.zeros((S + 1, Q, N))
     for q in range(Q):
         for b in range(N):
             srt = np.sort(A2[q, b])[::-1]
             for j in range(1, min(S, N) + 1):
-                top2[q, b, j] = top2[q, b, j - 1] + srt[j - 1]
+                topT[j, q, b] = topT[j - 1, q, b] + srt[j - 1]
     low = np.zeros((N + 1, S + 1))          # low[e, r]: the r smallest prices among mu[e:]
     for e in range(N):
         srt = np.sort(mu[e:])
         for r in range(1, min(S, N - e) + 1):
             low[e, r] = low[e, r - 1] + srt[r - 1]
+    # per depth, fixed while its candidates are tried: U(F) and the room left at every level
+    vald = np.zeros(S + 1)
+    roomd = np.zeros(S + 1)
+    rq = np.zeros((Q, M + 1))               # the room of each part and level at a leaf visit
+    ubv = np.zeros(N)
+    topr = np.zeros(S + 1)                  # the r largest gains (insertion, descending)
+    vald[0] = 0.0
+    for q in range(Q):
+        roomd[0] += M * C[q]
     d = 0
     nxt[0] = 0
     nodes = 0
+    open_ub = -np.inf                       # the largest bound of a subtree left unexplored
     while d >= 0:
-        if nodes > max_nodes:
-            return best_v, best_s, False
         e = nxt[d]
         thr = max(best_v[K - 1], floor)
         if d == S - 1:
-            base = _value(lev, C) - mus[d]
+            # every last expert b at once: U gains at most, per part, min(room at level 1,
+            # cnt1[q, b]) + per level m >= 2 min(room, rows holding b and some x in F)
+            base = vald[d] - mus[d]
+            for q in range(Q):
+                for m in range(1, M + 1):
+                    rq[q, m] = max(0.0, C[q] - lev[q, m])
             for b in range(e, N):
-                if lds[d] + load[b] > cap:
-                    continue
-                ub = base - mu[b]
-                for q in range(Q):
-                    ub += min(max(0.0, C[q] - lev[q, 1]), cnt1[q, b])
+                ubv[b] = base - mu[b]
+            for q in range(Q):
+                r1 = rq[q, 1]
+                for b in range(e, N):
+                    x = p2[d, q, b]
+                    u = min(r1, cnt1[q, b])
                     for m in range(2, M + 1):
-                        ub += min(max(0.0, C[q] - lev[q, m]), p2[d, q, b])
-                if ub <= thr:
+                        u += min(rq[q, m], x)
+                    ubv[b] += u
+            for b in range(e, N):
+                if lds[d] + load[b] > cap or ubv[b] <= thr:
                     continue
                 _add(b, ptr, idx, count, part, h, lev)
                 v = _value(lev, C) - mus[d] - mu[b]
@@ -201,29 +240,39 @@ def exact_scan(S, mu, load, cap, ptr, idx, count, part, cnt1, A2, C, M, K, floor
         # U by at most the room left, and each (b) by at most g(b) (docstring), so U - mu
         # gains at most min(room - r smallest prices, g(e) + r largest g - mu)
         r = S - d - 1
-        room = 0.0
-        for q in range(Q):
-            for m in range(1, M + 1):
-                room += max(0.0, C[q] - lev[q, m])
-        base = _value(lev, C) - mus[d] - mu[e]
-        ub = base + room - low[e + 1, r]
+        base = vald[d] - mus[d] - mu[e]
+        ub = base + roomd[d] - low[e + 1, r]
         if ub > thr and r > 0:
             ge = 0.0                            # e's own gain, the same bound
+            for b in range(e + 1, N):
+                ubv[b] = -mu[b]
             for q in range(Q):
                 if lev[q, 1] >= C[q]:
-                    ge += min(cnt1[q, e], p2[d, q, e] + top2[q, e, r])
+                    ge += min(cnt1[q, e], p2[d, q, e] + topT[r, q, e])
+                    for b in range(e + 1, N):
+                        ubv[b] += min(cnt1[q, b], p2[d, q, b] + A2[q, e, b] + topT[r - 1, q, b])
                 else:
                     ge += cnt1[q, e]
-            for b in range(e + 1, N):
-                gb = 0.0
-                for q in range(Q):
-                    if lev[q, 1] >= C[q]:
-                        gb += min(cnt1[q, b], p2[d, q, b] + A2[q, b, e] + top2[q, b, r - 1])
-                    else:
-                        gb += cnt1[q, b]
-                gain[b] = gb - mu[b]
-            ub = min(ub, base + ge + np.sort(gain[e + 1:])[::-1][:r].sum())
+                    for b in range(e + 1, N):
+                        ubv[b] += cnt1[q, b]
+            for j in range(r):
+                topr[j] = -np.inf
+            for b in range(e + 1, N):           # the r largest, by insertion (r < S)
+                g = ubv[b]
+                if g > topr[r - 1]:
+                    j = r - 1
+                    while j > 0 and topr[j - 1] < g:
+                        topr[j] = topr[j - 1]
+                        j -= 1
+                    topr[j] = g
+            tot = 0.0
+            for j in range(r):
+                tot += topr[j]
+            ub = min(ub, base + ge + tot)
         if ub <= thr:
+            continue
+        if nodes >= max_nodes:              # out of nodes: bound the subtree, do not enter it
+            open_ub = max(open_ub, ub)
             continue
         chosen[d] = e
         nodes += 1
@@ -231,7 +280,13 @@ def exact_scan(S, mu, load, cap, ptr, idx, count, part, cnt1, A2, C, M, K, floor
         mus[d + 1] = mus[d] + mu[e]
         lds[d + 1] = lds[d] + load[e]
         for q in range(Q):
-            p2[d + 1, q] = p2[d, q] + A2[q, :, e]
+            p2[d + 1, q] = p2[d, q] + A2[q, e]
+        vald[d + 1] = _value(lev, C)
+        rm = 0.0
+        for q in range(Q):
+            for m in range(1, M + 1):
+                rm += max(0.0, C[q] - lev[q, m])
+        roomd[d + 1] = rm
         nxt[d + 1] = e + 1
         d += 1
-    return best_v, best_s, True
+    return best_v, best_s, open_ub == -np.inf, open_ub

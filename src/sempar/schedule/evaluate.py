@@ -31,6 +31,7 @@ from sempar.placement.metrics import placement_figures
 from sempar.placement.placement import Placement
 from sempar.schedule.homes import method_home, oracle_home, oracle_home_dp
 from sempar.solve_options import SolveOptions
+from sempar.placement.device_bound import BOUND_EFFORTS, BoundConfig
 from sempar.schedule.optimality import optimality_refs
 from sempar.trace.ops import without_token_ids
 from sempar.trace.schema import RoutingTrace
@@ -99,7 +100,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
                    extra: Callable[[Placement, str], dict] | None = None,
                    chunk_slack: float = 0.0,
                    placements: dict | None = None,
-                   dispatch: str | None = None) -> dict[str, dict]:
+                   dispatch: str | None = None,
+                   bound: BoundConfig | None = BOUND_EFFORTS["fast"]) -> dict[str, dict]:
     """{mode: the `evaluate --json` contract}, every placement solved once for all modes.
 
     `options` (None: the defaults) go whole to every solver (`base.solve`), each mode's solve
@@ -110,7 +112,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
     `placements`: a dict that receives {(method, mode): placement} of every solve, so a caller
     judging the same fit split again (the demo's online stage) reuses them. `dispatch`: the
     rule choosing among replicas (`placement.dispatch`; None: `nearest`), recorded in each
-    placement (`info["dispatch"]`) and in each mode's entry.
+    placement (`info["dispatch"]`) and in each mode's entry. `bound`: the tp bound rows' knobs
+    (`device_bound.BOUND_EFFORTS`; None: no bound rows).
     """
     options = options or SolveOptions()
     nodes, redundant = options.num_nodes, options.redundant
@@ -173,9 +176,9 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
                     ours = placement                       # the bound's in-sample figure
     for mode in modes:
         out[mode]["refs"] = ceiling_refs(out[mode]["methods"], mode)
-    if "tp" in out and out["tp"]["methods"] and not redundant:   # how far from optimal
-        out["tp"]["refs"].update(                              # (schedule/optimality.py)
-            optimality_refs(fit, ep, ours, options.max_imbalance))
+    if "tp" in out and out["tp"]["methods"] and not redundant and bound is not None:
+        out["tp"]["refs"].update(                # how far from optimal (schedule/optimality.py)
+            optimality_refs(fit, ep, ours, options.max_imbalance, bound))
     return out
 
 
@@ -217,13 +220,15 @@ def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
              options: SolveOptions | None = None, *, methods: list[str] | None = None,
              progress: Callable[[str], None] | None = None,
              extra: Callable[[Placement, str], dict] | None = None,
-             chunk_slack: float = 0.0, dispatch: str | None = None) -> dict:
+             chunk_slack: float = 0.0, dispatch: str | None = None,
+             bound: BoundConfig | None = BOUND_EFFORTS["fast"]) -> dict:
     """The `evaluate --json` contract for `methods` (default: every registered one) in
-    `options.mode`, replicas served by `dispatch` (None: `nearest`)."""
+    `options.mode`, replicas served by `dispatch` (None: `nearest`), the tp bound rows by
+    `bound` (`evaluate_modes`)."""
     options = options or SolveOptions()
     return evaluate_modes(fit, eval_, ep, options, methods=methods, modes=(options.mode,),
                           progress=progress, extra=extra, chunk_slack=chunk_slack,
-                          dispatch=dispatch)[options.mode]
+                          dispatch=dispatch, bound=bound)[options.mode]
 
 
 def evaluate_fitted(placement: Placement, eval_: RoutingTrace, ep: int, options: SolveOptions,
