@@ -199,9 +199,11 @@ def test_stats_page_from_bench_stats_json(tmp_path, capsys):
     steps, its totals against the target, the token tables' cap and error, the side by side."""
     step = {"seconds": 12.5, "cpu_seconds": 20.1, "peak_tree_rss_gb": 1.5,
             "peak_process_rss_gb": 1.0, "load_before": 1.0, "load_after": 1.2, "rc": 0}
+    # a run that recorded its own process's and largest worker's peaks beside one that did not
+    split = {**step, "peak_main_rss_gb": 0.7, "peak_child_rss_gb": 0.4}
     doc = {"runs": [{"tokens": 1000, "shards": 2, "ep": 64, "jobs": 2, "cpus": 2,
                      "when": "2026-12-07 09:00 UTC", "whole_trace_ids_gb": 0.0,
-                     "build": step, "solve_stats": step, "stats_file_gb": 0.1,
+                     "build": step, "solve_stats": split, "stats_file_gb": 0.1,
                      "build_plus_solve_s": 25.0, "build_plus_solve_cpu_s": 40.2,
                      "pipeline_peak_rss_gb": 1.5,
                      "stats_info": {"rows": 1000, "token_cells": 2097152,
@@ -214,6 +216,7 @@ def test_stats_page_from_bench_stats_json(tmp_path, capsys):
     code, err = _run(capsys, str(bench), "--out", str(tmp_path))
     assert code == 0, err
     text = (tmp_path / "stats.md").read_text()
-    assert "| place --stats | 12.5 | 20.1 | 1.5 | 1.0 | 1.0 / 1.2 | 0 |" in text
+    assert "| place --stats | 12.5 | 20.1 | 1.5 | 1.0 | 0.7 / 0.4 | 1.0 / 1.2 | 0 |" in text
+    assert "| place --trace, EP 16 | 12.5 | 20.1 | 1.5 | 1.0 |  | 1.0 / 1.2 | 0 |" in text
     assert "**25.0 s wall, 40.2 CPU s, peak 1.5 GB across processes**" in text
     assert "cap 2,097,152 a layer" in text and "| place --trace, EP 16 | 12.5 |" in text
