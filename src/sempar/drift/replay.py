@@ -211,20 +211,23 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
                 if ev is not None:
                     ev.last = a
             # serve the step; with the switch test, in parts split where it updated
-            local, load, pos = 0, None, a
-            for r in range(a, b) if ev is not None else ():
-                if not ev.check(hist, r) or r + 1 >= b:
-                    continue
-                part_rows = part(pos, r + 1)
-                x, y = serve_loads(p, part_rows.experts, cfg.rebalance.batch, cfg.dispatch,
+            local, load, pos = 0, 0.0, a
+
+            def serve_to(hi: int) -> None:
+                """Serve requests [pos, hi) on the current layout, in the step's batches."""
+                nonlocal local, load, pos
+                x, y = serve_loads(p, part(pos, hi).experts, cfg.rebalance.batch, cfg.dispatch,
                                    cfg.solve.seed, starts[pos] - starts[a])
-                local, load = local + x, y if load is None else load + y
-                update(ev.start - ev.pre, r + 1, r + 1 - ev.start)
-                ev.last, pos, n_events = r + 1, r + 1, n_events + 1
-            served = part(pos, b)
-            x, y = serve_loads(p, served.experts, cfg.rebalance.batch, cfg.dispatch,
-                               cfg.solve.seed, starts[pos] - starts[a])
-            local, load = local + x, y if load is None else load + y
+                local, load, pos = local + x, load + y, hi
+
+            for r in range(a, b - 1) if ev is not None else ():
+                if ev.check(hist, r):
+                    serve_to(r + 1)
+                    update(ev.start - ev.pre, r + 1, r + 1 - ev.start)
+                    ev.last, n_events = r + 1, n_events + 1
+            if ev is not None:
+                ev.check(hist, b - 1)        # the test's state (`start`) sees every request
+            serve_to(b)
             acts = (starts[b] - starts[a]) * stream.experts.shape[1] * stream.experts.shape[2]
             imb = load.max(axis=1) / np.maximum(load.mean(axis=1), 1e-12)
             fig = StepFigures(s, a, b - a, int(starts[b] - starts[a]), local / max(acts, 1),
