@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sempar.errors import InputError
-from sempar.placement import SOLVERS, PlacementProblem, ilp, solve
+from sempar.placement import SOLVERS, PlacementProblem, ilp, moetuner, solve
 from sempar.trace.schema import RoutingTrace, TraceMeta
 from sempar.trace.synth import synthesize
 
@@ -86,7 +86,7 @@ def test_time_limit_path_returns_a_valid_placement():
 def test_moetuner_balances_and_keeps_affinity():
     t = synthesize("olmoe-1b-7b", 20000, seed=1)
     van = solve("vanilla", t, num_devices=4)
-    mt = ilp.moetuner(PlacementProblem(t, 4), time_limit=6.0)
+    mt = moetuner.moetuner(PlacementProblem(t, 4), time_limit=6.0)
     mt.validate()
     assert max_gpu_load(mt, t).mean() <= max_gpu_load(van, t).mean()
     assert (max_gpu_load(mt, t) <= max_gpu_load(van, t) * 1.001).all()

@@ -51,18 +51,7 @@ current counts. scipy's HiGHS binding takes no MIP start, so the previous soluti
 to the solver: it is only the incumbent we keep if the new solve does worse or finds nothing
 (and it replaces the greedy fallback). The time limit is split evenly over the steps.
 
-MoETuner ILP (ours from Sem-MoE's description: "an Integer Linear Programming (ILP) formulation
-that leverages predictable token routing dependencies across layers. It jointly optimizes
-expert-to-GPU assignments to balance computational workloads and minimize communication costs";
-"imbalanced token processing loads across GPUs and skewed inter-GPU communication, which lead to
-significant tail latency"). Same x, eqs. 9-10 at GPU level (equal experts per GPU), loads
-w_l[e] = activations of expert e at layer l in the fit trace, z_l >= sum_e w_l[e] x[l, e, g]
-for every g (z_l = the layer's max GPU load, the tail), and the same y for kept traffic:
-
-    minimise  sum_l  lam * z_l / mean_l  +  sum_l (C_l.sum() - sum_{i,j,g} C_l[i,j] y[l,i,j,g]) / C_l.sum()
-
-with mean_l = sum_e w_l[e] / G: the max/mean imbalance of each layer plus the cross-GPU share of
-each layer pair, weighted by `lam` (default 2). Nodes are not staged (GPU level only).
+`moetuner` (MoETuner, the same machinery with a load term) lives in `placement/moetuner.py`.
 """
 
 from __future__ import annotations
@@ -82,7 +71,6 @@ from sempar.placement.placement import Placement
 TIME_LIMIT = 10.0        # seconds, whole solver (split across stages / windows / batches)
 MAX_PAIR_VARS = 40_000   # y columns of one ILP (free-free layer pairs)
 MIN_ILP_TIME = 0.05      # seconds: no ILP gets less
-LAMBDA = 2.0             # moetuner: weight of the max/mean load term
 WINDOW = 1               # free layers per ILP (None: as many as MAX_PAIR_VARS allows)
 KEEP_PAIRS = 4           # per free-free layer pair, only the KEEP_PAIRS * n heaviest (i, j) pairs
 
@@ -148,7 +136,7 @@ def _greedy(C: np.ndarray, P: int, cap: int, fixed: np.ndarray | None, lo: int, 
 
 
 def _build_and_solve(C: np.ndarray, P: int, cap: int, win: _Window, time_limit: float,
-                     load: np.ndarray | None = None, lam: float = LAMBDA,
+                     load: np.ndarray | None = None, lam: float = 0.0,
                      keep_pairs: int = 1 << 30) -> tuple[np.ndarray | None, dict]:
     """One ILP over the window's free layers. Returns (assign int[m, n] or None, info)."""
     n = C.shape[1]
@@ -272,8 +260,8 @@ def _window_plan(C: np.ndarray, L: int, P: int, max_pair_vars: int,
     return max(1, min(L, 1 + max_pair_vars // per_pair))
 
 
-def _solve_chain(C: np.ndarray, P: int, cap: int, time_limit: float, ilps: list,
-                 load: np.ndarray | None = None, lam: float = LAMBDA,
+def solve_chain(C: np.ndarray, P: int, cap: int, time_limit: float, ilps: list,
+                 load: np.ndarray | None = None, lam: float = 0.0,
                  max_pair_vars: int = MAX_PAIR_VARS, window: int | None = None,
                  previous: np.ndarray | None = None, tag: str = "",
                  keep_pairs_per_item: int = KEEP_PAIRS) -> np.ndarray:
@@ -317,13 +305,13 @@ def _solve_chain(C: np.ndarray, P: int, cap: int, time_limit: float, ilps: list,
     return out
 
 
-def _status(ilps: list) -> str:
+def chain_status(ilps: list) -> str:
     if any("fallback" in i for i in ilps):
         return "fallback"
     return "optimal" if all(i["status"] == 0 for i in ilps) else "time_limit"
 
 
-def _to_placement(gpu: np.ndarray, p: PlacementProblem, info: dict) -> Placement:
+def gpu_placement(gpu: np.ndarray, p: PlacementProblem, info: dict) -> Placement:
     L, N = gpu.shape
     G = p.num_devices
     phy = np.stack([np.argsort(gpu[l] * N + np.arange(N), kind="stable") for l in range(L)])
@@ -336,11 +324,11 @@ def _exflow_once(C: np.ndarray, p: PlacementProblem, time_limit: float, ilps: li
     N, G, M = p.trace.meta.num_experts, p.num_devices, p.num_nodes
     L = p.trace.meta.num_layers
     if M == 1:
-        return _solve_chain(C, G, N // G, time_limit, ilps, max_pair_vars=max_pair_vars,
+        return solve_chain(C, G, N // G, time_limit, ilps, max_pair_vars=max_pair_vars,
                             window=window, previous=previous, tag=f"batch {step}: gpus")
     t0 = time.perf_counter()
     prev_node = None if previous is None else previous // (G // M)
-    node = _solve_chain(C, M, N // M, time_limit / 2, ilps, max_pair_vars=max_pair_vars,
+    node = solve_chain(C, M, N // M, time_limit / 2, ilps, max_pair_vars=max_pair_vars,
                         window=window, previous=prev_node, tag=f"batch {step}: nodes")
     gpu = np.zeros((L, N), np.int64)
     gpn, per_node = G // M, N // M
@@ -352,7 +340,7 @@ def _exflow_once(C: np.ndarray, p: PlacementProblem, time_limit: float, ilps: li
         prev_b = None
         if previous is not None and (prev_node == node).all():
             prev_b = np.stack([previous[l, members[l]] - b * gpn for l in range(L)])
-        local = _solve_chain(Cb, gpn, N // G, left / (M - b), ilps,
+        local = solve_chain(Cb, gpn, N // G, left / (M - b), ilps,
                              max_pair_vars=max_pair_vars, window=window, previous=prev_b,
                              tag=f"batch {step}: node {b} gpus")
         for l in range(L):
@@ -388,34 +376,9 @@ def exflow(p: PlacementProblem, time_limit: float = TIME_LIMIT, pairs: str = "al
     C = affinity_counts(t.experts, N, pairs)
     kept = kept_affinity(gpu, C)
     info = {"solver": "scipy.optimize.milp (HiGHS)", "time_limit": time_limit, "pairs": pairs,
-            "status": _status(ilps), "objective_kept_pairs": kept,
+            "status": chain_status(ilps), "objective_kept_pairs": kept,
             "inter_layer_locality": kept / max(C.sum(), 1.0),
             "mip_gap_max": max((i["mip_gap"] for i in ilps if i["mip_gap"] is not None),
                                default=None),
             "seconds": round(time.perf_counter() - t0, 3), "batches": steps, "ilps": ilps}
-    return _to_placement(gpu, p, info)
-
-
-@SOLVERS.register("moetuner", replicas=False, preserves_groups=False, mode_aware=False)
-def moetuner(p: PlacementProblem, time_limit: float = TIME_LIMIT, lam: float = LAMBDA,
-             pairs: str = "all", max_pair_vars: int = MAX_PAIR_VARS,
-             window: int | None = WINDOW) -> Placement:
-    """Joint load-balance + inter-layer traffic ILP (MoETuner); see the module docstring."""
-    t = p.trace
-    N, G = t.meta.num_experts, p.num_devices
-    t0 = time.perf_counter()
-    C = affinity_counts(t.experts, N, pairs)
-    load = p.expert_load()
-    ilps: list = []
-    gpu = _solve_chain(C, G, N // G, time_limit, ilps, load=load, lam=lam,
-                       max_pair_vars=max_pair_vars, window=window, tag="gpus")
-    kept = kept_affinity(gpu, C)
-    gl = np.stack([np.bincount(gpu[l], weights=load[l], minlength=G) for l in range(gpu.shape[0])])
-    info = {"solver": "scipy.optimize.milp (HiGHS)", "time_limit": time_limit, "lambda": lam,
-            "pairs": pairs, "status": _status(ilps), "objective_kept_pairs": kept,
-            "inter_layer_locality": kept / max(C.sum(), 1.0),
-            "fit_imbalance_max_mean": float((gl.max(axis=1) / gl.mean(axis=1)).mean()),
-            "mip_gap_max": max((i["mip_gap"] for i in ilps if i["mip_gap"] is not None),
-                               default=None),
-            "seconds": round(time.perf_counter() - t0, 3), "ilps": ilps}
-    return _to_placement(gpu, p, info)
+    return gpu_placement(gpu, p, info)
