@@ -63,7 +63,8 @@ def test_tighten_bound_keeps_the_least_and_says_which():
     ex = np.stack([rows(50, N, 3, s, clustered=True) for s in (4, 5)], axis=1)   # [T, L, k]
     lp = [config_bound(ex[:, l], N, G, BoundConfig(batch=batch)) for l in range(L)]
     T = ex.shape[0]
-    before = {"per_layer": [b["local"] / (T * 3) for b in lp], "witness": [b["witness"] for b in lp],
+    before = {"per_layer": [b["local"] / (T * 3) for b in lp],
+              "witness": [b["witness"] for b in lp],
               "per_layer_method": ["lp"] * L, "seconds": [0.0] * L, "lar_mean": 0.0,
               "method": "lp", "lar_mean_any_balance": 1.0}
     out = tighten_bound(ex, N, G, before, ConfigIlpConfig(batch=batch))

@@ -118,7 +118,7 @@ def exact_solve(p: PlacementProblem, config: ExactConfig = ExactConfig()) -> Pla
             own = expert_devices(phy2log[l], G)
             cap = max(fit_cap, imbalance(own, count, G))
             cands = {"sempar": own}
-            ilp = integer_config(ex, N, G, config.ilp, cap)
+            ilp = integer_config(ex, N, G, config.ilp, cap, starts=(phy2log[l],))
             if ilp is not None and ilp["partition"] is not None:
                 cands["milp"] = expert_devices(ilp["partition"], G)
                 if config.refine:
