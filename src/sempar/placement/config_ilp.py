@@ -18,8 +18,9 @@ dual bound is one too (the MILP's own gap is reported). The LP bound is kept whe
 (`device_bound`'s Lagrangian form does not rest on HiGHS's tolerances; both are upper bounds).
 
 On real routing step 1 is where the bound's slack lies, not step 2: at GPT-OSS-20B EP 8 the
-MILP closes to 0.0-0.2 % of the LP's value per layer (docs/placement.md). Its optimal partition
-is still a good start: `exact.py` (`sempar-exact`) evaluates it with the real, coupled figure.
+MILP is 0.0-0.6 % below the LP per layer, 0.4557 against 0.4572 over the 24 layers
+(docs/placement.md). Its optimal partition is still a good start: `exact.py` (`sempar-exact`)
+evaluates it with the real, coupled figure.
 
 Runs where C(N, N / G) sets can be listed (`ConfigIlpConfig.max_device_sets`: GPT-OSS-20B at
 EP 8, C(32, 4) = 35,960; not C(32, 8) = 10.5M at EP 4).
@@ -45,7 +46,7 @@ class ConfigIlpConfig:
 
     time_limit_s: HiGHS's limit for one layer's MILP (stopped there, its dual bound is the
         bound and its incumbent the partition; GPT-OSS-20B EP 8 layers solve to optimality in
-        5-20 s on one core);
+        1-3 s on one core after the reduced-cost fixing, 5-20 s without);
     mip_rel_gap: HiGHS's relative gap at which it stops (its dual bound stays valid);
     max_device_sets: the MILP runs where C(N, N / G) is at most this;
     batch: the tp batch whose equal shares cap each device (docs/design.md's 2,048)."""
