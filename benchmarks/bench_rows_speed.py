@@ -39,9 +39,10 @@ import sys
 import time
 from pathlib import Path
 
-from sempar.placement.base import PlacementProblem
+from sempar.placement.base import PlacementProblem, solve_problem
 from sempar.placement.bound import lar_upper_bound
 from sempar.placement.colgen_bound import ColgenConfig
+from sempar.placement.config_ilp import ConfigIlpConfig, tighten_bound
 from sempar.placement.device_bound import BoundConfig
 from sempar.schedule.optimality import BOUND_REF, in_sample, optimality_refs
 from sempar.placement.sempar.config import SemparConfig
@@ -60,7 +61,12 @@ TRACES = {"dsv2": ("deepseek-v2-lite-esft.npz", "deepseek-v2-lite"),
 PATHS = {"new": {}, "old": {}, "hypergraph": {"hypergraph_start": True},
          "hypergraph-soed": {"hypergraph_start": True, "hypergraph_objective": "soed"},
          "hypergraph-cut": {"hypergraph_start": True, "hypergraph_objective": "cut"},
-         "hypergraph-quality": {"hypergraph_start": True, "hypergraph_preset": "quality"}}
+         "hypergraph-quality": {"hypergraph_start": True, "hypergraph_preset": "quality"},
+         "exact": {}}
+# paths solved by their registered solver (validated by `base.solve_problem`), not sempar_solve:
+# "exact" is `sempar-exact` (placement/exact.py: the integer configuration program's partition
+# refined with sempar's moves where the device sets can be listed, else `sempar`)
+REGISTERED = {"exact": "sempar-exact"}
 
 
 def ensure_trace(name: str, given: dict, cache: Path) -> Path:
@@ -89,15 +95,22 @@ def timed_solve(trace, ep: int, path: str):
     p = PlacementProblem(trace, ep, objective="rows")
     cfg = SemparConfig(row_sets=(path != "old"), **PATHS[path])
     c0, t0 = cpu_now(), time.perf_counter()
-    placement = sempar_solve(p, cfg)             # validated, as `sempar place` solves it
+    if path in REGISTERED:
+        placement = solve_problem(REGISTERED[path], p)
+    else:
+        placement = sempar_solve(p, cfg)         # validated, as `sempar place` solves it
     return placement, time.perf_counter() - t0, cpu_now() - c0
 
 
 def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool,
-          bound_config: BoundConfig = BoundConfig()) -> list[dict]:
+          bound_config: BoundConfig = BoundConfig(),
+          ilp_config: ConfigIlpConfig | None = ConfigIlpConfig()) -> list[dict]:
     """One row per path at (trace, EP). The bound is computed once for all paths, at the
     largest beta among them (a bound over every placement within that balance is one for
-    each), seeded with the best in-sample placement; `bound_s` / `bound_cpu_s` its cost."""
+    each), seeded with the best in-sample placement; `bound_s` / `bound_cpu_s` its cost.
+    ilp_config: where the device sets can be listed, each layer's bound is also the integer
+    configuration program's (`config_ilp.tighten_bound`, the least kept), its HiGHS gap per
+    layer reported (`bound_milp_gap_max`); None: the LP bounds only."""
     trace = read_trace(trace_path)
     solved = {p: timed_solve(trace, ep, p) for p in paths}
     beta = PlacementProblem(trace, ep).max_imbalance
@@ -110,6 +123,8 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
         if solved[best][0].phy2log.shape[1] == trace.meta.num_experts else None
     c0, t0 = cpu_now(), time.perf_counter()
     bound = lar_upper_bound(trace, ep, bound_config, beta, start)
+    if ilp_config is not None:
+        bound = tighten_bound(trace.experts, trace.meta.num_experts, ep, bound, ilp_config, beta)
     bound_s, bound_cpu = time.perf_counter() - t0, cpu_now() - c0
     rows = []
     for p, (placement, wall, cpu) in solved.items():
@@ -123,6 +138,12 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
                "bound_any_balance": round(b["bound_any_balance"], 4),
                "bound_method": b["bound"], "bound_s": round(bound_s, 1),
                "bound_cpu_s": round(bound_cpu, 1), "bound_parts": bound_config.colgen.parts}
+        gaps = [g for g in bound.get("milp_gap", []) if g is not None]
+        if gaps:
+            row.update(bound_milp_gap_max=round(max(gaps), 6),
+                       bound_milp_layers=len(gaps),
+                       bound_lp_mean=round(float(sum(bound["lp_per_layer"])
+                                                 / len(bound["lp_per_layer"])), 4))
         if held_out:
             fit, eval_ = split_by_request(trace, seed=0)
             pl, wall2, cpu2 = timed_solve(fit, ep, p)
@@ -134,17 +155,19 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
     return rows
 
 
-METHODS = {"new": "sempar", "old": "sempar (per-row path)", "hypergraph": "sempar-hypergraph"}
+METHODS = {"new": "sempar", "old": "sempar (per-row path)", "hypergraph": "sempar-hypergraph",
+           "exact": "sempar-exact"}
 
 
 def gap_table(rows: list[dict]) -> str:
     """The markdown table of docs/placement.md ("How far from optimal") from this benchmark's
     --json rows: per case and method the in-sample LAR, best known, the bound and its method,
-    the certified ratio (in-sample / bound), beta, CPU seconds of the solve."""
+    the certified ratio (in-sample / bound), beta, CPU seconds of the solve and of the bound, and
+    the integer configuration bound's own HiGHS gap (worst layer; blank where it did not run)."""
     names = {"dsv2": "DeepSeek-V2-Lite", "gpt": "GPT-OSS-20B"}
     out = ["| case | method | in-sample LAR | best known | bound (method) | certified ratio "
-           "| beta | bound, any balance | solve CPU s | bound CPU s |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| beta | bound, any balance | solve CPU s | bound CPU s | bound's MILP gap |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         method = " + ".join(m.split(" (")[0] for m in r.get("bound_method", "").split(" + "))
         name = METHODS.get(r.get("path", "new"), f"sempar ({r.get('path')})")
@@ -153,8 +176,15 @@ def gap_table(rows: list[dict]) -> str:
                    f"{r.get('best_known', r['in_sample']):.4f} | {r['bound']:.4f} ({method}) | "
                    f"{r['gap']:.3f} | {r.get('max_imbalance', float('nan')):.3f} | "
                    f"{r.get('bound_any_balance', r['bound']):.4f} | {r.get('cpu_s', '')} | "
-                   f"{_bound_cost(r)} |")
+                   f"{_bound_cost(r)} | {_milp_gap(r)} |")
     return "\n".join(out)
+
+
+def _milp_gap(r: dict) -> str:
+    """The integer configuration bound's worst HiGHS gap over its layers, or blank."""
+    if "bound_milp_gap_max" not in r:
+        return ""
+    return f"{100 * r['bound_milp_gap_max']:.2g} % ({r['bound_milp_layers']} layers)"
 
 
 def _bound_cost(r: dict) -> str:
@@ -174,6 +204,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bound-parts", type=int, default=None,
                     help="the column-generation bound's caps a layer (runs of tp batches; "
                          "ColgenConfig.parts, default 0: one a batch)")
+    ap.add_argument("--milp-time-limit", type=float, default=ConfigIlpConfig.time_limit_s,
+                    help="the integer configuration bound's HiGHS limit a layer (seconds); 0: "
+                         "leave that bound out (LP bounds only)")
     ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
                                                           "/tmp/sempar-bench-rows"))
     ap.add_argument("--json", action="store_true")
@@ -190,7 +223,9 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.cases:
         path = ensure_trace(name, given, Path(args.cache_dir))
         for ep in args.ep:
-            for row in cases(name, path, ep, args.paths, args.held_out, bound_config):
+            ilp = (ConfigIlpConfig(time_limit_s=args.milp_time_limit)
+                   if args.milp_time_limit > 0 else None)
+            for row in cases(name, path, ep, args.paths, args.held_out, bound_config, ilp):
                 rows.append(row)
                 if not args.json:
                     print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)

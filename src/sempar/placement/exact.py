@@ -1,0 +1,153 @@
+"""`sempar-exact`: `sempar` with an exact start where a layer's device sets can be listed.
+
+Ours, beside `sempar` (placement/sempar/solver.py), not a paper's algorithm. In tp mode with the
+`rows` objective (homes from exact pre-routing) and no replicas or groups, at each MoE layer
+whose C(N, N / G) device sets can be listed (`config_ilp.listable`: GPT-OSS-20B at EP 8):
+
+1. solve the integer device-configuration program (`config_ilp.integer_config`: our
+   Dantzig-Wolfe / set-partitioning formulation; choose G disjoint device sets, each expert in
+   one, maximising sum_d V(D_d), V the most local activations a set can count alone) with HiGHS
+   under `ExactConfig.ilp`'s time limit, over the sets within the layer's balance cap;
+2. refine its partition with sempar's own moves (`solver.alternate`: the capacitated token step
+   and the expert step of Hungarian assignment plus load-capped pairwise swaps) on the layer's
+   fit rows aggregated by expert set (`row_sets.layer_trace`), at sempar's fit cap;
+3. keep, per layer, the best by the real figure (capacity-bound exact-home LAR on the fit trace,
+   `capacity.capacity_home`: rows homed together, equal shares per tp batch) of sempar's own
+   placement, the MILP's partition and its refinement, among those whose load imbalance on the
+   fit trace is at most the layer's cap: the larger of sempar's fit cap and sempar's own
+   imbalance there (never looser than `sempar` at that layer).
+
+So it is never worse than `sempar` on the fit figure, at no more imbalance per layer. Elsewhere
+(dp mode, the tokens objective, replicas, groups, sets too many to list) it is `sempar`
+(`info["exact"]["fallback"]` says why). `info["exact"]["layers"]` reports per layer the
+source kept, the figures and the MILP's own gap (its dual bound is also an upper bound on the
+sum_d V(D_d) of every placement within the cap, so on the real figure too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from sempar.affinity.affinity_stats import AffinityStats
+from sempar.placement.base import SOLVERS, PlacementProblem, slot_groups, token_table_row
+from sempar.placement.capacity import BATCH
+from sempar.placement.config_ilp import (ConfigIlpConfig, expert_devices, imbalance,
+                                         integer_config, layer_local, listable)
+from sempar.placement.placement import Placement
+from sempar.placement.sempar.config import SemparConfig
+from sempar.placement.sempar.load import onehot
+from sempar.placement.sempar.row_sets import layer_trace
+from sempar.placement.sempar.rows import first_copy_device, resolve_objective, row_trace
+from sempar.placement.sempar.solver import (_alternation_settings, _layer_request_counts,
+                                            _load_model, alternate, dense_step, sempar)
+from sempar.placement.sempar.tokens import batch_priced_assign, pseudo_batches
+from sempar.predict.token_table import TokenTable
+
+
+@dataclass(frozen=True)
+class ExactConfig:
+    """Knobs of `sempar-exact`.
+
+    ilp: the integer configuration program's (per-layer HiGHS time limit `ilp.time_limit_s`;
+        stopped there the incumbent partition is used and its gap reported);
+    refine: refine the MILP's partition with sempar's moves (step 2);
+    batch: the tp batch of the real figure's equal shares (docs/design.md's 2,048)."""
+
+    ilp: ConfigIlpConfig = ConfigIlpConfig(time_limit_s=30.0)
+    refine: bool = True
+    batch: int = BATCH
+
+
+def sempar_moves(rows: PlacementProblem, l: int, start: np.ndarray, cap: float,
+                 cfg: SemparConfig) -> np.ndarray:
+    """int64[N]: device of each expert after sempar's alternation (`solver.alternate`, the
+    `rows` objective's layer solve: items the distinct expert sets of layer l of the row trace
+    rows.trace) from the expert devices start int[N], under sempar's load model at cap x the
+    mean."""
+    G = rows.num_devices
+    lt = layer_trace(rows.trace, l)
+    stats = AffinityStats(lt)
+    C = stats.counts(0)
+    occ, size = pseudo_batches(stats, rows.seed, cfg.shuffles)
+    step = dense_step(lambda local: batch_priced_assign(
+        local, occ, size, cfg.shuffles, cfg.token_price_steps, cfg.row_patience), G)
+    lm = _load_model(_layer_request_counts(stats, 0), cap, G, cfg)
+    sg, eg = slot_groups(dataclasses.replace(rows, trace=lt))
+    items = np.argmax(np.asarray(C @ onehot(start, G)), axis=1)
+    dev, _, _ = alternate(C, step, lm, sg, eg, items, start, **_alternation_settings(cfg, False))
+    return np.asarray(dev, np.int64)
+
+
+def _why_not(p: PlacementProblem, config: ExactConfig) -> str | None:
+    """Why the exact start does not apply to `p` (None: it does)."""
+    N, G = p.trace.meta.num_experts, p.num_devices
+    if p.mode != "tp":
+        return "dp mode"
+    if p.redundant or p.preserve_groups:
+        return "replicas or preserved groups"
+    if resolve_objective(p) != "rows":
+        return "tokens objective"
+    if not listable(N, G, config.ilp):
+        return f"C({N}, {N // G}) device sets exceed {config.ilp.max_device_sets}"
+    return None
+
+
+def exact_solve(p: PlacementProblem, config: ExactConfig = ExactConfig()) -> Placement:
+    """`sempar-exact`'s unfinished placement of `p` (module docstring; `base.solve_problem`
+    relabels and validates it)."""
+    base = sempar(p)
+    why = _why_not(p, config)
+    if why is not None:
+        base.info["exact"] = {"fallback": why}
+        return base
+    N, G, L = p.trace.meta.num_experts, p.num_devices, p.trace.meta.num_layers
+    cfg = SemparConfig.for_problem(p)
+    fit_cap = float(base.info.get("held_out", {}).get("fit_cap", p.max_imbalance))
+    rows = dataclasses.replace(p, trace=row_trace(p.trace, cfg.budget_rows, p.seed),
+                               objective="tokens", redundant=0)
+    phy2log = np.array(base.phy2log, np.int64)
+    layers = []
+    with threadpool_limits(1):             # small dense steps and one-core HiGHS: no contention
+        for l in range(L):
+            ex = np.asarray(p.trace.experts[:, l], np.int64)
+            count = np.bincount(ex.ravel(), minlength=N).astype(np.float64)
+            own = expert_devices(phy2log[l], G)
+            cap = max(fit_cap, imbalance(own, count, G))
+            cands = {"sempar": own}
+            ilp = integer_config(ex, N, G, config.ilp, cap, starts=(phy2log[l],))
+            if ilp is not None and ilp["partition"] is not None:
+                cands["milp"] = expert_devices(ilp["partition"], G)
+                if config.refine:
+                    cands["milp+sempar moves"] = sempar_moves(rows, l, cands["milp"], fit_cap, cfg)
+            fig = {k: layer_local(d, ex, G, config.batch) for k, d in cands.items()}
+            ok = [k for k, d in cands.items() if imbalance(d, count, G) <= cap * (1 + 1e-12)]
+            keep = max(ok, key=lambda k: (fig[k], k == "sempar"))
+            dev = cands[keep]
+            phy2log[l] = np.argsort(dev * N + np.arange(N), kind="stable")    # device order
+            layers.append({"kept": keep, "cap": round(cap, 4),
+                           **{f"lar_{k}": round(v / max(ex.size, 1), 5) for k, v in fig.items()},
+                           **({} if ilp is None else {
+                               "milp_gap": round(ilp["gap"], 6), "milp_optimal": ilp["optimal"],
+                               "milp_bound": round(ilp["local"] / max(ex.size, 1), 5),
+                               "milp_s": round(ilp["seconds"], 1)})})
+    out = Placement(phy2log, N, G, p.node_of(), "sempar-exact", info=dict(base.info))
+    out.info["exact"] = {"layers": layers, "ilp_time_limit_s": config.ilp.time_limit_s}
+    if p.trace.meta.has_token_ids:             # the real ids' table for the new experts
+        stats = AffinityStats(p.trace)
+        dev = first_copy_device(out)
+        table = [token_table_row(stats, l, dev[l], G) for l in range(L)]
+        out.token_table = TokenTable(stats.tokens, np.stack([t[0] for t in table]),
+                                     np.stack([t[1] for t in table]))
+    return out
+
+
+# every request `sempar` serves (the others fall back to it); ours, beside `sempar`
+@SOLVERS.register("sempar-exact", replicas=True, preserves_groups=True, mode_aware=True)
+def sempar_exact(p: PlacementProblem) -> Placement:
+    """`sempar` with the integer configuration program's partition as a start, refined with
+    sempar's moves and kept per layer where its real figure is higher (module docstring)."""
+    return exact_solve(p, ExactConfig())
