@@ -216,7 +216,8 @@ def _layout(W: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: 
     ee = np.nonzero(hosts)[1].astype(np.int64)               # expert of each slot
     swap_loop(load, hosts, ee, np.ascontiguousarray(share, np.float64), aff.astype(np.float64),
               np.ascontiguousarray(A, np.float32), S, caps,
-              cfg.swaps_per_slot * S)                         # step 4 (swaps.py)
+              cfg.swaps_per_slot * S, cfg.swap_min_cut,
+              cfg.swap_rule == "per-cut")                     # step 4 (swaps.py)
     return hosts
 
 
@@ -235,7 +236,7 @@ def _rebalance_only(W: np.ndarray, old_row: np.ndarray, A: np.ndarray, G: int, S
     aff = (hosts.astype(np.float32) @ A).astype(np.float64)
     ee = np.nonzero(hosts)[1].astype(np.int64)
     swap_loop(load, hosts, ee, share, aff, np.ascontiguousarray(A, np.float32), S,
-              _caps(W, cfg), max_swaps)
+              _caps(W, cfg), max_swaps, cfg.swap_min_cut, cfg.swap_rule == "per-cut")
     return hosts
 
 
