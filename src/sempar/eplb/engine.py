@@ -14,7 +14,7 @@ import numpy as np
 from sempar.eplb.config import ENV_FILE
 
 if TYPE_CHECKING:
-    from sempar.eplb.policy import RebalanceReport
+    from sempar.eplb.report import RebalanceReport
 
 # The last rebalance, for an operator or a test: its `RebalanceReport` fields, or the reason
 # of the last fallback. Also exported as Prometheus gauges where prometheus_client is there.
