@@ -63,7 +63,7 @@ def test_robust_layout_holds_on_every_split(files, redundant):
     L, N = w.shape
     P = N + redundant
     src = _src(files["stats"], sample_rows=4096)
-    K = PluginConfig().scenarios
+    K = PluginConfig().scenario_count()
     W = scenario_loads(w, src.sample, K)
     assert W.shape == (L, K, N) and np.allclose(W[:, 0], w)
     assert np.allclose(W.sum(axis=2), w.sum(axis=1)[:, None])
@@ -256,3 +256,16 @@ def test_swap_rule_options(files):
         figs[rule, cut] = _figures(m, w, truth)
         assert figs[rule, cut][0] <= PluginConfig().max_imbalance + 0.05, (rule, figs)
     assert figs["balance-first", 0.2][1] >= figs["balance-first", 0.5][1] - 0.01, figs
+
+
+def test_scenarios_by_engine():
+    """SCENARIOS unset: 17 load vectors under vLLM (a map serves several windows), 5 under
+    SGLang and elsewhere; set, it wins in every engine; `engine` is not read from the env."""
+    assert PluginConfig.from_env({}, engine="vllm").scenario_count() == 17
+    assert PluginConfig.from_env({}, engine="sglang").scenario_count() == 5
+    assert PluginConfig().scenario_count() == 5
+    cfg = PluginConfig.from_env({"SEMPAR_EPLB_SCENARIOS": "3", "SEMPAR_EPLB_ENGINE": "x"},
+                                engine="vllm")
+    assert cfg.scenario_count() == 3 and cfg.engine == "vllm"
+    assert PluginConfig(scenarios=1, engine="vllm").sample_rows() == PluginConfig(
+        scenarios=1).sample_rows()

@@ -4,7 +4,7 @@ engine's redundant slots, and moves few experts relative to the old map.
 
 Per layer l (live load w float[N], P = G x S slots, R = P - N redundant; load scenarios W
 float[K, N], `scenario_loads`: row 0 the live window, rows 1.. contiguous splits of FILE's
-sample rows, each scaled to w's total, `PluginConfig.scenarios`; K = 1 is the live window alone):
+sample rows, each scaled to w's total, `PluginConfig.scenario_count`; K = 1 is the live window alone):
 1. **Replica counts** from the live load: every expert once, each redundant slot to the expert
    with the highest load per copy (DeepSeek EPLB's `replicate_experts`, sempar's port in
    `placement/eplb.py`, vectorised over layers here).
@@ -261,7 +261,7 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
         old = None                                   # another slot count: lay out afresh
     home_all = source.home(G, config.seed, config.layout)
     cnt = replica_counts(w, P, G)
-    W = scenario_loads(w, source.sample, config.scenarios)   # [L, K, N], W[:, 0] = w
+    W = scenario_loads(w, source.sample, config.scenario_count())   # [L, K, N], W[:, 0] = w
     report = RebalanceReport(budget=config.move_budget(), layout=layout_line(source, G, config.layout))
     new_rows, gains = [], []
     imb0, imb1, loc0, loc1 = [], [], [], []      # imbalance: the worst scenario's
