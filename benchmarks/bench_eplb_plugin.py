@@ -99,7 +99,8 @@ def _engine_module(dist: str, rel: str, name: str):
 
 
 def _figures(m: np.ndarray, w: np.ndarray, A: np.ndarray, ex: np.ndarray, G: int) -> dict:
-    from sempar.eplb.policy import _hosts, _imbalance, _lar, _locality, map_loads
+    from sempar.eplb.policy import _hosts, _imbalance, _locality, map_loads
+    from sempar.eplb.report import _lar
 
     L, N = w.shape
     hosts = [_hosts(m[l], G, N) for l in range(L)]

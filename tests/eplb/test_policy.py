@@ -63,7 +63,7 @@ def test_robust_layout_holds_on_every_split(files, redundant):
     L, N = w.shape
     P = N + redundant
     src = _src(files["stats"], sample_rows=4096)
-    K = PluginConfig().scenarios
+    K = PluginConfig().scenario_count()
     W = scenario_loads(w, src.sample, K)
     assert W.shape == (L, K, N) and np.allclose(W[:, 0], w)
     assert np.allclose(W.sum(axis=2), w.sum(axis=1)[:, None])
@@ -228,3 +228,44 @@ def test_small_budget_still_balances(files):
     m2, rep = rebalance_report(skew, N + R, 1, 1, G, m, src, PluginConfig(max_moves=6))
     assert 0 < rep.moves <= 6 and int((m2 != m).sum()) == rep.moves
     assert rep.imbalance_after < rep.imbalance_before
+
+
+def test_swap_rule_options(files):
+    """`swap_rule` / `swap_min_cut` (`swaps.py`) parse from the environment, bad values are one
+    line, and each rule gives a valid map whose live window is balanced near the bound; a
+    looser cut share (0.2) keeps at least the locality of the balance-first default."""
+    from sempar.errors import InputError
+
+    cfg = PluginConfig.from_env({"SEMPAR_EPLB_SWAP_RULE": "per-cut",
+                                 "SEMPAR_EPLB_SWAP_MIN_CUT": "0.25"})
+    assert cfg.swap_rule == "per-cut" and cfg.swap_min_cut == 0.25
+    for bad in ({"SEMPAR_EPLB_SWAP_RULE": "random"}, {"SEMPAR_EPLB_SWAP_MIN_CUT": "0"},
+                {"SEMPAR_EPLB_SWAP_MIN_CUT": "x"}):
+        with pytest.raises(InputError):
+            PluginConfig.from_env(bad)
+    w = files["window"]
+    L, N = w.shape
+    P = N + R
+    src = _src(files["stats"])
+    truth = src.affinity
+    figs = {}
+    for rule, cut in (("balance-first", 0.5), ("per-cut", 0.5), ("balance-first", 0.2)):
+        m, _ = rebalance_report(w, P, 1, 1, G, None, src,
+                                PluginConfig(scenarios=1, swap_rule=rule, swap_min_cut=cut))
+        assert check_map(m, L, P, N, G, distinct=True) is None
+        figs[rule, cut] = _figures(m, w, truth)
+        assert figs[rule, cut][0] <= PluginConfig().max_imbalance + 0.05, (rule, figs)
+    assert figs["balance-first", 0.2][1] >= figs["balance-first", 0.5][1] - 0.01, figs
+
+
+def test_scenarios_by_engine():
+    """SCENARIOS unset: 17 load vectors under vLLM (a map serves several windows), 5 under
+    SGLang and elsewhere; set, it wins in every engine; `engine` is not read from the env."""
+    assert PluginConfig.from_env({}, engine="vllm").scenario_count() == 17
+    assert PluginConfig.from_env({}, engine="sglang").scenario_count() == 5
+    assert PluginConfig().scenario_count() == 5
+    cfg = PluginConfig.from_env({"SEMPAR_EPLB_SCENARIOS": "3", "SEMPAR_EPLB_ENGINE": "x"},
+                                engine="vllm")
+    assert cfg.scenario_count() == 3 and cfg.engine == "vllm"
+    assert PluginConfig(scenarios=1, engine="vllm").sample_rows() == PluginConfig(
+        scenarios=1).sample_rows()

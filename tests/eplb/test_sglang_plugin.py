@@ -78,7 +78,8 @@ def test_loader_hooks_rebalance_and_map_is_sempars(sglang, files, kind):
     from sempar.eplb.source import load_source
 
     src = load_source(str(files[kind]), num_layers=L, num_experts=N, num_ranks=G)
-    want = rebalance(w, P, 1, 1, G, old.physical_to_logical_map_cpu.numpy(), src, PluginConfig())
+    want = rebalance(w, P, 1, 1, G, old.physical_to_logical_map_cpu.numpy(), src,
+                     PluginConfig(engine="sglang"))
     got = md.physical_to_logical_map_cpu.numpy()
     assert np.array_equal(got, want)
     assert not np.array_equal(got, old.physical_to_logical_map_cpu.numpy())

@@ -83,7 +83,7 @@ def test_loader_installs_policy_and_map_is_sempars(vllm_policies, files, kind):
     from sempar.eplb.source import load_source
 
     src = load_source(str(files[kind]), num_layers=L, num_experts=N, num_ranks=G)
-    want = rebalance(w, P, 1, 1, G, old.numpy(), src, PluginConfig())
+    want = rebalance(w, P, 1, 1, G, old.numpy(), src, PluginConfig(engine="vllm"))
     assert np.array_equal(got.numpy(), want)
     from sempar.eplb import engine
 

@@ -204,7 +204,8 @@ def window_source(window: RoutingTrace, sample_rows: int = 4096):
 
 
 def sempar_map(weight: np.ndarray, current: Placement, num_groups: int,
-               window: RoutingTrace, default, seed: int = 0) -> tuple[np.ndarray, str | None]:
+               window: RoutingTrace, default, seed: int = 0,
+               engine: str = "") -> tuple[np.ndarray, str | None]:
     """(int64[L, P], fallback reason or None): the plug-in's map for this rebalance, called as
     `sempar.eplb.engine.plan` does (`engine.checked_map` on the engine's arguments, FILE from
     `window_source`, the plug-in's config), or, where the plug-in would fall back, `default()` (the
@@ -213,7 +214,7 @@ def sempar_map(weight: np.ndarray, current: Placement, num_groups: int,
     from sempar.eplb.engine import checked_map, fallback_reason
 
     try:
-        cfg = PluginConfig(seed=seed)
+        cfg = PluginConfig(seed=seed, engine=engine)     # the plug-in's defaults in `engine`
         m, _ = checked_map(weight.astype(np.float64), current.num_slots, num_groups,
                            current.num_nodes, current.num_devices,
                            current.phy2log.astype(np.int64),

@@ -146,7 +146,8 @@ def _sempar_engine(current: Placement, window: RoutingTrace, cfg: ReplayConfig) 
     w = engines.expert_load(window)
     host = _vllm if cfg.engine == "vllm" else _sglang
     m, why = engines.sempar_map(w, current, engines._groups(window), window,
-                                lambda: host(current, window, cfg).phy2log, cfg.solve.seed)
+                                lambda: host(current, window, cfg).phy2log, cfg.solve.seed,
+                                cfg.engine)
     p = engines.as_placement(m, current, "sempar-engine")
     if why:
         p.info["fallback"] = why         # the engine's default result served this rebalance

@@ -11,6 +11,10 @@ from sempar.errors import InputError
 
 ENV_FILE = "SEMPAR_EPLB"
 ENV_PREFIX = "SEMPAR_EPLB_"
+SWAP_RULES = ("balance-first", "per-cut")   # `swaps.py`: how a balance swap is chosen
+# `PluginConfig.scenario_count` when SCENARIOS is unset: by the engine the plug-in runs in
+SCENARIOS_BY_ENGINE = {"vllm": 17, "sglang": 5}
+SCENARIOS_OTHER = 5
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,19 @@ class PluginConfig:
     scenarios: load vectors a rebalance balances at once (`policy.scenario_loads`): the live
     window and scenarios - 1 contiguous splits of FILE's sample rows (runs of requests), so the
     layout holds when the mix moves toward any of them and experts that spike together in some
-    run of requests are not left on one device (1: the live window alone).
+    run of requests are not left on one device (1: the live window alone). None (the
+    default): by the engine (`scenario_count`, `SCENARIOS_BY_ENGINE`; ours, issue 43): 17
+    under vLLM, 5 under SGLang and elsewhere. vLLM keeps a map for step_interval / window
+    (3 in the drift replay) windows, SGLang rebalances after each: a map that must hold longer
+    past its window needs the finer splits, 16 runs of one to four requests of a rolling FILE
+    of 16-64 requests, which show the experts one request drives together (4 splits average
+    them away). Measured in the drift replay (docs/eplb-plugin.md): 17 at vLLM's cadence cut
+    the imbalance after a switch to unseen traffic (ESFT-tasks R 0: p95 1.441 -> 1.392 against
+    vLLM's 1.387) for about 1% of the LAR; at SGLang's cadence it bought no needed balance and
+    cost 0.01-0.05 of the LAR ratio (ESFT-mixture R 8: 1.235x -> 1.181x). Time per rebalance
+    at DeepSeek-V3 shape: 0.68 s CPU with 17, 0.33 s with 5.
+    engine: the engine the plug-in runs in ("vllm", "sglang"; "" unknown), set by the plug-in
+    (`engine.plan`), not read from the environment.
     scenario_slack: a split's bound is max_imbalance + this (+ scenario_distance x its
     distance from the live window's mix, `scenarios.caps_of`).
     scenario_distance: a split's bound rises by this x the total variation distance of its
@@ -44,6 +60,15 @@ class PluginConfig:
     layout_rows: sample rows the `sempar` layout is solved on, at most (its cost grows with
     them; 0: every row read).
     layout_effort: x the sempar solver's work budget for the layout (`SolveOptions.effort`).
+    swap_rule: how a balance swap is chosen (`swaps.py`, `SWAP_RULES`): "balance-first" (the
+    default: among the swaps cutting the peak by at least swap_min_cut x the best cut, the
+    one losing the least affinity) or "per-cut" (ours, issue 43: among those, the least
+    affinity lost per unit of peak cut). Measured on the MMLU drift windows (EP 8, R 0, one
+    rebalance per window, judged on the next step): both on one LAR / imbalance line, per-cut
+    no better, so balance-first stays the default.
+    swap_min_cut: the share of the best cut a swap must reach to be considered (0.5: the
+    rule of `placement/sempar/experts.py`); lower keeps more locality and balances slower
+    (MMLU: 0.2 gave LAR 0.400 / next-step imbalance 1.281 against 0.390 / 1.249 at 0.5).
     """
 
     max_moves: int | None = None
@@ -55,14 +80,17 @@ class PluginConfig:
     settle_s: float = 30.0
     swaps_per_slot: int = 32
     lar_rows: int = 1024
-    scenarios: int = 5
+    scenarios: int | None = None
     scenario_slack: float = 0.0
     scenario_distance: float = 0.0
     scenario_rows: int = 4096
     layout: str = "sempar"
     layout_rows: int = 4096
     layout_effort: float = 1.0
+    swap_rule: str = "balance-first"
+    swap_min_cut: float = 0.5
     seed: int = 0
+    engine: str = ""
 
     def __post_init__(self) -> None:
         if self.max_moves is not None and self.max_moves < 0:
@@ -77,10 +105,15 @@ class PluginConfig:
             raise InputError(f"{ENV_PREFIX}MAX_IMBALANCE: {self.max_imbalance} not in [1, 100)")
         if self.swaps_per_slot < 0 or self.lar_rows < 0 or not self.min_gain >= 0:
             raise InputError(f"{ENV_PREFIX}*: swaps_per_slot / lar_rows / min_gain negative")
-        if self.scenarios < 1 or self.scenario_rows < 0 or not self.scenario_slack >= 0 \
+        if (self.scenarios is not None and self.scenarios < 1) or self.scenario_rows < 0 or not self.scenario_slack >= 0 \
                 or not self.scenario_distance >= 0:
             raise InputError(f"{ENV_PREFIX}SCENARIOS: {self.scenarios} < 1 (or SCENARIO_ROWS "
                              f"{self.scenario_rows} negative)")
+        if self.swap_rule not in SWAP_RULES:
+            raise InputError(f"{ENV_PREFIX}SWAP_RULE: {self.swap_rule!r} is not one of "
+                             f"{', '.join(SWAP_RULES)}")
+        if not 0 < self.swap_min_cut <= 1:
+            raise InputError(f"{ENV_PREFIX}SWAP_MIN_CUT: {self.swap_min_cut} not in (0, 1]")
         from sempar.eplb.layout import LAYOUTS
 
         if self.layout not in LAYOUTS:
@@ -91,15 +124,21 @@ class PluginConfig:
             raise InputError(f"{ENV_PREFIX}LAYOUT_ROWS / LAYOUT_EFFORT: {self.layout_rows} "
                              f"negative or {self.layout_effort} not in (0, 1000]")
 
+    def scenario_count(self) -> int:
+        """Load vectors a rebalance balances (`scenarios`, or the engine's default)."""
+        if self.scenarios is not None:
+            return self.scenarios
+        return SCENARIOS_BY_ENGINE.get(self.engine, SCENARIOS_OTHER)
+
     def sample_rows(self) -> int:
         """Rows of a stats FILE's sample to read: enough for the LAR and the scenarios (0:
         every row)."""
         layout = self.layout_rows if self.layout == "sempar" else 0
-        if self.lar_rows == 0 and self.scenarios <= 1 and self.layout != "sempar":
+        if self.lar_rows == 0 and self.scenario_count() <= 1 and self.layout != "sempar":
             return 1                        # nothing needs the sample; keep what is read small
         if self.layout == "sempar" and layout == 0:
             return 0
-        return max(self.lar_rows, self.scenario_rows if self.scenarios > 1 else 0, layout)
+        return max(self.lar_rows, self.scenario_rows if self.scenario_count() > 1 else 0, layout)
 
     def layout_knobs(self) -> dict:
         """The `sempar` layout's work settings, as `source.load_source` takes them."""
@@ -118,16 +157,18 @@ class PluginConfig:
         return budget
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "PluginConfig":
-        """The config from `SEMPAR_EPLB_<FIELD>` variables (field name upper-cased); a value
-        that does not parse is bad input (one line)."""
+    def from_env(cls, env: dict[str, str] | None = None, engine: str = "") -> "PluginConfig":
+        """The config from `SEMPAR_EPLB_<FIELD>` variables (field name upper-cased) for a
+        plug-in in `engine`; a value that does not parse is bad input (one line)."""
         env = os.environ if env is None else env
-        kw: dict = {}
+        kw: dict = {"engine": engine}
         for f in fields(cls):
+            if f.name == "engine":
+                continue
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is None or raw.strip() == "":
                 continue
-            if f.name == "layout":
+            if f.name in ("layout", "swap_rule"):
                 kw[f.name] = raw.strip()
                 continue
             kind = int if f.name in ("max_moves", "swaps_per_slot", "lar_rows", "seed", "scenarios",

@@ -14,7 +14,7 @@ import numpy as np
 from sempar.eplb.config import ENV_FILE
 
 if TYPE_CHECKING:
-    from sempar.eplb.policy import RebalanceReport
+    from sempar.eplb.report import RebalanceReport
 
 # The last rebalance, for an operator or a test: its `RebalanceReport` fields, or the reason
 # of the last fallback. Also exported as Prometheus gauges where prometheus_client is there.
@@ -115,10 +115,10 @@ def fallback_reason(err: Exception) -> str:
 
 def plan(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
          num_ranks: int, old_map: np.ndarray | None, logger: logging.Logger,
-         model: str | None = None) -> np.ndarray | None:
+         model: str | None = None, engine_name: str = "") -> np.ndarray | None:
     """sempar's map int64[L, P] for this rebalance, or None: the caller returns its engine's
     default result (FILE missing, corrupt, stale or mismatched; any error). One log line
-    either way."""
+    either way. engine_name: "vllm" / "sglang" (`PluginConfig.engine`: its defaults)."""
     path = os.environ.get(ENV_FILE, "").strip()
     if not path:
         return None
@@ -131,7 +131,7 @@ def plan(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
         if w.ndim != 2:
             raise ValueError(f"load window of shape {w.shape}, not [layers, experts]")
         L, N = w.shape
-        cfg = PluginConfig.from_env()
+        cfg = PluginConfig.from_env(engine=engine_name)
         src = load_source(path, num_layers=L, num_experts=N, num_ranks=num_ranks, model=model,
                           max_age_s=cfg.max_age_s, sample_rows=cfg.sample_rows(), seed=cfg.seed,
                           settle_s=cfg.settle_s, layout=cfg.layout_knobs())

@@ -4,7 +4,7 @@ engine's redundant slots, and moves few experts relative to the old map.
 
 Per layer l (live load w float[N], P = G x S slots, R = P - N redundant; load scenarios W
 float[K, N], `scenario_loads`: row 0 the live window, rows 1.. contiguous splits of FILE's
-sample rows, each scaled to w's total, `PluginConfig.scenarios`; K = 1 is the live window alone):
+sample rows, each scaled to w's total, `PluginConfig.scenario_count`; K = 1 is the live window alone):
 1. **Replica counts** from the live load: every expert once, each redundant slot to the expert
    with the highest load per copy (DeepSeek EPLB's `replicate_experts`, sempar's port in
    `placement/eplb.py`, vectorised over layers here).
@@ -19,8 +19,10 @@ sample rows, each scaled to w's total, `PluginConfig.scenarios`; K = 1 is the li
    co-activate most with it.
 4. **Balance swaps**: while the hottest (scenario, device) is above its bound (`max_imbalance`
    x the mean; a split's + `scenario_slack`), swap one of that device's copies with a copy on
-   another device: among the swaps that cut the peak over every scenario by at least half the
-   best cut, the one that loses the least affinity (the balance-first rule of
+   another device: among the swaps that cut the peak over every scenario by at least
+   `swap_min_cut` (0.5) x the best cut, the one that loses the least affinity (`swap_rule`
+   "balance-first", the default; "per-cut": the least affinity lost per unit of cut; the
+   balance-first rule of
    `placement/sempar/experts.py`'s swap search, restricted to the hottest device so a swap
    costs O(S x P x K); compiled with numba in `swaps.py`). Balancing the worst scenario
    (ours, issue 43: under drift the next window is not the last one, and experts grouped for
@@ -44,46 +46,18 @@ ships a locality-aware EPLB policy).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from sempar.eplb.config import PluginConfig
 from sempar.eplb.layout import layout_line
+from sempar.eplb.report import RebalanceReport, _hosts, _lar_cached
 from sempar.eplb.source import Source
 from sempar.eplb.scenarios import caps_of as _caps, robust_imbalance as _robust, scenario_loads
 from sempar.eplb.swaps import swap_loop
 
 EPS = 1e-12
-
-
-@dataclass
-class RebalanceReport:
-    """What the last rebalance did: slots whose expert changed (`moves`), layers re-laid,
-    mean imbalance (max / mean device load of the live window) and locality before / after,
-    LAR on FILE's sample rows (None without one), seconds spent."""
-
-    moves: int = 0
-    layers_changed: int = 0
-    imbalance_before: float = 0.0
-    imbalance_after: float = 0.0
-    locality_before: float = 0.0
-    locality_after: float = 0.0
-    lar_before: float | None = None
-    lar_after: float | None = None
-    budget: int | None = None
-    seconds: float = 0.0
-    per_layer_moves: list[int] = field(default_factory=list)
-    layout: str = ""            # FILE's locality layout used (`Source.home`), with a fallback's why
-
-    def line(self) -> str:
-        lar = ("" if self.lar_after is None else
-               f", LAR {self.lar_before:.3f} -> {self.lar_after:.3f}")
-        return (f"{self.moves} slots moved in {self.layers_changed} layers, imbalance "
-                f"{self.imbalance_before:.3f} -> {self.imbalance_after:.3f}, locality "
-                f"{self.locality_before:.3f} -> {self.locality_after:.3f}{lar}, "
-                f"{self.seconds * 1e3:.0f} ms" + (f", layout {self.layout}" if self.layout else ""))
 
 
 def replica_counts(weight: np.ndarray, P: int, G: int) -> np.ndarray:
@@ -96,15 +70,6 @@ def replica_counts(weight: np.ndarray, P: int, G: int) -> np.ndarray:
         e = np.argmax(np.where(cnt < G, weight / cnt, -1.0), axis=1)   # a copy per device at most
         cnt[rows, e] += 1
     return cnt
-
-
-def _hosts(row: np.ndarray, G: int, N: int) -> np.ndarray:
-    """bool[G, N] of a slot row int[P] (slot p on device p // S; -1 slots host nothing)."""
-    S = row.size // G
-    h = np.zeros((G, N + 1), bool)
-    r = np.where(row < 0, N, row)
-    h[np.repeat(np.arange(G), S), r] = True
-    return h[:, :N]
 
 
 def _locality(hosts: np.ndarray, A: np.ndarray, total: float) -> float:
@@ -216,7 +181,8 @@ def _layout(W: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: 
     ee = np.nonzero(hosts)[1].astype(np.int64)               # expert of each slot
     swap_loop(load, hosts, ee, np.ascontiguousarray(share, np.float64), aff.astype(np.float64),
               np.ascontiguousarray(A, np.float32), S, caps,
-              cfg.swaps_per_slot * S)                         # step 4 (swaps.py)
+              cfg.swaps_per_slot * S, cfg.swap_min_cut,
+              cfg.swap_rule == "per-cut")                     # step 4 (swaps.py)
     return hosts
 
 
@@ -235,7 +201,7 @@ def _rebalance_only(W: np.ndarray, old_row: np.ndarray, A: np.ndarray, G: int, S
     aff = (hosts.astype(np.float32) @ A).astype(np.float64)
     ee = np.nonzero(hosts)[1].astype(np.int64)
     swap_loop(load, hosts, ee, share, aff, np.ascontiguousarray(A, np.float32), S,
-              _caps(W, cfg), max_swaps)
+              _caps(W, cfg), max_swaps, cfg.swap_min_cut, cfg.swap_rule == "per-cut")
     return hosts
 
 
@@ -257,34 +223,6 @@ def _row(hosts: np.ndarray, old_row: np.ndarray | None, S: int) -> np.ndarray:
     kept[dev[keep], old[keep]] = True
     row[np.flatnonzero(~keep)] = np.nonzero(hosts & ~kept)[1]   # both in device order
     return row
-
-
-def _lar(sample: np.ndarray, maps: np.ndarray, G: int, N: int) -> float:
-    """Share of the sample's activations on the device hosting most of each row's k experts
-    (the device state, `affinity.affinity_stats.device_states`' rule), all layers."""
-    T, L, k = sample.shape
-    local = 0.0
-    for l in range(L):
-        hosts = _hosts(maps[l], G, N)
-        hits = hosts[:, sample[:, l]].sum(axis=2)             # [G, T]
-        local += float(hits.max(axis=0).sum())
-    return local / (T * L * k)
-
-
-_LAR_SEEN: dict[bytes, float] = {}
-
-
-def _lar_cached(rows: np.ndarray, m: np.ndarray, G: int, N: int) -> float:
-    """`_lar`, remembered for the last few maps: the old map of a rebalance is usually the
-    map the previous one returned."""
-    import hashlib
-
-    key = hashlib.sha1(m.tobytes() + rows.tobytes()[:4096] + bytes([G % 256])).digest()
-    if key not in _LAR_SEEN:
-        if len(_LAR_SEEN) > 8:
-            _LAR_SEEN.clear()
-        _LAR_SEEN[key] = _lar(rows, m, G, N)
-    return _LAR_SEEN[key]
 
 
 def rebalance(weight: np.ndarray, num_replicas: int, num_groups: int, num_nodes: int,
@@ -323,7 +261,7 @@ def rebalance_report(weight: np.ndarray, num_replicas: int, num_groups: int, num
         old = None                                   # another slot count: lay out afresh
     home_all = source.home(G, config.seed, config.layout)
     cnt = replica_counts(w, P, G)
-    W = scenario_loads(w, source.sample, config.scenarios)   # [L, K, N], W[:, 0] = w
+    W = scenario_loads(w, source.sample, config.scenario_count())   # [L, K, N], W[:, 0] = w
     report = RebalanceReport(budget=config.move_budget(), layout=layout_line(source, G, config.layout))
     new_rows, gains = [], []
     imb0, imb1, loc0, loc1 = [], [], [], []      # imbalance: the worst scenario's

@@ -85,7 +85,8 @@ def around_rebalance(original, tokens_per_expert, num_physical_experts,
             w = w.sum(axis=0)
         G = num_physical_experts // num_local_physical_experts
         m = engine.plan(w, num_physical_experts, num_groups or 1, num_nodes, G,
-                        _old_map(num_physical_experts), logger, model=_model())
+                        _old_map(num_physical_experts), logger, model=_model(),
+                        engine_name="sglang")
         if m is None:
             return default()
         return engine_format(m, w.shape[1])

@@ -37,7 +37,8 @@ def _jit(fn):
         return njit(fn)
 
 
-def _swap_loop(load, hosts, ee, share, aff, A, S, caps, max_swaps):  # pragma: no cover
+def _swap_loop(load, hosts, ee, share, aff, A, S, caps, max_swaps, min_cut=0.5,
+               per_cut=False):  # pragma: no cover
     """In place: load float64[K, G] (scenario 0: the live window), hosts bool[G, N], ee
     int64[P] expert of each slot (slot p on device p // S), share float64[K, N] load of one
     copy per scenario (every scenario of the same total), aff float64[G, N], A float32[N, N],
@@ -81,12 +82,14 @@ def _swap_loop(load, hosts, ee, share, aff, A, S, caps, max_swaps):  # pragma: n
         for i in range(S):                        # pass 2: the least affinity lost
             a = ee[h * S + i]
             for j in range(P):
-                if cut[i, j] < 0.5 * best or cut[i, j] <= EPS:
+                if cut[i, j] < min_cut * best or cut[i, j] <= EPS:
                     continue
                 b = ee[j]
                 d = j // S
                 ab = A[a, b]
                 loss = aff[h, a] + aff[d, b] - (aff[d, a] - ab) - (aff[h, b] - ab)
+                if per_cut:
+                    loss = loss / cut[i, j]
                 if loss < low:
                     low = loss
                     bi = h * S + i

@@ -33,7 +33,8 @@ def make_policy(base: type) -> type:
                        else old_global_expert_indices.cpu().numpy())
                 m = engine.plan(weight.float().cpu().numpy(), num_replicas, num_groups,
                                 num_nodes, num_ranks, old, logger,
-                                model=os.environ.get("SEMPAR_EPLB_MODEL") or None)
+                                model=os.environ.get("SEMPAR_EPLB_MODEL") or None,
+                                engine_name="vllm")
             except Exception as err:  # noqa: BLE001 - never take the engine down
                 logger.warning("sempar EPLB: using the engine's default policy for this "
                                "rebalance: %s: %s", type(err).__name__, err)
