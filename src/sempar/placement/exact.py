@@ -62,20 +62,36 @@ class ExactConfig:
     batch: int = BATCH
 
 
-def sempar_moves(rows: PlacementProblem, l: int, start: np.ndarray, cap: float,
-                 cfg: SemparConfig) -> np.ndarray:
-    """int64[N]: device of each expert after sempar's alternation (`solver.alternate`, the
-    `rows` objective's layer solve: items the distinct expert sets of layer l of the row trace
-    rows.trace) from the expert devices start int[N], under sempar's load model at cap x the
-    mean."""
-    G = rows.num_devices
+def layer_model(rows: PlacementProblem, l: int, cap: float, cfg: SemparConfig):
+    """(one-layer trace of layer l of the row trace rows.trace by expert set
+    (`row_sets.layer_trace`), its `AffinityStats`, sempar's `LoadModel` there at cap x the mean:
+    the fit load plus the robust margin for the spread a grouping adds)."""
     lt = layer_trace(rows.trace, l)
     stats = AffinityStats(lt)
+    return lt, stats, _load_model(_layer_request_counts(stats, 0), cap, rows.num_devices, cfg)
+
+
+def robust_set_loads(lm, sets: np.ndarray) -> np.ndarray:
+    """float64[n]: `LoadModel.of`'s device load for each expert set sets int[n, S] (the fit
+    load plus the margin sqrt(1_D^T sigma 1_D) less the uniform offset)."""
+    L = lm.load[sets].sum(axis=1)
+    if lm.sigma is None:
+        return L
+    V = lm.sigma[sets[:, :, None], sets[:, None, :]].sum(axis=(1, 2))
+    return L + np.sqrt(np.maximum(V, 0.0)) - lm.offset
+
+
+def sempar_moves(rows: PlacementProblem, model: tuple, start: np.ndarray,
+                 cfg: SemparConfig) -> np.ndarray:
+    """int64[N]: device of each expert after sempar's alternation (`solver.alternate`, the
+    `rows` objective's layer solve: items the distinct expert sets of one layer of the row
+    trace) from the expert devices start int[N]; model: `layer_model`'s answer."""
+    G = rows.num_devices
+    lt, stats, lm = model
     C = stats.counts(0)
     occ, size = pseudo_batches(stats, rows.seed, cfg.shuffles)
     step = dense_step(lambda local: batch_priced_assign(
         local, occ, size, cfg.shuffles, cfg.token_price_steps, cfg.row_patience), G)
-    lm = _load_model(_layer_request_counts(stats, 0), cap, G, cfg)
     sg, eg = slot_groups(dataclasses.replace(rows, trace=lt))
     items = np.argmax(np.asarray(C @ onehot(start, G)), axis=1)
     dev, _, _ = alternate(C, step, lm, sg, eg, items, start, **_alternation_settings(cfg, False))
@@ -117,18 +133,28 @@ def exact_solve(p: PlacementProblem, config: ExactConfig = ExactConfig()) -> Pla
             count = np.bincount(ex.ravel(), minlength=N).astype(np.float64)
             own = expert_devices(phy2log[l], G)
             cap = max(fit_cap, imbalance(own, count, G))
+            model = layer_model(rows, l, fit_cap, cfg)
+            lm = model[2]
+
+            def admit(sets: np.ndarray) -> np.ndarray:       # sempar's own cap, margin included
+                return robust_set_loads(lm, sets) <= lm.cap * (1 + 1e-9)
+
             cands = {"sempar": own}
-            ilp = integer_config(ex, N, G, config.ilp, cap, starts=(phy2log[l],))
+            ilp = integer_config(ex, N, G, config.ilp, cap, starts=(phy2log[l],), admit=admit)
             if ilp is not None and ilp["partition"] is not None:
                 cands["milp"] = expert_devices(ilp["partition"], G)
                 if config.refine:
-                    cands["milp+sempar moves"] = sempar_moves(rows, l, cands["milp"], fit_cap, cfg)
+                    cands["milp+sempar moves"] = sempar_moves(rows, model, cands["milp"], cfg)
             fig = {k: layer_local(d, ex, G, config.batch) for k, d in cands.items()}
-            ok = [k for k, d in cands.items() if imbalance(d, count, G) <= cap * (1 + 1e-12)]
+            ok = [k for k, d in cands.items() if k == "sempar" or (
+                imbalance(d, count, G) <= cap * (1 + 1e-12)
+                and admit(np.sort(np.argsort(d, kind="stable").reshape(G, -1), axis=1)).all())]
             keep = max(ok, key=lambda k: (fig[k], k == "sempar"))
             dev = cands[keep]
             phy2log[l] = np.argsort(dev * N + np.arange(N), kind="stable")    # device order
             layers.append({"kept": keep, "cap": round(cap, 4),
+                           "robust_load": round(float(lm.of(dev, G).max() / (lm.load.sum() / G)),
+                                                4), "fit_cap": round(fit_cap, 4),
                            **{f"lar_{k}": round(v / max(ex.size, 1), 5) for k, v in fig.items()},
                            **({} if ilp is None else {
                                "milp_gap": round(ilp["gap"], 6), "milp_optimal": ilp["optimal"],
