@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from math import comb
+from typing import Callable
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
@@ -87,12 +88,15 @@ def imbalance(device: np.ndarray, count: np.ndarray, G: int) -> float:
 
 def integer_config(experts: np.ndarray, N: int, G: int,
                    config: ConfigIlpConfig = ConfigIlpConfig(),
-                   max_imbalance: float | None = None, starts: tuple = ()) -> dict | None:
+                   max_imbalance: float | None = None, starts: tuple = (),
+                   admit: Callable[[np.ndarray], np.ndarray] | None = None) -> dict | None:
     """The integer configuration program at one layer (module docstring), or None where the
     sets cannot be listed or no partition is within max_imbalance.
 
     experts: int[T, k] one layer's routed experts (distinct within a row); starts: partitions
-    int64[N] (experts in device order, slot // S = device) known already, e.g. the solver's.
+    int64[N] (experts in device order, slot // S = device) known already, e.g. the solver's;
+    admit: None, or sets int[n, S] -> bool[n], the sets a caller's own balance rule allows
+    (the program then ranges over the sets both allow).
     Returns {"local": an upper bound on the local activations of every placement within
     max_imbalance (None: any), "value": sum V of the partition found, "gap": (local - value) /
     local, "optimal": whether HiGHS proved its optimum, "partition": int64[N] or None,
@@ -116,6 +120,9 @@ def integer_config(experts: np.ndarray, N: int, G: int,
     cap = np.inf if max_imbalance is None else max_imbalance * total / G * (1 + 1e-12)
     if max_imbalance is not None:
         D, V = D[load <= cap], V[load <= cap]
+    if admit is not None:            # a caller's own balance rule on top (sempar's load model)
+        ok = np.asarray(admit(D), bool)
+        D, V = D[ok], V[ok]
     if not len(D):
         return None
     lp = _lp(D, V, N, G, config.time_limit_s)
@@ -129,7 +136,7 @@ def integer_config(experts: np.ndarray, N: int, G: int,
     best, best_value = None, -np.inf
     for p in known:
         groups = np.sort(np.asarray(p, np.int64).reshape(G, S), axis=1)
-        if load_of(experts, N, groups).max() <= cap:
+        if load_of(experts, N, groups).max() <= cap and (admit is None or admit(groups).all()):
             v = float(device_values(experts, N, G, config.batch, groups).sum())
             if v > best_value:
                 best, best_value = np.asarray(p, np.int64), v
