@@ -231,8 +231,10 @@ def _solved_for(p: PlacementProblem, out: Placement) -> Placement:
     return out
 
 
-def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable) -> Placement:
-    """The unfinished placement (`base.solve_problem` relabels and validates it); cfg decided."""
+def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable,
+           fit_cap: float | None = None) -> Placement:
+    """The unfinished placement (`base.solve_problem` relabels and validates it); cfg decided.
+    fit_cap: the balance cap instead of p.max_imbalance (held_out.py's caps below 1.0)."""
     meta = p.trace.meta
     L, N, G = meta.num_layers, meta.num_experts, p.num_devices
     if N % G:
@@ -247,19 +249,21 @@ def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable) -> Placemen
                            replicates=cfg.held_out_replicates,
                            resamples=cfg.held_out_resamples, seed=p.seed,
                            folds=cfg.held_out_folds, refold=cfg.held_out_refold,
-                           margin=cfg.held_out_margin)
-        inner = lambda q: _solve(q, cfg, mapper)                                   # noqa: E731
+                           margin=cfg.held_out_margin, fallback=cfg.held_out_fallback,
+                           min_cap=cfg.held_out_min_cap, point_retries=cfg.held_out_point_retries)
+        inner = lambda q, fit_cap=None: _solve(q, cfg, mapper, fit_cap)            # noqa: E731
         if p.mode == "tp" and cfg.row_sets:      # layer by layer on distinct sets (row_sets.py)
             fast = replace(cfg, token_patience=cfg.row_patience)
-            inner = lambda q: _solve(q, fast, mapper)                              # noqa: E731
+            inner = lambda q, fit_cap=None: _solve(q, fast, mapper, fit_cap)      # noqa: E731
             jobs = usable_cpus() if p.jobs is None else p.jobs
-            whole, inner = inner, lambda q: solve_by_layer(q, whole, mapper, jobs)  # noqa: E731
+            whole, inner = inner, lambda q, fit_cap=None: solve_by_layer(         # noqa: E731
+                q, lambda r: whole(r, fit_cap), mapper, jobs)
         out = solve_rows(p, inner, cfg.budget_rows, held_out, cfg.budget_restarts)
         out.info["objective"] = "rows"
         return out
     stats = AffinityStats(p.trace)
     slot_group, expert_group = slot_groups(p)
-    imb = p.max_imbalance if not p.redundant else 1 + cfg.replica_slack * (
+    imb = (fit_cap or p.max_imbalance) if not p.redundant else 1 + cfg.replica_slack * (
         p.max_imbalance - 1)                      # the primary's cap (`replica_slack`)
     if p.mode == "dp":
         return _solve_dp(p, stats, slot_group, expert_group, imb, cfg)
