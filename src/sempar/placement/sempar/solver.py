@@ -69,7 +69,6 @@ from typing import Callable
 
 import numpy as np
 
-from sempar.affinity.requests import request_counts
 from sempar.affinity.affinity_stats import AffinityStats
 from sempar.errors import InputError
 from sempar.placement.capacity import place_leftovers, proposal_rounds
@@ -80,7 +79,8 @@ from sempar.placement.sempar._pool import map_layers, usable_cpus
 from sempar.placement.placement import Placement, RequestClusters
 from sempar.placement.sempar import replicas as sempar_replicas, scale as sempar_scale
 from sempar.placement.sempar.config import SemparConfig
-from sempar.placement.sempar.load import LoadModel, onehot, load_spread
+from sempar.placement.sempar.load import (LoadModel, layer_load_model, layer_request_counts,
+                                          load_spread, onehot)
 from sempar.placement.sempar.experts import expert_step
 from sempar.placement.sempar.held_out import HeldOut
 from sempar.placement.sempar.hypergraph import hypergraph_start
@@ -179,20 +179,6 @@ def _in_groups(dev: np.ndarray, slot_group: np.ndarray, expert_group: np.ndarray
     have = np.zeros_like(want)
     np.add.at(have, (dev, expert_group), 1)
     return bool(np.array_equal(want, have))
-
-
-def _load_model(X: np.ndarray, imb: float, G: int, cfg: SemparConfig) -> LoadModel:
-    """The load model of one layer from the fit requests' counts X float[R, N]: cap `imb` x the
-    mean load, the resampling spread of the requests as its margin."""
-    load = X.sum(axis=0, dtype=np.float64)
-    return LoadModel(load, load_spread(X.astype(np.float64), load), imb * load.sum() / G, G,
-                     robust=cfg.robust)
-
-
-def _layer_request_counts(stats: AffinityStats, l: int) -> np.ndarray:
-    """float32[R, N]: activations of each expert by each fit request at layer l."""
-    return request_counts(stats.request_index, stats.trace.experts[:, l], stats.R,
-                          stats.N).astype(np.float32)
 
 
 def sempar_solve(problem: PlacementProblem, config: SemparConfig | None = None, *,
@@ -336,7 +322,7 @@ class _TpLayers:
             etok = (sempar_scale.SparseLocal(C, edev, G).first() if cfg.sparse_step  # no cap
                     else np.argmax(np.asarray(C @ onehot(edev, G)), axis=1))
         else:
-            lm = _load_model(_layer_request_counts(stats, l), self.imb, G, cfg)
+            lm = layer_load_model(layer_request_counts(stats, l), self.imb, G, cfg.robust)
             edev, etok, _, _ = metis_layer(C.toarray().astype(np.int64), stats.a, G, p.seed)
         search = _alternation_settings(cfg, bool(cfg.large_trace or cfg.bounded_experts))
         dev, items, obj = alternate(C, self.step, lm, self.slot_group, self.expert_group, etok,
@@ -365,10 +351,10 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
 
     L, G, R = stats.L, p.num_devices, stats.R
     node_of = p.node_of()
-    full = [_layer_request_counts(stats, l) for l in range(L)]                     # [R, N] each
+    full = [layer_request_counts(stats, l) for l in range(L)]                     # [R, N] each
     hot = [sempar_replicas.dp_hot(q, G, p.redundant, cfg.dp_hot) for q in full]
     Q = [sempar_replicas.without(q, h) for q, h in zip(full, hot)]   # hot experts: local anywhere
-    lms = [_load_model(q, imb, G, cfg) for q in Q]
+    lms = [layer_load_model(q, imb, G, cfg.robust) for q in Q]
     feats, _ = request_features(np.stack(full), p.seed)
     z = initial_requests(feats, G, p.seed)
     ones = np.ones(R)
