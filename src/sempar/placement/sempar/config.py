@@ -191,7 +191,7 @@ class SemparConfig:
     inflation, down to `held_out_min_cap` (held_out.py, step 6; docs/placement.md). Measured
     on the 8 real cases (2026-12-07): DeepSeek-V2-Lite EP 8 dp held out 1.106 -> 1.088 (LAR
     0.142 -> 0.139), EP 8 tp 1.096 -> 1.084 (LAR 0.436 -> 0.423), EP 4 dp kept at cap 1.0,
-    the four cases whose upper prediction is within 1.10 unchanged."""
+    the five cases whose upper prediction is within 1.10 unchanged."""
     held_out_min_cap: float = 0.95
     """`rows` objective, "point" search: the lowest fit cap (x the mean robust load; below 1.0
     the robust loads must sit under the mean, their margin past a random grouping's charged)."""
