@@ -223,3 +223,57 @@ def test_cap_search_keeps_the_highest_cap_within_and_refolds(monkeypatch):
     assert h["fit_cap"] == pytest.approx(1.025) and h["within_budget"]
     assert folds_at == pytest.approx([1.05, 1.025])       # refolded at the kept cap
     assert h["refolded"]["cap"] == pytest.approx(1.025)
+
+
+def test_point_fallback_searches_below_one_on_the_point_prediction(monkeypatch):
+    """held_out.calibrated_solve, fallback "point" (issue 45, step 6): no cap from 1.0 up has
+    its upper prediction within the target, so the cap is searched on the point prediction,
+    below 1.0 as the `fit_cap` keyword (the problem's cap stays 1.0), and the promise stays
+    false. A stand-in whose point prediction is 1.08 + 2 x (cap - 0.99) at inflation 2 and
+    whose upper is 0.1 higher."""
+    import types
+
+    from sempar.placement.sempar import held_out as ho
+
+    caps = []
+
+    def solve(q, fit_cap=None):
+        cap = q.max_imbalance if fit_cap is None else fit_cap
+        assert q.max_imbalance >= 1.0
+        caps.append(cap)
+        return types.SimpleNamespace(info={}, cap=cap)
+
+    monkeypatch.setattr(ho, "cv_inflation", lambda q, fold, h: {
+        "inflation": 2.0, "upper": 3.0, "folds": []})
+    monkeypatch.setattr(ho, "request_loads", lambda placed, trace: placed.cap)
+    monkeypatch.setattr(ho, "_bootstrap", lambda X, h, inflation=1.0: {
+        1.0: 1.0, 2.0: 1.08 + 2 * (X - 0.99), 3.0: 1.18 + 2 * (X - 0.99)}[inflation])
+    trace = types.SimpleNamespace(request_id=np.arange(40))
+    p = types.SimpleNamespace(max_imbalance=1.05, trace=trace)
+    monkeypatch.setattr(ho.dataclasses, "replace", lambda q, **kw: types.SimpleNamespace(
+        **{**vars(q), **kw}))
+    held = ho.HeldOut(target=1.10, margin=0.0, retries=3, fallback="point", min_cap=0.95,
+                      point_retries=2)
+    h = ho.calibrated_solve(p, solve, held).info["held_out"]
+    # upper: 1.05 (1.30), 1.0 (1.20, floor), then the point: 1.0 (1.10 within), 1.05 (1.22)
+    # -> bisection 1.025 (1.15), 1.0125 (1.125): the highest within stays 1.0
+    assert [c for c, _ in h["caps_tried"]][:2] == pytest.approx([1.05, 1.0])
+    assert h["fit_cap"] == pytest.approx(1.0) and not h["within_budget"]
+    held = ho.dataclasses.replace(held, target=1.09)
+    caps.clear()
+    h = ho.calibrated_solve(p, solve, held).info["held_out"]
+    # the point at 1.0 (1.10) is above 1.09: the excess step goes below 1.0, to 0.99 (1.08),
+    # then bisection to 0.995 (1.09, within)
+    assert min(caps) == pytest.approx(0.99) and h["fit_cap"] == pytest.approx(0.995)
+    assert h["predicted_imbalance"] == pytest.approx(1.09) and not h["within_budget"]
+    assert "warning" in h and h["point_caps"]
+
+
+def test_upper_fallback_keeps_the_lowest_upper():
+    """fallback "upper" (the rule before issue 45's step 6) never solves below 1.0."""
+    from sempar.placement.sempar.held_out import _kept, _search
+
+    tried = [(1.05, None, 1.0, 1.2, 1.3)]
+    _search(tried, lambda c: (c, None, 1.0, 1.1 + c - 1.0, 1.2 + c - 1.0), 4, 1.1, 3, 1.0)
+    assert [t[0] for t in tried] == pytest.approx([1.05, 1.0])
+    assert _kept(tried, 4, 1.1)[0] == pytest.approx(1.0)

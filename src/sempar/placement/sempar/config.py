@@ -184,6 +184,19 @@ class SemparConfig:
     promise itself stays upper <= target). 0.01 (issue 45): at 0 GPT-OSS-20B EP 8 tp kept an
     upper figure of 1.0999 and held out 1.103; at 0.01 fit cap 1.0, held out 1.087, LAR
     0.374 -> 0.366 (held_out.py)."""
+    held_out_fallback: str = "point"
+    """`rows` objective: where no fit cap from 1.0 up has an upper prediction within the target
+    (the fit too small to promise it), "upper" keeps the cap of the lowest upper prediction;
+    "point" (ours, issue 45) searches the cap again on the point prediction with the refolded
+    inflation, down to `held_out_min_cap` (held_out.py, step 6; docs/placement.md). Measured
+    on the 8 real cases (2026-12-07): DeepSeek-V2-Lite EP 8 dp held out 1.106 -> 1.088 (LAR
+    0.142 -> 0.139), EP 8 tp 1.096 -> 1.084 (LAR 0.436 -> 0.423), EP 4 dp kept at cap 1.0,
+    the five cases whose upper prediction is within 1.10 unchanged."""
+    held_out_min_cap: float = 0.95
+    """`rows` objective, "point" search: the lowest fit cap (x the mean robust load; below 1.0
+    the robust loads must sit under the mean, their margin past a random grouping's charged)."""
+    held_out_point_retries: int = 2
+    """`rows` objective, "point" search: solves at most."""
     budget_held_out_folds: int = 2
     """`rows` objective: the folds kept where the work budget cuts the fit sample (DeepSeek-V3
     shape at `--effort` 1: 240k tokens, EP 16, 12 solves in 426 CPU s with the full calibration;
@@ -194,6 +207,7 @@ class SemparConfig:
 
     def __post_init__(self) -> None:
         check_choice("dp_token_table", self.dp_token_table, ("share", "requests"))
+        check_choice("held_out_fallback", self.held_out_fallback, ("upper", "point"))
         check_choice("hypergraph_objective", self.hypergraph_objective, ("km1", "soed", "cut"))
         check_choice("hypergraph_preset", self.hypergraph_preset,
                      ("deterministic", "default", "quality"))
@@ -215,8 +229,9 @@ class SemparConfig:
     def budget_held_out(self) -> dict:
         """The held-out calibration's settings where the work budget cuts the fit sample: no
         cap search (the solve's cap is kept), no refold, and at most `budget_held_out_folds`
-        folds (each solves on part of the fit, together about one more solve)."""
-        return {"held_out_retries": 0, "held_out_refold": False,
+        folds (each solves on part of the fit, together about one more solve), no point
+        search."""
+        return {"held_out_retries": 0, "held_out_refold": False, "held_out_point_retries": 0,
                 "held_out_folds": min(self.held_out_folds, self.budget_held_out_folds)}
 
     @classmethod

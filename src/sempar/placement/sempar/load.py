@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from sempar.affinity.affinity_stats import AffinityStats
+from sempar.affinity.requests import request_counts
+
 
 def load_spread(X: np.ndarray, load: np.ndarray, gram: np.ndarray | None = None) -> np.ndarray:
     """float64[N, N]: Sigma with 1_S^T Sigma 1_S = the variance of a device's load share (in
@@ -68,3 +71,18 @@ def onehot(dev: np.ndarray, G: int) -> np.ndarray:
     out = np.zeros((dev.size, G), np.float32)
     out[np.arange(dev.size), dev] = 1.0
     return out
+
+
+def layer_load_model(X: np.ndarray, imb: float, G: int, robust: float) -> LoadModel:
+    """The load model of one layer from the fit requests' counts X float[R, N]: cap `imb` x the
+    mean load (below 1.0 too: held_out.py's step 6), the resampling spread of the requests as
+    its margin."""
+    load = X.sum(axis=0, dtype=np.float64)
+    return LoadModel(load, load_spread(X.astype(np.float64), load), imb * load.sum() / G, G,
+                     robust=robust)
+
+
+def layer_request_counts(stats: AffinityStats, l: int) -> np.ndarray:
+    """float32[R, N]: activations of each expert by each fit request at layer l."""
+    return request_counts(stats.request_index, stats.trace.experts[:, l], stats.R,
+                          stats.N).astype(np.float32)

@@ -69,14 +69,14 @@ def first_copy_device(placement: Placement) -> np.ndarray:
     return (log2phy // placement.slots_per_device).astype(np.int64)
 
 
-def best_of(solver: Callable[[PlacementProblem], Placement], p: PlacementProblem,
-            restarts: int) -> Placement:
+def best_of(solver: Callable[..., Placement], p: PlacementProblem, restarts: int,
+            **kw) -> Placement:
     """The best of `restarts` solves of `p` with seeds p.seed, p.seed + 1, ...: per layer in tp
     mode (layers are independent there; each layer's fit local activations,
     `info["fit_local_activations"]`, decide), the whole placement in dp mode (its layers share
     the requests' ranks). The alternation stops in a local optimum that its start decides; other
-    METIS seeds start elsewhere."""
-    runs = [solver(dataclasses.replace(p, seed=(p.seed + i) % 2**32))
+    METIS seeds start elsewhere. kw: `solver`'s keywords (held_out.py's `fit_cap`)."""
+    runs = [solver(dataclasses.replace(p, seed=(p.seed + i) % 2**32), **kw)
             for i in range(max(1, restarts))]
     obj = [r.info["fit_local_activations"] for r in runs]
     if p.mode == "dp" or len(runs) == 1:
@@ -95,7 +95,7 @@ def solve_rows(p: PlacementProblem, solver: Callable[[PlacementProblem], Placeme
     """`solver` (the `sempar` entry point) on the row items of `p.trace` (module docstring)."""
     rows = row_trace(p.trace, max_rows, p.seed)
     primary = dataclasses.replace(p, trace=rows, objective="tokens", redundant=0)
-    placement = calibrated_solve(primary, lambda q: best_of(solver, q, restarts), held_out,
+    placement = calibrated_solve(primary, lambda q, **kw: best_of(solver, q, restarts, **kw), held_out,
                                  cv_solve=solver)    # folds: one start each (held_out.py)
     placement.token_table = None     # per fit row (or stale after `best_of`): no use online
     if p.redundant:

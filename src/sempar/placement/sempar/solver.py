@@ -69,7 +69,6 @@ from typing import Callable
 
 import numpy as np
 
-from sempar.affinity.requests import request_counts
 from sempar.affinity.affinity_stats import AffinityStats
 from sempar.errors import InputError
 from sempar.placement.capacity import place_leftovers, proposal_rounds
@@ -80,7 +79,8 @@ from sempar.placement.sempar._pool import map_layers, usable_cpus
 from sempar.placement.placement import Placement, RequestClusters
 from sempar.placement.sempar import replicas as sempar_replicas, scale as sempar_scale
 from sempar.placement.sempar.config import SemparConfig
-from sempar.placement.sempar.load import LoadModel, onehot, load_spread
+from sempar.placement.sempar.load import (LoadModel, layer_load_model, layer_request_counts,
+                                          load_spread, onehot)
 from sempar.placement.sempar.experts import expert_step
 from sempar.placement.sempar.held_out import HeldOut
 from sempar.placement.sempar.hypergraph import hypergraph_start
@@ -181,20 +181,6 @@ def _in_groups(dev: np.ndarray, slot_group: np.ndarray, expert_group: np.ndarray
     return bool(np.array_equal(want, have))
 
 
-def _load_model(X: np.ndarray, imb: float, G: int, cfg: SemparConfig) -> LoadModel:
-    """The load model of one layer from the fit requests' counts X float[R, N]: cap `imb` x the
-    mean load, the resampling spread of the requests as its margin."""
-    load = X.sum(axis=0, dtype=np.float64)
-    return LoadModel(load, load_spread(X.astype(np.float64), load), imb * load.sum() / G, G,
-                     robust=cfg.robust)
-
-
-def _layer_request_counts(stats: AffinityStats, l: int) -> np.ndarray:
-    """float32[R, N]: activations of each expert by each fit request at layer l."""
-    return request_counts(stats.request_index, stats.trace.experts[:, l], stats.R,
-                          stats.N).astype(np.float32)
-
-
 def sempar_solve(problem: PlacementProblem, config: SemparConfig | None = None, *,
                  mapper: Callable = map_layers) -> Placement:
     """`solve("sempar", ...)`'s placement of `problem` under `config` (None:
@@ -231,8 +217,10 @@ def _solved_for(p: PlacementProblem, out: Placement) -> Placement:
     return out
 
 
-def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable) -> Placement:
-    """The unfinished placement (`base.solve_problem` relabels and validates it); cfg decided."""
+def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable,
+           fit_cap: float | None = None) -> Placement:
+    """The unfinished placement (`base.solve_problem` relabels and validates it); cfg decided.
+    fit_cap: the balance cap instead of p.max_imbalance (held_out.py's caps below 1.0)."""
     meta = p.trace.meta
     L, N, G = meta.num_layers, meta.num_experts, p.num_devices
     if N % G:
@@ -247,19 +235,21 @@ def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable) -> Placemen
                            replicates=cfg.held_out_replicates,
                            resamples=cfg.held_out_resamples, seed=p.seed,
                            folds=cfg.held_out_folds, refold=cfg.held_out_refold,
-                           margin=cfg.held_out_margin)
-        inner = lambda q: _solve(q, cfg, mapper)                                   # noqa: E731
+                           margin=cfg.held_out_margin, fallback=cfg.held_out_fallback,
+                           min_cap=cfg.held_out_min_cap, point_retries=cfg.held_out_point_retries)
+        inner = lambda q, fit_cap=None: _solve(q, cfg, mapper, fit_cap)            # noqa: E731
         if p.mode == "tp" and cfg.row_sets:      # layer by layer on distinct sets (row_sets.py)
             fast = replace(cfg, token_patience=cfg.row_patience)
-            inner = lambda q: _solve(q, fast, mapper)                              # noqa: E731
+            inner = lambda q, fit_cap=None: _solve(q, fast, mapper, fit_cap)      # noqa: E731
             jobs = usable_cpus() if p.jobs is None else p.jobs
-            whole, inner = inner, lambda q: solve_by_layer(q, whole, mapper, jobs)  # noqa: E731
+            whole, inner = inner, lambda q, fit_cap=None: solve_by_layer(         # noqa: E731
+                q, lambda r: whole(r, fit_cap), mapper, jobs)
         out = solve_rows(p, inner, cfg.budget_rows, held_out, cfg.budget_restarts)
         out.info["objective"] = "rows"
         return out
     stats = AffinityStats(p.trace)
     slot_group, expert_group = slot_groups(p)
-    imb = p.max_imbalance if not p.redundant else 1 + cfg.replica_slack * (
+    imb = (fit_cap or p.max_imbalance) if not p.redundant else 1 + cfg.replica_slack * (
         p.max_imbalance - 1)                      # the primary's cap (`replica_slack`)
     if p.mode == "dp":
         return _solve_dp(p, stats, slot_group, expert_group, imb, cfg)
@@ -332,7 +322,7 @@ class _TpLayers:
             etok = (sempar_scale.SparseLocal(C, edev, G).first() if cfg.sparse_step  # no cap
                     else np.argmax(np.asarray(C @ onehot(edev, G)), axis=1))
         else:
-            lm = _load_model(_layer_request_counts(stats, l), self.imb, G, cfg)
+            lm = layer_load_model(layer_request_counts(stats, l), self.imb, G, cfg.robust)
             edev, etok, _, _ = metis_layer(C.toarray().astype(np.int64), stats.a, G, p.seed)
         search = _alternation_settings(cfg, bool(cfg.large_trace or cfg.bounded_experts))
         dev, items, obj = alternate(C, self.step, lm, self.slot_group, self.expert_group, etok,
@@ -361,10 +351,10 @@ def _solve_dp(p: PlacementProblem, stats: AffinityStats, slot_group, expert_grou
 
     L, G, R = stats.L, p.num_devices, stats.R
     node_of = p.node_of()
-    full = [_layer_request_counts(stats, l) for l in range(L)]                     # [R, N] each
+    full = [layer_request_counts(stats, l) for l in range(L)]                     # [R, N] each
     hot = [sempar_replicas.dp_hot(q, G, p.redundant, cfg.dp_hot) for q in full]
     Q = [sempar_replicas.without(q, h) for q, h in zip(full, hot)]   # hot experts: local anywhere
-    lms = [_load_model(q, imb, G, cfg) for q in Q]
+    lms = [layer_load_model(q, imb, G, cfg.robust) for q in Q]
     feats, _ = request_features(np.stack(full), p.seed)
     z = initial_requests(feats, G, p.seed)
     ones = np.ones(R)
