@@ -43,11 +43,10 @@ from sempar.placement.config_ilp import (ConfigIlpConfig, expert_devices, imbala
                                          integer_config, layer_local, listable)
 from sempar.placement.placement import Placement
 from sempar.placement.sempar.config import SemparConfig
-from sempar.placement.sempar.load import onehot
+from sempar.placement.sempar.load import layer_load_model, layer_request_counts, onehot
 from sempar.placement.sempar.row_sets import layer_trace
 from sempar.placement.sempar.rows import first_copy_device, resolve_objective, row_trace
-from sempar.placement.sempar.solver import (_alternation_settings, _layer_request_counts,
-                                            _load_model, alternate, dense_step, sempar)
+from sempar.placement.sempar.solver import alternate, alternation_settings, dense_step, sempar
 from sempar.placement.sempar.tokens import batch_priced_assign, pseudo_batches
 from sempar.predict.token_table import TokenTable
 
@@ -72,7 +71,7 @@ def layer_model(rows: PlacementProblem, l: int, cap: float, cfg: SemparConfig):
     the fit load plus the robust margin for the spread a grouping adds)."""
     lt = layer_trace(rows.trace, l)
     stats = AffinityStats(lt)
-    return lt, stats, _load_model(_layer_request_counts(stats, 0), cap, rows.num_devices, cfg)
+    return lt, stats, layer_load_model(layer_request_counts(stats, 0), cap, rows.num_devices, cfg.robust)
 
 
 def robust_set_loads(lm, sets: np.ndarray) -> np.ndarray:
@@ -98,7 +97,7 @@ def sempar_moves(rows: PlacementProblem, model: tuple, start: np.ndarray,
         local, occ, size, cfg.shuffles, cfg.token_price_steps, cfg.row_patience), G)
     sg, eg = slot_groups(dataclasses.replace(rows, trace=lt))
     items = np.argmax(np.asarray(C @ onehot(start, G)), axis=1)
-    dev, _, _ = alternate(C, step, lm, sg, eg, items, start, **_alternation_settings(cfg, False))
+    dev, _, _ = alternate(C, step, lm, sg, eg, items, start, **alternation_settings(cfg, False))
     return np.asarray(dev, np.int64)
 
 

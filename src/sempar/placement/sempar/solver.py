@@ -154,7 +154,7 @@ def _expert_settings(cfg: SemparConfig, bounded: bool) -> dict:
     return {"swap_limit": cfg.swap_limit, "price_steps": cfg.price_steps}
 
 
-def _alternation_settings(cfg: SemparConfig, bounded: bool) -> dict:
+def alternation_settings(cfg: SemparConfig, bounded: bool) -> dict:
     """`alternate`'s keyword settings: the bounded search (`scale.step_bounds`) or the full
     one."""
     if bounded:
@@ -324,7 +324,7 @@ class _TpLayers:
         else:
             lm = layer_load_model(layer_request_counts(stats, l), self.imb, G, cfg.robust)
             edev, etok, _, _ = metis_layer(C.toarray().astype(np.int64), stats.a, G, p.seed)
-        search = _alternation_settings(cfg, bool(cfg.large_trace or cfg.bounded_experts))
+        search = alternation_settings(cfg, bool(cfg.large_trace or cfg.bounded_experts))
         dev, items, obj = alternate(C, self.step, lm, self.slot_group, self.expert_group, etok,
                                     edev, **search)
         if cfg.hypergraph_start and not cfg.large_trace:      # second start (hypergraph.py)
