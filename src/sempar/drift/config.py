@@ -63,6 +63,11 @@ class ReplayConfig:
                                         # nearest copy's (False: stricter, and it leaves the
                                         # replicas as headroom for traffic not seen yet)
                                         # (Events(enabled=False): step updates only, as before)
+    warm_start: bool = False            # sempar-incremental: one update on the warm-up window
+                                        # before step 0 (the start solve places replica slots
+                                        # by its own rule, not for the peak the dispatch serves)
+    warm_replica_moves: int | None = None   # replica slots per layer that warm-up update may
+                                            # retarget (None: every slot, R)
     engine: str = "vllm"                # sempar-engine: the balancer it is plugged into
     passes_per_step: int = 1000         # forward passes one replay step stands for
 
