@@ -68,6 +68,10 @@ class ReplayConfig:
                                         # by its own rule, not for the peak the dispatch serves)
     warm_replica_moves: int | None = None   # replica slots per layer that warm-up update may
                                             # retarget (None: every slot, R)
+    replica_scenarios: str = "windows"  # sempar-incremental's replica pass checks the peak on
+                                        # each history window's total ("windows") or on each
+                                        # dispatch batch of them ("batches": what a per-batch
+                                        # dispatch such as lp-cap balances)
     engine: str = "vllm"                # sempar-engine: the balancer it is plugged into
     passes_per_step: int = 1000         # forward passes one replay step stands for
 
@@ -75,6 +79,9 @@ class ReplayConfig:
         if min(self.ep, self.every, self.window, self.passes_per_step) < 1:
             raise InputError(f"replay: ep {self.ep} / every {self.every} / window {self.window} "
                              f"/ passes per step {self.passes_per_step} must be >= 1")
+        if self.replica_scenarios not in ("windows", "batches"):
+            raise InputError(f"replay: replica scenarios {self.replica_scenarios!r}: "
+                             "windows or batches")
 
     @property
     def redundant(self) -> int:
