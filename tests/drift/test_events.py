@@ -12,7 +12,7 @@ import pytest
 
 import sempar
 from sempar.drift.events import Events, detect, request_histograms, switch_score
-from sempar.drift.history import History, history_rows
+from sempar.drift.history import History, batch_loads, history_rows, window_loads
 from sempar.drift.streams import drift_stream, request_table
 from sempar.errors import InputError
 from sempar.placement.dispatch_peak import ReplicaPass, fill_loads, min_peak, replica_pass
@@ -140,3 +140,25 @@ def test_replay_updates_inside_the_step_of_a_switch_and_counts_its_copies(tasks)
     assert step["first_request"] <= 40 < step["first_request"] + step["requests"]
     assert step["migrated_bytes"] == step["migrated_experts"] * expert_bytes(stream.meta.model)
     assert step["migrated_experts"] > [s for s in off["steps"]][step["step"]]["migrated_experts"]
+
+
+def test_batch_scenarios_split_each_window_into_its_dispatch_batches(tasks):
+    """`batch_loads`: every window's batches sum to its `window_loads` total, each batch at
+    most `batch` rows, their ages those of their windows (oldest first)."""
+    stream, _, _ = tasks
+    _, _, rows, starts = request_table(stream)
+    seen = stream.take(rows[starts[0]:starts[40]])
+    w, wa = window_loads(seen, 10, History())
+    b, ba = batch_loads(seen, 10, History(), 512)
+    assert np.all(np.diff(ba) <= 0) and set(ba.tolist()) == set(wa.tolist())
+    for i, a in enumerate(wa):
+        assert np.allclose(b[:, ba == a].sum(axis=1), w[:, i])
+        assert (ba == a).sum() == -(-int(w[0, i].sum()) // (512 * seen.experts.shape[2]))
+    assert b[0].sum(axis=1).max() <= 512 * seen.experts.shape[2]
+
+
+def test_replay_config_refuses_an_unknown_replica_scenario():
+    from sempar.drift.config import ReplayConfig
+
+    with pytest.raises(InputError, match="replica scenarios"):
+        ReplayConfig(ep=4, replica_scenarios="steps")
