@@ -162,3 +162,26 @@ def test_replay_config_refuses_an_unknown_replica_scenario():
 
     with pytest.raises(InputError, match="replica scenarios"):
         ReplayConfig(ep=4, replica_scenarios="steps")
+
+
+@pytest.mark.slow
+def test_warm_start_updates_before_step_0_and_counts_its_copies(tasks):
+    """`ReplayConfig.warm_start`: sempar-incremental updates once on the warm-up window (its
+    replica slots retargeted for the dispatch's peak), the copies counted in step 0; without
+    it step 0 is served on the start solve as is."""
+    from sempar.drift.config import ReplayConfig
+    from sempar.drift.replay import replay
+    from sempar.solve_options import SolveOptions
+
+    stream, _, _ = tasks
+    _, _, rows, starts = request_table(stream)
+    part = stream.take(rows[starts[0]:starts[24]])
+    cfg = ReplayConfig.for_model(stream.meta.model, 4, solve=SolveOptions(jobs=1, redundant=4),
+                                 rebalance=dict(max_moves=4), every=8, window=16, max_steps=1,
+                                 dispatch="lp-cap", events=Events(enabled=False, max_moves=4))
+    on = replay(part, ["sempar-incremental"], cfg)["policies"]["sempar-incremental"]["steps"][0]
+    off = replay(part, ["sempar-incremental"], cfg.with_(warm_start=False)
+                 )["policies"]["sempar-incremental"]["steps"][0]
+    assert off["migrated_experts"] == 0 and not off["updated"]
+    assert on["migrated_experts"] > 0 and not on["updated"]
+    assert on["solve_s"] > 0.0
