@@ -12,7 +12,7 @@ import pytest
 
 import sempar
 from sempar.drift.events import Events, detect, request_histograms, switch_score
-from sempar.drift.history import History, history_rows
+from sempar.drift.history import History, batch_loads, history_rows, window_loads
 from sempar.drift.streams import drift_stream, request_table
 from sempar.errors import InputError
 from sempar.placement.dispatch_peak import ReplicaPass, fill_loads, min_peak, replica_pass
@@ -140,3 +140,48 @@ def test_replay_updates_inside_the_step_of_a_switch_and_counts_its_copies(tasks)
     assert step["first_request"] <= 40 < step["first_request"] + step["requests"]
     assert step["migrated_bytes"] == step["migrated_experts"] * expert_bytes(stream.meta.model)
     assert step["migrated_experts"] > [s for s in off["steps"]][step["step"]]["migrated_experts"]
+
+
+def test_batch_scenarios_split_each_window_into_its_dispatch_batches(tasks):
+    """`batch_loads`: every window's batches sum to its `window_loads` total, each batch at
+    most `batch` rows, their ages those of their windows (oldest first)."""
+    stream, _, _ = tasks
+    _, _, rows, starts = request_table(stream)
+    seen = stream.take(rows[starts[0]:starts[40]])
+    w, wa = window_loads(seen, 10, History())
+    b, ba = batch_loads(seen, 10, History(), 512)
+    assert np.all(np.diff(ba) <= 0) and set(ba.tolist()) == set(wa.tolist())
+    for i, a in enumerate(wa):
+        assert np.allclose(b[:, ba == a].sum(axis=1), w[:, i])
+        assert (ba == a).sum() == -(-int(w[0, i].sum()) // (512 * seen.experts.shape[2]))
+    assert b[0].sum(axis=1).max() <= 512 * seen.experts.shape[2]
+
+
+def test_replay_config_refuses_an_unknown_replica_scenario():
+    from sempar.drift.config import ReplayConfig
+
+    with pytest.raises(InputError, match="replica scenarios"):
+        ReplayConfig(ep=4, replica_scenarios="steps")
+
+
+@pytest.mark.slow
+def test_warm_start_updates_before_step_0_and_counts_its_copies(tasks):
+    """`ReplayConfig.warm_start`: sempar-incremental updates once on the warm-up window (its
+    replica slots retargeted for the dispatch's peak), the copies counted in step 0; without
+    it step 0 is served on the start solve as is."""
+    from sempar.drift.config import ReplayConfig
+    from sempar.drift.replay import replay
+    from sempar.solve_options import SolveOptions
+
+    stream, _, _ = tasks
+    _, _, rows, starts = request_table(stream)
+    part = stream.take(rows[starts[0]:starts[24]])
+    cfg = ReplayConfig.for_model(stream.meta.model, 4, solve=SolveOptions(jobs=1, redundant=4),
+                                 rebalance=dict(max_moves=4), every=8, window=16, max_steps=1,
+                                 dispatch="lp-cap", events=Events(enabled=False, max_moves=4))
+    on = replay(part, ["sempar-incremental"], cfg)["policies"]["sempar-incremental"]["steps"][0]
+    off = replay(part, ["sempar-incremental"], cfg.with_(warm_start=False)
+                 )["policies"]["sempar-incremental"]["steps"][0]
+    assert off["migrated_experts"] == 0 and not off["updated"]
+    assert on["migrated_experts"] > 0 and not on["updated"]
+    assert on["solve_s"] > 0.0

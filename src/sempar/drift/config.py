@@ -58,11 +58,20 @@ class ReplayConfig:
     dispatch: str = DEFAULT_DISPATCH    # which copy of a replicated expert serves a token
     replicas: ReplicaPass = field(default_factory=ReplicaPass)   # sempar-incremental's slots
     events: Events = field(default_factory=Events)   # sempar-incremental's switch test
-    split_bound: bool = False           # sempar-incremental under a balancing dispatch: its
+    split_bound: bool = True            # sempar-incremental under a balancing dispatch: its
                                         # bound on the load the dispatch serves (True) or on the
-                                        # nearest copy's (False: stricter, and it leaves the
-                                        # replicas as headroom for traffic not seen yet)
-                                        # (Events(enabled=False): step updates only, as before)
+                                        # nearest copy's (False: stricter, it leaves the replicas
+                                        # as headroom; esft-mixture lp-cap: LAR 0.590 / 0.422 at
+                                        # EP 4 / 8 against 0.616 / 0.449 with True, p95 no higher)
+    warm_start: bool = True             # sempar-incremental: one update on the warm-up window
+                                        # before step 0 (the start solve places replica slots
+                                        # by its own rule, not for the peak the dispatch serves)
+    warm_replica_moves: int | None = None   # replica slots per layer that warm-up update may
+                                            # retarget (None: every slot, R)
+    replica_scenarios: str = "windows"  # sempar-incremental's replica pass checks the peak on
+                                        # each history window's total ("windows") or on each
+                                        # dispatch batch of them ("batches": what a per-batch
+                                        # dispatch such as lp-cap balances)
     engine: str = "vllm"                # sempar-engine: the balancer it is plugged into
     passes_per_step: int = 1000         # forward passes one replay step stands for
 
@@ -70,6 +79,9 @@ class ReplayConfig:
         if min(self.ep, self.every, self.window, self.passes_per_step) < 1:
             raise InputError(f"replay: ep {self.ep} / every {self.every} / window {self.window} "
                              f"/ passes per step {self.passes_per_step} must be >= 1")
+        if self.replica_scenarios not in ("windows", "batches"):
+            raise InputError(f"replay: replica scenarios {self.replica_scenarios!r}: "
+                             "windows or batches")
 
     @property
     def redundant(self) -> int:

@@ -43,7 +43,7 @@ import numpy as np
 
 from sempar.drift import engines
 from sempar.drift.config import ReplayConfig
-from sempar.drift.history import history_sample, window_loads
+from sempar.drift.history import batch_loads, history_sample, window_loads
 from sempar.placement.dispatch import DISPATCH
 from sempar.placement.dispatch_peak import replica_pass
 from sempar.placement.migration import align_devices
@@ -120,7 +120,11 @@ def _incremental(current: Placement, seen: RoutingTrace, cfg: ReplayConfig,
         return nxt
     # the replica slots, for the peak the balancing dispatch serves on every window of the
     # history (`placement.dispatch_peak`): rebalance's bound counts the nearest copy only
-    loads, ages = window_loads(seen, cfg.window, h, regime if young else None)
+    if cfg.replica_scenarios == "batches":
+        loads, ages = batch_loads(seen, cfg.window, h, cfg.rebalance.batch,
+                                  regime if young else None)
+    else:
+        loads, ages = window_loads(seen, cfg.window, h, regime if young else None)
     phy, moved = replica_pass(nxt.phy2log, nxt.num_devices, loads,
                               caps[np.minimum(ages, caps.size - 1)], cfg.replicas)
     if moved:

@@ -139,6 +139,19 @@ class _EventState:
         return bool(c)
 
 
+def _warm_update(pol: ReplayPolicy, p: Placement, warm: RoutingTrace,
+                 cfg: ReplayConfig) -> tuple[Placement, int, float]:
+    """(`p` updated once on the warm-up window, experts it copied, seconds): `cfg.warm_start`,
+    at the event budget (`Events.max_moves` moves) with `cfg.warm_replica_moves` replica slots
+    per layer free (None: all R). Counted in step 0's migration and update time."""
+    k = cfg.redundant if cfg.warm_replica_moves is None else cfg.warm_replica_moves
+    wc = cfg.with_(rebalance=replace(cfg.rebalance, max_moves=cfg.events.max_moves),
+                   replicas=replace(cfg.replicas, max_moves=k))
+    t0 = time.perf_counter()
+    nxt = pol.update(p, warm, wc)
+    return nxt, int(copied_experts(p, nxt).sum()), time.perf_counter() - t0
+
+
 def summary(steps: list[StepFigures], layer_imb: list[np.ndarray]) -> dict:
     upd = [s.solve_s for s in steps if s.updated]
     return {"lar_mean": float(np.mean([s.lar for s in steps])),
@@ -187,9 +200,12 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
         ev = _EventState(cfg, bounds[0]) if pol.events and cfg.events.enabled else None
         if ev is not None and hist is None:
             hist = request_histograms(stream)
+        warm_moved, warm_s = 0, 0.0
+        if cfg.warm_start and pol.history and pol.update is not None:
+            p, warm_moved, warm_s = _warm_update(pol, p, warm, cfg)
         for s, a in enumerate(bounds):
             b = min(a + cfg.every, R)
-            moved, dt, n_events = 0, 0.0, 0
+            moved, dt, n_events = (warm_moved, warm_s, 0) if s == 0 else (0, 0.0, 0)
 
             def update(lo: int, hi: int, regime: int | None) -> None:
                 nonlocal p, moved, dt
