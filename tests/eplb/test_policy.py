@@ -269,3 +269,42 @@ def test_scenarios_by_engine():
     assert cfg.scenario_count() == 3 and cfg.engine == "vllm"
     assert PluginConfig(scenarios=1, engine="vllm").sample_rows() == PluginConfig(
         scenarios=1).sample_rows()
+
+
+def test_finish_live_balances_the_window_a_split_peak_left_above_its_bound():
+    """`swaps.balance_swaps`: a split whose peak no swap can cut (one expert alone above the
+    bound) stops the robust loop; the live finish still brings the live window within its
+    bound without lifting any scenario above the worst peak left, and stops at a fixpoint."""
+    from sempar.eplb.swaps import balance_swaps
+
+    G, S = 4, 4
+    N = G * S
+    rng = np.random.default_rng(3)
+    live = rng.uniform(1.0, 2.0, N)
+    live[:S] *= 3.0                                    # device 0's experts: the live peak
+    split = np.full(N, live.sum() / N)
+    split[5] = 0.5 * live.sum()                        # one expert no swap can help
+    share = np.stack([live, split * live.sum() / split.sum()])
+    caps = np.array([1.05, 1.10])
+
+    def run(finish: bool):
+        hosts = np.zeros((G, N), bool)
+        hosts[np.repeat(np.arange(G), S), np.arange(N)] = True
+        ee = np.nonzero(hosts)[1].astype(np.int64)
+        load = share @ hosts.T.astype(np.float64)
+        A = np.zeros((N, N), np.float32)
+        aff = (hosts.astype(np.float32) @ A).astype(np.float64)
+        worst0 = float((load / caps[:, None]).max())
+        made = balance_swaps(load, hosts, ee, share.copy(), aff, A, S, caps, 64,
+                             finish_live=finish)
+        assert np.allclose(load, share @ hosts.T.astype(np.float64))
+        assert (hosts.sum(axis=1) == S).all() and (hosts.sum(axis=0) == 1).all()
+        return made, load, worst0, hosts, ee, aff, A
+
+    made_off, load_off, _, _, _, _, _ = run(False)
+    made_on, load_on, worst0, hosts, ee, aff, A = run(True)
+    live_imb = lambda ld: ld[0].max() / ld[0].mean()
+    assert live_imb(load_off) > 1.05                   # the robust loop stopped above the bound
+    assert live_imb(load_on) <= 1.05 + 1e-9
+    assert (load_on / caps[:, None]).max() <= worst0 + 1e-9
+    assert balance_swaps(load_on, hosts, ee, share.copy(), aff, A, S, caps, 64) == 0

@@ -69,6 +69,9 @@ class PluginConfig:
     swap_min_cut: the share of the best cut a swap must reach to be considered (0.5: the
     rule of `placement/sempar/experts.py`); lower keeps more locality and balances slower
     (MMLU: 0.2 gave LAR 0.400 / next-step imbalance 1.281 against 0.390 / 1.249 at 0.5).
+    finish_live: when the scenario swaps stop at a peak no swap can cut, go on balancing the
+    live window alone (`swaps.balance_swaps`; ours, issue 43), so the map meets the live
+    bound where a swap can reach it (off: the robust loop's stop is final, the earlier rule).
     """
 
     max_moves: int | None = None
@@ -89,6 +92,7 @@ class PluginConfig:
     layout_effort: float = 1.0
     swap_rule: str = "balance-first"
     swap_min_cut: float = 0.5
+    finish_live: bool = True
     seed: int = 0
     engine: str = ""
 
@@ -170,6 +174,12 @@ class PluginConfig:
                 continue
             if f.name in ("layout", "swap_rule"):
                 kw[f.name] = raw.strip()
+                continue
+            if f.name == "finish_live":
+                flag = raw.strip().lower()
+                if flag not in ("0", "1", "true", "false"):
+                    raise InputError(f"{ENV_PREFIX}FINISH_LIVE: {raw!r} is not 0, 1, true or false")
+                kw[f.name] = flag in ("1", "true")
                 continue
             kind = int if f.name in ("max_moves", "swaps_per_slot", "lar_rows", "seed", "scenarios",
                                    "scenario_rows", "layout_rows") else float

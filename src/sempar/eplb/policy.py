@@ -55,7 +55,7 @@ from sempar.eplb.layout import layout_line
 from sempar.eplb.report import RebalanceReport, _hosts, _lar_cached
 from sempar.eplb.source import Source
 from sempar.eplb.scenarios import caps_of as _caps, robust_imbalance as _robust, scenario_loads
-from sempar.eplb.swaps import swap_loop
+from sempar.eplb.swaps import balance_swaps
 
 EPS = 1e-12
 
@@ -179,10 +179,10 @@ def _layout(W: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: 
     if (used != S).any():                                     # N % G != 0: fill leftovers
         raise ValueError("slots left empty")
     ee = np.nonzero(hosts)[1].astype(np.int64)               # expert of each slot
-    swap_loop(load, hosts, ee, np.ascontiguousarray(share, np.float64), aff.astype(np.float64),
-              np.ascontiguousarray(A, np.float32), S, caps,
-              cfg.swaps_per_slot * S, cfg.swap_min_cut,
-              cfg.swap_rule == "per-cut")                     # step 4 (swaps.py)
+    balance_swaps(load, hosts, ee, np.ascontiguousarray(share, np.float64),
+                  aff.astype(np.float64), np.ascontiguousarray(A, np.float32), S, caps,
+                  cfg.swaps_per_slot * S, cfg.swap_min_cut, cfg.swap_rule == "per-cut",
+                  cfg.finish_live)                            # step 4 (swaps.py)
     return hosts
 
 
@@ -200,8 +200,9 @@ def _rebalance_only(W: np.ndarray, old_row: np.ndarray, A: np.ndarray, G: int, S
     load = np.ascontiguousarray(share @ hosts.T.astype(np.float64))
     aff = (hosts.astype(np.float32) @ A).astype(np.float64)
     ee = np.nonzero(hosts)[1].astype(np.int64)
-    swap_loop(load, hosts, ee, share, aff, np.ascontiguousarray(A, np.float32), S,
-              _caps(W, cfg), max_swaps, cfg.swap_min_cut, cfg.swap_rule == "per-cut")
+    balance_swaps(load, hosts, ee, share, aff, np.ascontiguousarray(A, np.float32), S,
+                  _caps(W, cfg), max_swaps, cfg.swap_min_cut, cfg.swap_rule == "per-cut",
+                  cfg.finish_live)
     return hosts
 
 
