@@ -121,6 +121,17 @@ def request_loads(placement: Placement, trace: RoutingTrace, batch: int = BATCH)
     return out
 
 
+def hot_expert(trace: RoutingTrace, G: int) -> tuple[float, int]:
+    """(the largest load of one expert over a device's mean load G x load / total, the layer
+    it is in) of `trace` (experts int[T, L, k]): above the budget, no placement that holds each
+    expert once can balance that layer."""
+    L, N = trace.meta.num_layers, trace.meta.num_experts
+    hot = [np.bincount(trace.experts[:, l].ravel(), minlength=N).max() * G
+           / max(trace.experts[:, l].size, 1) for l in range(L)]
+    layer = int(np.argmax(hot))
+    return float(hot[layer]), layer
+
+
 def imbalance(load: np.ndarray) -> float:
     """Mean over layers of max / mean device load; load float[L, G]."""
     return float((load.max(axis=1) / np.maximum(load.mean(axis=1), 1e-12)).mean())
@@ -316,10 +327,17 @@ def calibrated_solve(p: PlacementProblem, solve: Callable[[PlacementProblem], Pl
                            "the held-out imbalance is not cross-validated (folds < 2)") + \
             ": no imbalance is promised"
     elif upper > held_out.target:
-        info["warning"] = (f"the fit ({R} requests) is too small to promise held-out imbalance "
-                           f"<= {held_out.target:.2f}: predicted {pred:.3f}, up to {upper:.3f} "
-                           f"(one standard error of the folds) at fit cap {cap:.3f}; fit on "
-                           f"more requests")
+        hot, layer = hot_expert(p.trace, p.num_devices)
+        if not p.redundant and hot > held_out.target:   # more requests would not help
+            info["warning"] = (f"one expert alone carries {hot:.2f}x a device's mean load (layer "
+                               f"{layer}): no placement without replica slots can promise "
+                               f"held-out imbalance <= {held_out.target:.2f} (predicted "
+                               f"{pred:.3f}); add replica slots (--redundant)")
+        else:
+            info["warning"] = (f"the fit ({R} requests) is too small to promise held-out "
+                               f"imbalance <= {held_out.target:.2f}: predicted {pred:.3f}, up to "
+                               f"{upper:.3f} (one standard error of the folds) at fit cap "
+                               f"{cap:.3f}; fit on more requests")
     out.info["held_out"] = info
     return out
 
