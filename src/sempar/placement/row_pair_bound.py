@@ -53,9 +53,9 @@ class RowPairConfig:
     nonnegativity: keep the W >= 0 multipliers (the semidefinite relaxation with X >= 0; off:
         the eigenvalue bound with row prices)."""
 
-    smoothing: tuple[float, ...] = (0.03, 0.008, 0.0015)
-    iterations: int = 150
-    budget_s: float = 60.0
+    smoothing: tuple[float, ...] = (0.03, 0.008, 0.0015, 0.0003)
+    iterations: int = 400
+    budget_s: float = 30.0
     nonnegativity: bool = True
 
 
