@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import minimize
 from scipy.special import expit, logsumexp, softmax
+from threadpoolctl import threadpool_limits
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,16 @@ def _top_smooth(lam: np.ndarray, G: int, mu: float) -> tuple[float, np.ndarray]:
 def row_pair_bound(experts: np.ndarray, N: int, G: int,
                    config: RowPairConfig = RowPairConfig(), b0: float | None = None) -> dict:
     """{"local": an upper bound on sum_t m_t (local activations, homes uncapacitated) of every
-    placement of N experts on G devices of N / G at this layer, "seconds", "evaluations"}.
+    placement of N experts on G devices of N / G at this layer, "seconds" (CPU), "evaluations"}.
 
     experts: int[T, k] one layer's routed experts (distinct within a row); b0: the rows'
-    starting price (e.g. the pair budget's dual, 1 / the level it stops in; 1 / 2 if None)."""
+    starting price (e.g. the pair budget's dual, `bound.budget_price`; 1 / 2 if None)."""
+    with threadpool_limits(1):     # N x N eigensolves: threads only contend
+        return _row_pair_bound(experts, N, G, config, b0)
+
+
+def _row_pair_bound(experts: np.ndarray, N: int, G: int, config: RowPairConfig,
+                    b0: float | None) -> dict:
     t0 = time.process_time()
     ex = np.sort(np.asarray(experts, np.int64), axis=1)
     T, k = ex.shape
