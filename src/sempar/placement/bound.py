@@ -28,8 +28,9 @@ the same expert set are one weighted item (the counts only see the set).
 The pair budget drops the homes' capacity; `device_bound.config_bound` (the device-configuration
 LP) keeps it and is far tighter where its C(N, N / G) device sets can be enumerated, and
 `colgen_bound` (the same LP, one cap a tp batch by default, by column generation, its pricing
-an exact pruned scan) where they are too many to list but few enough to scan: each layer keeps the
-lowest (all are valid).
+an exact pruned scan) where they are too many to list but few enough to scan; where neither
+runs, `row_pair_bound` (this budget with a price a row and the co-located pairs bounded by the
+semidefinite relaxation with nonnegativity): each layer keeps the lowest (all are valid).
 """
 
 from __future__ import annotations
