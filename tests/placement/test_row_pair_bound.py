@@ -51,9 +51,11 @@ def test_bound_is_above_every_partition_and_not_above_the_pair_budget_by_much(
     # the multipliers start where the pair budget's dual is: the optimiser must not end far
     # above it (it may end below: that is the point)
     assert out["local"] <= layer_bound(ex, N, G)["local"] * 1.02 + 1e-6
-    # the eigenvalue form alone (W = 0) is valid too
+    # the eigenvalue form alone (W = 0) is valid too, and so are triangle multipliers
     assert row_pair_bound(ex, N, G, RowPairConfig(iterations=20, nonnegativity=False)
                           )["local"] >= truth * (1 - 1e-9)
+    tri = row_pair_bound(ex, N, G, RowPairConfig(iterations=20, triangles=15))
+    assert tri["local"] >= truth * (1 - 1e-9)
 
 
 def test_tighter_than_the_pair_budget_on_clustered_routing():
@@ -96,3 +98,13 @@ def test_real_routing_below_the_pair_budget_and_above_placements():
         local = np.stack([(dev[ex] == d).sum(axis=1) for d in range(G)], 1).max(1).sum()
         assert local <= ours
     assert ours < 0.97 * pair
+
+
+def test_top_triples_are_the_most_co_activated_with_each_apex():
+    from sempar.placement.row_pair_bound import _top_triples
+
+    sets = np.array([[0, 1, 2, 3], [0, 1, 2, 4], [1, 2, 3, 5]], np.int64)
+    w = np.array([1.0, 1.0, 0.5])
+    tri = _top_triples(sets, w, 6, 1)                # (0, 1, 2): weight 2, the most
+    assert sorted(map(tuple, tri)) == [(0, 1, 2), (1, 0, 2), (2, 0, 1)]
+    assert _top_triples(sets, w, 6, 0).shape == (0, 3)

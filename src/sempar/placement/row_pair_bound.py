@@ -52,12 +52,15 @@ class RowPairConfig:
     iterations: L-BFGS-B iterations a phase;
     budget_s: CPU seconds of this process for one layer (checked between phases);
     nonnegativity: keep the W >= 0 multipliers (the semidefinite relaxation with X >= 0; off:
-        the eigenvalue bound with row prices)."""
+        the eigenvalue bound with row prices);
+    triangles: the triangle inequalities X_ef + X_eg - X_fg <= 1 (each apex) of this many
+        expert triples, the most co-activated, get multipliers too (0: none)."""
 
     smoothing: tuple[float, ...] = (0.03, 0.008, 0.0015, 0.0003)
     iterations: int = 400
     budget_s: float = 30.0
     nonnegativity: bool = True
+    triangles: int = 0
 
 
 def min_pairs(k: int, G: int, S: int) -> tuple[np.ndarray, np.ndarray]:
@@ -123,6 +126,9 @@ def _row_pair_bound(experts: np.ndarray, N: int, G: int, config: RowPairConfig,
     iu = np.triu_indices(N, 1)
     nW = iu[0].size if config.nonnegativity else 0
     msf = ms.astype(np.float64)
+    tri = _top_triples(sets, w, N, config.triangles)          # int64[nT, 3]: apex first
+    nT = tri.shape[0]
+    te, tf, tg = (tri[:, c] for c in range(3))
     best = [np.inf]
 
     def F(z: np.ndarray, mu: float, tau: float) -> tuple[float, np.ndarray]:
@@ -136,10 +142,15 @@ def _row_pair_bound(experts: np.ndarray, N: int, G: int, config: RowPairConfig,
         M = (Ab + Ab.T) / 2 - np.diag(u) - (v[:, None] + v[None, :]) / 2
         if nW:
             Wm = np.zeros((N, N))
-            Wm[iu] = z[ng + 2 * N:]
+            Wm[iu] = z[ng + 2 * N:ng + 2 * N + nW]
             M += Wm + Wm.T
+        if nT:
+            tau = z[ng + 2 * N + nW:] / 2
+            np.add.at(M, (te, tf), -tau); np.add.at(M, (tf, te), -tau)
+            np.add.at(M, (te, tg), -tau); np.add.at(M, (tg, te), -tau)
+            np.add.at(M, (tf, tg), tau); np.add.at(M, (tg, tf), tau)
         lam, V = np.linalg.eigh(M)
-        lin = float(u.sum() + S * v.sum())
+        lin = float(u.sum() + S * v.sum() + z[ng + 2 * N + nW:].sum())
         best[0] = min(best[0], rows_exact + lin + S * float(lam[-G:].sum()))   # exact F
         top, y = _top_smooth(lam, G, mu)
         P = (V * y) @ V.T
@@ -147,10 +158,12 @@ def _row_pair_bound(experts: np.ndarray, N: int, G: int, config: RowPairConfig,
                  1 - S * np.diag(P), S - S * P.sum(axis=1)]
         if nW:
             grads.append(2 * S * P[iu])
+        if nT:
+            grads.append(1 + S * (P[tf, tg] - P[te, tf] - P[te, tg]))
         return float(w @ rows_s) + lin + S * top, np.concatenate(grads)
 
-    z = np.concatenate([np.full(ng, 0.5 if b0 is None else b0), np.zeros(2 * N + nW)])
-    bounds = [(0, None)] * ng + [(None, None)] * (2 * N) + [(0, None)] * nW
+    z = np.concatenate([np.full(ng, 0.5 if b0 is None else b0), np.zeros(2 * N + nW + nT)])
+    bounds = [(0, None)] * ng + [(None, None)] * (2 * N) + [(0, None)] * (nW + nT)
     F(z, 1.0, 1.0)
     scale = best[0] / N
     evals = 0
@@ -163,3 +176,21 @@ def _row_pair_bound(experts: np.ndarray, N: int, G: int, config: RowPairConfig,
         z, evals = res.x, evals + res.nfev
     local = min(best[0] * T * (1 + 1e-9), float(T * min(k, S)))
     return {"local": local, "seconds": time.process_time() - t0, "evaluations": evals}
+
+
+def _top_triples(sets: np.ndarray, w: np.ndarray, N: int, n: int) -> np.ndarray:
+    """int64[3 n', 3]: the n' <= n expert triples most co-activated in the rows (sets int64[ng,
+    k] sorted, weights w float64[ng]), each with each of its experts as apex (first)."""
+    if n <= 0 or sets.shape[1] < 3:
+        return np.zeros((0, 3), np.int64)
+    from itertools import combinations
+
+    pick = np.array(list(combinations(range(sets.shape[1]), 3)), np.int64)
+    t = sets[:, pick]                                        # [ng, C(k, 3), 3]
+    key = (t[..., 0] * N + t[..., 1]) * N + t[..., 2]
+    uniq, inv = np.unique(key.ravel(), return_inverse=True)
+    weight = np.bincount(inv, weights=np.repeat(w, pick.shape[0]))
+    top = uniq[np.argsort(-weight, kind="stable")[:n]]
+    a, b, c = top // (N * N), top // N % N, top % N
+    return np.concatenate([np.stack([a, b, c], 1), np.stack([b, a, c], 1),
+                           np.stack([c, a, b], 1)]).astype(np.int64)
