@@ -57,7 +57,7 @@ class RowPairConfig:
         expert triples, the most co-activated, get multipliers too (0: none)."""
 
     smoothing: tuple[float, ...] = (0.03, 0.008, 0.0015, 0.0003)
-    iterations: int = 400
+    iterations: int = 150
     budget_s: float = 30.0
     nonnegativity: bool = True
     triangles: int = 0
