@@ -108,3 +108,28 @@ def test_top_triples_are_the_most_co_activated_with_each_apex():
     tri = _top_triples(sets, w, 6, 1)                # (0, 1, 2): weight 2, the most
     assert sorted(map(tuple, tri)) == [(0, 1, 2), (1, 0, 2), (2, 0, 1)]
     assert _top_triples(sets, w, 6, 0).shape == (0, 3)
+
+
+def test_lar_upper_bound_uses_it_where_no_lp_runs():
+    """lar_upper_bound: where neither the listed nor the scanned LP runs, each layer keeps the
+    lower of the row-pair bound and the pair budget, above the optimum; evaluate's fast effort
+    leaves it out."""
+    from sempar.placement.bound import ROWPAIR_METHOD, lar_upper_bound
+    from sempar.placement.device_bound import BOUND_EFFORTS, BoundConfig
+    from sempar.trace.schema import RoutingTrace, TraceMeta
+
+    N, G, k = 8, 4, 3
+    ex = np.stack([rows(40, N, k, s, clustered=True) for s in (0, 1)], axis=1)   # [T, 2, k]
+    T = ex.shape[0]
+    trace = RoutingTrace(TraceMeta(model="t", num_layers=2, num_experts=N, top_k=k, vocab_size=4),
+                         np.zeros(T, np.int32), np.zeros(T, np.int64),
+                         np.arange(T, dtype=np.int32), ex.astype(np.int16)).validate()
+    cfg = BoundConfig(max_device_sets=1, colgen_max_sets=0,
+                      row_pair=RowPairConfig(iterations=40))
+    b = lar_upper_bound(trace, G, cfg)
+    assert b["per_layer_method"] == [ROWPAIR_METHOD] * 2
+    for l in range(2):
+        pair = layer_bound(ex[:, l], N, G)["local"] / ex[:, l].size
+        assert best_unconstrained(ex[:, l], N, N // G) / ex[:, l].size - 1e-12 \
+            <= b["per_layer"][l] < pair
+    assert BOUND_EFFORTS["fast"].row_pair is None and BOUND_EFFORTS["full"].row_pair is not None
