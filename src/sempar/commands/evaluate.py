@@ -54,7 +54,8 @@ def evaluate(ctx: typer.Context,
              bound_effort: str = typer.Option(
                  "fast", "--bound", help="tp's bound row (how far from optimal, on the fit "
                  "sample): fast (listed device-set LP / pair budget), full (also the column "
-                 "generation where the sets cannot be listed: minutes a case) or none"),
+                 "generation where the sets cannot be listed, and the row-pair Lagrangian "
+                 "bound where they cannot be scanned: minutes a case) or none"),
              seed: int = seed_option(),
              as_json: bool = json_option()) -> None:
     """Compare placement methods on held-out routing: LAR, oracle LAR, remote copies, imbalance."""

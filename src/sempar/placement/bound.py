@@ -28,8 +28,9 @@ the same expert set are one weighted item (the counts only see the set).
 The pair budget drops the homes' capacity; `device_bound.config_bound` (the device-configuration
 LP) keeps it and is far tighter where its C(N, N / G) device sets can be enumerated, and
 `colgen_bound` (the same LP, one cap a tp batch by default, by column generation, its pricing
-an exact pruned scan) where they are too many to list but few enough to scan: each layer keeps the
-lowest (all are valid).
+an exact pruned scan) where they are too many to list but few enough to scan; where neither
+runs, `row_pair_bound` (this budget with a price a row and the co-located pairs bounded by the
+semidefinite relaxation with nonnegativity): each layer keeps the lowest (all are valid).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from sempar.placement.colgen_bound import colgen_bound
+from sempar.placement.row_pair_bound import row_pair_bound
 from sempar.placement.set_scan import coactivation
 from sempar.placement.device_bound import BoundConfig, config_bound
 from sempar.trace.schema import RoutingTrace
@@ -91,16 +93,27 @@ def budget_rows(rows: float, budget: float, top: int) -> float:
     return total
 
 
+def budget_price(rows: float, budget: float, top: int) -> float:
+    """The pair budget's price of a pair (its LP dual): 1 / j for the level j -> j + 1 it stops
+    in (step 3), 0 where every row reaches `top`."""
+    left = float(budget)
+    for j in range(1, top):
+        if left < j * rows:
+            return 1.0 / j
+        left -= j * rows
+    return 0.0
+
+
 def layer_bound(experts: np.ndarray, N: int, G: int) -> dict:
     """The bound's parts at one layer; experts int[T, k]: {"local": the bound on local
-    activations, "pairs": Pi*, "star", "eigen"}."""
+    activations, "pairs": Pi*, "star", "eigen", "price": the budget's price of a pair}."""
     T, k = experts.shape
     S = N // G
     A = coactivation(experts, N)
     star, eig = star_bound(A, S), eigen_bound(A, G)
     pairs = min(star, eig)
     return {"local": min(budget_rows(T, pairs, min(k, S)), float(T * k)), "pairs": pairs,
-            "star": star, "eigen": eig}
+            "star": star, "eigen": eig, "price": budget_price(T, pairs, min(k, S))}
 
 
 def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConfig(),
@@ -108,7 +121,7 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
                     ) -> dict:
     """{"lar_mean": the bound on the capacity-bound exact-home LAR (mean over layers) of any
     placement of `trace`'s experts on G devices, "per_layer": [float], "per_layer_method":
-    [CONFIG_METHOD | COLGEN_METHOD | PAIR_METHOD] (the lowest at each layer), "max_imbalance": the
+    [CONFIG_METHOD | COLGEN_METHOD | ROWPAIR_METHOD | PAIR_METHOD] (the lowest at each layer), "max_imbalance": the
     balance the bound assumes of every placement (None: any; the pair budget assumes none, so it
     is valid for both), "lar_mean_any_balance": the bound over every placement, "witness": per layer
     int64[N] (the LP's rounded placement, experts in device order) or None, "method": its name,
@@ -126,8 +139,13 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
         for l in range(L):
             t0 = time.perf_counter()
             ex = np.asarray(trace.experts[:, l], np.int64)
-            pair = layer_bound(ex, N, G)["local"]
+            parts = layer_bound(ex, N, G)
+            pair, pair_how = parts["local"], PAIR_METHOD
             cfg = config_bound(ex, N, G, config, max_imbalance)
+            if cfg is None and not cg_ok and config.row_pair is not None:
+                rp = row_pair_bound(ex, N, G, config.row_pair, parts["price"] or None)
+                if rp["local"] < pair:
+                    pair, pair_how = rp["local"], ROWPAIR_METHOD
             any_ = pair if cfg is None else min(pair, cfg["local_any"])
             method = CONFIG_METHOD
             if cfg is None and cg_ok:
@@ -138,11 +156,11 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
                     any_ = min(pair, cfg["local"])
             use_cfg = cfg is not None and cfg["local"] < pair
             per.append((cfg["local"] if use_cfg else pair) / max(T * k, 1))
-            how.append(method if use_cfg else PAIR_METHOD)
+            how.append(method if use_cfg else pair_how)
             witness.append(None if cfg is None else cfg["witness"])
             per_any.append(any_ / max(T * k, 1))
             secs.append(time.perf_counter() - t0)
-    names = [m for m in (CONFIG_METHOD, COLGEN_METHOD, PAIR_METHOD) if m in how]
+    names = [m for m in (CONFIG_METHOD, COLGEN_METHOD, ROWPAIR_METHOD, PAIR_METHOD) if m in how]
     return {"lar_mean": float(np.mean(per)) if per else 0.0, "per_layer": per,
             "lar_mean_any_balance": float(np.mean(per_any)) if per_any else 0.0,
             "per_layer_method": how, "witness": witness, "max_imbalance": max_imbalance,
@@ -152,4 +170,6 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
 CONFIG_METHOD = "device configuration LP (capacity-bound, HiGHS)"
 COLGEN_METHOD = ("device configuration LP by column generation (exact pricing scan, "
                  "Lagrangian bound)")
+ROWPAIR_METHOD = ("row-pair Lagrangian (a price a row, semidefinite bound with nonnegativity on "
+                  "co-located pairs)")
 PAIR_METHOD = "pair budget (star / Donath-Hoffman eigenvalue bound on co-located pairs)"

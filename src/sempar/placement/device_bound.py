@@ -37,6 +37,7 @@ from scipy.sparse import csr_matrix
 
 from sempar.placement.capacity import BATCH
 from sempar.placement.colgen_bound import ColgenConfig
+from sempar.placement.row_pair_bound import RowPairConfig
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,9 @@ class BoundConfig:
     colgen_max_sets: where C(N, S) is above max_device_sets but at most this, the column-generation
         bound (`colgen_bound`) runs instead (its exact pricing scan enumerates, pruned, up to
         C(N, S) sets: GPT-OSS-20B at EP 4, C(32, 8) = 10.5M; not DeepSeek-V2-Lite's C(64, 8));
-    colgen: its knobs.
+    colgen: its knobs;
+    row_pair: the row-pair Lagrangian bound's knobs (`row_pair_bound`), run at the layers where
+        neither LP runs (DeepSeek-V2-Lite); None: not run (the pair budget alone there).
     """
 
     max_device_sets: int = 100_000
@@ -59,15 +62,16 @@ class BoundConfig:
     batch: int = BATCH
     colgen_max_sets: int = 20_000_000
     colgen: ColgenConfig = ColgenConfig()
+    row_pair: RowPairConfig | None = RowPairConfig()
 
 
 # `evaluate --bound`: how much the bound row may cost. "fast" (evaluate's default) keeps the
 # listed LP and the pair budget and skips the column generation (GPT-OSS-20B at EP 4: 61 of
-# evaluate's 76 s wall went to it); "full" is `BoundConfig()` (what bench_rows_speed.py
+# evaluate's 76 s wall went to it) and the row-pair Lagrangian bound; "full" is `BoundConfig()` (what bench_rows_speed.py
 # reports); "none" leaves the bound rows out. Every effort's bound is valid: each layer keeps
 # the least of the bounds it ran.
 BOUND_EFFORTS: dict[str, BoundConfig | None] = {
-    "fast": BoundConfig(colgen_max_sets=0), "full": BoundConfig(), "none": None}
+    "fast": BoundConfig(colgen_max_sets=0, row_pair=None), "full": BoundConfig(), "none": None}
 
 
 def _colex_rank(sets: np.ndarray) -> np.ndarray:
