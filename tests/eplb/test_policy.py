@@ -307,4 +307,5 @@ def test_finish_live_balances_the_window_a_split_peak_left_above_its_bound():
     assert live_imb(load_off) > 1.05                   # the robust loop stopped above the bound
     assert live_imb(load_on) <= 1.05 + 1e-9
     assert (load_on / caps[:, None]).max() <= worst0 + 1e-9
-    assert balance_swaps(load_on, hosts, ee, share.copy(), aff, A, S, caps, 64) == 0
+    assert balance_swaps(load_on, hosts, ee, share.copy(), aff, A, S, caps, 64,
+                         finish_live=True) == 0

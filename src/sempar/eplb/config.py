@@ -70,8 +70,14 @@ class PluginConfig:
     rule of `placement/sempar/experts.py`); lower keeps more locality and balances slower
     (MMLU: 0.2 gave LAR 0.400 / next-step imbalance 1.281 against 0.390 / 1.249 at 0.5).
     finish_live: when the scenario swaps stop at a peak no swap can cut, go on balancing the
-    live window alone (`swaps.balance_swaps`; ours, issue 43), so the map meets the live
-    bound where a swap can reach it (off: the robust loop's stop is final, the earlier rule).
+    live window's peak without lifting any scenario above the worst peak left, the two loops
+    in turn to a fixpoint (`swaps.balance_swaps`; ours, issue 43). Off by default (the robust
+    loop's stop is final). Measured at 17 scenarios on a FILE profiled away from the traffic
+    (`bench_eplb_plugin.py`, one rebalance): live max / mean 1.063 -> 1.042 (V2-Lite, LAR
+    0.434 -> 0.425) and 1.149 -> 1.127 (GPT-OSS-20B, 0.486 -> 0.479); in the engines' drift
+    replay (`bench_drift_engines.py --suites engines`, all 12 cases) it lost two met LAR
+    targets (ESFT-mixture at vLLM's cadence, R 0 / 8: 1.251x / 1.236x -> 1.184x / 1.177x) and
+    fixed no p95 miss (MMLU R 0 vLLM +0.056 -> +0.043).
     """
 
     max_moves: int | None = None
@@ -92,7 +98,7 @@ class PluginConfig:
     layout_effort: float = 1.0
     swap_rule: str = "balance-first"
     swap_min_cut: float = 0.5
-    finish_live: bool = True
+    finish_live: bool = False
     seed: int = 0
     engine: str = ""
 
