@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import build_trace
+from sempar.errors import InputError
 from sempar.placement import SOLVERS, solve
 from sempar.placement.config_ilp import expert_devices, imbalance, layer_local
 
@@ -44,8 +45,8 @@ def test_falls_back_to_sempar_where_the_exact_start_does_not_apply():
     assert tokens.info["exact"] == {"fallback": "tokens objective"}
     assert np.array_equal(tokens.phy2log,
                           solve("sempar", trace, num_devices=2, objective="tokens").phy2log)
-    dp = solve("sempar-exact", trace, num_devices=2, mode="dp")
-    assert dp.info["exact"] == {"fallback": "dp mode"}
+    with pytest.raises(InputError, match="serves only tp"):      # its program is tp's figure
+        solve("sempar-exact", trace, num_devices=2, mode="dp")
     wide = build_trace(T=200, L=1, N=32, k=2, seed=2)
     out = solve("sempar-exact", wide, num_devices=2, objective="rows")
     assert out.info["exact"]["fallback"].startswith("C(32, 16) device sets exceed")

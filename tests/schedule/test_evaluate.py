@@ -151,10 +151,12 @@ def test_all_methods_skip_what_they_do_not_declare() -> None:
     no_replicas = {n for n in SOLVERS.names() if not SOLVERS.get(n).replicas}
     assert no_replicas and {"sempar", "eplb"} <= set(SOLVERS.names()) - no_replicas
     for mode in ("tp", "dp"):
-        assert set(out[mode]["skipped"]) == no_replicas
-        assert set(out[mode]["methods"]) == set(SOLVERS.names()) - no_replicas
+        other_mode = {n for n in SOLVERS.names() if mode not in SOLVERS.get(n).modes}
+        assert set(out[mode]["skipped"]) == no_replicas | other_mode
+        assert set(out[mode]["methods"]) == set(SOLVERS.names()) - no_replicas - other_mode
         assert out[mode]["skipped"]["semmoe"] == \
             "--redundant 4: semmoe places every expert once (no replicas)"
+    assert "sempar-exact" in set(out["dp"]["skipped"]) - no_replicas   # declared tp only
     with pytest.raises(InputError, match="semmoe places every expert once"):
         evaluate_modes(fit, ev, 4, SolveOptions(redundant=4), methods=["semmoe"])
 

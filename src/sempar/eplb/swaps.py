@@ -47,13 +47,14 @@ def _jit(fn):
 
 
 def _swap_loop(load, hosts, ee, share, aff, A, S, caps, max_swaps, min_cut=0.5,
-               per_cut=False, live=False, ceiling=np.inf):  # pragma: no cover
+               per_cut=False, ceiling=np.inf):  # pragma: no cover
     """In place: load float64[K, G] (scenario 0: the live window), hosts bool[G, N], ee
     int64[P] expert of each slot (slot p on device p // S), share float64[K, N] load of one
     copy per scenario (every scenario of the same total), aff float64[G, N], A float32[N, N],
-    caps float64[K] each scenario's bound on max / mean. `live`: the peak is the live
-    window's (scenario 0) alone and a swap may not lift any scenario's load / cap above
-    `ceiling` (the live finish, module docstring). Returns the swaps made."""
+    caps float64[K] each scenario's bound on max / mean. A finite `ceiling`: the live finish
+    (module docstring), the peak is the live window's (scenario 0) alone and a swap may not
+    lift any scenario's load / cap above it. Returns the swaps made."""
+    live = ceiling < np.inf
     K, G = load.shape
     P = ee.size
     N = share.shape[1]
@@ -148,7 +149,7 @@ def balance_swaps(load: np.ndarray, hosts: np.ndarray, ee: np.ndarray, share: np
     while made < max_swaps and load[0].max() > caps[0] * load[0].mean() + EPS:
         ceiling = float((load / caps[:, None]).max())     # the worst peak the loop left
         live = swap_loop(load, hosts, ee, share, aff, A, S, caps, max_swaps - made, min_cut,
-                         per_cut, True, ceiling)
+                         per_cut, ceiling)
         made += live
         if live == 0 or made >= max_swaps:
             break

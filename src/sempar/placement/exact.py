@@ -21,9 +21,10 @@ whose C(N, N / G) device sets can be listed (`config_ilp.listable`: GPT-OSS-20B 
    version held the candidates to the first rule alone: on a 20 % fit of GPT-OSS-20B at EP 8
    its held-out imbalance went to 1.149 against `sempar`'s 1.087.)
 
-So it is never worse than `sempar` on the fit figure, under sempar's own balance rule. Elsewhere
-(dp mode, the tokens objective, replicas, groups, sets too many to list) it is `sempar`
-(`info["exact"]["fallback"]` says why). `info["exact"]["layers"]` reports per layer the
+So it is never worse than `sempar` on the fit figure, under sempar's own balance rule. It serves
+tp mode only (its program is tp's figure; declared, so `evaluate` does not solve `sempar` a
+second time under its name in dp mode). Elsewhere (the tokens objective, replicas, groups, sets
+too many to list) it is `sempar` (`info["exact"]["fallback"]` says why). `info["exact"]["layers"]` reports per layer the
 source kept, the figures and the MILP's own gap (its dual bound is also an upper bound on the
 sum_d V(D_d) of every placement within the cap, so on the real figure too).
 """
@@ -175,7 +176,8 @@ def exact_solve(p: PlacementProblem, config: ExactConfig = ExactConfig()) -> Pla
 
 
 # every request `sempar` serves (the others fall back to it); ours, beside `sempar`
-@SOLVERS.register("sempar-exact", replicas=True, preserves_groups=True, mode_aware=True)
+@SOLVERS.register("sempar-exact", replicas=True, preserves_groups=True, mode_aware=True,
+                  modes=("tp",))
 def sempar_exact(p: PlacementProblem) -> Placement:
     """`sempar` with the integer configuration program's partition as a start, refined with
     sempar's moves and kept per layer where its real figure is higher (module docstring)."""

@@ -213,8 +213,10 @@ def test_cap_search_keeps_the_highest_cap_within_and_refolds(monkeypatch):
     monkeypatch.setattr(ho, "request_loads", lambda placed, trace: placed.cap)
     monkeypatch.setattr(ho, "_bootstrap", lambda X, h, inflation=1.0:
                         1.0 + (inflation - 1.0) * (0.05 + 2 * (X - 1.0)))
-    trace = types.SimpleNamespace(request_id=np.arange(40))
-    p = types.SimpleNamespace(max_imbalance=1.05, trace=trace)
+    trace = types.SimpleNamespace(request_id=np.arange(40),         # 8 experts evenly used
+                                  experts=(np.arange(80) % 8).reshape(40, 1, 2),
+                                  meta=types.SimpleNamespace(num_layers=1, num_experts=8))
+    p = types.SimpleNamespace(max_imbalance=1.05, trace=trace, num_devices=4, redundant=0)
     monkeypatch.setattr(ho.dataclasses, "replace", lambda q, **kw: types.SimpleNamespace(
         **{**vars(q), **kw}))
     out = ho.calibrated_solve(p, solve, ho.HeldOut(target=1.10, margin=0.0))
@@ -248,8 +250,10 @@ def test_point_fallback_searches_below_one_on_the_point_prediction(monkeypatch):
     monkeypatch.setattr(ho, "request_loads", lambda placed, trace: placed.cap)
     monkeypatch.setattr(ho, "_bootstrap", lambda X, h, inflation=1.0: {
         1.0: 1.0, 2.0: 1.08 + 2 * (X - 0.99), 3.0: 1.18 + 2 * (X - 0.99)}[inflation])
-    trace = types.SimpleNamespace(request_id=np.arange(40))
-    p = types.SimpleNamespace(max_imbalance=1.05, trace=trace)
+    trace = types.SimpleNamespace(request_id=np.arange(40),         # 8 experts evenly used
+                                  experts=(np.arange(80) % 8).reshape(40, 1, 2),
+                                  meta=types.SimpleNamespace(num_layers=1, num_experts=8))
+    p = types.SimpleNamespace(max_imbalance=1.05, trace=trace, num_devices=4, redundant=0)
     monkeypatch.setattr(ho.dataclasses, "replace", lambda q, **kw: types.SimpleNamespace(
         **{**vars(q), **kw}))
     held = ho.HeldOut(target=1.10, margin=0.0, retries=3, fallback="point", min_cap=0.95,
@@ -266,7 +270,7 @@ def test_point_fallback_searches_below_one_on_the_point_prediction(monkeypatch):
     # then bisection to 0.995 (1.09, within)
     assert min(caps) == pytest.approx(0.99) and h["fit_cap"] == pytest.approx(0.995)
     assert h["predicted_imbalance"] == pytest.approx(1.09) and not h["within_budget"]
-    assert "warning" in h and h["point_caps"]
+    assert "fit on more requests" in h["warning"] and h["point_caps"]
 
 
 def test_upper_fallback_keeps_the_lowest_upper():
