@@ -50,3 +50,23 @@ def test_falls_back_to_sempar_where_the_exact_start_does_not_apply():
     wide = build_trace(T=200, L=1, N=32, k=2, seed=2)
     out = solve("sempar-exact", wide, num_devices=2, objective="rows")
     assert out.info["exact"]["fallback"].startswith("C(32, 16) device sets exceed")
+
+
+def test_evaluate_hands_sempar_its_own_placement_and_the_result_is_the_same(monkeypatch):
+    """`extends="sempar"`: evaluate solves `sempar` once and sempar-exact starts from it; the
+    placement equals sempar-exact solved alone."""
+    from sempar.placement import exact
+    from sempar.schedule.evaluate import evaluate_modes
+    from sempar.solve_options import SolveOptions
+
+    assert SOLVERS.get("sempar-exact").extends == "sempar"
+    trace = build_trace(T=400, L=2, N=8, k=2, seed=5)
+    alone = solve("sempar-exact", trace, num_devices=2, objective="rows")
+    calls = []
+    real = exact.sempar
+    monkeypatch.setattr(exact, "sempar", lambda p: calls.append(1) or real(p))
+    placements: dict = {}
+    evaluate_modes(trace, trace, 2, modes=("tp",), methods=["sempar", "sempar-exact"],
+                   options=SolveOptions(objective="rows"), placements=placements)
+    assert calls == []                         # no second sempar solve inside sempar-exact
+    assert np.array_equal(placements[("sempar-exact", "tp")].phy2log, alone.phy2log)

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from sempar.placement.metrics import peak_ratio
+
 KL_EPS = 1e-10
 
 
@@ -40,7 +42,7 @@ def device_imbalance(counts: np.ndarray, hosts: np.ndarray) -> float:
     """Mean over layers of max / mean device activations (replicas share an expert's load)."""
     share = hosts / hosts.sum(axis=1, keepdims=True)                    # [L, G, E]
     load = np.einsum("lge,le->lg", share, counts.astype(np.float64))
-    return float(np.mean(load.max(axis=1) / np.maximum(load.mean(axis=1), 1e-12)))
+    return float(peak_ratio(load).mean())
 
 
 def pareto(points: list[dict], max_acc_loss: float) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from sempar.eplb.report import RebalanceReport, _hosts, _lar_cached
 from sempar.eplb.source import Source
 from sempar.eplb.scenarios import caps_of as _caps, robust_imbalance as _robust, scenario_loads
 from sempar.eplb.swaps import balance_swaps
+from sempar.placement.metrics import peak_ratio
 
 EPS = 1e-12
 
@@ -101,9 +102,8 @@ def map_loads(row: np.ndarray, w: np.ndarray, G: int) -> np.ndarray:
 
 
 def _imbalance(load: np.ndarray) -> float:
-    """max / mean of device loads float[G]; of float[K, G] scenarios (all of one total), the
-    worst scenario's."""
-    return float(load.max() / max(load.mean(), EPS))
+    """max / mean of device loads float[G]; of float[K, G] scenarios, the worst scenario's."""
+    return float(peak_ratio(load).max())
 
 
 def _relabel(home: np.ndarray, old_hosts: np.ndarray | None, G: int) -> np.ndarray:

@@ -149,7 +149,10 @@ class SolverSpec:
 
     replicas: places `redundant` extra slots by its own rule (else it places each expert once);
     preserves_groups: honours `preserve_groups`; mode_aware: its placement depends on `mode`
-    (`evaluate` solves it once per mode, the others once for all); modes: the modes it serves.
+    (`evaluate` solves it once per mode, the others once for all); modes: the modes it serves;
+    extends: the registered method whose finished placement of the same problem it starts from
+    (its function then also takes it as keyword `base`: `evaluate`, having solved that method,
+    hands it over instead of the solver solving it again), else None.
     """
 
     fn: Solver
@@ -158,6 +161,7 @@ class SolverSpec:
     mode_aware: bool
     modes: tuple[str, ...] = ("tp", "dp")
     needs_token_ids: bool | tuple[str, ...] = False   # True, or the modes that need them
+    extends: str | None = None
 
     def refusal(self, method: str, trace: RoutingTrace, *, redundant: int = 0, mode: str = "tp",
                 preserve_groups: bool = False) -> str | None:
@@ -180,10 +184,11 @@ class SolverRegistry(Registry[SolverSpec]):
     def register(self, name: str, *, replicas: bool,  # type: ignore[override]
                  preserves_groups: bool, mode_aware: bool,
                  modes: tuple[str, ...] = ("tp", "dp"),
-                 needs_token_ids: bool | tuple[str, ...] = False) -> Callable[[Solver], Solver]:
+                 needs_token_ids: bool | tuple[str, ...] = False,
+                 extends: str | None = None) -> Callable[[Solver], Solver]:
         def deco(fn: Solver) -> Solver:
             self.add(name, SolverSpec(fn, replicas, preserves_groups, mode_aware, tuple(modes),
-                                      needs_token_ids))
+                                      needs_token_ids, extends))
             return fn
 
         return deco

@@ -39,6 +39,7 @@ from scipy.sparse import csr_matrix
 
 from sempar.placement.capacity import BATCH, capacity_home
 from sempar.placement.device_bound import device_sets, device_values
+from sempar.placement.metrics import peak_ratio
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,7 @@ def layer_local(device: np.ndarray, experts: np.ndarray, G: int, batch: int = BA
 
 def imbalance(device: np.ndarray, count: np.ndarray, G: int) -> float:
     """max / mean device load of device int[N] of each expert, count float[N] its activations."""
-    load = np.bincount(device, weights=count, minlength=G)
-    return float(load.max() / max(load.mean(), 1e-12))
+    return float(peak_ratio(np.bincount(device, weights=count, minlength=G)))
 
 
 def integer_config(experts: np.ndarray, N: int, G: int,

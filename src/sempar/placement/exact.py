@@ -23,7 +23,8 @@ whose C(N, N / G) device sets can be listed (`config_ilp.listable`: GPT-OSS-20B 
 
 So it is never worse than `sempar` on the fit figure, under sempar's own balance rule. It serves
 tp mode only (its program is tp's figure; declared, so `evaluate` does not solve `sempar` a
-second time under its name in dp mode). Elsewhere (the tokens objective, replicas, groups, sets
+second time under its name in dp mode), and declares that it extends `sempar`: `evaluate` hands
+it the `sempar` placement it already solved for the same problem instead of a second solve. Elsewhere (the tokens objective, replicas, groups, sets
 too many to list) it is `sempar` (`info["exact"]["fallback"]` says why). `info["exact"]["layers"]` reports per layer the
 source kept, the figures and the MILP's own gap (its dual bound is also an upper bound on the
 sum_d V(D_d) of every placement within the cap, so on the real figure too).
@@ -105,8 +106,6 @@ def sempar_moves(rows: PlacementProblem, model: tuple, start: np.ndarray,
 def _why_not(p: PlacementProblem, config: ExactConfig) -> str | None:
     """Why the exact start does not apply to `p` (None: it does)."""
     N, G = p.trace.meta.num_experts, p.num_devices
-    if p.mode != "tp":
-        return "dp mode"
     if p.redundant or p.preserve_groups:
         return "replicas or preserved groups"
     if resolve_objective(p) != "rows":
@@ -116,10 +115,11 @@ def _why_not(p: PlacementProblem, config: ExactConfig) -> str | None:
     return None
 
 
-def exact_solve(p: PlacementProblem, config: ExactConfig = ExactConfig()) -> Placement:
+def exact_solve(p: PlacementProblem, config: ExactConfig = ExactConfig(),
+                base: Placement | None = None) -> Placement:
     """`sempar-exact`'s unfinished placement of `p` (module docstring; `base.solve_problem`
-    relabels and validates it)."""
-    base = sempar(p)
+    relabels and validates it); base: `sempar`'s placement of the same `p` (None: solved here)."""
+    base = sempar(p) if base is None else base
     why = _why_not(p, config)
     if why is not None:
         base.info["exact"] = {"fallback": why}
@@ -177,8 +177,9 @@ def exact_solve(p: PlacementProblem, config: ExactConfig = ExactConfig()) -> Pla
 
 # every request `sempar` serves (the others fall back to it); ours, beside `sempar`
 @SOLVERS.register("sempar-exact", replicas=True, preserves_groups=True, mode_aware=True,
-                  modes=("tp",))
-def sempar_exact(p: PlacementProblem) -> Placement:
+                  modes=("tp",), extends="sempar")
+def sempar_exact(p: PlacementProblem, base: Placement | None = None) -> Placement:
     """`sempar` with the integer configuration program's partition as a start, refined with
-    sempar's moves and kept per layer where its real figure is higher (module docstring)."""
-    return exact_solve(p, ExactConfig())
+    sempar's moves and kept per layer where its real figure is higher (module docstring);
+    base: `sempar`'s finished placement of the same problem, if already solved."""
+    return exact_solve(p, ExactConfig(), base)

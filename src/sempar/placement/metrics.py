@@ -71,6 +71,13 @@ def served_devices(placement: Placement, experts: np.ndarray, home: np.ndarray,
     return dispatch_all(placement, experts, home, rule, batch)
 
 
+def peak_ratio(load: np.ndarray) -> np.ndarray:
+    """float64[...]: max / mean over the last axis of device loads float[..., G] (a zero mean
+    counts as 1e-12): the one imbalance figure every module reports, per layer or scenario."""
+    load = np.asarray(load, np.float64)
+    return load.max(axis=-1) / np.maximum(load.mean(axis=-1), 1e-12)
+
+
 def batch_imbalance(serve: np.ndarray, batch: np.ndarray, num_devices: int) -> float:
     """Mean over (step, layer) of max / mean device load within the step; serve int[T, L, k],
     batch int[T]."""
@@ -106,12 +113,11 @@ def placement_figures(placement: Placement, experts: np.ndarray, home: np.ndarra
     G, L = placement.num_devices, experts.shape[1]
     key = np.arange(L)[None, :, None] * G + serve
     load = np.bincount(key.ravel(), minlength=L * G).reshape(L, G).astype(float)
-    mean = load.mean(axis=1)
     med = np.median(load, axis=1)
     return {"lar": lar, "lar_mean": float(lar.mean()), "lar_p50": float(np.median(lar)),
             "node_local_rate": float(node_local.mean()),
             "remote_copies_per_token": float(copies.mean()),
-            "imbalance_max_mean": float((load.max(axis=1) / np.maximum(mean, 1e-12)).mean()),
+            "imbalance_max_mean": float(peak_ratio(load).mean()),
             "imbalance_max_median": float((load.max(axis=1) / np.maximum(med, 1e-12)).mean()),
             "batch_imbalance_max_mean": batch_imbalance(serve, batch, G),
             "dispatch": dispatch_rule(placement, dispatch),

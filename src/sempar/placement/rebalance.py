@@ -46,6 +46,7 @@ import numpy as np
 from sempar.errors import InputError
 from sempar.placement.capacity import capacity_home
 from sempar.placement.dispatch_peak import fill_loads
+from sempar.placement.metrics import peak_ratio
 from sempar.placement.placement import Placement
 from sempar.placement.rebalance_plan import EPS, Move, RebalanceConfig, RebalanceResult
 from sempar.placement.serving import node_order, table
@@ -62,7 +63,7 @@ def placement_hash(p: Placement) -> str:
 
 def imbalance(load: np.ndarray) -> float:
     """The worst scenario's max / mean device load; load float[H, G]."""
-    return float((load.max(axis=1) / np.maximum(load.mean(axis=1), EPS)).max())
+    return float(peak_ratio(load).max())
 
 
 class _Layer:

@@ -82,6 +82,7 @@ import numpy as np
 from sempar.placement import serving
 from sempar.placement.base import PlacementProblem
 from sempar.placement.capacity import BATCH, capacity_home
+from sempar.placement.metrics import peak_ratio
 from sempar.placement.placement import Placement
 from sempar.trace.schema import RoutingTrace
 
@@ -134,7 +135,7 @@ def hot_expert(trace: RoutingTrace, G: int) -> tuple[float, int]:
 
 def imbalance(load: np.ndarray) -> float:
     """Mean over layers of max / mean device load; load float[L, G]."""
-    return float((load.max(axis=1) / np.maximum(load.mean(axis=1), 1e-12)).mean())
+    return float(peak_ratio(load).mean())
 
 
 def _shares(load: np.ndarray) -> np.ndarray:
