@@ -102,15 +102,46 @@ def timed_solve(trace, ep: int, path: str):
     return placement, time.perf_counter() - t0, cpu_now() - c0
 
 
+BOUND_FIELDS = ("bound", "bound_any_balance", "bound_method", "bound_s", "bound_cpu_s",
+                "bound_parts", "bound_milp_gap_max", "bound_milp_layers", "bound_lp_mean")
+
+
+def reused_bound(rows: list[dict], name: str, ep: int, beta: float, tokens: int) -> dict:
+    """The bound fields of a previous --json output's rows for (trace `name`, EP `ep`), whose
+    beta (max_imbalance) is at least `beta`: a bound over the placements within that balance is
+    one over every placement within `beta` too. The bound bounds any home assignment within the
+    caps (docs/placement.md, "The exact home rule"), so it serves both home rules unchanged.
+    Also {path: best_known} of those rows (the greedy homes' figure, kept as it was)."""
+    mine = [r for r in rows if r["trace"] == name and r["ep"] == ep]
+    if not mine:
+        raise SystemExit(f"--bound-from: no row for {name} EP {ep}")
+    if mine[0]["tokens"] != tokens:
+        raise SystemExit(f"--bound-from: {name}'s bound is for {mine[0]['tokens']} tokens, "
+                         f"this trace has {tokens}")
+    if max(r["max_imbalance"] for r in mine) < beta - 1e-4:
+        raise SystemExit(f"--bound-from: {name} EP {ep}'s bound is for beta "
+                         f"{mine[0]['max_imbalance']}, below this run's {beta:.4f}")
+    out = {k: mine[0][k] for k in BOUND_FIELDS if k in mine[0]}
+    out["max_imbalance"] = max(r["max_imbalance"] for r in mine)
+    out["best_known"] = {r["path"]: r.get("best_known") for r in mine}
+    out["in_sample_before"] = {r["path"]: r["in_sample"] for r in mine}
+    return out
+
+
 def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool,
           bound_config: BoundConfig = BoundConfig(),
-          ilp_config: ConfigIlpConfig | None = ConfigIlpConfig()) -> list[dict]:
+          ilp_config: ConfigIlpConfig | None = ConfigIlpConfig(),
+          bound_rows: list[dict] | None = None) -> list[dict]:
     """One row per path at (trace, EP). The bound is computed once for all paths, at the
     largest beta among them (a bound over every placement within that balance is one for
     each), seeded with the best in-sample placement; `bound_s` / `bound_cpu_s` its cost.
     ilp_config: where the device sets can be listed, each layer's bound is also the integer
     configuration program's (`config_ilp.tighten_bound`, the least kept), its HiGHS gap per
-    layer reported (`bound_milp_gap_max`); None: the LP bounds only."""
+    layer reported (`bound_milp_gap_max`); None: the LP bounds only. bound_rows: a previous
+    --json output whose bound for this case is reused (`reused_bound`), none computed.
+    Each row has both home rules' in-sample figures: `in_sample` / `gap` with the greedy
+    proposal rounds (`capacity.ASSIGN_RULES["proposal"]`), `in_sample_optimal` /
+    `gap_optimal` with the optimal assignment (`"optimal"`), `optimal_home_s` its time."""
     trace = read_trace(trace_path)
     solved = {p: timed_solve(trace, ep, p) for p in paths}
     beta = PlacementProblem(trace, ep).max_imbalance
@@ -118,6 +149,10 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
     for p, (placement, _, _) in solved.items():
         ins, imb = in_sample(placement, trace.experts)
         beta, lar[p] = max(beta, float(imb.max())), float(ins.mean())
+    if bound_rows is not None:
+        return [_reused_row(name, trace, ep, p, pl, wall, cpu,
+                            reused_bound(bound_rows, name, ep, beta, trace.num_tokens))
+                for p, (pl, wall, cpu) in solved.items()]
     best = max(lar, key=lar.get)
     start = solved[best][0].phy2log.astype("int64") \
         if solved[best][0].phy2log.shape[1] == trace.meta.num_experts else None
@@ -138,6 +173,7 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
                "bound_any_balance": round(b["bound_any_balance"], 4),
                "bound_method": b["bound"], "bound_s": round(bound_s, 1),
                "bound_cpu_s": round(bound_cpu, 1), "bound_parts": bound_config.colgen.parts}
+        row.update(_optimal_homes(placement, trace, row["bound"]))
         gaps = [g for g in bound.get("milp_gap", []) if g is not None]
         if gaps:
             row.update(bound_milp_gap_max=round(max(gaps), 6),
@@ -153,6 +189,32 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
                        held_out_imbalance=round(f["imbalance_max_mean"], 4))
         rows.append(row)
     return rows
+
+
+def _optimal_homes(placement, trace, bound: float) -> dict:
+    """{in_sample_optimal, gap_optimal, optimal_home_s}: `placement`'s in-sample exact-home LAR
+    with the optimal home assignment per batch, its ratio to `bound`, the wall seconds it took."""
+    t0 = time.perf_counter()
+    lar = float(in_sample(placement, trace.experts, rule="optimal")[0].mean())
+    return {"in_sample_optimal": round(lar, 4), "gap_optimal": round(lar / bound, 4),
+            "optimal_home_s": round(time.perf_counter() - t0, 2)}
+
+
+def _reused_row(name, trace, ep, path, placement, wall, cpu, bound) -> dict:
+    """A row whose bound comes from a previous run (`reused_bound`); `in_sample_before` the
+    greedy figure that run reported for this path (equal unless the solver changed)."""
+    ins = float(in_sample(placement, trace.experts)[0].mean())
+    row = {"trace": name, "tokens": trace.num_tokens, "ep": ep, "path": path,
+           "solve_s": round(wall, 2), "cpu_s": round(cpu, 2), "in_sample": round(ins, 4),
+           "gap": round(ins / bound["bound"], 4)}
+    row.update({k: v for k, v in bound.items() if k in BOUND_FIELDS or k == "max_imbalance"})
+    if bound["best_known"].get(path) is not None:
+        row["best_known"] = max(bound["best_known"][path], round(ins, 4))
+    if path in bound["in_sample_before"]:
+        row["in_sample_before"] = bound["in_sample_before"][path]
+    row["bound_reused"] = True
+    row.update(_optimal_homes(placement, trace, bound["bound"]))
+    return row
 
 
 METHODS = {"new": "sempar", "old": "sempar (per-row path)", "hypergraph": "sempar-hypergraph",
@@ -209,6 +271,10 @@ def main(argv: list[str] | None = None) -> None:
                          "leave that bound out (LP bounds only)")
     ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
                                                           "/tmp/sempar-bench-rows"))
+    ap.add_argument("--bound-from", metavar="JSON",
+                    help="reuse the bound of each case from a previous --json output (e.g. "
+                         "docs/results/optimality-bound.json) instead of computing it "
+                         "(--held-out is not run then)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--table", metavar="JSON",
                     help="print the gap table of a --json output, run nothing")
@@ -217,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         print(gap_table(json.loads(Path(args.table).read_text())))
         return
     given = dict(t.split("=", 1) for t in args.trace)
+    bound_rows = json.loads(Path(args.bound_from).read_text()) if args.bound_from else None
     bound_config = (BoundConfig() if args.bound_parts is None
                     else BoundConfig(colgen=ColgenConfig(parts=args.bound_parts)))
     rows = []
@@ -225,7 +292,8 @@ def main(argv: list[str] | None = None) -> None:
         for ep in args.ep:
             ilp = (ConfigIlpConfig(time_limit_s=args.milp_time_limit)
                    if args.milp_time_limit > 0 else None)
-            for row in cases(name, path, ep, args.paths, args.held_out, bound_config, ilp):
+            for row in cases(name, path, ep, args.paths, args.held_out, bound_config, ilp,
+                             bound_rows):
                 rows.append(row)
                 if not args.json:
                     print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
