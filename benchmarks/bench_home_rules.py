@@ -10,6 +10,7 @@ exact pre-router's homes, pipeline `smoe-exact`), and the row reports its exact-
 (`ms_per_layer_<rule>`, the whole eval split's batches of one layer) and per batch.
 
     python benchmarks/bench_home_rules.py [--trace NAME=PATH ...] [--ep 4 8] [--json]
+    python benchmarks/bench_home_rules.py --table docs/results/home-rules.json
 
 Traces as in bench_rows_speed.py (NAME dsv2 or gpt; default the real full traces). It asserts
 nothing; wall times depend on the machine's load.
@@ -72,6 +73,21 @@ def case(name: str, path: Path, ep: int) -> dict:
     return row
 
 
+def table(rows: list[dict]) -> str:
+    """The markdown table of docs/results/home-rules.md from this benchmark's --json rows."""
+    names = {"dsv2": "DeepSeek-V2-Lite", "gpt": "GPT-OSS-20B"}
+    out = ["| case | fit / eval tokens | exact-home LAR, proposal rounds | exact-home LAR, "
+           "optimal | gain | ms a layer, proposal | ms a layer, optimal | ms a batch, optimal |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        out.append(f"| {names.get(r['trace'], r['trace'])} EP {r['ep']} | {r['fit_tokens']:,} / "
+                   f"{r['eval_tokens']:,} | {r['held_out_proposal']:.4f} | "
+                   f"{r['held_out_optimal']:.4f} | {r['gain']:+.4f} | "
+                   f"{r['ms_per_layer_proposal']} | {r['ms_per_layer_optimal']} | "
+                   f"{r['ms_per_batch_optimal']} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", action="append", default=[], metavar="NAME=PATH")
@@ -80,7 +96,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
                                                           "/tmp/sempar-bench-rows"))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--table", metavar="JSON", help="print the table of a --json output, run nothing")
     args = ap.parse_args(argv)
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return
     given = dict(t.split("=", 1) for t in args.trace)
     rows = []
     for name in args.cases:
