@@ -18,9 +18,9 @@ and G devices, x[r, g] = how many items of row type r go to device g. Its constr
 a bipartite incidence matrix (totally unimodular), so integral counts and caps have an integral
 optimum; `transport_counts` finds one by successive shortest paths on the G-device exchange
 graph (min-cost flow, Ahuja, Magnanti & Orlin, "Network Flows", §9.7), in integers throughout.
-Measured (DeepSeek-V2-Lite, EP 8, a 2,048-token batch of 367 row types): about 9 ms, where
-HiGHS's simplex through `scipy.optimize.linprog` took 220-250 ms on the same aggregated LP (the
-problem is highly degenerate). Items of one type take their devices in item order, lowest
+Measured (DeepSeek-V2-Lite, EP 8, a 2,048-token batch of 367 row types, `vanilla` placement):
+13 augmentations, about 2 ms, where HiGHS's simplex through `scipy.optimize.linprog` took
+220-250 ms on the same aggregated LP (the problem is highly degenerate) to the same optimum. Items of one type take their devices in item order, lowest
 device first (which of several optima is returned does not change the objective).
 """
 
@@ -100,7 +100,7 @@ def transport_counts(types: np.ndarray, count: np.ndarray, caps: np.ndarray) -> 
     Successive shortest paths on the device exchange graph: start from every type on its best
     device (optimal without caps, so no negative cycle), then while a device holds more than
     its cap move items along a cheapest chain of moves to a device with room, as many as the
-    chain carries at that cost. Each step keeps the assignment optimal for its loads (the
+    chain carries at that cost (every type tied at an edge's cost counts). Each step keeps the assignment optimal for its loads (the
     successive-shortest-path invariant of min-cost flow, Ahuja-Magnanti-Orlin §9.7), so the
     last one, within the caps, is optimal."""
     types = np.asarray(types, np.int64)
@@ -115,15 +115,22 @@ def transport_counts(types: np.ndarray, count: np.ndarray, caps: np.ndarray) -> 
     graph = _ExchangeGraph(types, x) if (load > caps).any() else None
     while (load > caps).any():
         path = _shortest_path(graph.cost, load > caps, load < caps)
-        moves = [(g, h, int(graph.via[g, h])) for g, h in zip(path, path[1:])]
+        # each move g -> h may use every type tied at its cheapest cost: units along the path
+        # at the same cost are each a shortest augmentation (costs never fall between them)
+        moves = [(g, h, np.flatnonzero(graph.masked[:, g, h] == graph.cost[g, h]))
+                 for g, h in zip(path, path[1:])]
         amount = min([int(load[path[0]] - caps[path[0]]), int(caps[path[-1]] - load[path[-1]])]
-                     + [int(x[r, g]) for g, _, r in moves])
-        for g, h, r in moves:
-            x[r, g] -= amount
-            x[r, h] += amount
+                     + [int(x[rs, g].sum()) for g, _, rs in moves])
+        changed = []
+        for g, h, rs in moves:
+            have = x[rs, g]
+            take = np.minimum(have, np.maximum(amount - (np.cumsum(have) - have), 0))
+            x[rs, g] -= take
+            x[rs, h] += take
+            changed += [(int(r), g) for r in rs[take > 0]] + [(int(r), h) for r in rs[take > 0]]
         load[path[0]] -= amount
         load[path[-1]] += amount
-        graph.update(x, [(r, g) for g, h, r in moves] + [(r, h) for g, h, r in moves])
+        graph.update(x, changed)
     return x
 
 
