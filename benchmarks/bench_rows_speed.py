@@ -109,7 +109,8 @@ BOUND_FIELDS = ("bound", "bound_any_balance", "bound_method", "bound_s", "bound_
 def reused_bound(rows: list[dict], name: str, ep: int, beta: float, tokens: int) -> dict:
     """The bound fields of a previous --json output's rows for (trace `name`, EP `ep`), whose
     beta (max_imbalance) is at least `beta`: a bound over the placements within that balance is
-    one over every placement within `beta` too. The bound bounds any home assignment within the
+    one over every placement within `beta` too (any beta where the bound is its "any balance"
+    figure, e.g. the row-pair Lagrangian's). The bound bounds any home assignment within the
     caps (docs/placement.md, "The exact home rule"), so it serves both home rules unchanged.
     Also {path: best_known} of those rows (the greedy homes' figure, kept as it was)."""
     mine = [r for r in rows if r["trace"] == name and r["ep"] == ep]
@@ -118,7 +119,8 @@ def reused_bound(rows: list[dict], name: str, ep: int, beta: float, tokens: int)
     if mine[0]["tokens"] != tokens:
         raise SystemExit(f"--bound-from: {name}'s bound is for {mine[0]['tokens']} tokens, "
                          f"this trace has {tokens}")
-    if max(r["max_imbalance"] for r in mine) < beta - 1e-4:
+    any_balance = mine[0].get("bound_any_balance", float("inf")) <= mine[0]["bound"] + 1e-12
+    if max(r["max_imbalance"] for r in mine) < beta - 1e-4 and not any_balance:
         raise SystemExit(f"--bound-from: {name} EP {ep}'s bound is for beta "
                          f"{mine[0]['max_imbalance']}, below this run's {beta:.4f}")
     out = {k: mine[0][k] for k in BOUND_FIELDS if k in mine[0]}

@@ -22,6 +22,11 @@ def test_reused_bound_keeps_the_bound_and_the_largest_beta():
     assert b["in_sample_before"] == {"new": 0.41, "exact": 0.42}
 
 
+def test_a_bound_for_any_balance_serves_any_beta():
+    rows = [dict(r, bound_any_balance=0.46) for r in ROWS]
+    assert bench.reused_bound(rows, "gpt", 8, 1.2, 100)["bound"] == 0.46
+
+
 @pytest.mark.parametrize("args", [("gpt", 4, 1.05, 100), ("gpt", 8, 1.09, 100),
                                   ("gpt", 8, 1.05, 99), ("dsv2", 8, 1.05, 100)])
 def test_reused_bound_refuses_what_it_does_not_bound(args):
