@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
                                                           "/tmp/sempar-bench-rows"))
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--table", metavar="JSON", help="print the table of a --json output, run nothing")
+    ap.add_argument("--table", metavar="JSON",
+                    help="print the table of a --json output, run nothing")
     args = ap.parse_args(argv)
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))

@@ -1,9 +1,9 @@
 """The optimal capacity-bound home assignment of one batch: a transportation problem (ours).
 
 Sem-MoE's align step (App. B.2, Alg. 3 line 5: `align(g_shf_indices)`) sends each token to its
-device while every device keeps an equal share of the batch; which tokens a full device gives up,
-and where they go, the paper leaves open (s-MoE's Alg. 2 re-batching is the same step). `capacity.py`'s
-`proposal_rounds` is one greedy answer. This module solves the step exactly: given hits int[n, G]
+device while every device keeps an equal share of the batch; which tokens a full device gives
+up, and where they go, the paper leaves open (s-MoE's Alg. 2 re-batching is the same step).
+`capacity.py`'s `proposal_rounds` is one greedy answer. This module solves the step exactly: given hits int[n, G]
 (item i's local activations on device g) and caps int[G] (sum >= n),
 
     max  sum_i hits[i, home_i]   s.t.  |{i : home_i = g}| <= caps[g]   (= when sum caps = n)
@@ -20,8 +20,9 @@ optimum; `transport_counts` finds one by successive shortest paths on the G-devi
 graph (min-cost flow, Ahuja, Magnanti & Orlin, "Network Flows", §9.7), in integers throughout.
 Measured (DeepSeek-V2-Lite, EP 8, a 2,048-token batch of 367 row types, `vanilla` placement):
 13 augmentations, about 2 ms, where HiGHS's simplex through `scipy.optimize.linprog` took
-220-250 ms on the same aggregated LP (the problem is highly degenerate) to the same optimum. Items of one type take their devices in item order, lowest
-device first (which of several optima is returned does not change the objective).
+220-250 ms on the same aggregated LP (the problem is highly degenerate) to the same optimum.
+Items of one type take their devices in item order, lowest device first (which of several
+optima is returned does not change the objective).
 """
 
 from __future__ import annotations
@@ -100,9 +101,9 @@ def transport_counts(types: np.ndarray, count: np.ndarray, caps: np.ndarray) -> 
     Successive shortest paths on the device exchange graph: start from every type on its best
     device (optimal without caps, so no negative cycle), then while a device holds more than
     its cap move items along a cheapest chain of moves to a device with room, as many as the
-    chain carries at that cost (every type tied at an edge's cost counts). Each step keeps the assignment optimal for its loads (the
-    successive-shortest-path invariant of min-cost flow, Ahuja-Magnanti-Orlin §9.7), so the
-    last one, within the caps, is optimal."""
+    chain carries at that cost (every type tied at an edge's cost counts). Each step keeps the
+    assignment optimal for its loads (the successive-shortest-path invariant of min-cost flow,
+    Ahuja-Magnanti-Orlin §9.7), so the last one, within the caps, is optimal."""
     types = np.asarray(types, np.int64)
     count = np.asarray(count, np.int64)
     caps = np.asarray(caps, np.int64)
