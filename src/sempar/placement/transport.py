@@ -3,8 +3,8 @@
 Sem-MoE's align step (App. B.2, Alg. 3 line 5: `align(g_shf_indices)`) sends each token to its
 device while every device keeps an equal share of the batch; which tokens a full device gives
 up, and where they go, the paper leaves open (s-MoE's Alg. 2 re-batching is the same step).
-`capacity.py`'s `proposal_rounds` is one greedy answer. This module solves the step exactly: given hits int[n, G]
-(item i's local activations on device g) and caps int[G] (sum >= n),
+`capacity.py`'s `proposal_rounds` is one greedy answer. This module solves the step exactly:
+given hits int[n, G] (item i's local activations on device g) and caps int[G] (sum >= n),
 
     max  sum_i hits[i, home_i]   s.t.  |{i : home_i = g}| <= caps[g]   (= when sum caps = n)
 
