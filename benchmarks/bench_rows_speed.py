@@ -14,13 +14,16 @@ an upper bound on that figure for ANY placement within beta, computed once per (
 the paths' largest beta; `bound_method` which, `bound_s` / `bound_cpu_s` its wall / CPU), `gap`
 = in_sample / bound and `best_known` (per layer the better of sempar's placement and the bound's
 LP-rounded one, schedule/optimality.py: the solver's share of the gap is best_known / in_sample),
+`in_sample_optimal` / `gap_optimal` the same figure and ratio with the optimal home assignment
+per batch (`capacity.ASSIGN_RULES["optimal"]`, placement/transport.py; `in_sample` keeps the
+greedy proposal rounds; the bound holds for both, docs/placement.md "The exact home rule"),
 then with
 `--held-out` the placement solved on the 20 % fit split (`evaluate --split`) and its held-out
 exact-home LAR and imbalance on the other 80 % (what `evaluate --split --objective rows`
 reports as oracle_lar_mean / imbalance_max_mean).
 
     python benchmarks/bench_rows_speed.py [--trace dsv2=PATH] [--trace gpt=PATH] [--ep 4 8]
-        [--paths new old] [--held-out] [--json]
+        [--paths new old] [--held-out] [--bound-from PREVIOUS.json] [--json]
     python benchmarks/bench_rows_speed.py --table docs/results/optimality-bound.json
 
 Traces default to the real `full-traces/` of shared/data/real (SEMPAR_REAL_DATA), imported
