@@ -155,8 +155,9 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
         ins, imb = in_sample(placement, trace.experts)
         beta, lar[p] = max(beta, float(imb.max())), float(ins.mean())
     if bound_rows is not None:
-        return [_reused_row(name, trace, ep, p, pl, wall, cpu,
-                            reused_bound(bound_rows, name, ep, beta, trace.num_tokens))
+        bound = reused_bound(bound_rows, name, ep, beta, trace.num_tokens)
+        bound["max_imbalance"] = max(bound["max_imbalance"], round(beta, 4))  # any-balance bound
+        return [_reused_row(name, trace, ep, p, pl, wall, cpu, bound)
                 for p, (pl, wall, cpu) in solved.items()]
     best = max(lar, key=lar.get)
     start = solved[best][0].phy2log.astype("int64") \
