@@ -242,7 +242,7 @@ def gap_table(rows: list[dict]) -> str:
     for r in rows:
         method = " + ".join(m.split(" (")[0] for m in r.get("bound_method", "").split(" + "))
         name = METHODS.get(r.get("path", "new"), f"sempar ({r.get('path')})")
-        opt = (f"{r['in_sample_optimal']:.4f} | {r['gap_optimal']:.3f}"
+        opt = (f"{r['in_sample_optimal']:.4f} | {r['gap_optimal']:.4f}"
                if "in_sample_optimal" in r else " | ")
         out.append(f"| {names.get(r['trace'], r['trace'])} EP {r['ep']} | {name} | "
                    f"{r['in_sample']:.4f} | "
