@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_rows_speed import TRACES, ensure_trace  # noqa: E402
+from bench_rows_speed import (TRACES, ensure_trace, parse_or_table,  # noqa: E402
+                              trace_options)
 
 from sempar.placement.base import PlacementProblem  # noqa: E402
 from sempar.placement.capacity import ASSIGN_RULES, BATCH, capacity_home  # noqa: E402
@@ -90,17 +90,9 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", action="append", default=[], metavar="NAME=PATH")
-    ap.add_argument("--cases", nargs="+", default=list(TRACES), choices=list(TRACES))
-    ap.add_argument("--ep", nargs="+", type=int, default=[4, 8])
-    ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
-                                                          "/tmp/sempar-bench-rows"))
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--table", metavar="JSON",
-                    help="print the table of a --json output, run nothing")
-    args = ap.parse_args(argv)
-    if args.table:
-        print(table(json.loads(Path(args.table).read_text())))
+    trace_options(ap, list(TRACES), [4, 8])
+    args = parse_or_table(ap, argv, table)
+    if args is None:
         return
     given = dict(t.split("=", 1) for t in args.trace)
     rows = []

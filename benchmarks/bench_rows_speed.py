@@ -41,6 +41,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from sempar.placement.base import PlacementProblem, solve_problem
 from sempar.placement.bound import lar_upper_bound
@@ -267,11 +268,32 @@ def _bound_cost(r: dict) -> str:
     return f"{r['bound_s']} (wall)" if "bound_s" in r else ""
 
 
+def trace_options(ap: argparse.ArgumentParser, cases: list[str], eps: list[int]) -> None:
+    """The options naming the cases (shared with bench_home_rules.py): --trace NAME=PATH,
+    --cases, --ep and --cache-dir (where the real npz traces are imported)."""
+    ap.add_argument("--trace", action="append", default=[], metavar="NAME=PATH")
+    ap.add_argument("--cases", nargs="+", default=cases, choices=list(TRACES))
+    ap.add_argument("--ep", nargs="+", type=int, default=eps)
+    ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
+                                                          "/tmp/sempar-bench-rows"))
+
+
+def parse_or_table(ap: argparse.ArgumentParser, argv: list[str] | None, table) -> Any:
+    """Add --json and --table JSON (shared with bench_home_rules.py) and parse; with --table,
+    print `table(rows of that file)` and return None (run nothing), else the parsed args."""
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--table", metavar="JSON",
+                    help="print the table of a --json output, run nothing")
+    args = ap.parse_args(argv)
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return None
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", action="append", default=[], metavar="NAME=PATH")
-    ap.add_argument("--cases", nargs="+", default=["dsv2"], choices=list(TRACES))
-    ap.add_argument("--ep", nargs="+", type=int, default=[8, 4])
+    trace_options(ap, ["dsv2"], [8, 4])
     ap.add_argument("--paths", nargs="+", default=["new", "old"], choices=list(PATHS))
     ap.add_argument("--held-out", action="store_true")
     ap.add_argument("--bound-parts", type=int, default=None,
@@ -280,18 +302,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--milp-time-limit", type=float, default=ConfigIlpConfig.time_limit_s,
                     help="the integer configuration bound's HiGHS limit a layer (seconds); 0: "
                          "leave that bound out (LP bounds only)")
-    ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
-                                                          "/tmp/sempar-bench-rows"))
     ap.add_argument("--bound-from", metavar="JSON",
                     help="reuse the bound of each case from a previous --json output (e.g. "
                          "docs/results/optimality-bound.json) instead of computing it "
                          "(--held-out is not run then)")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--table", metavar="JSON",
-                    help="print the gap table of a --json output, run nothing")
-    args = ap.parse_args(argv)
-    if args.table:
-        print(gap_table(json.loads(Path(args.table).read_text())))
+    args = parse_or_table(ap, argv, gap_table)
+    if args is None:
         return
     given = dict(t.split("=", 1) for t in args.trace)
     bound_rows = json.loads(Path(args.bound_from).read_text()) if args.bound_from else None
