@@ -14,13 +14,16 @@ an upper bound on that figure for ANY placement within beta, computed once per (
 the paths' largest beta; `bound_method` which, `bound_s` / `bound_cpu_s` its wall / CPU), `gap`
 = in_sample / bound and `best_known` (per layer the better of sempar's placement and the bound's
 LP-rounded one, schedule/optimality.py: the solver's share of the gap is best_known / in_sample),
+`in_sample_optimal` / `gap_optimal` the same figure and ratio with the optimal home assignment
+per batch (`capacity.ASSIGN_RULES["optimal"]`, placement/transport.py; `in_sample` keeps the
+greedy proposal rounds; the bound holds for both, docs/placement.md "The exact home rule"),
 then with
 `--held-out` the placement solved on the 20 % fit split (`evaluate --split`) and its held-out
 exact-home LAR and imbalance on the other 80 % (what `evaluate --split --objective rows`
 reports as oracle_lar_mean / imbalance_max_mean).
 
     python benchmarks/bench_rows_speed.py [--trace dsv2=PATH] [--trace gpt=PATH] [--ep 4 8]
-        [--paths new old] [--held-out] [--json]
+        [--paths new old] [--held-out] [--bound-from PREVIOUS.json] [--json]
     python benchmarks/bench_rows_speed.py --table docs/results/optimality-bound.json
 
 Traces default to the real `full-traces/` of shared/data/real (SEMPAR_REAL_DATA), imported
@@ -38,6 +41,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from sempar.placement.base import PlacementProblem, solve_problem
 from sempar.placement.bound import lar_upper_bound
@@ -102,15 +106,48 @@ def timed_solve(trace, ep: int, path: str):
     return placement, time.perf_counter() - t0, cpu_now() - c0
 
 
+BOUND_FIELDS = ("bound", "bound_any_balance", "bound_method", "bound_s", "bound_cpu_s",
+                "bound_parts", "bound_milp_gap_max", "bound_milp_layers", "bound_lp_mean")
+
+
+def reused_bound(rows: list[dict], name: str, ep: int, beta: float, tokens: int) -> dict:
+    """The bound fields of a previous --json output's rows for (trace `name`, EP `ep`), whose
+    beta (max_imbalance) is at least `beta`: a bound over the placements within that balance is
+    one over every placement within `beta` too (any beta where the bound is its "any balance"
+    figure, e.g. the row-pair Lagrangian's). The bound bounds any home assignment within the
+    caps (docs/placement.md, "The exact home rule"), so it serves both home rules unchanged.
+    Also {path: best_known} of those rows (the greedy homes' figure, kept as it was)."""
+    mine = [r for r in rows if r["trace"] == name and r["ep"] == ep]
+    if not mine:
+        raise SystemExit(f"--bound-from: no row for {name} EP {ep}")
+    if mine[0]["tokens"] != tokens:
+        raise SystemExit(f"--bound-from: {name}'s bound is for {mine[0]['tokens']} tokens, "
+                         f"this trace has {tokens}")
+    any_balance = mine[0].get("bound_any_balance", float("inf")) <= mine[0]["bound"] + 1e-12
+    if max(r["max_imbalance"] for r in mine) < beta - 1e-4 and not any_balance:
+        raise SystemExit(f"--bound-from: {name} EP {ep}'s bound is for beta "
+                         f"{mine[0]['max_imbalance']}, below this run's {beta:.4f}")
+    out = {k: mine[0][k] for k in BOUND_FIELDS if k in mine[0]}
+    out["max_imbalance"] = max(r["max_imbalance"] for r in mine)
+    out["best_known"] = {r["path"]: r.get("best_known") for r in mine}
+    out["in_sample_before"] = {r["path"]: r["in_sample"] for r in mine}
+    return out
+
+
 def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool,
           bound_config: BoundConfig = BoundConfig(),
-          ilp_config: ConfigIlpConfig | None = ConfigIlpConfig()) -> list[dict]:
+          ilp_config: ConfigIlpConfig | None = ConfigIlpConfig(),
+          bound_rows: list[dict] | None = None) -> list[dict]:
     """One row per path at (trace, EP). The bound is computed once for all paths, at the
     largest beta among them (a bound over every placement within that balance is one for
     each), seeded with the best in-sample placement; `bound_s` / `bound_cpu_s` its cost.
     ilp_config: where the device sets can be listed, each layer's bound is also the integer
     configuration program's (`config_ilp.tighten_bound`, the least kept), its HiGHS gap per
-    layer reported (`bound_milp_gap_max`); None: the LP bounds only."""
+    layer reported (`bound_milp_gap_max`); None: the LP bounds only. bound_rows: a previous
+    --json output whose bound for this case is reused (`reused_bound`), none computed.
+    Each row has both home rules' in-sample figures: `in_sample` / `gap` with the greedy
+    proposal rounds (`capacity.ASSIGN_RULES["proposal"]`), `in_sample_optimal` /
+    `gap_optimal` with the optimal assignment (`"optimal"`), `optimal_home_s` its time."""
     trace = read_trace(trace_path)
     solved = {p: timed_solve(trace, ep, p) for p in paths}
     beta = PlacementProblem(trace, ep).max_imbalance
@@ -118,6 +155,11 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
     for p, (placement, _, _) in solved.items():
         ins, imb = in_sample(placement, trace.experts)
         beta, lar[p] = max(beta, float(imb.max())), float(ins.mean())
+    if bound_rows is not None:
+        bound = reused_bound(bound_rows, name, ep, beta, trace.num_tokens)
+        bound["max_imbalance"] = max(bound["max_imbalance"], round(beta, 4))  # any-balance bound
+        return [_reused_row(name, trace, ep, p, pl, wall, cpu, bound)
+                for p, (pl, wall, cpu) in solved.items()]
     best = max(lar, key=lar.get)
     start = solved[best][0].phy2log.astype("int64") \
         if solved[best][0].phy2log.shape[1] == trace.meta.num_experts else None
@@ -138,6 +180,7 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
                "bound_any_balance": round(b["bound_any_balance"], 4),
                "bound_method": b["bound"], "bound_s": round(bound_s, 1),
                "bound_cpu_s": round(bound_cpu, 1), "bound_parts": bound_config.colgen.parts}
+        row.update(_optimal_homes(placement, trace, row["bound"]))
         gaps = [g for g in bound.get("milp_gap", []) if g is not None]
         if gaps:
             row.update(bound_milp_gap_max=round(max(gaps), 6),
@@ -155,26 +198,57 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
     return rows
 
 
+def _optimal_homes(placement, trace, bound: float) -> dict:
+    """{in_sample_optimal, gap_optimal, optimal_home_s}: `placement`'s in-sample exact-home LAR
+    with the optimal home assignment per batch, its ratio to `bound`, the wall seconds it took."""
+    t0 = time.perf_counter()
+    lar = float(in_sample(placement, trace.experts, rule="optimal")[0].mean())
+    return {"in_sample_optimal": round(lar, 4), "gap_optimal": round(lar / bound, 4),
+            "optimal_home_s": round(time.perf_counter() - t0, 2)}
+
+
+def _reused_row(name, trace, ep, path, placement, wall, cpu, bound) -> dict:
+    """A row whose bound comes from a previous run (`reused_bound`); `in_sample_before` the
+    greedy figure that run reported for this path (equal unless the solver changed)."""
+    ins = float(in_sample(placement, trace.experts)[0].mean())
+    row = {"trace": name, "tokens": trace.num_tokens, "ep": ep, "path": path,
+           "solve_s": round(wall, 2), "cpu_s": round(cpu, 2), "in_sample": round(ins, 4),
+           "gap": round(ins / bound["bound"], 4)}
+    row.update({k: v for k, v in bound.items() if k in BOUND_FIELDS or k == "max_imbalance"})
+    if bound["best_known"].get(path) is not None:
+        row["best_known"] = max(bound["best_known"][path], round(ins, 4))
+    if path in bound["in_sample_before"]:
+        row["in_sample_before"] = bound["in_sample_before"][path]
+    row["bound_reused"] = True
+    row.update(_optimal_homes(placement, trace, bound["bound"]))
+    return row
+
+
 METHODS = {"new": "sempar", "old": "sempar (per-row path)", "hypergraph": "sempar-hypergraph",
            "exact": "sempar-exact"}
 
 
 def gap_table(rows: list[dict]) -> str:
     """The markdown table of docs/placement.md ("How far from optimal") from this benchmark's
-    --json rows: per case and method the in-sample LAR, best known, the bound and its method,
-    the certified ratio (in-sample / bound), beta, CPU seconds of the solve and of the bound, and
-    the integer configuration bound's own HiGHS gap (worst layer; blank where it did not run)."""
+    --json rows: per case and method the in-sample LAR with the greedy homes (proposal rounds),
+    best known, the bound and its method, the certified ratio (in-sample / bound), the same two
+    with the optimal homes (`capacity.ASSIGN_RULES["optimal"]`; blank in rows from before it),
+    beta, CPU seconds of the solve and of the bound, and the integer configuration bound's own
+    HiGHS gap (worst layer; blank where it did not run)."""
     names = {"dsv2": "DeepSeek-V2-Lite", "gpt": "GPT-OSS-20B"}
     out = ["| case | method | in-sample LAR | best known | bound (method) | certified ratio "
+           "| in-sample LAR, optimal homes | certified ratio, optimal homes "
            "| beta | bound, any balance | solve CPU s | bound CPU s | bound's MILP gap |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         method = " + ".join(m.split(" (")[0] for m in r.get("bound_method", "").split(" + "))
         name = METHODS.get(r.get("path", "new"), f"sempar ({r.get('path')})")
+        opt = (f"{r['in_sample_optimal']:.4f} | {r['gap_optimal']:.4f}"
+               if "in_sample_optimal" in r else " | ")
         out.append(f"| {names.get(r['trace'], r['trace'])} EP {r['ep']} | {name} | "
                    f"{r['in_sample']:.4f} | "
                    f"{r.get('best_known', r['in_sample']):.4f} | {r['bound']:.4f} ({method}) | "
-                   f"{r['gap']:.3f} | {r.get('max_imbalance', float('nan')):.3f} | "
+                   f"{r['gap']:.3f} | {opt} | {r.get('max_imbalance', float('nan')):.3f} | "
                    f"{r.get('bound_any_balance', r['bound']):.4f} | {r.get('cpu_s', '')} | "
                    f"{_bound_cost(r)} | {_milp_gap(r)} |")
     return "\n".join(out)
@@ -194,11 +268,32 @@ def _bound_cost(r: dict) -> str:
     return f"{r['bound_s']} (wall)" if "bound_s" in r else ""
 
 
+def trace_options(ap: argparse.ArgumentParser, cases: list[str], eps: list[int]) -> None:
+    """The options naming the cases (shared with bench_home_rules.py): --trace NAME=PATH,
+    --cases, --ep and --cache-dir (where the real npz traces are imported)."""
+    ap.add_argument("--trace", action="append", default=[], metavar="NAME=PATH")
+    ap.add_argument("--cases", nargs="+", default=cases, choices=list(TRACES))
+    ap.add_argument("--ep", nargs="+", type=int, default=eps)
+    ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
+                                                          "/tmp/sempar-bench-rows"))
+
+
+def parse_or_table(ap: argparse.ArgumentParser, argv: list[str] | None, table) -> Any:
+    """Add --json and --table JSON (shared with bench_home_rules.py) and parse; with --table,
+    print `table(rows of that file)` and return None (run nothing), else the parsed args."""
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--table", metavar="JSON",
+                    help="print the table of a --json output, run nothing")
+    args = ap.parse_args(argv)
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return None
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", action="append", default=[], metavar="NAME=PATH")
-    ap.add_argument("--cases", nargs="+", default=["dsv2"], choices=list(TRACES))
-    ap.add_argument("--ep", nargs="+", type=int, default=[8, 4])
+    trace_options(ap, ["dsv2"], [8, 4])
     ap.add_argument("--paths", nargs="+", default=["new", "old"], choices=list(PATHS))
     ap.add_argument("--held-out", action="store_true")
     ap.add_argument("--bound-parts", type=int, default=None,
@@ -207,16 +302,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--milp-time-limit", type=float, default=ConfigIlpConfig.time_limit_s,
                     help="the integer configuration bound's HiGHS limit a layer (seconds); 0: "
                          "leave that bound out (LP bounds only)")
-    ap.add_argument("--cache-dir", default=os.environ.get("SEMPAR_BENCH_CACHE",
-                                                          "/tmp/sempar-bench-rows"))
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--table", metavar="JSON",
-                    help="print the gap table of a --json output, run nothing")
-    args = ap.parse_args(argv)
-    if args.table:
-        print(gap_table(json.loads(Path(args.table).read_text())))
+    ap.add_argument("--bound-from", metavar="JSON",
+                    help="reuse the bound of each case from a previous --json output (e.g. "
+                         "docs/results/optimality-bound.json) instead of computing it "
+                         "(--held-out is not run then)")
+    args = parse_or_table(ap, argv, gap_table)
+    if args is None:
         return
     given = dict(t.split("=", 1) for t in args.trace)
+    bound_rows = json.loads(Path(args.bound_from).read_text()) if args.bound_from else None
     bound_config = (BoundConfig() if args.bound_parts is None
                     else BoundConfig(colgen=ColgenConfig(parts=args.bound_parts)))
     rows = []
@@ -225,7 +319,8 @@ def main(argv: list[str] | None = None) -> None:
         for ep in args.ep:
             ilp = (ConfigIlpConfig(time_limit_s=args.milp_time_limit)
                    if args.milp_time_limit > 0 else None)
-            for row in cases(name, path, ep, args.paths, args.held_out, bound_config, ilp):
+            for row in cases(name, path, ep, args.paths, args.held_out, bound_config, ilp,
+                             bound_rows):
                 rows.append(row)
                 if not args.json:
                     print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)

@@ -70,6 +70,18 @@ def _tp_gap_body(rows: list[dict]) -> str:
     return bench_tp_gap.tables(rows)
 
 
+def _is_home_rules(data) -> bool:
+    return (isinstance(data, list) and bool(data) and all(
+        isinstance(c, dict) and {"trace", "ep", "held_out_proposal", "held_out_optimal"}
+        <= c.keys() for c in data))
+
+
+def _home_rules_body(rows: list[dict]) -> str:
+    import bench_home_rules     # imports sempar: only when such a page is written
+
+    return bench_home_rules.table(rows) + "\n"
+
+
 def _is_drift_engines(data) -> bool:
     return (isinstance(data, list) and bool(data) and all(
         isinstance(c, dict) and {"suite", "stream", "policies", "verdicts"} <= c.keys()
@@ -154,6 +166,9 @@ KINDS = {      # the first whose recogniser accepts a file names its page
                          "(in-sample exact-home LAR / an upper bound for any placement)",
                          "benchmarks/bench_rows_speed.py --cases dsv2 gpt --paths new hypergraph "
                          "--json", _optimality_body),
+    "home-rules": (_is_home_rules, "The capacity-bound home rules: greedy proposal rounds "
+                   "against the optimal assignment (held out)",
+                   "benchmarks/bench_home_rules.py --json", _home_rules_body),
     "tp-gap": (_is_tp_gap, "The Attention-TP gap, term by term, and Sem-MoE's TP setting",
                "benchmarks/bench_tp_gap.py --json", _tp_gap_body),
     "drift-engines": (_is_drift_engines, "The engines' balancers and replica slots under drift",

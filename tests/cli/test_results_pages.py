@@ -184,6 +184,7 @@ def test_optimality_page_has_the_certified_ratio(tmp_path, capsys):
              "bound_any_balance": 0.4817, "cpu_s": 16.8,
              "bound_method": "device configuration LP (capacity-bound, HiGHS)"}
             for p, lar in (("new", 0.4095), ("hypergraph", 0.4109))]
+    rows[1].update(in_sample_optimal=0.4200, gap_optimal=0.4200 / 0.4572)
     bench = tmp_path / "ob.json"
     bench.write_text(json.dumps(rows) + "\n")
     out = tmp_path / "results"
@@ -191,7 +192,9 @@ def test_optimality_page_has_the_certified_ratio(tmp_path, capsys):
     assert code == 0, err
     text = (out / "optimality-bound.md").read_text()
     assert "| GPT-OSS-20B EP 8 | sempar-hypergraph | 0.4109 | 0.4212 | 0.4572 (device " \
-           "configuration LP) | 0.899 |" in text
+           "configuration LP) | 0.899 | 0.4200 | 0.9186 | 1.086 |" in text
+    assert "| sempar | 0.4095 | 0.4212 | 0.4572 (device configuration LP) | 0.896 |  |  | " \
+           "1.086 |" in text          # a row from before the optimal homes: blank there
 
 
 def test_stats_page_from_bench_stats_json(tmp_path, capsys):

@@ -107,6 +107,19 @@ def test_capacity_home_is_the_oracle_rule(moe64_split) -> None:
         got = exact_homes(torch.as_tensor(ev.experts.astype(np.int64)),
                           torch.as_tensor(p.hosts()), 2048).numpy()
         assert (got == want).all()
+        # the named optimal rule is the oracle's optimal rule too (on two batches: time)
+        ex = ev.experts[:4096]
+        got = exact_homes(torch.as_tensor(ex.astype(np.int64)), torch.as_tensor(p.hosts()),
+                          2048, rule="optimal").numpy()
+        assert (got == oracle_home(p, ex, rule="optimal")).all()
+
+
+def test_optimal_rule_keeps_more_local_hits() -> None:
+    # the greedy keeps token 0 (earlier, same priority) on device 0 and spills token 1 to a
+    # device with no hit; the optimal rule moves token 0, which loses nothing on device 1
+    hits = torch.tensor([[2, 2], [2, 0]])
+    assert capacity_home(hits).tolist() == [0, 1]
+    assert capacity_home(hits, rule="optimal").tolist() == [1, 0]
 
 
 def test_capacity_home_spills_to_next_best_device() -> None:

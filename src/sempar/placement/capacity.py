@@ -14,7 +14,13 @@ proposal rounds.
   (`placement.sempar.solver.capacitated_assign`). In round r every unplaced item asks its r-th
   preferred device; a device takes its askers by decreasing priority (ties: the earlier item)
   while they fit. A full device thus spills an item to *that item's* next-best device, never to
-  the next device in id order. The papers leave the overflow rule open; this one is ours.
+  the next device in id order. The papers leave the overflow rule open (Sem-MoE App. B.2, Alg. 3
+  line 5's `align` keeps every device at an equal share, not saying who moves); this one is ours.
+- `ASSIGN_RULES`: the capacity-bound home assignments by name, each (hits int[n, G], caps
+  int[G]) -> int64[n]: "proposal" (the proposal rounds above, greedy, the default everywhere)
+  and "optimal" (`placement.transport.optimal_assign`: the most local activations any
+  assignment within the caps reaches, a transportation problem solved exactly; ours).
+  `capacity_home(..., rule=)` picks one.
 
 Pure numpy, low in the package so that placement/ can use it (docs/design.md's layering).
 """
@@ -26,6 +32,8 @@ import math
 import numpy as np
 
 from sempar.errors import InputError
+from sempar.placement.transport import optimal_assign
+from sempar.registry import Registry
 
 BATCH = 2048          # tokens per batch in tp mode (docs/design.md)
 
@@ -105,23 +113,37 @@ def fill_in_order(home: np.ndarray, room: np.ndarray) -> np.ndarray:
     return home
 
 
-def capacity_home(hits: np.ndarray, batch: int | None = None, slack: float = 0.0) -> np.ndarray:
+def proposal_assign(hits: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """int64[n]: proposal rounds over each item's devices by decreasing hits int[n, G] (ties:
+    lower id), priority its hits at its best device (ties: earlier item), device g taking at
+    most caps int[G] (sum >= n, so every item is placed: its last choice is every device)."""
+    pref = np.argsort(-hits, axis=1, kind="stable")
+    return proposal_rounds(pref, hits.max(axis=1), np.asarray(caps))[0]
+
+
+ASSIGN_RULES: Registry = Registry("capacity home rule")
+ASSIGN_RULES.add("proposal", proposal_assign)
+ASSIGN_RULES.add("optimal", optimal_assign)
+DEFAULT_ASSIGN = "proposal"
+
+
+def capacity_home(hits: np.ndarray, batch: int | None = None, slack: float = 0.0,
+                  rule: str = DEFAULT_ASSIGN) -> np.ndarray:
     """int64[T]: each item's device under equal shares per batch, knowing its local activations.
 
     hits: int[T, G] local activations per device. Per batch of `batch` items (None: all), device
-    g takes `equal_shares` (slack > 0: at most `slack_shares`, ceil((1 + slack) n / G));
-    proposal rounds over each item's devices by decreasing hits (ties: lower id), priority its
-    hits at its best device (ties: earlier item). The capacity-bound oracle of docs/design.md
-    ("Oracle LAR", tp mode).
+    g takes `equal_shares` (slack > 0: at most `slack_shares`, ceil((1 + slack) n / G)), by
+    `ASSIGN_RULES[rule]`: "proposal" rounds (`proposal_assign`) or the "optimal" assignment
+    (`transport.optimal_assign`). The capacity-bound oracle of docs/design.md ("Oracle LAR", tp
+    mode).
     """
+    assign = ASSIGN_RULES.get(rule)
     T, G = hits.shape
     step = T if batch is None or batch >= T else batch
     out = np.empty(T, np.int64)
     for lo in range(0, T, max(step, 1)):
         h = hits[lo:lo + step]
-        pref = np.argsort(-h, axis=1, kind="stable")
-        out[lo:lo + step] = proposal_rounds(pref, h.max(axis=1),
-                                            slack_shares(h.shape[0], G, slack))[0]
+        out[lo:lo + step] = assign(h, slack_shares(h.shape[0], G, slack))
     return out
 
 

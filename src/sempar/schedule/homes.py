@@ -20,7 +20,8 @@ Scheduled:
 Knowing the real routing:
 - `oracle_home`: tp mode, each (token, layer) on the device hosting most of its experts, under
   equal shares per batch (`placement.capacity.capacity_home`: proposal rounds; `slack`: each
-  device at most ceil((1 + slack) x batch / G)), or free (batch=None). With the recorded experts this is also the exact pre-router's home
+  device at most ceil((1 + slack) x batch / G); `rule="optimal"`: the assignment with the most
+  local activations within the shares, `capacity.ASSIGN_RULES`), or free (batch=None). With the recorded experts this is also the exact pre-router's home
   (`prerouter`, pipeline `smoe-exact`);
 - `oracle_home_dp`: dp mode, whole requests, each round of G requests matched to the G ranks
   maximising local activations (Hungarian), or each on its best rank (balanced=False).
@@ -33,8 +34,8 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from sempar.errors import InputError
-from sempar.placement.capacity import (BATCH, capacity_home, equal_shares, fill_in_order,
-                                       proposal_rounds)
+from sempar.placement.capacity import (BATCH, DEFAULT_ASSIGN, capacity_home, equal_shares,
+                                       fill_in_order, proposal_rounds)
 from sempar.placement.placement import Placement
 from sempar.predict.token_table import TokenTable
 from sempar.schedule.rebatch import REBATCHERS
@@ -136,16 +137,18 @@ def local_hits(placement: Placement, experts: np.ndarray, layer: int) -> np.ndar
 
 
 def oracle_home(placement: Placement, experts: np.ndarray, batch: int | None = BATCH,
-                slack: float = 0.0) -> np.ndarray:
+                slack: float = 0.0, rule: str = DEFAULT_ASSIGN) -> np.ndarray:
     """int32[T, L]: each (token, layer) on the device hosting most of its experts (ties: lower
     id). With `batch`, every device takes an equal share of each batch (tp mode's align step) by
-    proposal rounds (`placement.capacity.capacity_home`), or with `slack` in (0, 1) at most
+    `rule` (`placement.capacity.capacity_home`: "proposal" rounds, or the "optimal" assignment,
+    the most local activations within the shares), or with `slack` in (0, 1) at most
     ceil((1 + slack) x batch / G) of it (`capacity.slack_shares`); batch=None: unconstrained."""
     T, L, _ = experts.shape
     home = np.empty((T, L), np.int32)
     for l in range(L):
         hits = local_hits(placement, experts, l)
-        home[:, l] = hits.argmax(axis=1) if batch is None else capacity_home(hits, batch, slack)
+        home[:, l] = (hits.argmax(axis=1) if batch is None
+                      else capacity_home(hits, batch, slack, rule))
     return home
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from sempar.placement.bound import lar_upper_bound
+from sempar.placement.capacity import DEFAULT_ASSIGN
 from sempar.placement.device_bound import BoundConfig
 from sempar.placement.metrics import placement_figures
 from sempar.placement.placement import Placement
@@ -32,10 +33,12 @@ BOUND_REF = "ref: upper bound (configuration LP / pair budget), any placement (f
 IN_SAMPLE_REF = "ref: sempar in-sample (fit sample)"
 
 
-def in_sample(placement: Placement, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def in_sample(placement: Placement, experts: np.ndarray, rule: str = DEFAULT_ASSIGN
+              ) -> tuple[np.ndarray, np.ndarray]:
     """(float64[L] `placement`'s capacity-bound exact-home LAR per layer on experts int[T, L, k]
-    (the fit sample's), float64[L] its load imbalance max / mean per layer there)."""
-    f = placement_figures(placement, experts, oracle_home(placement, experts))
+    (the fit sample's), homes by `rule` (`capacity.ASSIGN_RULES`: "proposal" rounds, or the
+    "optimal" assignment), float64[L] its load imbalance max / mean per layer there)."""
+    f = placement_figures(placement, experts, oracle_home(placement, experts, rule=rule))
     load = f["load"]
     return (np.asarray(f["lar"], np.float64),
             load.max(axis=1) / np.maximum(load.mean(axis=1), 1e-12))

@@ -128,23 +128,26 @@ def device_hits(ids: torch.Tensor, hosts: torch.Tensor) -> torch.Tensor:
     return hosts.T.long()[ids.long()].sum(dim=1)
 
 
-def capacity_home(hits: torch.Tensor, batch: int | None = None) -> torch.Tensor:
+def capacity_home(hits: torch.Tensor, batch: int | None = None,
+                  rule: str = capacity.DEFAULT_ASSIGN) -> torch.Tensor:
     """int64[T]: home device per token, equal shares of every batch (the capacity-bound oracle).
 
     hits: int[T, G] local activations per device; per batch of `batch` tokens (None: the whole
     input) `placement.capacity.capacity_home`, the rule of `schedule.homes.oracle_home`, run on
-    the host (one round trip); the result is on hits' device.
+    the host (one round trip); the result is on hits' device. rule: `capacity.ASSIGN_RULES`,
+    "proposal" rounds (default) or the "optimal" assignment (most local activations within the
+    shares; about 10x the host time, docs/placement.md "The exact home rule").
     """
     if batch is not None and batch < 1:
         raise InputError(f"batch: {batch} is not a positive integer")
-    home = capacity.capacity_home(hits.cpu().numpy(), batch)
+    home = capacity.capacity_home(hits.cpu().numpy(), batch, rule=rule)
     return torch.from_numpy(home).to(hits.device)
 
 
-def exact_homes(experts: torch.Tensor, hosts: torch.Tensor, batch: int | None = None
-                ) -> torch.Tensor:
+def exact_homes(experts: torch.Tensor, hosts: torch.Tensor, batch: int | None = None,
+                rule: str = capacity.DEFAULT_ASSIGN) -> torch.Tensor:
     """int64[T, L]: capacity-aligned homes of pre-routed experts int[T, L, k] under hosts
-    bool[L, G, N] (per layer, per batch)."""
+    bool[L, G, N] (per layer, per batch; `rule` as in `capacity_home`)."""
     T, L, _ = experts.shape
-    return torch.stack([capacity_home(device_hits(experts[:, l], hosts[l]), batch)
+    return torch.stack([capacity_home(device_hits(experts[:, l], hosts[l]), batch, rule)
                         for l in range(L)], dim=1) if L else experts.new_zeros((T, 0))
