@@ -157,7 +157,7 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
             if cfg is None and (cg_ok or cg_large):
                 cfg = colgen_bound(ex, N, G, config.colgen if cg_ok else config.colgen_large,
                                    max_imbalance, None if start is None else start[l],
-                                   config.batch)
+                                   config.batch, target=None if cg_ok else pair)
                 method = COLGEN_METHOD
                 if cfg is not None and max_imbalance is None:
                     any_ = min(pair, cfg["local"])

@@ -55,7 +55,9 @@ class ColgenConfig:
         above slack_start x LP value / G (far cheaper: it prunes far more), and each scan that
         finishes with none proves a bound within (1 + its slack) of the LP's value, then the
         next scans lower the slack by `slack_step` down to `slack` while the budget lasts (an
-        anytime bound where one scan at `slack` costs minutes: DeepSeek-V2-Lite's C(64, 8))."""
+        anytime bound where one scan at `slack` costs minutes: DeepSeek-V2-Lite's C(64, 8));
+    target_share: given a bound to beat (`colgen_bound`'s target), the first floor proves
+        LP value + target_share x (target - LP value), not above slack_start."""
 
     budget_s: float = 15.0
     starts: int = 8
@@ -66,6 +68,7 @@ class ColgenConfig:
     parts: int = 0
     swap_width: int = 6
     slack_start: float = 0.0
+    target_share: float = 0.7
     slack_step: float = 0.5
 
 
@@ -116,14 +119,17 @@ def layer_rows(experts: np.ndarray, N: int, G: int, batch: int = BATCH, parts: i
 
 def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = ColgenConfig(),
                  max_imbalance: float | None = None, start: np.ndarray | None = None,
-                 batch: int = BATCH, seed: int = 0) -> dict | None:
+                 batch: int = BATCH, seed: int = 0, target: float | None = None) -> dict | None:
     """{"local": an upper bound on the local activations of any placement of this layer (load
     imbalance <= max_imbalance when given) under tp's equal shares, "lp": the last LP's value,
     "proved": the LP's optimum reached, "scans", "rounds", "seconds", "witness": int64[N] the
     LP's rounded partition (experts in device order)}, or None where no exact scan finished.
 
     experts int[T, k]; start: int64[N] a partition in device order (slot // S = device), whose
-    sets seed the LP (e.g. the solver's placement)."""
+    sets seed the LP (e.g. the solver's placement). target: a bound already known (local
+    activations; e.g. the row-pair bound): with `slack_start`, the first scan's floor is set to
+    prove a figure below it (`target_share` of the way from the LP's value), and None comes
+    back at once where the LP's value is already above it (no bound here can beat it)."""
     t0, c0 = time.perf_counter(), time.process_time()
     S = N // G
     R = layer_rows(experts, N, G, batch, config.parts)
@@ -184,6 +190,11 @@ def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = Col
                     found += 1
             if found:
                 continue
+        if scans == 0 and target is not None and config.slack_start > 0:
+            if value * (1 + config.slack) >= target:
+                return None             # the LP is at least value: nothing here beats target
+            slack = min(slack, max(config.slack,
+                                   config.target_share * (target / max(value, 1e-12) - 1)))
         scans += 1
         floor = max(tol, slack * value / G)
         top, sets, exact, open_ub = _scan(R, S, mu, load, cap, config.scan_columns, floor,

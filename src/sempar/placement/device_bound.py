@@ -68,7 +68,7 @@ class BoundConfig:
     colgen: ColgenConfig = ColgenConfig()
     row_pair: RowPairConfig | None = RowPairConfig()
     colgen_large: ColgenConfig | None = ColgenConfig(
-        budget_s=20.0, parts=1, slack_start=0.3, slack=0.02, max_nodes=20_000_000)
+        budget_s=30.0, parts=1, slack_start=0.3, slack=0.02, max_nodes=50_000_000)
 
 
 # `evaluate --bound`: how much the bound row may cost. "fast" (evaluate's default) keeps the
