@@ -5,6 +5,7 @@ homes by an exact assignment, as test_device_bound does), and against the listed
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -185,8 +186,10 @@ def test_lar_upper_bound_runs_the_large_colgen_beside_the_row_pair_bound():
     b = lar_upper_bound(trace, G, cfg)
     without = lar_upper_bound(trace, G, BoundConfig(batch=batch, max_device_sets=10,
                                                     colgen_max_sets=100, colgen_large=None))
+    spent = lar_upper_bound(trace, G, replace(cfg, colgen_large_total_s=0.0))
     assert COLGEN_METHOD in b["per_layer_method"]
     assert COLGEN_METHOD not in without["per_layer_method"]
+    assert spent["per_layer"] == without["per_layer"]          # no CPU budget: not run
     for l in range(2):
         best = max(best_assignment(ex[:, l], p, batch) for p in partitions(tuple(range(N)), N // G))
         assert b["per_layer"][l] >= best / ex[:, l].size - 1e-12

@@ -68,7 +68,7 @@ class ColgenConfig:
     parts: int = 0
     swap_width: int = 6
     slack_start: float = 0.0
-    target_share: float = 0.7
+    target_share: float = 0.85
     slack_step: float = 0.5
 
 

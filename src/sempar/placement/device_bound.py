@@ -58,7 +58,10 @@ class BoundConfig:
     colgen_large: where C(N, S) is above colgen_max_sets (DeepSeek-V2-Lite), the column
         generation's knobs there (one cap a layer, `parts=1`, and anytime scans from a high
         floor down, `slack_start`; its CPU budget a layer is `budget_s`), beside the row-pair
-        bound, the least kept; None: not run.
+        bound, the least kept; None: not run (a scan expands ~150k nodes a CPU second here, so
+        `max_nodes` caps one scan at ~35 CPU s);
+    colgen_large_total_s: CPU seconds of this process for colgen_large over all layers, taken
+        layer by layer in order; the layers after it is spent keep the other bounds.
     """
 
     max_device_sets: int = 100_000
@@ -68,7 +71,8 @@ class BoundConfig:
     colgen: ColgenConfig = ColgenConfig()
     row_pair: RowPairConfig | None = RowPairConfig()
     colgen_large: ColgenConfig | None = ColgenConfig(
-        budget_s=30.0, parts=1, slack_start=0.3, slack=0.02, max_nodes=50_000_000)
+        budget_s=15.0, parts=1, slack_start=0.3, slack=0.02, max_nodes=5_000_000)
+    colgen_large_total_s: float = 600.0
 
 
 # `evaluate --bound`: how much the bound row may cost. "fast" (evaluate's default) keeps the
