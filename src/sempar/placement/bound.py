@@ -141,7 +141,7 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
     # (`ColgenConfig.slack_start`), beside the row-pair bound
     cg_large = N % G == 0 and comb(N, S) > max(config.colgen_max_sets, config.max_device_sets) \
         and config.colgen_large is not None
-    large_cpu = 0.0                 # CPU seconds spent on colgen_large so far
+    large_cpu, misses = 0.0, 0      # colgen_large's CPU seconds, layers in a row it lost
     with threadpool_limits(1):      # 64 x 64 eigensolves, small LPs: threads only contend
         for l in range(L):
             t0 = time.perf_counter()
@@ -155,13 +155,15 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
                     pair, pair_how = rp["local"], ROWPAIR_METHOD
             any_ = pair if cfg is None else min(pair, cfg["local_any"])
             method = CONFIG_METHOD
-            if cfg is None and (cg_ok or (cg_large
+            if cfg is None and (cg_ok or (cg_large and misses < config.colgen_large_misses
                                           and large_cpu < config.colgen_large_total_s)):
                 c0 = time.process_time()
                 cfg = colgen_bound(ex, N, G, config.colgen if cg_ok else config.colgen_large,
                                    max_imbalance, None if start is None else start[l],
                                    config.batch, target=None if cg_ok else pair)
-                large_cpu += 0.0 if cg_ok else time.process_time() - c0
+                if not cg_ok:
+                    large_cpu += time.process_time() - c0
+                    misses = 0 if cfg is not None and cfg["local"] < pair else misses + 1
                 method = COLGEN_METHOD
                 if cfg is not None and max_imbalance is None:
                     any_ = min(pair, cfg["local"])

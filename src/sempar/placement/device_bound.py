@@ -61,7 +61,9 @@ class BoundConfig:
         bound, the least kept; None: not run (a scan expands ~150k nodes a CPU second here, so
         `max_nodes` caps one scan at ~35 CPU s);
     colgen_large_total_s: CPU seconds of this process for colgen_large over all layers, taken
-        layer by layer in order; the layers after it is spent keep the other bounds.
+        layer by layer in order; the layers after it is spent keep the other bounds;
+    colgen_large_misses: colgen_large stops for the later layers once this many layers in a row
+        gained nothing from it (DeepSeek-V2-Lite EP 4: C(64, 16) sets, no scan finishes).
     """
 
     max_device_sets: int = 100_000
@@ -73,6 +75,7 @@ class BoundConfig:
     colgen_large: ColgenConfig | None = ColgenConfig(
         budget_s=15.0, parts=1, slack_start=0.3, slack=0.02, max_nodes=5_000_000)
     colgen_large_total_s: float = 600.0
+    colgen_large_misses: int = 3
 
 
 # `evaluate --bound`: how much the bound row may cost. "fast" (evaluate's default) keeps the
