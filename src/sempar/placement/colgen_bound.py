@@ -20,6 +20,10 @@ generation with an exact pricing scan and the Lagrangian (Farley) bound, valid a
    finished exact scan gives one; the least is kept, so a loop stopped by its time budget still
    returns a valid bound. When the scan finds no improving set the LP is optimal and the bound
    equals its value.
+5. anytime (ours, `slack_start`, for DeepSeek-V2-Lite's C(64, 8) sets, where one scan at the
+   default floor costs minutes): a scan that finds no set above a floor f proves the bound
+   sum mu + G f; the first floor is the one that would beat a bound already known (`target`),
+   and each finished scan halves it while the CPU budget lasts.
 """
 
 from __future__ import annotations
