@@ -170,16 +170,23 @@ def test_floor_lowered_scans_bound_the_optimum(seed, beta, budget):
         assert b["local"] == pytest.approx(one["local"], rel=1e-6)
 
 
-def test_lar_upper_bound_runs_the_large_colgen_beside_the_row_pair_bound():
-    from sempar.placement.bound import COLGEN_METHOD, lar_upper_bound
+def _two_layers(N: int, k: int = 3):
+    """(a 2-layer trace of 48 clustered rows, its experts int[T, 2, k])."""
     from sempar.trace.schema import RoutingTrace, TraceMeta
 
-    N, G, k, batch = 10, 2, 3, 16
     ex = np.stack([rows(48, N, k, s, clustered=True) for s in (11, 12)], axis=1)   # [T, 2, k]
     T = ex.shape[0]
     trace = RoutingTrace(TraceMeta(model="t", num_layers=2, num_experts=N, top_k=k, vocab_size=4),
                          np.zeros(T, np.int32), np.zeros(T, np.int64),
                          np.arange(T, dtype=np.int32), ex.astype(np.int16)).validate()
+    return trace, ex
+
+
+def test_lar_upper_bound_runs_the_large_colgen_beside_the_row_pair_bound():
+    from sempar.placement.bound import COLGEN_METHOD, lar_upper_bound
+
+    N, G, batch = 10, 2, 16
+    trace, ex = _two_layers(N)
     # C(10, 5) = 252 above both listed sizes: the row-pair bound and the anytime colgen
     cfg = BoundConfig(batch=batch, max_device_sets=10, colgen_max_sets=100,
                       colgen_large=ColgenConfig(parts=1, slack_start=0.3, slack=0.0))
@@ -198,14 +205,9 @@ def test_lar_upper_bound_runs_the_large_colgen_beside_the_row_pair_bound():
 
 def test_lar_upper_bound_uses_it_between_the_listed_and_the_scanned_sizes():
     from sempar.placement.bound import COLGEN_METHOD, lar_upper_bound
-    from sempar.trace.schema import RoutingTrace, TraceMeta
 
-    N, G, k, batch = 10, 2, 3, 16
-    ex = np.stack([rows(48, N, k, s, clustered=True) for s in (11, 12)], axis=1)   # [T, 2, k]
-    T = ex.shape[0]
-    trace = RoutingTrace(TraceMeta(model="t", num_layers=2, num_experts=N, top_k=k, vocab_size=4),
-                         np.zeros(T, np.int32), np.zeros(T, np.int64),
-                         np.arange(T, dtype=np.int32), ex.astype(np.int16)).validate()
+    N, G, batch = 10, 2, 16
+    trace, ex = _two_layers(N)
     cfg = BoundConfig(batch=batch, max_device_sets=10, colgen_max_sets=10_000)
     b = lar_upper_bound(trace, G, cfg)
     assert b["per_layer_method"] == [COLGEN_METHOD] * 2
