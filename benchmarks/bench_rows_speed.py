@@ -198,6 +198,9 @@ def gap_table(rows: list[dict]) -> str:
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         method = " + ".join(m.split(" (")[0] for m in r.get("bound_method", "").split(" + "))
+        if r.get("bound_colgen_layers") is not None and "bound_per_layer" in r:
+            method += (f"; column generation the least at {r['bound_colgen_layers']} of "
+                       f"{len(r['bound_per_layer'])} layers")
         name = METHODS.get(r.get("path", "new"), f"sempar ({r.get('path')})")
         out.append(f"| {names.get(r['trace'], r['trace'])} EP {r['ep']} | {name} | "
                    f"{r['in_sample']:.4f} | "
