@@ -5,6 +5,7 @@ homes by an exact assignment, as test_device_bound does), and against the listed
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -56,6 +57,25 @@ def test_exact_scan_finds_the_best_sets(N, G, cap, parts):
         m = np.zeros(N, bool)
         m[s] = True
         assert set_value(m, R.ptr, R.idx, R.count, R.part, R.C, R.M) - mu[m].sum() == pytest.approx(v)
+
+
+@pytest.mark.parametrize("k,parts", [(5, 1), (6, 2)])
+def test_exact_scan_with_full_levels(k, parts):
+    """Rows of many experts on few devices fill levels 1, 2, ... early: the scan's sharper gain
+    bound there (only rows holding >= L other experts of D gain) still finds the best sets."""
+    N, G = 12, 3
+    S = N // G
+    ex = rows(150, N, k, 21 + k, clustered=True)
+    R = layer_rows(ex, N, G, batch=40, parts=parts)
+    mu = np.random.default_rng(k).normal(R.C.sum() * 1.5 / S, R.C.sum() / S / 3, N)
+    want = []
+    for D in itertools.combinations(range(N), S):
+        m = np.zeros(N, bool)
+        m[list(D)] = True
+        want.append(set_value(m, R.ptr, R.idx, R.count, R.part, R.C, R.M) - mu[m].sum())
+    want = np.sort(want)[::-1][:6]
+    top, _, exact, _ = _scan(R, S, mu, R.load, np.inf, 6, -np.inf, 10**9)
+    assert exact and np.allclose(top, want)
 
 
 @pytest.mark.parametrize("nodes", [0, 1, 3, 20, 200])
@@ -130,16 +150,64 @@ def test_budget_stop_still_bounds():
     assert b["local"] >= best - 1e-9
 
 
-def test_lar_upper_bound_uses_it_between_the_listed_and_the_scanned_sizes():
-    from sempar.placement.bound import COLGEN_METHOD, lar_upper_bound
+@pytest.mark.parametrize("seed,beta,budget", [(0, None, 60.0), (7, 1.05, 60.0), (3, 1.3, 0.0)])
+def test_floor_lowered_scans_bound_the_optimum(seed, beta, budget):
+    """`slack_start`: scans from a high floor down; each finished one is a valid bound, the
+    loop stopped by its budget (0: after the first scan) included."""
+    N, G, batch = 8, 2, 12
+    ex = rows(40, N, 3, seed, clustered=True)
+    count = np.bincount(ex.ravel(), minlength=N)
+    ok = [p for p in partitions(tuple(range(N)), N // G)
+          if beta is None or max(count[list(g)].sum() for g in p) <= beta * count.sum() / G]
+    cfg = ColgenConfig(budget_s=budget, slack=0.0, slack_start=0.4, parts=1)
+    b = colgen_bound(ex, N, G, cfg, beta, batch=batch)
+    assert b is not None
+    if ok:
+        assert b["local"] >= max(best_assignment(ex, p, batch) for p in ok) - 1e-9
+    if budget > 0:      # down to slack 0: the LP's optimum, as one scan at slack 0 proves it
+        assert b["proved"] and b["scans"] >= 2
+        one = colgen_bound(ex, N, G, ColgenConfig(slack=0.0, parts=1), beta, batch=batch)
+        assert b["local"] == pytest.approx(one["local"], rel=1e-6)
+
+
+def _two_layers(N: int, k: int = 3):
+    """(a 2-layer trace of 48 clustered rows, its experts int[T, 2, k])."""
     from sempar.trace.schema import RoutingTrace, TraceMeta
 
-    N, G, k, batch = 10, 2, 3, 16
     ex = np.stack([rows(48, N, k, s, clustered=True) for s in (11, 12)], axis=1)   # [T, 2, k]
     T = ex.shape[0]
     trace = RoutingTrace(TraceMeta(model="t", num_layers=2, num_experts=N, top_k=k, vocab_size=4),
                          np.zeros(T, np.int32), np.zeros(T, np.int64),
                          np.arange(T, dtype=np.int32), ex.astype(np.int16)).validate()
+    return trace, ex
+
+
+def test_lar_upper_bound_runs_the_large_colgen_beside_the_row_pair_bound():
+    from sempar.placement.bound import COLGEN_METHOD, lar_upper_bound
+
+    N, G, batch = 10, 2, 16
+    trace, ex = _two_layers(N)
+    # C(10, 5) = 252 above both listed sizes: the row-pair bound and the anytime colgen
+    cfg = BoundConfig(batch=batch, max_device_sets=10, colgen_max_sets=100,
+                      colgen_large=ColgenConfig(parts=1, slack_start=0.3, slack=0.0))
+    b = lar_upper_bound(trace, G, cfg)
+    without = lar_upper_bound(trace, G, BoundConfig(batch=batch, max_device_sets=10,
+                                                    colgen_max_sets=100, colgen_large=None))
+    spent = lar_upper_bound(trace, G, replace(cfg, colgen_large_total_s=0.0))
+    assert COLGEN_METHOD in b["per_layer_method"]
+    assert COLGEN_METHOD not in without["per_layer_method"]
+    assert spent["per_layer"] == without["per_layer"]          # no CPU budget: not run
+    for l in range(2):
+        best = max(best_assignment(ex[:, l], p, batch) for p in partitions(tuple(range(N)), N // G))
+        assert b["per_layer"][l] >= best / ex[:, l].size - 1e-12
+        assert b["per_layer"][l] <= without["per_layer"][l] + 1e-12     # the least kept
+
+
+def test_lar_upper_bound_uses_it_between_the_listed_and_the_scanned_sizes():
+    from sempar.placement.bound import COLGEN_METHOD, lar_upper_bound
+
+    N, G, batch = 10, 2, 16
+    trace, ex = _two_layers(N)
     cfg = BoundConfig(batch=batch, max_device_sets=10, colgen_max_sets=10_000)
     b = lar_upper_bound(trace, G, cfg)
     assert b["per_layer_method"] == [COLGEN_METHOD] * 2
@@ -165,9 +233,10 @@ def test_evaluate_bound_effort_picks_the_bounds_it_runs():
                          np.zeros(T, np.int32), np.arange(T) // 8,
                          np.arange(T, dtype=np.int32) % 8, ex.astype(np.int16)).validate()
     assert BOUND_EFFORTS["fast"].colgen_max_sets == 0 and BOUND_EFFORTS["none"] is None
+    assert BOUND_EFFORTS["fast"].colgen_large is None
     small = dict(batch=16, max_device_sets=10)
     got = {}
-    for name, cfg in (("fast", BoundConfig(colgen_max_sets=0, **small)),
+    for name, cfg in (("fast", BoundConfig(colgen_max_sets=0, colgen_large=None, **small)),
                       ("full", BoundConfig(colgen_max_sets=10_000, **small)), ("none", None)):
         refs = evaluate(trace, trace, G, methods=["sempar"], bound=cfg)["refs"]
         got[name] = refs.get(BOUND_REF)

@@ -124,7 +124,7 @@ def test_lar_upper_bound_uses_it_where_no_lp_runs():
     trace = RoutingTrace(TraceMeta(model="t", num_layers=2, num_experts=N, top_k=k, vocab_size=4),
                          np.zeros(T, np.int32), np.zeros(T, np.int64),
                          np.arange(T, dtype=np.int32), ex.astype(np.int16)).validate()
-    cfg = BoundConfig(max_device_sets=1, colgen_max_sets=0,
+    cfg = BoundConfig(max_device_sets=1, colgen_max_sets=0, colgen_large=None,
                       row_pair=RowPairConfig(iterations=40))
     b = lar_upper_bound(trace, G, cfg)
     assert b["per_layer_method"] == [ROWPAIR_METHOD] * 2

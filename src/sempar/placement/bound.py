@@ -29,8 +29,10 @@ The pair budget drops the homes' capacity; `device_bound.config_bound` (the devi
 LP) keeps it and is far tighter where its C(N, N / G) device sets can be enumerated, and
 `colgen_bound` (the same LP, one cap a tp batch by default, by column generation, its pricing
 an exact pruned scan) where they are too many to list but few enough to scan; where neither
-runs, `row_pair_bound` (this budget with a price a row and the co-located pairs bounded by the
-semidefinite relaxation with nonnegativity): each layer keeps the lowest (all are valid).
+LP runs, `row_pair_bound` (this budget with a price a row and the co-located pairs bounded by the
+semidefinite relaxation with nonnegativity) and, with `BoundConfig.colgen_large`, the column
+generation again with one cap a layer and anytime scans (Farley's bound at a floor lowered while
+its CPU budget lasts): each layer keeps the lowest (all are valid).
 """
 
 from __future__ import annotations
@@ -135,6 +137,11 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
     per, how, witness, per_any, secs = [], [], [], [], []
     S = N // G
     cg_ok = N % G == 0 and config.max_device_sets < comb(N, S) <= config.colgen_max_sets
+    # beyond colgen_max_sets (DeepSeek-V2-Lite): the same column generation, its scans anytime
+    # (`ColgenConfig.slack_start`), beside the row-pair bound
+    cg_large = N % G == 0 and comb(N, S) > max(config.colgen_max_sets, config.max_device_sets) \
+        and config.colgen_large is not None
+    large_cpu, misses = 0.0, 0      # colgen_large's CPU seconds, layers in a row it lost
     with threadpool_limits(1):      # 64 x 64 eigensolves, small LPs: threads only contend
         for l in range(L):
             t0 = time.perf_counter()
@@ -148,9 +155,15 @@ def lar_upper_bound(trace: RoutingTrace, G: int, config: BoundConfig = BoundConf
                     pair, pair_how = rp["local"], ROWPAIR_METHOD
             any_ = pair if cfg is None else min(pair, cfg["local_any"])
             method = CONFIG_METHOD
-            if cfg is None and cg_ok:
-                cfg = colgen_bound(ex, N, G, config.colgen, max_imbalance,
-                                   None if start is None else start[l], config.batch)
+            if cfg is None and (cg_ok or (cg_large and misses < config.colgen_large_misses
+                                          and large_cpu < config.colgen_large_total_s)):
+                c0 = time.process_time()
+                cfg = colgen_bound(ex, N, G, config.colgen if cg_ok else config.colgen_large,
+                                   max_imbalance, None if start is None else start[l],
+                                   config.batch, target=None if cg_ok else pair)
+                if not cg_ok:
+                    large_cpu += time.process_time() - c0
+                    misses = 0 if cfg is not None and cfg["local"] < pair else misses + 1
                 method = COLGEN_METHOD
                 if cfg is not None and max_imbalance is None:
                     any_ = min(pair, cfg["local"])

@@ -20,6 +20,10 @@ generation with an exact pricing scan and the Lagrangian (Farley) bound, valid a
    finished exact scan gives one; the least is kept, so a loop stopped by its time budget still
    returns a valid bound. When the scan finds no improving set the LP is optimal and the bound
    equals its value.
+5. anytime (ours, `slack_start`, for DeepSeek-V2-Lite's C(64, 8) sets, where one scan at the
+   default floor costs minutes): a scan that finds no set above a floor f proves the bound
+   sum mu + G f; the first floor is the one that would beat a bound already known (`target`),
+   and each finished scan halves it while the CPU budget lasts.
 """
 
 from __future__ import annotations
@@ -50,7 +54,14 @@ class ColgenConfig:
     parts: the layer's tp batches split into this many runs, each with its own cap (`set_scan`:
         one a batch, 0, is the listed LP's V, tightest; fewer are cheaper to scan);
     swap_width: the swap search values exactly only this many incoming experts per outgoing one,
-        the best by co-activation with the set less price (0: all; a pricing heuristic only)."""
+        the best by co-activation with the set less price (0: all; a pricing heuristic only);
+    slack_start: 0 scans at `slack` only; above it, the first exact scan looks only for sets
+        above slack_start x LP value / G (far cheaper: it prunes far more), and each scan that
+        finishes with none proves a bound within (1 + its slack) of the LP's value, then the
+        next scans lower the slack by `slack_step` down to `slack` while the budget lasts (an
+        anytime bound where one scan at `slack` costs minutes: DeepSeek-V2-Lite's C(64, 8));
+    target_share: given a bound to beat (`colgen_bound`'s target), the first floor proves
+        LP value + target_share x (target - LP value), not above slack_start."""
 
     budget_s: float = 15.0
     starts: int = 8
@@ -60,6 +71,9 @@ class ColgenConfig:
     slack: float = 0.005
     parts: int = 0
     swap_width: int = 6
+    slack_start: float = 0.0
+    target_share: float = 0.85
+    slack_step: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -109,14 +123,17 @@ def layer_rows(experts: np.ndarray, N: int, G: int, batch: int = BATCH, parts: i
 
 def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = ColgenConfig(),
                  max_imbalance: float | None = None, start: np.ndarray | None = None,
-                 batch: int = BATCH, seed: int = 0) -> dict | None:
+                 batch: int = BATCH, seed: int = 0, target: float | None = None) -> dict | None:
     """{"local": an upper bound on the local activations of any placement of this layer (load
     imbalance <= max_imbalance when given) under tp's equal shares, "lp": the last LP's value,
     "proved": the LP's optimum reached, "scans", "rounds", "seconds", "witness": int64[N] the
     LP's rounded partition (experts in device order)}, or None where no exact scan finished.
 
     experts int[T, k]; start: int64[N] a partition in device order (slot // S = device), whose
-    sets seed the LP (e.g. the solver's placement)."""
+    sets seed the LP (e.g. the solver's placement). target: a bound already known (local
+    activations; e.g. the row-pair bound): with `slack_start`, the first scan's floor is set to
+    prove a figure below it (`target_share` of the way from the LP's value), and None comes
+    back at once where the LP's value is already above it (no bound here can beat it)."""
     t0, c0 = time.perf_counter(), time.process_time()
     S = N // G
     R = layer_rows(experts, N, G, batch, config.parts)
@@ -145,6 +162,7 @@ def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = Col
             m[np.asarray(start)[d * S:(d + 1) * S]] = True
             add(m)
     best, proved, scans, rounds = np.inf, False, 0, 0
+    slack = max(config.slack_start, config.slack)
     value, w = 0.0, np.zeros(0)
     while rounds < config.max_rounds:
         rounds += 1
@@ -176,8 +194,13 @@ def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = Col
                     found += 1
             if found:
                 continue
+        if scans == 0 and target is not None and config.slack_start > 0:
+            if value * (1 + config.slack) >= target:
+                return None             # the LP is at least value: nothing here beats target
+            slack = min(slack, max(config.slack,
+                                   config.target_share * (target / max(value, 1e-12) - 1)))
         scans += 1
-        floor = max(tol, config.slack * value / G)
+        floor = max(tol, slack * value / G)
         top, sets, exact, open_ub = _scan(R, S, mu, load, cap, config.scan_columns, floor,
                                           config.max_nodes)
         # none above the floor: the max is at most it; a scan out of nodes adds the bound of
@@ -185,8 +208,15 @@ def colgen_bound(experts: np.ndarray, N: int, G: int, config: ColgenConfig = Col
         upper = max(float(top[0]), floor, float(open_ub))
         best = min(best, float(mu.sum()) + G * upper)
         if exact and upper <= floor:
-            proved = True
-            break
+            if slack <= config.slack or late:
+                proved = slack <= config.slack
+                break
+            # proved within (1 + slack) of this LP: look again, for fewer sets, lower down
+            slack *= config.slack_step
+            if slack * value / G <= tol:        # below the tolerance: the last, at `slack`
+                slack = config.slack
+            slack = max(config.slack, slack)
+            continue
         if late:
             break
         new = 0

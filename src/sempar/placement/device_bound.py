@@ -54,7 +54,16 @@ class BoundConfig:
         C(N, S) sets: GPT-OSS-20B at EP 4, C(32, 8) = 10.5M; not DeepSeek-V2-Lite's C(64, 8));
     colgen: its knobs;
     row_pair: the row-pair Lagrangian bound's knobs (`row_pair_bound`), run at the layers where
-        neither LP runs (DeepSeek-V2-Lite); None: not run (the pair budget alone there).
+        neither LP runs (DeepSeek-V2-Lite); None: not run (the pair budget alone there);
+    colgen_large: where C(N, S) is above colgen_max_sets (DeepSeek-V2-Lite), the column
+        generation's knobs there (one cap a layer, `parts=1`, and anytime scans from a high
+        floor down, `slack_start`; its CPU budget a layer is `budget_s`), beside the row-pair
+        bound, the least kept; None: not run (a scan expands ~150k nodes a CPU second here, so
+        `max_nodes` caps one scan at ~35 CPU s);
+    colgen_large_total_s: CPU seconds of this process for colgen_large over all layers, taken
+        layer by layer in order; the layers after it is spent keep the other bounds;
+    colgen_large_misses: colgen_large stops for the later layers once this many layers in a row
+        gained nothing from it (DeepSeek-V2-Lite EP 4: C(64, 16) sets, no scan finishes).
     """
 
     max_device_sets: int = 100_000
@@ -63,6 +72,10 @@ class BoundConfig:
     colgen_max_sets: int = 20_000_000
     colgen: ColgenConfig = ColgenConfig()
     row_pair: RowPairConfig | None = RowPairConfig()
+    colgen_large: ColgenConfig | None = ColgenConfig(
+        budget_s=15.0, parts=1, slack_start=0.3, slack=0.02, max_nodes=5_000_000)
+    colgen_large_total_s: float = 600.0
+    colgen_large_misses: int = 3
 
 
 # `evaluate --bound`: how much the bound row may cost. "fast" (evaluate's default) keeps the
@@ -71,7 +84,8 @@ class BoundConfig:
 # reports); "none" leaves the bound rows out. Every effort's bound is valid: each layer keeps
 # the least of the bounds it ran.
 BOUND_EFFORTS: dict[str, BoundConfig | None] = {
-    "fast": BoundConfig(colgen_max_sets=0, row_pair=None), "full": BoundConfig(), "none": None}
+    "fast": BoundConfig(colgen_max_sets=0, row_pair=None, colgen_large=None),
+    "full": BoundConfig(), "none": None}
 
 
 def _colex_rank(sets: np.ndarray) -> np.ndarray:

@@ -206,7 +206,9 @@ def exact_scan(S, mu, load, cap, ptr, idx, count, part, cnt1, A2, C, M, K, floor
                     x = p2[d, q, b]
                     u = min(r1, cnt1[q, b])
                     for m in range(2, M + 1):
-                        u += min(rq[q, m], x)
+                        # a row reaching level m holds b and >= m - 1 experts of F, so it
+                        # counts >= m - 1 times in x (the pairs of b with F)
+                        u += min(rq[q, m], x / (m - 1))
                     ubv[b] += u
             for b in range(e, N):
                 if lds[d] + load[b] > cap or ubv[b] <= thr:
@@ -247,10 +249,16 @@ def exact_scan(S, mu, load, cap, ptr, idx, count, part, cnt1, A2, C, M, K, floor
             for b in range(e + 1, N):
                 ubv[b] = -mu[b]
             for q in range(Q):
-                if lev[q, 1] >= C[q]:
-                    ge += min(cnt1[q, e], p2[d, q, e] + topT[r, q, e])
+                full = 0                        # levels 1..full of part q are at their cap
+                while full < M and lev[q, full + 1] >= C[q]:
+                    full += 1
+                if full >= 1:
+                    # b then gains only from rows holding >= full other experts of D, each
+                    # counted >= full times in b's pairs with D
+                    ge += min(cnt1[q, e], (p2[d, q, e] + topT[r, q, e]) / full)
                     for b in range(e + 1, N):
-                        ubv[b] += min(cnt1[q, b], p2[d, q, b] + A2[q, e, b] + topT[r - 1, q, b])
+                        ubv[b] += min(cnt1[q, b], (p2[d, q, b] + A2[q, e, b]
+                                                   + topT[r - 1, q, b]) / full)
                 else:
                     ge += cnt1[q, e]
                     for b in range(e + 1, N):
