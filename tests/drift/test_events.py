@@ -216,3 +216,18 @@ def test_warm_start_updates_before_step_0_and_counts_its_copies(tasks):
     assert off["migrated_experts"] == 0 and not off["updated"]
     assert on["migrated_experts"] > 0 and not on["updated"]
     assert on["solve_s"] > 0.0
+
+
+def test_young_stream_updates_get_the_event_budget():
+    """`ReplayConfig.young_budget`: a step update while the stream is younger than the
+    history's span runs at the event budget (moves and replica slots), `young_cap` its bound."""
+    from sempar.drift.config import ReplayConfig
+    from sempar.drift.replay import _young_config
+
+    cfg = ReplayConfig.for_model("deepseek-v2-lite", 4, rebalance=dict(max_moves=8),
+                                 events=Events(max_moves=100, replica_moves=3))
+    y = _young_config(cfg)
+    assert (y.rebalance.max_moves, y.replicas.max_moves) == (100, 3)
+    assert y.rebalance.max_imbalance == cfg.rebalance.max_imbalance
+    assert _young_config(cfg.with_(young_cap=1.02)).rebalance.max_imbalance == 1.02
+    assert cfg.young_budget and not ReplayConfig(ep=4, young_budget=False).young_budget
