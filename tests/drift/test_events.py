@@ -59,8 +59,8 @@ def test_the_switch_to_a_new_task_is_found_at_its_first_request(tasks):
 
 def test_the_block_null_stays_quiet_inside_mmlu_groups_where_random_subsets_fire():
     """GPT-OSS-20B MMLU groups stream (subjects in runs of a few requests inside each group):
-    the default block null fires nowhere inside a group and still at the switch to STEM
-    (request 344); the first test (`Events.subsets()`) fires inside groups."""
+    the block null (`Events.blocks()`) fires nowhere inside a group and still at the switch
+    to STEM (request 344); the default random-subset null fires inside groups."""
     from sempar.trace import read_trace
 
     mmlu = Path(sempar.__file__).parent / "assets" / "traces" / "gpt-oss-20b-mmlu.parquet"
@@ -80,10 +80,10 @@ def test_the_block_null_stays_quiet_inside_mmlu_groups_where_random_subsets_fire
     def inside(rs):                   # no switch in the block's reference window or the block
         return [r for r in rs if not ((switches > r - 8 - 32) & (switches <= r)).any()]
 
-    new, old = fired(Events(), 360), fired(Events.subsets(), 126)   # old: the first group
+    new, old = fired(Events.blocks(), 360), fired(Events(), 126)    # old: the first group
     assert inside(new) == [] and len(inside(old)) >= 2
     assert any(344 <= r < 344 + 8 for r in new)
-    assert Events.subsets().null == "subsets" and Events.subsets().threshold == 1.5
+    assert Events() == Events.subsets() and Events.blocks().threshold == 1.9
     with pytest.raises(InputError):
         Events(null="halves")
 
