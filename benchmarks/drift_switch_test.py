@@ -2,8 +2,8 @@
 streams (`bench_drift.STREAMS`, built from the shipped real traces): where it fires and how far
 its score separates real switches from the traffic's own variety inside a task or group.
 
-Per stream and test (`Events()`, the default: contiguous-block null, threshold 1.9;
-`Events.subsets()`, the first form: random-subset null, threshold 1.5):
+Per stream and test (`Events.blocks()`: contiguous-block null, threshold 1.9; `Events()`, the
+default: random-subset null, threshold 1.5):
 
 - `quiet max`: the largest score (over the scales) where the tested block and its reference
   window hold one task / group (MMLU: one group, many subjects; mixture: one segment of
@@ -64,9 +64,9 @@ def main() -> None:
     ap.add_argument("--thresholds", default="",
                     help="also the block null at these thresholds (comma-separated)")
     a = ap.parse_args()
-    tests = {"blocks (default)": Events(), "subsets 1.5 (first)": Events.subsets()}
+    tests = {"blocks 1.9": Events.blocks(), "subsets 1.5 (default)": Events()}
     for t in filter(None, a.thresholds.split(",")):
-        tests[f"blocks {float(t):.2f}"] = Events(threshold=float(t))
+        tests[f"blocks {float(t):.2f}"] = Events.blocks(threshold=float(t))
     for name in a.streams.split(","):
         _, stream, every, window = load_stream(name)
         k = STREAMS[name][2]
