@@ -188,7 +188,8 @@ def cases(a) -> list[tuple]:
             for ep in (int(x) for x in a.eps.split(",")):
                 out.append((name, "replicas", ep, ep, a.replica_dispatch, "vllm",
                             [n for n in REPLICA_POLICIES
-                             if not (a.resolve_from and n == "resolve")]))
+                             if not (a.resolve_from and n == "resolve")
+                             and (not a.policies or n in a.policies.split(","))]))
     return out
 
 
@@ -207,6 +208,9 @@ def main() -> None:
                     help="replicas suite: take `resolve` (the costly full re-solve per step) from "
                          "this earlier JSON's case of the same stream and EP instead of running "
                          "it; the case is labelled with --resolve-note")
+    ap.add_argument("--policies", default="",
+                    help="replicas suite: only these of its policies (comma-separated; a costly "
+                         "one, e.g. resolve, in its own process, its JSON then --resolve-from)")
     ap.add_argument("--resolve-note", default="resolve from an earlier run")
     a = ap.parse_args()
     earlier = json.loads(a.resolve_from.read_text()) if a.resolve_from else []

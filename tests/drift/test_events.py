@@ -57,6 +57,37 @@ def test_the_switch_to_a_new_task_is_found_at_its_first_request(tasks):
         Events(threshold=0.0)
 
 
+def test_the_block_null_stays_quiet_inside_mmlu_groups_where_random_subsets_fire():
+    """GPT-OSS-20B MMLU groups stream (subjects in runs of a few requests inside each group):
+    the block null (`Events.blocks()`) fires nowhere inside a group and still at the switch
+    to STEM (request 344); the default random-subset null fires inside groups."""
+    from sempar.trace import read_trace
+
+    mmlu = Path(sempar.__file__).parent / "assets" / "traces" / "gpt-oss-20b-mmlu.parquet"
+    stream = drift_stream(read_trace(mmlu, optional=("domain",)), "groups")
+    _, dom, _, _ = request_table(stream)
+    hist = request_histograms(stream)
+    switches = np.flatnonzero(dom[1:] != dom[:-1]) + 1
+
+    def fired(cfg, hi):
+        rng, out = np.random.default_rng(0), []
+        for r in range(32, hi):
+            c = detect(hist, r, 8, 32, cfg, rng)
+            if c:
+                out.append(r)
+        return out
+
+    def inside(rs):                   # no switch in the block's reference window or the block
+        return [r for r in rs if not ((switches > r - 8 - 32) & (switches <= r)).any()]
+
+    new, old = fired(Events.blocks(), 360), fired(Events(), 126)    # old: the first group
+    assert inside(new) == [] and len(inside(old)) >= 2
+    assert any(344 <= r < 344 + 8 for r in new)
+    assert Events() == Events.subsets() and Events.blocks().threshold == 1.9
+    with pytest.raises(InputError):
+        Events(null="halves")
+
+
 def test_a_regime_is_window_zero_and_the_windows_before_it_count_back_from_it(tasks):
     stream, _, _ = tasks
     _, _, rows, starts = request_table(stream)
@@ -185,3 +216,18 @@ def test_warm_start_updates_before_step_0_and_counts_its_copies(tasks):
     assert off["migrated_experts"] == 0 and not off["updated"]
     assert on["migrated_experts"] > 0 and not on["updated"]
     assert on["solve_s"] > 0.0
+
+
+def test_young_stream_updates_get_the_event_budget():
+    """`ReplayConfig.young_budget`: a step update while the stream is younger than the
+    history's span runs at the event budget (moves and replica slots), `young_cap` its bound."""
+    from sempar.drift.config import ReplayConfig
+    from sempar.drift.replay import _young_config
+
+    cfg = ReplayConfig.for_model("deepseek-v2-lite", 4, rebalance=dict(max_moves=8),
+                                 events=Events(max_moves=100, replica_moves=3))
+    y = _young_config(cfg)
+    assert (y.rebalance.max_moves, y.replicas.max_moves) == (100, 3)
+    assert y.rebalance.max_imbalance == cfg.rebalance.max_imbalance
+    assert _young_config(cfg.with_(young_cap=1.02)).rebalance.max_imbalance == 1.02
+    assert cfg.young_budget and not ReplayConfig(ep=4, young_budget=False).young_budget

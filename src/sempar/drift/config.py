@@ -68,6 +68,15 @@ class ReplayConfig:
                                         # by its own rule, not for the peak the dispatch serves)
     warm_replica_moves: int | None = None   # replica slots per layer that warm-up update may
                                             # retarget (None: every slot, R)
+    young_budget: bool = True           # sempar-incremental: its step updates while the stream
+                                        # is younger than the history's span get the event
+                                        # budget (`Events.max_moves` moves, `replica_moves`
+                                        # slots per layer), as a young regime's do (esft-mixture
+                                        # EP 8 lp-cap: step 1 LAR 0.425 -> 0.440, imbalance
+                                        # 1.116 -> 1.112; False: the previous step budget)
+    young_cap: float | None = None      # and their bound on the youngest window (None: the
+                                        # rebalance cap; 1.02 measured there: no lower
+                                        # imbalance, LAR back to 0.425)
     replica_scenarios: str = "windows"  # sempar-incremental's replica pass checks the peak on
                                         # each history window's total ("windows") or on each
                                         # dispatch batch of them ("batches": what a per-batch

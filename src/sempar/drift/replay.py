@@ -152,6 +152,15 @@ def _warm_update(pol: ReplayPolicy, p: Placement, warm: RoutingTrace,
     return nxt, int(copied_experts(p, nxt).sum()), time.perf_counter() - t0
 
 
+def _young_config(cfg: ReplayConfig) -> ReplayConfig:
+    """The config of a step update while the stream is younger than the history's span
+    (`ReplayConfig.young_budget`): the event budget, the bound `young_cap` where set."""
+    cap = cfg.rebalance.max_imbalance if cfg.young_cap is None else cfg.young_cap
+    return cfg.with_(rebalance=replace(cfg.rebalance, max_moves=cfg.events.max_moves,
+                                       max_imbalance=cap),
+                     replicas=replace(cfg.replicas, max_moves=cfg.events.replica_moves))
+
+
 def summary(steps: list[StepFigures], layer_imb: list[np.ndarray]) -> dict:
     upd = [s.solve_s for s in steps if s.updated]
     return {"lar_mean": float(np.mean([s.lar for s in steps])),
@@ -200,6 +209,7 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
         ev = _EventState(cfg, bounds[0]) if pol.events and cfg.events.enabled else None
         if ev is not None and hist is None:
             hist = request_histograms(stream)
+        young = _young_config(cfg) if ev is not None and cfg.young_budget else None
         warm_moved, warm_s = 0, 0.0
         if cfg.warm_start and pol.history and pol.update is not None:
             p, warm_moved, warm_s = _warm_update(pol, p, warm, cfg)
@@ -210,7 +220,9 @@ def replay(stream: RoutingTrace, policies: list[str], cfg: ReplayConfig, *,
             def update(lo: int, hi: int, regime: int | None) -> None:
                 nonlocal p, moved, dt
                 t0 = time.perf_counter()
-                if regime is None:
+                if regime is None and lo < 0 and young is not None:   # a young stream
+                    nxt = pol.update(p, part(0, hi), young)
+                elif regime is None:
                     nxt = pol.update(p, part(max(0, lo), hi), cfg)
                 else:                # a young regime (`drift.events`): the event budget
                     nxt = pol.update(p, part(max(0, lo), hi), ev.cfg, regime=regime)
