@@ -81,7 +81,9 @@ def test_replay_measures_every_step(esft):
     m = esft.meta.model
     rb = RebalanceConfig(max_moves=8, expert_bytes=expert_bytes(m),
                          remote_bytes=remote_activation_bytes(m))
-    cfg = ReplayConfig(ep=4, every=16, window=8, max_steps=3, rebalance=rb)
+    # the step budget (8 moves) on every update: a young stream's updates would take the event
+    # budget (`young_budget`, test_events.py), and this short stream is young throughout
+    cfg = ReplayConfig(ep=4, every=16, window=8, max_steps=3, rebalance=rb, young_budget=False)
     seen = []
     out = replay(s, ["static", "eplb-periodic", "sempar-incremental"], cfg,
                  on_step=lambda n, f, p: seen.append((n, f.step, p)))
