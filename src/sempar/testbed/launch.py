@@ -38,7 +38,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sempar.testbed.netns import Testbed, TestbedError, teardown_guard
 
@@ -210,7 +210,7 @@ def _install_fault(rank: int) -> None:
         threading.Timer(after, fire).start()
 
 
-def rank_main(argv: list[str] | None = None) -> int:
+def rank_main(argv: list[str] | None = None) -> NoReturn:
     ap = argparse.ArgumentParser()
     for opt in ("--entry", "--master", "--work"):
         ap.add_argument(opt, required=True)
@@ -245,13 +245,23 @@ def rank_main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"rank {a.rank}: {kind}: {msg}\n")
         sys.stderr.flush()
         os._exit(RANK_FAILED)      # skip gloo's destructors, which may block on a dead peer
-    return 0
+    # The work is done and rank 0's result is on disk: leave without running C++ static
+    # destructors, where a torch/gloo thread still joinable at exit aborts the process
+    # ("terminate called without an active exception", SIGABRT) now and then.
+    # Non-daemon threads (an injected fault's timer) are waited for, as the interpreter would.
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and not t.daemon:
+            t.join()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
-
-if __name__ == "__main__":
-    sys.exit(rank_main())
 
 
 def _lost_peer(work: Path, rank: int) -> bool:
     """Whether a rank's last words say it only lost a peer (a consequence, not a cause)."""
     return "lost or timed out waiting for a peer" in (_last_line(work / f"rank{rank}.log") or "")
+
+
+if __name__ == "__main__":
+    rank_main()
