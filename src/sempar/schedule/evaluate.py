@@ -169,13 +169,11 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
                                   options=opts)
             # the time it takes alone: the extended method's solve counted in
             seconds = round(time.perf_counter() - t0 + (base[1] if base else 0.0), 4)
-            solved[(name, group[0])] = (placement, seconds)
             if dispatch is not None:
                 placement.info["dispatch"] = dispatch
             free = unconstrained_oracle_lar(placement, eval_)
             for mode in group:
-                if placements is not None:
-                    placements[(name, mode)] = placement
+                solved[(name, mode)] = (placement, seconds)
                 out[mode]["methods"][name] = dict(
                     figures_for(placement, eval_, mode, free, chunk_slack, dispatch),
                     solve_seconds=seconds,
@@ -184,6 +182,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
                     out[mode]["methods"][name].update(extra(placement, mode))
                 if name == "sempar" and mode == "tp" and not redundant:
                     ours = placement                       # the bound's in-sample figure
+    if placements is not None:
+        placements.update((key, placement) for key, (placement, _) in solved.items())
     for mode in modes:
         out[mode]["refs"] = ceiling_refs(out[mode]["methods"], mode)
     if "tp" in out and out["tp"]["methods"] and not redundant and bound is not None:
