@@ -64,7 +64,8 @@ class ExactConfig:
     batch: the tp batch of the real figure's equal shares (docs/design.md's 2,048);
     homes: None, or the swap pass scored on the optimal-home figure run last on each layer's
         kept partition (`refine.refine_layer`; `sempar-exact-refine`), also where the device
-        sets cannot be listed (the MILP then left out)."""
+        sets cannot be listed (the MILP then left out); the candidates of step 3 are then kept
+        by the optimal homes' figure too (the layer record's `lar_*` are that figure's)."""
 
     ilp: ConfigIlpConfig = ConfigIlpConfig(time_limit_s=30.0)
     refine: bool = True
@@ -157,7 +158,10 @@ def exact_solve(p: PlacementProblem, config: ExactConfig = ExactConfig(),
                 cands["milp"] = expert_devices(ilp["partition"], G)
                 if config.refine:
                     cands["milp+sempar moves"] = sempar_moves(rows, model, cands["milp"], cfg)
-            fig = {k: layer_local(d, ex, G, config.batch) for k, d in cands.items()}
+            # the figure the candidates are judged by: the greedy homes', or with the swap
+            # pass (scored on the optimal homes) the optimal homes'
+            rule = "proposal" if config.homes is None else "optimal"
+            fig = {k: layer_local(d, ex, G, config.batch, rule) for k, d in cands.items()}
             ok = [k for k, d in cands.items() if k == "sempar" or (
                 imbalance(d, count, G) <= cap * (1 + 1e-12)
                 and admit(np.sort(np.argsort(d, kind="stable").reshape(G, -1), axis=1)).all())]

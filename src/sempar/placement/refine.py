@@ -139,8 +139,11 @@ def refine_layer(layer: LayerHomes, dev: np.ndarray,
         pairs = [(a, b) for a in range(layer.N) for b in range(a + 1, layer.N) if dev[a] != dev[b]]
         for i in rng.permutation(len(pairs)):
             a, b = pairs[i]
-            ranked.append((layer.whole(layer.swapped(keys, a, b, int(dev[a]), int(dev[b])))
-                           - surr, a, b))
+            g, h = int(dev[a]), int(dev[b])
+            new = dev.copy()
+            new[a], new[b] = h, g
+            if admit(new, g, h):             # only the swaps the rule allows are ranked
+                ranked.append((layer.whole(layer.swapped(keys, a, b, g, h)) - surr, a, b))
         ranked.sort(key=lambda r: -r[0])
         for _, a, b in ranked[:config.tries]:
             if time.perf_counter() - t0 >= config.budget_s:
@@ -150,7 +153,7 @@ def refine_layer(layer: LayerHomes, dev: np.ndarray,
                 continue
             new = dev.copy()
             new[a], new[b] = h, g
-            if not admit(new, g, h):
+            if not admit(new, g, h):         # an earlier swap of this scan moved its devices
                 continue
             k2 = layer.swapped(keys, a, b, g, h)
             tries += 1
