@@ -21,7 +21,16 @@ whose C(N, N / G) device sets can be listed (`config_ilp.listable`: GPT-OSS-20B 
    version held the candidates to the first rule alone: on a 20 % fit of GPT-OSS-20B at EP 8
    its held-out imbalance went to 1.149 against `sempar`'s 1.087.)
 
-So it is never worse than `sempar` on the fit figure, under sempar's own balance rule. It serves
+So it is never worse than `sempar` on the fit figure, under sempar's own balance rule.
+
+`sempar-exact-refine` (ours, beside it; `ExactConfig.homes`): the same candidates kept by the
+optimal-home figure (`capacity.ASSIGN_RULES["optimal"]`), then per layer a last pass of expert
+swaps scored on that figure (placement/refine.py), a swap admitted where the layer's imbalance
+stays within its cap and both devices it changes stay within sempar's load model at the larger
+of its fit cap and the kept partition's own worst device. It runs at every EP where the pass's
+key table fits (the MILP left out where its sets cannot be listed: GPT-OSS-20B at EP 4,
+`info["exact"]["milp"]` says so), and is never below `sempar-exact`'s kept partition on the
+optimal-home figure. It serves
 tp mode only (its program is tp's figure; declared, so `evaluate` does not solve `sempar` a
 second time under its name in dp mode), and declares that it extends `sempar`: `evaluate` hands
 it the `sempar` placement it already solved for the same problem instead of a second solve. Elsewhere (the tokens objective, replicas, groups, sets
