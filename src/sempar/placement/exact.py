@@ -236,7 +236,7 @@ def _homes_pass(ex: np.ndarray, N: int, G: int, dev: np.ndarray, count: np.ndarr
            "lar_optimal_after": round(rec["after"] / max(ex.size, 1), 5),
            "lar_after": round(layer_local(new, ex, G, config.batch) / max(ex.size, 1), 5),
            "robust_load_after": round(float(lm.of(new, G).max() / (lm.load.sum() / G)), 4),
-           **{k: rec[k] for k in ("swaps", "tries", "seconds")}}
+           **{k: rec[k] for k in ("swaps", "tries", "scans", "seconds")}}
     return new, rec
 
 
