@@ -67,11 +67,13 @@ PATHS = {"new": {}, "old": {}, "hypergraph": {"hypergraph_start": True},
          "hypergraph-soed": {"hypergraph_start": True, "hypergraph_objective": "soed"},
          "hypergraph-cut": {"hypergraph_start": True, "hypergraph_objective": "cut"},
          "hypergraph-quality": {"hypergraph_start": True, "hypergraph_preset": "quality"},
-         "exact": {}}
+         "exact": {}, "exact-refine": {}}
 # paths solved by their registered solver (validated by `base.solve_problem`), not sempar_solve:
 # "exact" is `sempar-exact` (placement/exact.py: the integer configuration program's partition
 # refined with sempar's moves where the device sets can be listed, else `sempar`)
-REGISTERED = {"exact": "sempar-exact"}
+# "exact-refine" is `sempar-exact-refine` (the same, then per layer a swap pass scored on the
+# optimal-home figure, placement/refine.py; at every EP, the MILP left out where it cannot list)
+REGISTERED = {"exact": "sempar-exact", "exact-refine": "sempar-exact-refine"}
 
 
 def ensure_trace(name: str, given: dict, cache: Path) -> Path:
@@ -182,6 +184,7 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
                "bound_method": b["bound"], "bound_s": round(bound_s, 1),
                "bound_cpu_s": round(bound_cpu, 1), "bound_parts": bound_config.colgen.parts}
         row.update(_optimal_homes(placement, trace, row["bound"]))
+        row.update(_homes_pass(placement))
         gaps = [g for g in bound.get("milp_gap", []) if g is not None]
         if gaps:
             row.update(bound_milp_gap_max=round(max(gaps), 6),
@@ -222,7 +225,19 @@ def _reused_row(name, trace, ep, path, placement, wall, cpu, bound) -> dict:
         row["in_sample_before"] = bound["in_sample_before"][path]
     row["bound_reused"] = True
     row.update(_optimal_homes(placement, trace, bound["bound"]))
+    row.update(_homes_pass(placement))
     return row
+
+
+def _homes_pass(placement) -> dict:
+    """{homes_swaps, homes_s}: swaps kept and seconds of `sempar-exact-refine`'s pass on the
+    optimal-home figure over all layers (placement/refine.py); {} for the other solvers."""
+    layers = [r["homes"] for r in placement.info.get("exact", {}).get("layers", [])
+              if "homes" in r]
+    if not layers:
+        return {}
+    return {"homes_swaps": sum(r["swaps"] for r in layers),
+            "homes_s": round(sum(r["seconds"] for r in layers), 1)}
 
 
 def rebound(trace_path: Path, ep: int, old: list[dict], bound_config: BoundConfig) -> list[dict]:
@@ -256,7 +271,7 @@ def rebound(trace_path: Path, ep: int, old: list[dict], bound_config: BoundConfi
 
 
 METHODS = {"new": "sempar", "old": "sempar (per-row path)", "hypergraph": "sempar-hypergraph",
-           "exact": "sempar-exact"}
+           "exact": "sempar-exact", "exact-refine": "sempar-exact-refine"}
 
 
 def gap_table(rows: list[dict]) -> str:

@@ -51,6 +51,10 @@ def evaluate(ctx: typer.Context,
                                                help="tp oracle / pre-routed homes: a device may "
                                                "take up to (1 + EPS) x batch / G, in [0, 1)"),
              dispatch: str = dispatch_option(),
+             home_rule: str = typer.Option(
+                 "proposal", "--home-rule", help="how tp's oracle homes (exact-home LAR) fill "
+                 "each batch's equal shares: proposal (greedy rounds, the default) or optimal "
+                 "(the most local activations within the shares)"),
              bound_effort: str = typer.Option(
                  "fast", "--bound", help="tp's bound row (how far from optimal, on the fit "
                  "sample): fast (listed device-set LP / pair budget), full (also the column "
@@ -70,12 +74,15 @@ def evaluate(ctx: typer.Context,
 
     if bound_effort not in BOUND_EFFORTS:
         raise InputError(f"--bound: {bound_effort!r} is not one of {', '.join(BOUND_EFFORTS)}")
+    from sempar.schedule.evaluate import check_home_rule
+
+    check_home_rule(home_rule)            # before any trace or statistics is read
     options = solve_options(ctx)          # passed whole to every solve, the matrix's too
     if (fit is None) == (fit_stats is None):
         raise InputError("evaluate: give one of --fit or --fit-stats")
     if fit_stats is not None:
         _evaluate_stats(fit_stats, eval_file, ep, methods, options, split, cross, online,
-                        chunk_slack, as_json)
+                        chunk_slack, as_json, home_rule)
         return
     if split == (eval_file is not None):
         raise InputError("evaluate: give --eval EVAL, or --split to divide --fit 20/80 by request")
@@ -90,7 +97,7 @@ def evaluate(ctx: typer.Context,
     extra = home = None
     from sempar.schedule.evaluate import check_evaluation
 
-    check_evaluation(fit_trace, eval_trace, (mode,), chunk_slack)   # before any model loads
+    check_evaluation(fit_trace, eval_trace, (mode,), chunk_slack, home_rule)   # before loads
     if online:
         from sempar.trace.schema import require_token_ids
 
@@ -114,7 +121,7 @@ def evaluate(ctx: typer.Context,
     with steps("evaluate", len(names)) as step:
         result = run(fit_trace, eval_trace, ep, options, methods=chosen, progress=step,
                      extra=extra, chunk_slack=chunk_slack, dispatch=dispatch,
-                     bound=BOUND_EFFORTS[bound_effort])
+                     bound=BOUND_EFFORTS[bound_effort], home_rule=home_rule)
     if cross:
         with steps("cross-dataset", len(cross_names) * len(whole.domains)) as step:
             # `all` lists the methods that refuse these options under `skipped`
@@ -132,7 +139,7 @@ def evaluate(ctx: typer.Context,
 
 def _evaluate_stats(stats_file: Path, eval_file: Optional[Path], ep: int, methods: str,
                     options, split: bool, cross: bool, online: bool, chunk_slack: float,
-                    as_json: bool) -> None:
+                    as_json: bool, home_rule: str = "proposal") -> None:
     """`evaluate --fit-stats`: the sempar placement solved from statistics
     (placement/from_stats.py), judged on --eval (`schedule.evaluate.evaluate_fitted`)."""
     import time
@@ -162,7 +169,7 @@ def _evaluate_stats(stats_file: Path, eval_file: Optional[Path], ep: int, method
            "stats": str(stats_file), "shards": len(stats.shards)}
     result = evaluate_fitted(placement, eval_trace, ep, options, fit, seconds=seconds,
                              fit_token_ids=stats.meta.has_token_ids,
-                             chunk_slack=chunk_slack)
+                             chunk_slack=chunk_slack, home_rule=home_rule)
     _warn(result)
     if as_json:
         emit_json(result)

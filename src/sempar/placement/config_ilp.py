@@ -37,7 +37,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from scipy.sparse import csr_matrix
 
-from sempar.placement.capacity import BATCH, capacity_home
+from sempar.placement.capacity import BATCH, DEFAULT_ASSIGN, capacity_home
 from sempar.placement.device_bound import device_sets, device_values
 from sempar.placement.metrics import peak_ratio
 
@@ -71,13 +71,14 @@ def set_loads(experts: np.ndarray, N: int, sets: np.ndarray) -> tuple[np.ndarray
     return count[sets].sum(axis=1), float(count.sum())
 
 
-def layer_local(device: np.ndarray, experts: np.ndarray, G: int, batch: int = BATCH) -> float:
+def layer_local(device: np.ndarray, experts: np.ndarray, G: int, batch: int = BATCH,
+                rule: str = DEFAULT_ASSIGN) -> float:
     """The capacity-bound exact-home local activations at one layer: device int[N] of each
     expert, experts int[T, k]; each row homed by `capacity.capacity_home` (the evaluator's
-    rule, `schedule.homes.oracle_home`)."""
+    rule, `schedule.homes.oracle_home`; `rule` its home rule, `capacity.ASSIGN_RULES`)."""
     on = np.asarray(device, np.int64)[np.asarray(experts, np.int64)]             # [T, k]
     hits = np.stack([(on == d).sum(axis=1) for d in range(G)], axis=1)           # [T, G]
-    home = capacity_home(hits, batch)
+    home = capacity_home(hits, batch, rule=rule)
     return float(hits[np.arange(hits.shape[0]), home].sum())
 
 

@@ -21,7 +21,16 @@ whose C(N, N / G) device sets can be listed (`config_ilp.listable`: GPT-OSS-20B 
    version held the candidates to the first rule alone: on a 20 % fit of GPT-OSS-20B at EP 8
    its held-out imbalance went to 1.149 against `sempar`'s 1.087.)
 
-So it is never worse than `sempar` on the fit figure, under sempar's own balance rule. It serves
+So it is never worse than `sempar` on the fit figure, under sempar's own balance rule.
+
+`sempar-exact-refine` (ours, beside it; `ExactConfig.homes`): the same candidates kept by the
+optimal-home figure (`capacity.ASSIGN_RULES["optimal"]`), then per layer a last pass of expert
+swaps scored on that figure (placement/refine.py), a swap admitted where the layer's imbalance
+stays within its cap and both devices it changes stay within sempar's load model at the larger
+of its fit cap and the kept partition's own worst device. It runs at every EP where the pass's
+key table fits (the MILP left out where its sets cannot be listed: GPT-OSS-20B at EP 4,
+`info["exact"]["milp"]` says so), and is never below `sempar-exact`'s kept partition on the
+optimal-home figure. It serves
 tp mode only (its program is tp's figure; declared, so `evaluate` does not solve `sempar` a
 second time under its name in dp mode), and declares that it extends `sempar`: `evaluate` hands
 it the `sempar` placement it already solved for the same problem instead of a second solve. Elsewhere (the tokens objective, replicas, groups, sets
@@ -44,6 +53,7 @@ from sempar.placement.capacity import BATCH
 from sempar.placement.config_ilp import (ConfigIlpConfig, expert_devices, imbalance,
                                          integer_config, layer_local, listable)
 from sempar.placement.placement import Placement
+from sempar.placement.refine import LayerHomes, RefineConfig, fits, refine_layer
 from sempar.placement.sempar.config import SemparConfig
 from sempar.placement.sempar.load import layer_load_model, layer_request_counts, onehot
 from sempar.placement.sempar.row_sets import layer_trace
@@ -60,11 +70,16 @@ class ExactConfig:
     ilp: the integer configuration program's (per-layer HiGHS time limit `ilp.time_limit_s`;
         stopped there the incumbent partition is used and its gap reported);
     refine: refine the MILP's partition with sempar's moves (step 2);
-    batch: the tp batch of the real figure's equal shares (docs/design.md's 2,048)."""
+    batch: the tp batch of the real figure's equal shares (docs/design.md's 2,048);
+    homes: None, or the swap pass scored on the optimal-home figure run last on each layer's
+        kept partition (`refine.refine_layer`; `sempar-exact-refine`), also where the device
+        sets cannot be listed (the MILP then left out); the candidates of step 3 are then kept
+        by the optimal homes' figure too (the layer record's `lar_*` are that figure's)."""
 
     ilp: ConfigIlpConfig = ConfigIlpConfig(time_limit_s=30.0)
     refine: bool = True
     batch: int = BATCH
+    homes: RefineConfig | None = None
 
 
 def layer_model(rows: PlacementProblem, l: int, cap: float, cfg: SemparConfig):
@@ -110,6 +125,8 @@ def _why_not(p: PlacementProblem, config: ExactConfig) -> str | None:
         return "replicas or preserved groups"
     if resolve_objective(p) != "rows":
         return "tokens objective"
+    if config.homes is not None and fits(N, G, p.trace.experts.shape[2], config.homes):
+        return None                          # the swap pass runs without the MILP
     if not listable(N, G, config.ilp):
         return f"C({N}, {N // G}) device sets exceed {config.ilp.max_device_sets}"
     return None
@@ -144,17 +161,24 @@ def exact_solve(p: PlacementProblem, config: ExactConfig = ExactConfig(),
                 return robust_set_loads(lm, sets) <= lm.cap * (1 + 1e-9)
 
             cands = {"sempar": own}
-            ilp = integer_config(ex, N, G, config.ilp, cap, starts=(phy2log[l],), admit=admit)
+            ilp = integer_config(ex, N, G, config.ilp, cap, starts=(phy2log[l],), admit=admit) \
+                if listable(N, G, config.ilp) else None
             if ilp is not None and ilp["partition"] is not None:
                 cands["milp"] = expert_devices(ilp["partition"], G)
                 if config.refine:
                     cands["milp+sempar moves"] = sempar_moves(rows, model, cands["milp"], cfg)
-            fig = {k: layer_local(d, ex, G, config.batch) for k, d in cands.items()}
+            # the figure the candidates are judged by: the greedy homes', or with the swap
+            # pass (scored on the optimal homes) the optimal homes'
+            rule = "proposal" if config.homes is None else "optimal"
+            fig = {k: layer_local(d, ex, G, config.batch, rule) for k, d in cands.items()}
             ok = [k for k, d in cands.items() if k == "sempar" or (
                 imbalance(d, count, G) <= cap * (1 + 1e-12)
                 and admit(np.sort(np.argsort(d, kind="stable").reshape(G, -1), axis=1)).all())]
             keep = max(ok, key=lambda k: (fig[k], k == "sempar"))
             dev = cands[keep]
+            homes = None
+            if config.homes is not None and fits(N, G, ex.shape[1], config.homes):
+                dev, homes = _homes_pass(ex, N, G, dev, count, cap, lm, admit, config, p.seed)
             phy2log[l] = np.argsort(dev * N + np.arange(N), kind="stable")    # device order
             layers.append({"kept": keep, "cap": round(cap, 4),
                            "robust_load": round(float(lm.of(dev, G).max() / (lm.load.sum() / G)),
@@ -163,9 +187,14 @@ def exact_solve(p: PlacementProblem, config: ExactConfig = ExactConfig(),
                            **({} if ilp is None else {
                                "milp_gap": round(ilp["gap"], 6), "milp_optimal": ilp["optimal"],
                                "milp_bound": round(ilp["local"] / max(ex.size, 1), 5),
-                               "milp_s": round(ilp["seconds"], 1)})})
-    out = Placement(phy2log, N, G, p.node_of(), "sempar-exact", info=dict(base.info))
+                               "milp_s": round(ilp["seconds"], 1)}),
+                           **({} if homes is None else {"homes": homes})})
+    name = "sempar-exact" if config.homes is None else "sempar-exact-refine"
+    out = Placement(phy2log, N, G, p.node_of(), name, info=dict(base.info))
     out.info["exact"] = {"layers": layers, "ilp_time_limit_s": config.ilp.time_limit_s}
+    if not listable(N, G, config.ilp):
+        out.info["exact"]["milp"] = f"C({N}, {N // G}) device sets exceed " \
+                                    f"{config.ilp.max_device_sets}: left out"
     if p.trace.meta.has_token_ids:             # the real ids' table for the new experts
         stats = AffinityStats(p.trace)
         dev = first_copy_device(out)
@@ -183,3 +212,39 @@ def sempar_exact(p: PlacementProblem, base: Placement | None = None) -> Placemen
     sempar's moves and kept per layer where its real figure is higher (module docstring);
     base: `sempar`'s finished placement of the same problem, if already solved."""
     return exact_solve(p, ExactConfig(), base)
+
+
+def _homes_pass(ex: np.ndarray, N: int, G: int, dev: np.ndarray, count: np.ndarray, cap: float,
+                lm, admit, config: ExactConfig, seed: int) -> tuple[np.ndarray, dict]:
+    """(dev int64[N] after the swap pass on the optimal-home figure, its record) from the kept
+    partition dev int[N] of one layer ex int[T, k]: a swap is admitted where the load imbalance
+    stays within the layer's cap and both changed devices stay within sempar's load model at
+    the larger of its fit cap and the partition's own worst device (so neither the fit
+    imbalance nor sempar's robust load of the worst device rises)."""
+    start_robust = float(lm.of(dev, G).max())
+    limit = max(lm.cap, start_robust) * (1 + 1e-9)
+
+    def ok(new: np.ndarray, g: int, h: int) -> bool:
+        if imbalance(new, count, G) > cap * (1 + 1e-12):
+            return False
+        sets = np.stack([np.flatnonzero(new == g), np.flatnonzero(new == h)])
+        return bool((robust_set_loads(lm, sets) <= limit).all())
+
+    layer = LayerHomes(ex, N, G, config.batch)
+    new, rec = refine_layer(layer, dev, ok, config.homes, seed)
+    rec = {"lar_optimal_before": round(rec["before"] / max(ex.size, 1), 5),
+           "lar_optimal_after": round(rec["after"] / max(ex.size, 1), 5),
+           "lar_after": round(layer_local(new, ex, G, config.batch) / max(ex.size, 1), 5),
+           "robust_load_after": round(float(lm.of(new, G).max() / (lm.load.sum() / G)), 4),
+           **{k: rec[k] for k in ("swaps", "tries", "scans", "seconds")}}
+    return new, rec
+
+
+# ours, beside `sempar-exact`: its placement with the swap pass on the optimal-home figure last
+@SOLVERS.register("sempar-exact-refine", replicas=True, preserves_groups=True, mode_aware=True,
+                  modes=("tp",), extends="sempar")
+def sempar_exact_refine(p: PlacementProblem, base: Placement | None = None) -> Placement:
+    """`sempar-exact` with a last pass of expert swaps per layer scored on the capacity-bound
+    exact-home LAR with the optimal home assignment (placement/refine.py), within the layer's
+    cap and sempar's load model; it runs also where the MILP's device sets cannot be listed."""
+    return exact_solve(p, ExactConfig(homes=RefineConfig()), base)

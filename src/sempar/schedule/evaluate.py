@@ -25,7 +25,7 @@ from typing import Callable
 
 from sempar.errors import InputError
 from sempar.placement.base import SOLVERS, PlacementProblem, check_token_ids, solve, solve_problem
-from sempar.placement.capacity import check_slack
+from sempar.placement.capacity import ASSIGN_RULES, DEFAULT_ASSIGN, check_slack
 from sempar.placement.oracle import ORACLE
 from sempar.placement.metrics import placement_figures
 from sempar.placement.placement import Placement
@@ -41,14 +41,15 @@ ATTENTION_MODES = ("dp", "tp")
 
 def figures_for(placement: Placement, eval_: RoutingTrace, mode: str,
                 free_lar: float | None = None, chunk_slack: float = 0.0,
-                dispatch: str | None = None) -> dict:
+                dispatch: str | None = None, home_rule: str = DEFAULT_ASSIGN) -> dict:
     """The per-method figures of the contract for one solved placement in one mode
     (`free_lar`: the unconstrained oracle LAR, when already computed; `chunk_slack`: tp's
     oracle homes may fill a device up to ceil((1 + chunk_slack) x batch / G); `dispatch`: the
     rule choosing among replicas, `placement.dispatch` (None: the placement's own, else
-    `nearest`): every figure is after dispatch)."""
+    `nearest`): every figure is after dispatch; `home_rule`: how tp's oracle homes fill the
+    equal shares, `capacity.ASSIGN_RULES`: "proposal" rounds or the "optimal" assignment)."""
     oracle = (oracle_home_dp(placement, eval_) if mode == "dp"
-              else oracle_home(placement, eval_.experts, slack=chunk_slack))
+              else oracle_home(placement, eval_.experts, slack=chunk_slack, rule=home_rule))
     # the ceiling places tokens knowing their routing
     home = oracle if placement.method == ORACLE else method_home(placement, eval_, mode)
     f = placement_figures(placement, eval_.experts, home, dispatch)
@@ -76,16 +77,24 @@ def figures_for(placement: Placement, eval_: RoutingTrace, mode: str,
     return out
 
 
+def check_home_rule(rule: str) -> str:
+    """`rule` if it names a capacity home rule (`capacity.ASSIGN_RULES`), else InputError."""
+    if rule not in ASSIGN_RULES.names():
+        raise InputError(f"--home-rule: {rule!r} is not one of {', '.join(ASSIGN_RULES.names())}")
+    return rule
+
+
 def unconstrained_oracle_lar(placement: Placement, eval_: RoutingTrace) -> float:
     home = oracle_home(placement, eval_.experts, batch=None)
     return placement_figures(placement, eval_.experts, home)["lar_mean"]
 
 
 def check_evaluation(fit: RoutingTrace, eval_: RoutingTrace, modes: tuple[str, ...],
-                     chunk_slack: float = 0.0) -> None:
+                     chunk_slack: float = 0.0, home_rule: str = DEFAULT_ASSIGN) -> None:
     """The checks that need no model and no placement: `evaluate --online` runs them before it
     loads the model's embedding (a refusal is then the only line on stderr)."""
     check_slack(chunk_slack, "--chunk-slack")
+    check_home_rule(home_rule)
     for mode in modes:
         if mode not in ATTENTION_MODES:
             raise InputError(f"--mode: {mode!r} is not one of {', '.join(ATTENTION_MODES)}")
@@ -101,12 +110,14 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
                    chunk_slack: float = 0.0,
                    placements: dict | None = None,
                    dispatch: str | None = None,
-                   bound: BoundConfig | None = BOUND_EFFORTS["fast"]) -> dict[str, dict]:
+                   bound: BoundConfig | None = BOUND_EFFORTS["fast"],
+                   home_rule: str = DEFAULT_ASSIGN) -> dict[str, dict]:
     """{mode: the `evaluate --json` contract}, every placement solved once for all modes.
 
     `options` (None: the defaults) go whole to every solver (`base.solve`), each mode's solve
     with its `mode`; `chunk_slack` to the tp oracle homes (`figures_for`), and when > 0 the tp
-    entry says it ("chunk_slack").
+    entry says it ("chunk_slack"); `home_rule` likewise (`figures_for`; "home_rule" in the tp
+    entry when not the default "proposal").
     `extra(placement, mode)` adds keys to each deployable method's entry (`evaluate --online`
     passes the online schedulers' figures; the data flow keeps schedulers downstream of here).
     `placements`: a dict that receives {(method, mode): placement} of every solve, so a caller
@@ -117,7 +128,7 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
     """
     options = options or SolveOptions()
     nodes, redundant = options.num_nodes, options.redundant
-    check_evaluation(fit, eval_, modes, chunk_slack)
+    check_evaluation(fit, eval_, modes, chunk_slack, home_rule)
     if not (fit.meta.has_token_ids and eval_.meta.has_token_ids):
         # one side without ids: a token table fitted on the other would look up zeros
         fit, eval_ = without_token_ids(fit), without_token_ids(eval_)
@@ -132,6 +143,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
         out[mode]["dispatch"] = dispatch or "nearest"
     if chunk_slack and "tp" in out:          # say so only when the figures are not today's rule
         out["tp"]["chunk_slack"] = chunk_slack
+    if home_rule != DEFAULT_ASSIGN and "tp" in out:
+        out["tp"]["home_rule"] = home_rule
     for name in names:
         if progress:
             progress(name)
@@ -175,7 +188,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
             for mode in group:
                 solved[(name, mode)] = (placement, seconds)
                 out[mode]["methods"][name] = dict(
-                    figures_for(placement, eval_, mode, free, chunk_slack, dispatch),
+                    figures_for(placement, eval_, mode, free, chunk_slack, dispatch,
+                                home_rule),
                     solve_seconds=seconds,
                     **held_out_entry(placement))
                 if extra is not None and name != ORACLE:
@@ -231,19 +245,20 @@ def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
              progress: Callable[[str], None] | None = None,
              extra: Callable[[Placement, str], dict] | None = None,
              chunk_slack: float = 0.0, dispatch: str | None = None,
-             bound: BoundConfig | None = BOUND_EFFORTS["fast"]) -> dict:
+             bound: BoundConfig | None = BOUND_EFFORTS["fast"],
+             home_rule: str = DEFAULT_ASSIGN) -> dict:
     """The `evaluate --json` contract for `methods` (default: every registered one) in
     `options.mode`, replicas served by `dispatch` (None: `nearest`), the tp bound rows by
     `bound` (`evaluate_modes`)."""
     options = options or SolveOptions()
     return evaluate_modes(fit, eval_, ep, options, methods=methods, modes=(options.mode,),
                           progress=progress, extra=extra, chunk_slack=chunk_slack,
-                          dispatch=dispatch, bound=bound)[options.mode]
+                          dispatch=dispatch, bound=bound, home_rule=home_rule)[options.mode]
 
 
 def evaluate_fitted(placement: Placement, eval_: RoutingTrace, ep: int, options: SolveOptions,
                     fit: dict, *, fit_token_ids: bool = True, seconds: float | None = None,
-                    chunk_slack: float = 0.0) -> dict:
+                    chunk_slack: float = 0.0, home_rule: str = DEFAULT_ASSIGN) -> dict:
     """The `evaluate --json` contract (one mode, `options.mode`) for one placement fitted
     elsewhere: `evaluate --fit-stats`, the `sempar` placement solved from `RoutingStats`
     (placement/from_stats.py). The figures are `figures_for`'s, as `evaluate_modes` gives them
@@ -254,6 +269,7 @@ def evaluate_fitted(placement: Placement, eval_: RoutingTrace, ep: int, options:
     as having none, as `evaluate_modes` does: the placement's token table is dropped."""
     mode = options.mode
     check_slack(chunk_slack, "--chunk-slack")
+    check_home_rule(home_rule)
     if mode not in ATTENTION_MODES:
         raise InputError(f"--mode: {mode!r} is not one of {', '.join(ATTENTION_MODES)}")
     if not (fit_token_ids and eval_.meta.has_token_ids):
@@ -264,7 +280,9 @@ def evaluate_fitted(placement: Placement, eval_: RoutingTrace, ep: int, options:
            "methods": {}}
     if chunk_slack and mode == "tp":
         out["chunk_slack"] = chunk_slack
-    figs = figures_for(placement, eval_, mode, None, chunk_slack)
+    if home_rule != DEFAULT_ASSIGN and mode == "tp":
+        out["home_rule"] = home_rule
+    figs = figures_for(placement, eval_, mode, None, chunk_slack, home_rule=home_rule)
     if seconds is not None:
         figs["solve_seconds"] = seconds
     figs.update(held_out_entry(placement))
