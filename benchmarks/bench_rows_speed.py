@@ -113,6 +113,12 @@ BOUND_FIELDS = ("bound", "bound_any_balance", "bound_method", "bound_s", "bound_
                 "bound_parts", "bound_milp_gap_max", "bound_milp_layers", "bound_lp_mean")
 
 
+def rows_of(rows: list[dict], name: str, ep: int, paths: list[str] | None = None) -> list[dict]:
+    """The rows of an earlier --json output for (trace `name`, EP `ep`), of `paths` if given."""
+    return [r for r in rows if r["trace"] == name and r["ep"] == ep
+            and (paths is None or r["path"] in paths)]
+
+
 def reused_bound(rows: list[dict], name: str, ep: int, beta: float, tokens: int) -> dict:
     """The bound fields of a previous --json output's rows for (trace `name`, EP `ep`), whose
     beta (max_imbalance) is at least `beta`: a bound over the placements within that balance is
@@ -120,7 +126,7 @@ def reused_bound(rows: list[dict], name: str, ep: int, beta: float, tokens: int)
     figure, e.g. the row-pair Lagrangian's). The bound bounds any home assignment within the
     caps (docs/placement.md, "The exact home rule"), so it serves both home rules unchanged.
     Also {path: best_known} of those rows (the greedy homes' figure, kept as it was)."""
-    mine = [r for r in rows if r["trace"] == name and r["ep"] == ep]
+    mine = rows_of(rows, name, ep)
     if not mine:
         raise SystemExit(f"--bound-from: no row for {name} EP {ep}")
     if mine[0]["tokens"] != tokens:
@@ -379,8 +385,8 @@ def main(argv: list[str] | None = None) -> None:
         path = ensure_trace(name, given, Path(args.cache_dir))
         for ep in args.ep:
             if args.bound_only:
-                old = [r for r in json.loads(Path(args.bound_only).read_text())
-                       if r["trace"] == name and r["ep"] == ep and r["path"] in args.paths]
+                old = rows_of(json.loads(Path(args.bound_only).read_text()), name, ep,
+                              args.paths)
                 for row in rebound(path, ep, old, bound_config):
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
@@ -399,7 +405,7 @@ def main(argv: list[str] | None = None) -> None:
     else:          # side by side: old / new per (trace, EP)
         for name in args.cases:
             for ep in args.ep:
-                by = {r["path"]: r for r in rows if r["trace"] == name and r["ep"] == ep}
+                by = {r["path"]: r for r in rows_of(rows, name, ep)}
                 if {"new", "old"} <= set(by):
                     ratio = by["old"]["solve_s"] / max(by["new"]["solve_s"], 1e-9)
                     print(f"{name} EP {ep}: solve {by['old']['solve_s']} s -> "
