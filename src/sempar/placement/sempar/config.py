@@ -195,7 +195,7 @@ class SemparConfig:
     held_out_min_cap: float = 0.95
     """`rows` objective, "point" search: the lowest fit cap (x the mean robust load; below 1.0
     the robust loads must sit under the mean, their margin past a random grouping's charged)."""
-    held_out_point_retries: int = 2
+    held_out_point_retries: int = 3
     """`rows` objective, "point" search: solves at most."""
     budget_held_out_folds: int = 2
     """`rows` objective: the folds kept where the work budget cuts the fit sample (DeepSeek-V3
