@@ -155,6 +155,7 @@ def verdict(res: dict, trace: str, floor: float | None = None, homes: str = "met
     m = res["methods"]
     deploy = {k: v for k, v in m.items() if k != "oracle"}
     out = _best_within(deploy, BALANCE, f"{BALANCE}", homes, margin)
+    out += reach_line(res, homes, margin)
     if floor is not None and floor * FLOOR_SLACK > BALANCE:
         budget = floor * FLOOR_SLACK
         out.append(f"balance floor {floor:.3f} (best equal-slot split of the held-out loads): "
@@ -171,6 +172,34 @@ def verdict(res: dict, trace: str, floor: float | None = None, homes: str = "met
                        f"{'MET' if hit else 'MISSED'} ({ours[lk]:.3f}, {ours[ik]:.3f}; {share})")
         out += ceiling_shares(ours[lk], res.get("refs", {}))
     return out
+
+
+def reach_line(res: dict, homes: str = "method", margin: float = MARGIN) -> list[str]:
+    """dp mode, where ours misses its lead within BALANCE: whether any measured placement could
+    meet it. A placement's exact-home LAR in dp mode (`oracle_lar_mean`: each round of G
+    arrivals matched to the G ranks by the Hungarian method knowing the real routing) is the
+    most that any home rule placing one request per rank per round gets from that placement,
+    whatever its balance; so where the highest of them (over every placement measured, the
+    unbalanced ones included) is under the LAR the target needs, no home rule makes any
+    measured placement meet it: only a placement nobody measured could. It bounds the measured
+    placements, not every placement (issue 45)."""
+    lk, ik = FIGURES[homes]
+    m = res["methods"]
+    if res.get("mode") != "dp" or OURS not in m:
+        return []
+    rivals = [v[lk] for k, v in m.items() if k not in (OURS, "oracle") and v[ik] <= BALANCE]
+    need = max(rivals, default=0.0) + margin
+    if m[OURS][lk] >= need - 1e-12:
+        return []
+    best = max(m, key=lambda k: m[k].get("oracle_lar_mean", -1.0))
+    top = m[best].get("oracle_lar_mean", -1.0)
+    if top >= need - 1e-12:
+        return []
+    return [f"out of reach of every measured placement: the target needs {need:.3f}; the "
+            f"highest exact-home LAR of any ({best} {top:.3f}, imbalance "
+            f"{m[best]['oracle_imbalance_max_mean']:.2f}) is the most any one-request-per-rank-"
+            f"per-round home rule gets from it, {need - top:.3f} short (a bound on the measured "
+            f"placements, not on every placement)"]
 
 
 def ceiling_shares(lar: float, refs: dict) -> list[str]:

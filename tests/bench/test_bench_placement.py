@@ -95,6 +95,24 @@ def test_best_within_judges_the_chosen_figure():
     assert "MET" in bench._best_within(deploy, 1.10, "1.1", "exact", 0.005)[1]
 
 
+def test_reach_line_says_when_no_measured_placement_can_meet_the_lead():
+    """dp, exact homes: ours misses by 0.003 and the best exact-home LAR of any placement (an
+    unbalanced one's) is under rival + margin: out of reach of every measured placement."""
+    m = {"sempar": _fig(0.25, 0.267, 1.06), "moetuner": _fig(0.25, 0.270, 1.07),
+         "exflow": _fig(0.25, 0.275, 1.24), "oracle": _fig(0.25, 0.258, 1.20)}
+    res = dict(_case(m), mode="dp")
+    (line,) = bench.reach_line(res, "exact", 0.01)
+    assert "needs 0.280" in line and "exflow 0.275, imbalance 1.24" in line and "0.005 short" in line
+    assert any(v.startswith("out of reach") for v in bench.verdict(res, "x", None, "exact", 0.01))
+    # a reachable ceiling, a met target, or tp mode: no line
+    m["exflow"] = _fig(0.25, 0.290, 1.24)
+    assert bench.reach_line(res, "exact", 0.01) == []
+    m["sempar"] = _fig(0.25, 0.285, 1.06)
+    assert bench.reach_line(res, "exact", 0.01) == []
+    m["sempar"], m["exflow"] = _fig(0.25, 0.267, 1.06), _fig(0.25, 0.275, 1.24)
+    assert bench.reach_line(dict(res, mode="tp"), "exact", 0.01) == []
+
+
 def test_verdict_real_targets_on_exact_homes():
     refs = {"ref: capacity-bound oracle": {"lar_mean": 0.62, "placement": "sempar"}}
     res = _case({"sempar": _fig(0.25, 0.62), "eplb": _fig(0.25, 0.44), "oracle": _fig(0.9, 0.9)},

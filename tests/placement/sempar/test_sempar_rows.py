@@ -192,9 +192,9 @@ def test_evaluate_prints_the_budget_warning():
 
 
 def test_cap_search_keeps_the_highest_cap_within_and_refolds(monkeypatch):
-    """held_out.calibrated_solve's cap search (issue 45): the excess step, then bisection; the
-    highest cap whose upper prediction is within the target is kept, the folds solved again
-    there. A stand-in solver whose upper prediction is 1.05 + 2 x (cap - 1)."""
+    """held_out.calibrated_solve's cap search (issue 45): the excess step, then the secant
+    step; the highest cap whose upper prediction is within the target is kept, the folds solved
+    again there. A stand-in solver whose upper prediction is 1.05 + 2 x (cap - 1)."""
     import types
 
     from sempar.placement.sempar import held_out as ho
@@ -221,7 +221,9 @@ def test_cap_search_keeps_the_highest_cap_within_and_refolds(monkeypatch):
         **{**vars(q), **kw}))
     out = ho.calibrated_solve(p, solve, ho.HeldOut(target=1.10, margin=0.0))
     h = out.info["held_out"]
-    assert [c for c, _ in h["caps_tried"]] == pytest.approx([1.05, 1.0, 1.025, 1.0375])
+    # 1.05 (1.15) -> excess 1.0 (1.05) -> secant 1.025 (1.10, on the line: within) -> the
+    # bracket (1.025, 1.05) meets the aim at its low end: the guard probes 1.0275 (1.105)
+    assert [c for c, _ in h["caps_tried"]] == pytest.approx([1.05, 1.0, 1.025, 1.0275])
     assert h["fit_cap"] == pytest.approx(1.025) and h["within_budget"]
     assert folds_at == pytest.approx([1.05, 1.025])       # refolded at the kept cap
     assert h["refolded"]["cap"] == pytest.approx(1.025)
@@ -260,14 +262,16 @@ def test_point_fallback_searches_below_one_on_the_point_prediction(monkeypatch):
                       point_retries=2)
     h = ho.calibrated_solve(p, solve, held).info["held_out"]
     # upper: 1.05 (1.30), 1.0 (1.20, floor), then the point: 1.0 (1.10 within), 1.05 (1.22)
-    # -> bisection 1.025 (1.15), 1.0125 (1.125): the highest within stays 1.0
+    # -> secant steps (the line meets 1.10 at 1.0: the guard's tenth of the bracket) 1.005
+    # (1.11), 1.0005 (1.101): the highest within stays 1.0
     assert [c for c, _ in h["caps_tried"]][:2] == pytest.approx([1.05, 1.0])
+    assert [c for c, _ in h["point_caps"]][-2:] == pytest.approx([1.005, 1.0005])
     assert h["fit_cap"] == pytest.approx(1.0) and not h["within_budget"]
     held = ho.dataclasses.replace(held, target=1.09)
     caps.clear()
     h = ho.calibrated_solve(p, solve, held).info["held_out"]
     # the point at 1.0 (1.10) is above 1.09: the excess step goes below 1.0, to 0.99 (1.08),
-    # then bisection to 0.995 (1.09, within)
+    # then the secant step to 0.995 (1.09, within)
     assert min(caps) == pytest.approx(0.99) and h["fit_cap"] == pytest.approx(0.995)
     assert h["predicted_imbalance"] == pytest.approx(1.09) and not h["within_budget"]
     assert "fit on more requests" in h["warning"] and h["point_caps"]
@@ -281,3 +285,20 @@ def test_upper_fallback_keeps_the_lowest_upper():
     _search(tried, lambda c: (c, None, 1.0, 1.1 + c - 1.0, 1.2 + c - 1.0), 4, 1.1, 3, 1.0)
     assert [t[0] for t in tried] == pytest.approx([1.05, 1.0])
     assert _kept(tried, 4, 1.1)[0] == pytest.approx(1.0)
+
+
+def test_secant_step_lands_where_the_line_meets_the_aim():
+    """held_out._search (h45s): with a bracket, the next cap is where the straight line through
+    the two predictions meets the aim, kept a tenth of the bracket inside its ends; a linear
+    prediction is then hit in one solve where bisection would take several."""
+    from sempar.placement.sempar.held_out import SECANT_GUARD, _kept, _search
+
+    line = lambda c: (c, None, 1.0, 1.0835 + 1.5 * (c - 0.987), 9.0)     # noqa: E731
+    tried = [line(1.0), line(0.987)]                  # 1.1030 above, 1.0835 within 1.09
+    _search(tried, line, 3, 1.09, 1, 0.95)
+    assert tried[-1][0] == pytest.approx(0.987 + 0.0065 / 1.5)
+    assert _kept(tried, 3, 1.09)[0] == pytest.approx(tried[-1][0])
+    # an end on the aim: the guard keeps the probe inside the bracket
+    tried = [line(1.0), (0.99, None, 1.0, 1.09, 9.0)]
+    _search(tried, line, 3, 1.09, 1, 0.95)
+    assert tried[-1][0] == pytest.approx(0.99 + SECANT_GUARD * 0.01)
