@@ -100,7 +100,8 @@ def settle(out: dict, stream_name: str, window: int) -> None:
 
 def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: str,
              engine: str, policies: list[str], max_steps: int | None, max_moves: int,
-             replica_locality: float | None = None) -> dict:
+             replica_locality: float | None = None,
+             event_replica_moves: int | None = None) -> dict:
     from dataclasses import replace
 
     from sempar.drift.config import ReplayConfig
@@ -119,6 +120,8 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
                                  max_steps=max_steps, dispatch=dispatch, engine=engine)
     if replica_locality is not None:            # sempar-incremental's replica slots
         cfg = cfg.with_(replicas=replace(cfg.replicas, locality=replica_locality))
+    if event_replica_moves is not None:         # its event / young-stream updates' slots
+        cfg = cfg.with_(events=replace(cfg.events, replica_moves=event_replica_moves))
     t0 = time.perf_counter()
     out = replay(stream, run, cfg) if run else {"policies": {}}
     if suite == "replicas":
@@ -221,12 +224,15 @@ def main() -> None:
     ap.add_argument("--replica-locality", type=float, default=None,
                     help="sempar-incremental's ReplicaPass.locality (None: ReplayConfig's "
                          "default)")
+    ap.add_argument("--event-replica-moves", type=int, default=None,
+                    help="sempar-incremental's Events.replica_moves (None: the default)")
     a = ap.parse_args()
     earlier = json.loads(a.resolve_from.read_text()) if a.resolve_from else []
     results = json.loads(a.json.read_text()) if a.append and a.json.exists() else []
     for c in cases(a):
         r = run_case(*c, max_steps=a.max_steps, max_moves=a.max_moves,
-                     replica_locality=a.replica_locality)
+                     replica_locality=a.replica_locality,
+                     event_replica_moves=a.event_replica_moves)
         if a.resolve_from and r["suite"] == "replicas":
             borrow_resolve(r, earlier, a.resolve_note)
         results.append(r)
