@@ -53,7 +53,8 @@ def test_replica_pass_with_locality_keeps_the_peak_and_serves_more_home():
     tokens = ex[:, None, :]                                                    # [T, L=1, k]
     phy = PHY2LOG[None]
     plain, m0 = replica_pass(phy, G, loads, np.ones(1), ReplicaPass(max_moves=4))
-    loc, m1 = replica_pass(phy, G, loads, np.ones(1), ReplicaPass(max_moves=4, locality=0.01),
+    loc, m1 = replica_pass(phy, G, loads, np.ones(1), ReplicaPass(max_moves=4, locality=0.01,
+                                                                  locality_free=True),
                            tokens=tokens)
     Placement(loc, N, G).validate()
     assert 0 < m1 <= 4
@@ -63,3 +64,29 @@ def test_replica_pass_with_locality_keeps_the_peak_and_serves_more_home():
     # without tokens the knob changes nothing
     same, _ = replica_pass(phy, G, loads, np.ones(1), ReplicaPass(max_moves=4, locality=0.01))
     assert (same == plain).all()
+
+
+def test_replica_pass_without_free_moves_moves_only_to_lower_the_peak():
+    """`locality` alone re-chooses among retargets that lower the worst peak: none where the
+    peak is already even, and on a hot load it lowers the peak as the plain pass does (within
+    the tolerance per move)."""
+    ex = _pairs(1)
+    tokens = ex[:, None, :]
+    even = np.bincount(ex.ravel(), minlength=N).astype(float)[None, None]
+    cfg = ReplicaPass(max_moves=4, locality=0.01)
+    same, moved = replica_pass(PHY2LOG[None], G, even, np.ones(1), cfg, tokens=tokens)
+    assert moved == 0 or \
+        float(min_peak(same[0], even[0], G)[0]) < float(min_peak(PHY2LOG, even[0], G)[0])
+    free, m2 = replica_pass(PHY2LOG[None], G, even, np.ones(1),
+                            ReplicaPass(max_moves=4, locality=0.01, locality_free=True),
+                            tokens=tokens)
+    assert m2 > moved and _local(free[0], ex) > _local(same[0], ex)
+    hot = even.copy()
+    hot[0, 0, [0, 4, 8]] *= 4.0                       # three hot experts on device 0
+    plain, m0 = replica_pass(PHY2LOG[None], G, hot, np.ones(1), ReplicaPass(max_moves=4))
+    loc, m1 = replica_pass(PHY2LOG[None], G, hot, np.ones(1), cfg, tokens=tokens)
+    Placement(loc, N, G).validate()
+    before = float(min_peak(PHY2LOG, hot[0], G)[0])
+    assert 0 < m1 <= 4 and float(min_peak(loc[0], hot[0], G)[0]) < before
+    assert float(min_peak(loc[0], hot[0], G)[0]) <= \
+        float(min_peak(plain[0], hot[0], G)[0]) + 0.01 * m1 + 1e-9

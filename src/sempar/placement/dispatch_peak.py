@@ -51,8 +51,9 @@ class ReplicaPass:
                                   # raising the slots' slack while moves lower the worst window
     locality: float = 0.0   # with the tokens given: among retargets within this of the least
                             # worst ratio, the one of most local activations
-                            # (`placement.replica_locality`); once none lowers the worst, those
-                            # that do not raise it and gain locality (0: the peak alone)
+                            # (`placement.replica_locality`; 0: the peak alone)
+    locality_free: bool = False   # and, once none lowers the worst, retargets that do not raise
+                                  # it and gain locality (moves for locality alone)
 
     def __post_init__(self) -> None:
         if self.max_moves < 0 or self.min_cut < 0 or self.locality < 0:
@@ -178,7 +179,7 @@ def replica_pass(phy2log: np.ndarray, G: int, loads: np.ndarray, caps: np.ndarra
         for _ in range(cfg.max_moves):
             row = phy2log[l]
             score = float((min_peak(row, w, G) / caps).max())
-            if score <= 1.0 and not (cfg.locality > 0 and tokens is not None):
+            if score <= 1.0 and not (cfg.locality_free and tokens is not None):
                 break
             cand = _candidates(row, G, N)
             if not cand:
@@ -203,7 +204,7 @@ def replica_pass(phy2log: np.ndarray, G: int, loads: np.ndarray, caps: np.ndarra
                 gain = local_gain(row, G, inE, p, b)
                 down = (ratio <= score - cfg.min_cut) & (score > 1.0)
                 ok = (down & (ratio <= ratio.min() + cfg.locality) if down.any()
-                      else (ratio <= max(score, 1.0)) & (gain > 0))
+                      else (ratio <= max(score, 1.0)) & (gain > 0) & cfg.locality_free)
                 if not ok.any():
                     break
                 best = int(np.argmax(np.where(ok, gain - 1e-9 * ratio, -np.inf)))
