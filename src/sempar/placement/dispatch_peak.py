@@ -25,6 +25,10 @@ peak* / (cap x mean load) (the scenarios: windows of recent load, each with its 
 `ReplicaPass.target` for all); it moves only while that worst is above 1 and a move lowers it
 by `min_cut`, at most `max_moves` per layer (with the default target 1.0: while a move lowers
 the worst window's peak at all).
+With `ReplicaPass.locality` (and the tokens of the youngest window) it chooses among the
+retargets of nearly the least worst the one of most local activations, and with
+`locality_free` also retargets for locality alone that do not raise the worst
+(`placement.replica_locality`; off by default: measured in docs/drift.md).
 
 Shapes: N experts, G devices, P = G x S slots, H scenarios, M = 2^G copy masks.
 """
