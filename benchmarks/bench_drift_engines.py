@@ -99,7 +99,12 @@ def settle(out: dict, stream_name: str, window: int) -> None:
 
 
 def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: str,
-             engine: str, policies: list[str], max_steps: int | None, max_moves: int) -> dict:
+             engine: str, policies: list[str], max_steps: int | None, max_moves: int,
+             replica_locality: float | None = None,
+             event_replica_moves: int | None = None,
+             locality_free: bool | None = None) -> dict:
+    from dataclasses import replace
+
     from sempar.drift.config import ReplayConfig
     from sempar.drift.policies import POLICIES
     from sempar.drift.replay import replay
@@ -114,6 +119,12 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
                                  solve=SolveOptions(jobs=1, redundant=redundant),
                                  rebalance=dict(max_moves=max_moves), every=every, window=window,
                                  max_steps=max_steps, dispatch=dispatch, engine=engine)
+    if replica_locality is not None:            # sempar-incremental's replica slots
+        cfg = cfg.with_(replicas=replace(cfg.replicas, locality=replica_locality))
+    if locality_free is not None:
+        cfg = cfg.with_(replicas=replace(cfg.replicas, locality_free=locality_free))
+    if event_replica_moves is not None:         # its event / young-stream updates' slots
+        cfg = cfg.with_(events=replace(cfg.events, replica_moves=event_replica_moves))
     t0 = time.perf_counter()
     out = replay(stream, run, cfg) if run else {"policies": {}}
     if suite == "replicas":
@@ -123,6 +134,8 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
         imb = [st["imbalance"] for st in p["steps"]]
         p["imbalance_step_max"] = float(max(imb)) if imb else 0.0   # beside p95 (10 steps)
         del p["steps"]                # the page needs the summaries; keep the JSON small
+    out["replica_locality"] = cfg.replicas.locality
+    out["replica_locality_free"] = cfg.replicas.locality_free
     out.update({"suite": suite, "stream": stream_name, "model": trace.meta.model, "ep": ep,
                 "redundant": redundant, "dispatch": dispatch, "engine": engine,
                 "unavailable": why, "wall_s": time.perf_counter() - t0})
@@ -212,11 +225,21 @@ def main() -> None:
                     help="replicas suite: only these of its policies (comma-separated; a costly "
                          "one, e.g. resolve, in its own process, its JSON then --resolve-from)")
     ap.add_argument("--resolve-note", default="resolve from an earlier run")
+    ap.add_argument("--replica-locality", type=float, default=None,
+                    help="sempar-incremental's ReplicaPass.locality (None: ReplayConfig's "
+                         "default)")
+    ap.add_argument("--locality-free", type=int, choices=(0, 1), default=None,
+                    help="sempar-incremental's ReplicaPass.locality_free (None: the default)")
+    ap.add_argument("--event-replica-moves", type=int, default=None,
+                    help="sempar-incremental's Events.replica_moves (None: the default)")
     a = ap.parse_args()
     earlier = json.loads(a.resolve_from.read_text()) if a.resolve_from else []
     results = json.loads(a.json.read_text()) if a.append and a.json.exists() else []
     for c in cases(a):
-        r = run_case(*c, max_steps=a.max_steps, max_moves=a.max_moves)
+        r = run_case(*c, max_steps=a.max_steps, max_moves=a.max_moves,
+                     replica_locality=a.replica_locality,
+                     event_replica_moves=a.event_replica_moves,
+                     locality_free=None if a.locality_free is None else bool(a.locality_free))
         if a.resolve_from and r["suite"] == "replicas":
             borrow_resolve(r, earlier, a.resolve_note)
         results.append(r)

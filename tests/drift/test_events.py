@@ -231,3 +231,34 @@ def test_young_stream_updates_get_the_event_budget():
     assert y.rebalance.max_imbalance == cfg.rebalance.max_imbalance
     assert _young_config(cfg.with_(young_cap=1.02)).rebalance.max_imbalance == 1.02
     assert cfg.young_budget and not ReplayConfig(ep=4, young_budget=False).young_budget
+
+
+@pytest.mark.slow
+def test_replica_pass_counts_locality_on_the_youngest_window_only_when_asked(tasks, monkeypatch):
+    """`ReplicaPass.locality`: sempar-incremental hands the replica pass the youngest window's
+    kept rows (the tokens it counts local activations on), and none when the knob is 0."""
+    from dataclasses import replace
+
+    from sempar.drift import policies
+    from sempar.drift.config import ReplayConfig
+    from sempar.drift.history import history_sample
+    from sempar.drift.policies import solve_window
+    from sempar.solve_options import SolveOptions
+
+    stream, _, _ = tasks
+    _, _, rows, starts = request_table(stream)
+    seen = stream.take(rows[starts[0]:starts[24]])
+    cfg = ReplayConfig.for_model(stream.meta.model, 4, solve=SolveOptions(jobs=1, redundant=4),
+                                 rebalance=dict(max_moves=2), window=8, dispatch="lp-cap",
+                                 history=History(rows=256, older_rows=64))
+    start = solve_window("eplb", seen, cfg)
+    got = []
+    monkeypatch.setattr(policies, "replica_pass",
+                        lambda phy, G, *a, tokens=None, **k: (got.append(tokens), (phy, 0))[1])
+    policies._incremental(start, seen, cfg)
+    policies._incremental(start, seen, cfg.with_(replicas=replace(cfg.replicas,
+                                                                  locality=0.01)))
+    keep, _, age = history_sample(seen, 8, cfg.history)
+    assert got[0] is None
+    assert np.array_equal(got[1], seen.experts[keep[age == 0]])
+    assert 0 < got[1].shape[0] <= 256

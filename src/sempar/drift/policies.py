@@ -17,7 +17,9 @@ update it from the last `--window` requests:
   replica slots, then the replica pass (`placement.dispatch_peak.replica_pass`, at most
   `ReplayConfig.replicas.max_moves` slots per layer): the slots retargeted to lower the worst,
   over the history's windows, of the least peak that dispatch can serve (rebalance's bound
-  counts the nearest copy only, so it cannot see what a replica buys). The only policy that
+  counts the nearest copy only, so it cannot see what a replica buys); with
+  `ReplicaPass.locality`, among retargets of nearly the least peak the one of most local
+  activations on the youngest window (`placement.replica_locality`). The only policy that
   keeps a history:
   the others see the last `window` requests, as the engines' EPLB sees its recorder's window.
   With `ReplayConfig.events` (the default; `Events(enabled=False)` gives the step updates
@@ -125,8 +127,11 @@ def _incremental(current: Placement, seen: RoutingTrace, cfg: ReplayConfig,
                                   regime if young else None)
     else:
         loads, ages = window_loads(seen, cfg.window, h, regime if young else None)
+    # locality counted on the youngest window's kept rows (`ReplicaPass.locality`)
+    tokens = seen.experts[keep[age == 0]] if cfg.replicas.locality > 0 else None
     phy, moved = replica_pass(nxt.phy2log, nxt.num_devices, loads,
-                              caps[np.minimum(ages, caps.size - 1)], cfg.replicas)
+                              caps[np.minimum(ages, caps.size - 1)], cfg.replicas,
+                              tokens=tokens)
     if moved:
         nxt = Placement(phy, nxt.num_experts, nxt.num_devices, nxt.node_of.copy(), nxt.method,
                         {**nxt.info, "replica_pass": moved}).validate()

@@ -25,6 +25,10 @@ peak* / (cap x mean load) (the scenarios: windows of recent load, each with its 
 `ReplicaPass.target` for all); it moves only while that worst is above 1 and a move lowers it
 by `min_cut`, at most `max_moves` per layer (with the default target 1.0: while a move lowers
 the worst window's peak at all).
+With `ReplicaPass.locality` (and the tokens of the youngest window) it chooses among the
+retargets of nearly the least worst the one of most local activations, and with
+`locality_free` also retargets for locality alone that do not raise the worst
+(`placement.replica_locality`; off by default: measured in docs/drift.md).
 
 Shapes: N experts, G devices, P = G x S slots, H scenarios, M = 2^G copy masks.
 """
@@ -49,9 +53,14 @@ class ReplicaPass:
     min_cut: float = 1e-3   # a move must lower the worst scenario ratio by at least this
     target: float | None = 1.0    # every scenario's cap (None: the caller's caps): 1.0 keeps
                                   # raising the slots' slack while moves lower the worst window
+    locality: float = 0.0   # with the tokens given: among retargets within this of the least
+                            # worst ratio, the one of most local activations
+                            # (`placement.replica_locality`; 0: the peak alone)
+    locality_free: bool = False   # and, once none lowers the worst, retargets that do not raise
+                                  # it and gain locality (moves for locality alone)
 
     def __post_init__(self) -> None:
-        if self.max_moves < 0 or self.min_cut < 0:
+        if self.max_moves < 0 or self.min_cut < 0 or self.locality < 0:
             raise InputError(f"replica pass: max_moves {self.max_moves} / min_cut "
                              f"{self.min_cut} out of range")
 
@@ -142,15 +151,18 @@ def _candidates(row: np.ndarray, G: int, N: int) -> list[tuple[int, int]]:
 
 
 def replica_pass(phy2log: np.ndarray, G: int, loads: np.ndarray, caps: np.ndarray,
-                 cfg: ReplicaPass = ReplicaPass(), keep: np.ndarray | None = None
-                 ) -> tuple[np.ndarray, int]:
+                 cfg: ReplicaPass = ReplicaPass(), keep: np.ndarray | None = None,
+                 tokens: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """(new phy2log int32[L, P], slots retargeted): per layer, greedy replica retargets that
     lower max over scenarios h of min_peak_h / caps[h] while it is above 1.
 
     phy2log int[L, P] (device g owns slots [g S, (g + 1) S)); loads float[L, H, N] expert loads
     per layer and scenario; caps float[H] (>= 1); keep float[L, N] or None: among moves of
     equal worst ratio, the one dropping the copy of least `keep` (locality of the dropped copy)
-    and adding the most."""
+    and adding the most; tokens int[T, L, k] or None: the rows `cfg.locality` counts local
+    activations on (`placement.replica_locality`; the exact bound's path only)."""
+    from sempar.placement.replica_locality import local_gain, token_experts
+
     phy2log = np.array(phy2log, np.int32, copy=True)
     L, P = phy2log.shape
     _, H, N = loads.shape
@@ -166,10 +178,12 @@ def replica_pass(phy2log: np.ndarray, G: int, loads: np.ndarray, caps: np.ndarra
         if G > MAX_DEVICES:
             moved += _fill_pass(phy2log[l], G, w, caps, cfg)
             continue
+        if cfg.locality > 0 and tokens is not None:
+            inE = token_experts(np.asarray(tokens[:, l]), N)
         for _ in range(cfg.max_moves):
             row = phy2log[l]
             score = float((min_peak(row, w, G) / caps).max())
-            if score <= 1.0:
+            if score <= 1.0 and not (cfg.locality_free and tokens is not None):
                 break
             cand = _candidates(row, G, N)
             if not cand:
@@ -190,6 +204,17 @@ def replica_pass(phy2log: np.ndarray, G: int, loads: np.ndarray, caps: np.ndarra
                 F[c, :, old] -= w[:, e].T
                 F[c, :, new] += w[:, e].T
             ratio = (_zeta_peak(F, G, pop) / mean[None] / caps[None]).max(axis=1)   # [C]
+            if cfg.locality > 0 and tokens is not None:
+                gain = local_gain(row, G, inE, p, b)
+                down = (ratio <= score - cfg.min_cut) & (score > 1.0)
+                ok = (down & (ratio <= ratio.min() + cfg.locality) if down.any()
+                      else (ratio <= max(score, 1.0)) & (gain > 0) & cfg.locality_free)
+                if not ok.any():
+                    break
+                best = int(np.argmax(np.where(ok, gain - 1e-9 * ratio, -np.inf)))
+                phy2log[l, p[best]] = b[best]
+                moved += 1
+                continue
             tie = 0.0 if keep is None else (keep[l, b] - keep[l, a]) * 1e-9
             best = int(np.argmax(-ratio + tie))
             if score - ratio[best] < cfg.min_cut:
