@@ -61,8 +61,7 @@ class ReplayConfig:
     split_bound: bool = True            # sempar-incremental under a balancing dispatch: its
                                         # bound on the load the dispatch serves (True) or on the
                                         # nearest copy's (False: stricter, it leaves the replicas
-                                        # as headroom; esft-mixture lp-cap: LAR 0.590 / 0.422 at
-                                        # EP 4 / 8 against 0.616 / 0.449 with True, p95 no higher)
+                                        # as headroom); docs/drift.md "The bound after dispatch"
     warm_start: bool = True             # sempar-incremental: one update on the warm-up window
                                         # before step 0 (the start solve places replica slots
                                         # by its own rule, not for the peak the dispatch serves)
@@ -71,12 +70,10 @@ class ReplayConfig:
     young_budget: bool = True           # sempar-incremental: its step updates while the stream
                                         # is younger than the history's span get the event
                                         # budget (`Events.max_moves` moves, `replica_moves`
-                                        # slots per layer), as a young regime's do (esft-mixture
-                                        # EP 8 lp-cap: step 1 LAR 0.425 -> 0.440, imbalance
-                                        # 1.116 -> 1.112; False: the previous step budget)
+                                        # slots per layer), as a young regime's do (False: the
+                                        # step budget); docs/drift.md "Young-stream budget"
     young_cap: float | None = None      # and their bound on the youngest window (None: the
-                                        # rebalance cap; 1.02 measured there: no lower
-                                        # imbalance, LAR back to 0.425)
+                                        # rebalance cap)
     replica_scenarios: str = "windows"  # sempar-incremental's replica pass checks the peak on
                                         # each history window's total ("windows") or on each
                                         # dispatch batch of them ("batches": what a per-batch
