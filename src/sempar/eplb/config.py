@@ -15,6 +15,9 @@ SWAP_RULES = ("balance-first", "per-cut")   # `swaps.py`: how a balance swap is 
 # `PluginConfig.scenario_count` when SCENARIOS is unset: by the engine the plug-in runs in
 SCENARIOS_BY_ENGINE = {"vllm": 17, "sglang": 5}
 SCENARIOS_OTHER = 5
+REPLICA_RULES = ("load", "home")            # `policy` step 3: where the redundant copies go
+# `PluginConfig.replica_rule` when unset: by the engine's default dispatch among copies
+REPLICA_RULE_BY_ENGINE = {"vllm": "load", "sglang": "home"}
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class PluginConfig:
     swap_rule: str = "balance-first"
     swap_min_cut: float = 0.5
     finish_live: bool = False
+    replica_rule: str | None = None
     seed: int = 0
     engine: str = ""
 
@@ -119,6 +123,9 @@ class PluginConfig:
                 or not self.scenario_distance >= 0:
             raise InputError(f"{ENV_PREFIX}SCENARIOS: {self.scenarios} < 1 (or SCENARIO_ROWS "
                              f"{self.scenario_rows} negative)")
+        if self.replica_rule is not None and self.replica_rule not in REPLICA_RULES:
+            raise InputError(f"{ENV_PREFIX}REPLICA_RULE: {self.replica_rule!r} is not one of "
+                             f"{', '.join(REPLICA_RULES)}")
         if self.swap_rule not in SWAP_RULES:
             raise InputError(f"{ENV_PREFIX}SWAP_RULE: {self.swap_rule!r} is not one of "
                              f"{', '.join(SWAP_RULES)}")
@@ -139,6 +146,12 @@ class PluginConfig:
         if self.scenarios is not None:
             return self.scenarios
         return SCENARIOS_BY_ENGINE.get(self.engine, SCENARIOS_OTHER)
+
+    def replica_rule_of(self) -> str:
+        """Where the redundant copies go (`replica_rule`, or the engine's default)."""
+        if self.replica_rule is not None:
+            return self.replica_rule
+        return REPLICA_RULE_BY_ENGINE.get(self.engine, "load")
 
     def sample_rows(self) -> int:
         """Rows of a stats FILE's sample to read: enough for the LAR and the scenarios (0:
@@ -178,7 +191,7 @@ class PluginConfig:
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is None or raw.strip() == "":
                 continue
-            if f.name in ("layout", "swap_rule"):
+            if f.name in ("layout", "swap_rule", "replica_rule"):
                 kw[f.name] = raw.strip()
                 continue
             if f.name == "finish_live":

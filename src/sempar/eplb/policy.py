@@ -148,20 +148,38 @@ def _make_room(hosts: np.ndarray, used: np.ndarray, load: np.ndarray, aff: np.nd
     aff[f] += A[x]
 
 
+def _home_replicas(hosts: np.ndarray, aff: np.ndarray, A: np.ndarray, S: int) -> np.ndarray:
+    """int64[N]: copies of each expert after the `home` replica rule (step 3; ours, issue 43)
+    filled every device's free slots (hosts bool[G, N] and aff float32[G, N] updated in
+    place): each slot a copy of the expert its device's experts co-activate with most among
+    those it does not host. Under a dispatch that serves a token from a copy on its own device
+    (SGLang's `static`, its default), such a copy turns the device's tokens for that expert
+    local; the balance swaps (step 4) then move copies where the load needs them."""
+    G, N = hosts.shape
+    for g in range(G):
+        for _ in range(S - int(hosts[g].sum())):
+            e = int(np.argmax(np.where(hosts[g], -np.inf, aff[g])))
+            hosts[g, e] = True
+            aff[g] += A[e]
+    return hosts.sum(axis=0).astype(np.int64)
+
+
 def _layout(W: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: int, S: int,
             cfg: PluginConfig) -> np.ndarray:
     """bool[G, N]: hosts of one layer after steps 2-4 (module docstring). W float64[K, N]: the
     load scenarios (`scenario_loads`, row 0 the live window); a redundant copy goes to the
     device whose worst scenario is lowest after it, the swaps lower the worst scenario."""
     K, N = W.shape
-    share = W / cnt
     caps = _caps(W, cfg)
     hosts = np.zeros((G, N), bool)
     hosts[home, np.arange(N)] = True
-    used = hosts.sum(axis=1)
-    load = np.stack([np.bincount(home, weights=share[k], minlength=G) for k in range(K)])
     aff = hosts.astype(np.float32) @ A                        # [G, N] affinity of e to g
-    extra = np.repeat(np.arange(N), cnt - 1)
+    if cfg.replica_rule_of() == "home":                       # step 3, `home` rule
+        cnt = _home_replicas(hosts, aff, A, S)
+    share = W / cnt
+    used = hosts.sum(axis=1)
+    load = share @ hosts.T.astype(np.float64)                 # [K, G]
+    extra = np.repeat(np.arange(N), cnt - hosts.sum(axis=0))   # copies left to place
     extra = extra[np.argsort(-share[:, extra].max(axis=0), kind="stable")]
     for e in extra:                                           # step 3
         free = (used < S) & ~hosts[:, e]
