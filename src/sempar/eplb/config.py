@@ -81,6 +81,15 @@ class PluginConfig:
     replay (`bench_drift_engines.py --suites engines`, all 12 cases) it lost two met LAR
     targets (ESFT-mixture at vLLM's cadence, R 0 / 8: 1.251x / 1.236x -> 1.184x / 1.177x) and
     fixed no p95 miss (MMLU R 0 vLLM +0.056 -> +0.043).
+    replica_rule: where the redundant slots go (`REPLICA_RULES`; `policy` step 3): "load"
+    (copies of the experts with the highest load per copy, DeepSeek EPLB's rule) or "home"
+    (ours, issue 43: each device's free slots to the experts its experts co-activate with
+    most, `policy._home_replicas`). None (the default): by the engine's default dispatch
+    among copies (`REPLICA_RULE_BY_ENGINE`): vLLM's hash spreads a replicated expert's tokens
+    over its copies (a copy buys balance, not locality): "load"; SGLang's `static` serves a
+    token from the copy on its own device (a copy there makes its tokens local): "home".
+    Measured in the drift replay (MMLU EP 8 R 8, SGLang's cadence and static dispatch): LAR
+    0.4588 -> 0.4635, imbalance p95 1.421 -> 1.396.
     """
 
     max_moves: int | None = None

@@ -5,7 +5,7 @@ engine's redundant slots, and moves few experts relative to the old map.
 Per layer l (live load w float[N], P = G x S slots, R = P - N redundant; load scenarios W
 float[K, N], `scenario_loads`: row 0 the live window, rows 1.. contiguous splits of FILE's
 sample rows, each scaled to w's total, `PluginConfig.scenario_count`; K = 1 is the live window alone):
-1. **Replica counts** from the live load: every expert once, each redundant slot to the expert
+1. **Replica counts** from the live load (rule `load`, step 3): every expert once, each redundant slot to the expert
    with the highest load per copy (DeepSeek EPLB's `replicate_experts`, sempar's port in
    `placement/eplb.py`, vectorised over layers here).
 2. **Locality layout**: each expert's primary copy on its device in FILE's layout
@@ -13,7 +13,10 @@ sample rows, each scaled to w's total, `PluginConfig.scenario_count`; K = 1 is t
    sempar's rows-objective solver on FILE's sample, `layout.py`), the devices relabelled to overlap the old map most (Hungarian,
    `scipy.optimize.linear_sum_assignment`, as `placement.migration.align_devices` does for
    whole placements): a relabelling moves nothing and keeps every co-location.
-3. **Redundant copies where the load needs them**: heaviest copy first (its worst scenario),
+3. **Redundant copies** (`PluginConfig.replica_rule_of`): rule `home` (SGLang's default;
+   ours) first fills each device's free slots with the experts its experts co-activate with
+   most (`_home_replicas`: a copy on a token's own device serves it under SGLang's static
+   dispatch); rule `load` (vLLM's), copies where the load needs them: heaviest copy first (its worst scenario),
    to the device with a free slot that does not host the expert whose worst scenario is lowest
    after it; among devices within 2% of the mean load of that minimum, the one whose experts
    co-activate most with it.
