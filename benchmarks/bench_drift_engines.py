@@ -274,8 +274,8 @@ def cases(a) -> list[tuple]:
     out = []
     for name in a.streams.split(","):
         if "engines" in a.suites:
-            for R in (0, 8):
-                for engine in ("vllm", "sglang"):
+            for R in (int(x) for x in a.redundant.split(",")):
+                for engine in a.engines.split(","):
                     out.append((name, "engines", 8, R, ENGINE_DISPATCH[engine], engine,
                                 ENGINE_POLICIES))
         if "replicas" in a.suites:
@@ -292,6 +292,9 @@ def main() -> None:
     ap.add_argument("--streams", default=",".join(STREAMS))
     ap.add_argument("--suites", default="engines,replicas")
     ap.add_argument("--eps", default="4,8", help="replicas suite: EP degrees (R = G each)")
+    ap.add_argument("--redundant", default="0,8", help="engines suite: replica slots R")
+    ap.add_argument("--engines", default="vllm,sglang",
+                    help="engines suite: the cadences (and dispatch) of these engines")
     ap.add_argument("--replica-dispatch", default="lp-cap",
                     help="replicas suite: the dispatch among copies every policy gets")
     ap.add_argument("--max-steps", type=int, default=None, help="steps per replay (None: all)")
