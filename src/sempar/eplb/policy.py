@@ -14,9 +14,11 @@ sample rows, each scaled to w's total, `PluginConfig.scenario_count`; K = 1 is t
    `scipy.optimize.linear_sum_assignment`, as `placement.migration.align_devices` does for
    whole placements): a relabelling moves nothing and keeps every co-location.
 3. **Redundant copies** (`PluginConfig.replica_rule_of`): rule `home` (SGLang's default;
-   ours) first fills each device's free slots with the experts its experts co-activate with
-   most (`_home_replicas`: a copy on a token's own device serves it under SGLang's static
-   dispatch); rule `load` (vLLM's), copies where the load needs them: heaviest copy first (its worst scenario),
+   ours) gives by load (below) only the copies an expert needs for one copy to fit a
+   device's bound (`_needed_copies`), then fills each device's free slots with the experts
+   its experts co-activate with most (`_home_replicas`: a copy on a token's own device
+   serves it under SGLang's static dispatch); rule `load` (vLLM's), every copy where the
+   load needs it: heaviest copy first (its worst scenario),
    to the device with a free slot that does not host the expert whose worst scenario is lowest
    after it; among devices within 2% of the mean load of that minimum, the one whose experts
    co-activate most with it.
@@ -151,6 +153,16 @@ def _make_room(hosts: np.ndarray, used: np.ndarray, load: np.ndarray, aff: np.nd
     aff[f] += A[x]
 
 
+def _needed_copies(W: np.ndarray, caps: np.ndarray, G: int) -> np.ndarray:
+    """int64[N]: copies each expert needs so that one copy's load fits a device's bound in
+    every scenario (W float64[K, N], caps float64[K]): ceil(load / (mean device load x cap)),
+    1 to G. The `home` rule gives only these copies by load (an expert hotter than a device's
+    bound cannot be balanced by swaps), the rest of the free slots by locality."""
+    bound = W.sum(axis=1, keepdims=True) / G * caps[:, None]          # [K, 1]
+    need = np.ceil(W / np.maximum(bound, EPS) - 1e-9).max(axis=0)
+    return np.clip(need, 1, G).astype(np.int64)
+
+
 def _home_replicas(hosts: np.ndarray, aff: np.ndarray, A: np.ndarray, S: int) -> np.ndarray:
     """int64[N]: copies of each expert after the `home` replica rule (step 3; ours, issue 43)
     filled every device's free slots (hosts bool[G, N] and aff float32[G, N] updated in
@@ -177,12 +189,13 @@ def _layout(W: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: 
     hosts = np.zeros((G, N), bool)
     hosts[home, np.arange(N)] = True
     aff = hosts.astype(np.float32) @ A                        # [G, N] affinity of e to g
-    if cfg.replica_rule_of() == "home":                       # step 3, `home` rule
-        cnt = _home_replicas(hosts, aff, A, S)
+    home_rule = cfg.replica_rule_of() == "home"
+    if home_rule:            # step 3, `home` rule: the load rule only for the copies needed
+        cnt = np.minimum(cnt, _needed_copies(W, caps, G))
     share = W / cnt
     used = hosts.sum(axis=1)
     load = share @ hosts.T.astype(np.float64)                 # [K, G]
-    extra = np.repeat(np.arange(N), cnt - hosts.sum(axis=0))   # copies left to place
+    extra = np.repeat(np.arange(N), cnt - 1)
     extra = extra[np.argsort(-share[:, extra].max(axis=0), kind="stable")]
     for e in extra:                                           # step 3
         free = (used < S) & ~hosts[:, e]
@@ -197,6 +210,11 @@ def _layout(W: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: 
         used[d] += 1
         load[:, d] += share[:, e]
         aff[d] += A[e]
+    if home_rule and (used < S).any():                        # the free slots: locality
+        cnt = _home_replicas(hosts, aff, A, S)
+        share = W / cnt
+        used = hosts.sum(axis=1)
+        load = share @ hosts.T.astype(np.float64)
     if (used != S).any():                                     # N % G != 0: fill leftovers
         raise ValueError("slots left empty")
     ee = np.nonzero(hosts)[1].astype(np.int64)               # expert of each slot
