@@ -427,7 +427,13 @@ def tables(results: list[dict]) -> str:
              "where sempar-incremental's switch test fired, `drift.events`); fallbacks = "
              "rebalances where the plug-in returned "
              "the engine's own result; update s = mean wall seconds of one update (a loaded "
-             "machine: not a figure of the method).", ""] + summary(results) + p95_sources(results)
+             "machine: not a figure of the method). Ceiling (`oracle`): in the replicas suite "
+             "EPLB solved on each step's own requests; in the engines suite (`engine_oracle`) "
+             "the best LAR of sempar's (and EPLB's) placements of each step's own requests, with "
+             "hindsight, the same slots and dispatch, every step within the engine's imbalance "
+             "p95 + 0.02; ceiling LAR ratio = its LAR / the engine's: the most the LAR ratio "
+             "could reach within the target's balance with hindsight (below 1.20 the target is "
+             "out of reach there; a heuristic, not an upper bound).", ""] + summary(results) + p95_sources(results)
     for r in results:
         lines += [f"## {r['suite']}: {r['stream']}{_run_note(r)} ({r['model']}), EP {r['ep']}, "
                   f"R {r['redundant']}, "

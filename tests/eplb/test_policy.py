@@ -336,6 +336,11 @@ def test_replica_rule_by_engine_and_home_copies(files):
     aff = hosts.astype(np.float32) @ A
     cnt = _home_replicas(hosts, aff, A, 3)
     assert hosts[0, 2] and hosts[1, 0] and list(cnt) == [2, 1, 2, 1]
+    # an expert hotter than a device's bound still gets its copies by load
+    from sempar.eplb.policy import _needed_copies
+
+    W = np.array([[6.0, 1.0, 1.0, 0.0], [2.0, 2.0, 2.0, 2.0]])         # device mean 4 on 2
+    assert list(_needed_copies(W, np.array([1.0, 1.1]), 2)) == [2, 1, 1, 1]
     w = files["window"]
     L, N = w.shape
     P = N + R
