@@ -15,9 +15,9 @@ SWAP_RULES = ("balance-first", "per-cut")   # `swaps.py`: how a balance swap is 
 # `PluginConfig.scenario_count` when SCENARIOS is unset: by the engine the plug-in runs in
 SCENARIOS_BY_ENGINE = {"vllm": 17, "sglang": 5}
 SCENARIOS_OTHER = 5
-REPLICA_RULES = ("load", "home")            # `policy` step 3: where the redundant copies go
+REPLICA_RULES = ("load", "home", "cold")            # `policy` step 3: where the redundant copies go
 # `PluginConfig.replica_rule` when unset: by the engine's default dispatch among copies
-REPLICA_RULE_BY_ENGINE = {"vllm": "load", "sglang": "home"}
+REPLICA_RULE_BY_ENGINE = {"vllm": "cold", "sglang": "home"}
 
 
 @dataclass(frozen=True)
@@ -82,14 +82,16 @@ class PluginConfig:
     targets (ESFT-mixture at vLLM's cadence, R 0 / 8: 1.251x / 1.236x -> 1.184x / 1.177x) and
     fixed no p95 miss (MMLU R 0 vLLM +0.056 -> +0.043).
     replica_rule: where the redundant slots go (`REPLICA_RULES`; `policy` step 3): "load"
-    (copies of the experts with the highest load per copy, DeepSeek EPLB's rule) or "home"
-    (ours, issue 43: each device's free slots to the experts its experts co-activate with
-    most, `policy._home_replicas`). None (the default): by the engine's default dispatch
-    among copies (`REPLICA_RULE_BY_ENGINE`): vLLM's hash spreads a replicated expert's tokens
-    over its copies (a copy buys balance, not locality): "load"; SGLang's `static` serves a
-    token from the copy on its own device (a copy there makes its tokens local): "home".
-    Measured in the drift replay (MMLU EP 8 R 8, SGLang's cadence and static dispatch): LAR
-    0.4588 -> 0.4635, imbalance p95 1.421 -> 1.396.
+    (copies of the experts with the highest load per copy, DeepSeek EPLB's rule), "home"
+    (ours, issue 43: the copies an expert needs to fit a device's bound by load, then each
+    device's free slots to the experts its experts co-activate with most,
+    `policy._home_replicas`) or "cold" (ours: the needed copies, then the free slots to the
+    least-loaded experts a device lacks). None (the default): by the engine's default
+    dispatch among copies (`REPLICA_RULE_BY_ENGINE`): vLLM's hash spreads a replicated
+    expert's tokens over its copies (a copy of a hot expert loses its locality): "cold";
+    SGLang's `static` serves a token from the copy on its own device (a copy there makes its
+    tokens local): "home". Measured in the drift replay (docs/results/drift-engines.md,
+    GPT-OSS-20B MMLU EP 8 R 8): see docs/eplb-plugin.md.
     """
 
     max_moves: int | None = None

@@ -17,8 +17,11 @@ sample rows, each scaled to w's total, `PluginConfig.scenario_count`; K = 1 is t
    ours) gives by load (below) only the copies an expert needs for one copy to fit a
    device's bound (`_needed_copies`), then fills each device's free slots with the experts
    its experts co-activate with most (`_home_replicas`: a copy on a token's own device
-   serves it under SGLang's static dispatch); rule `load` (vLLM's), every copy where the
-   load needs it: heaviest copy first (its worst scenario),
+   serves it under SGLang's static dispatch); rule `cold` (vLLM's default; ours) likewise,
+   the free slots to the least-loaded experts a device lacks (vLLM's hash spreads a
+   replicated expert's tokens over its copies: a copy of a hot expert costs its locality, a
+   cold one's costs almost none); rule `load` (DeepSeek EPLB's), every copy where the load
+   needs it: heaviest copy first (its worst scenario),
    to the device with a free slot that does not host the expert whose worst scenario is lowest
    after it; among devices within 2% of the mean load of that minimum, the one whose experts
    co-activate most with it.
@@ -189,7 +192,8 @@ def _layout(W: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: 
     hosts = np.zeros((G, N), bool)
     hosts[home, np.arange(N)] = True
     aff = hosts.astype(np.float32) @ A                        # [G, N] affinity of e to g
-    home_rule = cfg.replica_rule_of() == "home"
+    rule = cfg.replica_rule_of()
+    home_rule = rule in ("home", "cold")
     if home_rule:            # step 3, `home` rule: the load rule only for the copies needed
         cnt = np.minimum(cnt, _needed_copies(W, caps, G))
     share = W / cnt
@@ -211,7 +215,12 @@ def _layout(W: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: 
         load[:, d] += share[:, e]
         aff[d] += A[e]
     if home_rule and (used < S).any():                        # the free slots: locality
-        cnt = _home_replicas(hosts, aff, A, S)
+        if rule == "home":
+            cnt = _home_replicas(hosts, aff, A, S)
+        else:                # `cold`: the least-loaded experts (worst scenario) a device lacks
+            cold = np.broadcast_to(-W.max(axis=0), (G, N)).astype(np.float32).copy()
+            cnt = _home_replicas(hosts, cold, np.zeros_like(A), S)
+            aff = hosts.astype(np.float32) @ A
         share = W / cnt
         used = hosts.sum(axis=1)
         load = share @ hosts.T.astype(np.float64)
