@@ -17,7 +17,7 @@ SCENARIOS_BY_ENGINE = {"vllm": 17, "sglang": 5}
 SCENARIOS_OTHER = 5
 REPLICA_RULES = ("load", "home", "cold")            # `policy` step 3: where the redundant copies go
 # `PluginConfig.replica_rule` when unset: by the engine's default dispatch among copies
-REPLICA_RULE_BY_ENGINE = {"vllm": "cold", "sglang": "home"}
+REPLICA_RULE_BY_ENGINE = {"vllm": "load", "sglang": "home"}
 
 
 @dataclass(frozen=True)
@@ -87,11 +87,11 @@ class PluginConfig:
     device's free slots to the experts its experts co-activate with most,
     `policy._home_replicas`) or "cold" (ours: the needed copies, then the free slots to the
     least-loaded experts a device lacks). None (the default): by the engine's default
-    dispatch among copies (`REPLICA_RULE_BY_ENGINE`): vLLM's hash spreads a replicated
-    expert's tokens over its copies (a copy of a hot expert loses its locality): "cold";
-    SGLang's `static` serves a token from the copy on its own device (a copy there makes its
-    tokens local): "home". Measured in the drift replay (docs/results/drift-engines.md,
-    GPT-OSS-20B MMLU EP 8 R 8): see docs/eplb-plugin.md.
+    dispatch among copies (`REPLICA_RULE_BY_ENGINE`): SGLang's `static` serves a token from
+    the copy on its own device (a copy there makes its tokens local): "home"; vLLM: "load"
+    ("cold" keeps more locality under vLLM's hash on GPT-OSS-20B, but at DeepSeek-V3 shape it
+    left the window at 1.247 max / mean and took 1.67 s CPU a rebalance: opt-in). Measured
+    in docs/eplb-plugin.md ("Replica slots").
     """
 
     max_moves: int | None = None

@@ -17,7 +17,7 @@ sample rows, each scaled to w's total, `PluginConfig.scenario_count`; K = 1 is t
    ours) gives by load (below) only the copies an expert needs for one copy to fit a
    device's bound (`_needed_copies`), then fills each device's free slots with the experts
    its experts co-activate with most (`_home_replicas`: a copy on a token's own device
-   serves it under SGLang's static dispatch); rule `cold` (vLLM's default; ours) likewise,
+   serves it under SGLang's static dispatch); rule `cold` (ours, opt-in) likewise,
    the free slots to the least-loaded experts a device lacks (vLLM's hash spreads a
    replicated expert's tokens over its copies: a copy of a hot expert costs its locality, a
    cold one's costs almost none); rule `load` (DeepSeek EPLB's), every copy where the load
