@@ -312,8 +312,8 @@ def test_finish_live_balances_the_window_a_split_peak_left_above_its_bound():
 
 
 def test_replica_rule_by_engine_and_home_copies(files):
-    """REPLICA_RULE unset: `load` under vLLM (the opt-in `cold` lost balance at DeepSeek-V3
-    shape), `home` under SGLang (its static dispatch serves a token from a copy on
+    """REPLICA_RULE unset: `load` in both engines (`home` / `cold` opt-in: at DeepSeek-V3 shape
+    they missed the time target), `home` for SGLang's static dispatch (its static dispatch serves a token from a copy on
     its own device); set, it wins; a bad value is one line. The home rule fills each device's
     free slot with the expert its experts co-activate with most, gives a valid map, and keeps
     at least the load rule's co-location."""
@@ -321,10 +321,10 @@ def test_replica_rule_by_engine_and_home_copies(files):
     from sempar.eplb.policy import _home_replicas
 
     assert PluginConfig.from_env({}, engine="vllm").replica_rule_of() == "load"
-    assert PluginConfig.from_env({}, engine="sglang").replica_rule_of() == "home"
+    assert PluginConfig.from_env({}, engine="sglang").replica_rule_of() == "load"
+    assert PluginConfig.from_env({"SEMPAR_EPLB_REPLICA_RULE": "home"},
+                                 engine="sglang").replica_rule_of() == "home"
     assert PluginConfig().replica_rule_of() == "load"
-    assert PluginConfig.from_env({"SEMPAR_EPLB_REPLICA_RULE": "load"},
-                                 engine="sglang").replica_rule_of() == "load"
     with pytest.raises(InputError):
         PluginConfig.from_env({"SEMPAR_EPLB_REPLICA_RULE": "random"})
     # 4 experts on 2 devices, 3 slots each: device 0 holds {0, 1} and co-activates with 2

@@ -17,7 +17,7 @@ SCENARIOS_BY_ENGINE = {"vllm": 17, "sglang": 5}
 SCENARIOS_OTHER = 5
 REPLICA_RULES = ("load", "home", "cold")            # `policy` step 3: where the redundant copies go
 # `PluginConfig.replica_rule` when unset: by the engine's default dispatch among copies
-REPLICA_RULE_BY_ENGINE = {"vllm": "load", "sglang": "home"}
+REPLICA_RULE_BY_ENGINE = {"vllm": "load", "sglang": "load"}
 
 
 @dataclass(frozen=True)
@@ -87,11 +87,12 @@ class PluginConfig:
     device's free slots to the experts its experts co-activate with most,
     `policy._home_replicas`) or "cold" (ours: the needed copies, then the free slots to the
     least-loaded experts a device lacks). None (the default): by the engine's default
-    dispatch among copies (`REPLICA_RULE_BY_ENGINE`): SGLang's `static` serves a token from
-    the copy on its own device (a copy there makes its tokens local): "home"; vLLM: "load"
-    ("cold" keeps more locality under vLLM's hash on GPT-OSS-20B, but at DeepSeek-V3 shape it
-    left the window at 1.247 max / mean and took 1.67 s CPU a rebalance: opt-in). Measured
-    in docs/eplb-plugin.md ("Replica slots").
+    dispatch among copies (`REPLICA_RULE_BY_ENGINE`), "load" in both for now: "home" suits
+    SGLang's `static` (a copy on a token's own device serves it) and "cold" vLLM's hash (a
+    copy of a hot expert loses its locality), both gaining LAR on GPT-OSS-20B, but at
+    DeepSeek-V3 shape (EP 32, R 32) they balance the window less well and take longer than
+    the 1 s target (home 1.03 s CPU, cold 1.67 s): opt-in until their swaps start from a
+    balanced copy set. Measured in docs/eplb-plugin.md ("Replica slots").
     """
 
     max_moves: int | None = None

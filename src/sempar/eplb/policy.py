@@ -13,8 +13,7 @@ sample rows, each scaled to w's total, `PluginConfig.scenario_count`; K = 1 is t
    sempar's rows-objective solver on FILE's sample, `layout.py`), the devices relabelled to overlap the old map most (Hungarian,
    `scipy.optimize.linear_sum_assignment`, as `placement.migration.align_devices` does for
    whole placements): a relabelling moves nothing and keeps every co-location.
-3. **Redundant copies** (`PluginConfig.replica_rule_of`): rule `home` (SGLang's default;
-   ours) gives by load (below) only the copies an expert needs for one copy to fit a
+3. **Redundant copies** (`PluginConfig.replica_rule_of`): rule `home` (ours, opt-in) gives by load (below) only the copies an expert needs for one copy to fit a
    device's bound (`_needed_copies`), then fills each device's free slots with the experts
    its experts co-activate with most (`_home_replicas`: a copy on a token's own device
    serves it under SGLang's static dispatch); rule `cold` (ours, opt-in) likewise,
