@@ -313,8 +313,7 @@ def test_finish_live_balances_the_window_a_split_peak_left_above_its_bound():
 
 def test_replica_rule_by_engine_and_home_copies(files):
     """REPLICA_RULE unset: `load` in both engines (`home` / `cold` opt-in: at DeepSeek-V3 shape
-    they missed the time target), `home` for SGLang's static dispatch (its static dispatch serves a token from a copy on
-    its own device); set, it wins; a bad value is one line. The home rule fills each device's
+    they balanced less well); set, it wins; a bad value is one line. The home rule fills each device's
     free slot with the expert its experts co-activate with most, gives a valid map, and keeps
     at least the load rule's co-location."""
     from sempar.errors import InputError

@@ -90,9 +90,9 @@ class PluginConfig:
     dispatch among copies (`REPLICA_RULE_BY_ENGINE`), "load" in both for now: "home" suits
     SGLang's `static` (a copy on a token's own device serves it) and "cold" vLLM's hash (a
     copy of a hot expert loses its locality), both gaining LAR on GPT-OSS-20B, but at
-    DeepSeek-V3 shape (EP 32, R 32) they balance the window less well and take longer than
-    the 1 s target (home 1.03 s CPU, cold 1.67 s): opt-in until their swaps start from a
-    balanced copy set. Measured in docs/eplb-plugin.md ("Replica slots").
+    DeepSeek-V3 shape (synthetic routing, EP 32, R 32, one rebalance) they balance the window
+    less well (max / mean 1.072 home, 1.247 cold, against 1.046): opt-in until that is
+    fixed. Measured in docs/eplb-plugin.md ("Replica slots").
     """
 
     max_moves: int | None = None
