@@ -179,3 +179,43 @@ def test_results_page_from_the_benchmarks_json(tmp_path):
     assert "unavailable: sglang-eplb: SGLang is not installed" in text
     assert "lar_ratio 1.500" in text and "| load average at generation" in text
     assert "| 1.200 / 1.200 | 1.100 / 1.250, - / - |" in text     # mean / worst step beside p95
+
+
+def test_engine_ceiling_candidates_fill_the_replica_slots(stream):
+    """`bench_drift_engines.filled`: an R = 0 placement with R / G extra slots a device, each a
+    copy of an expert the device lacks (valid: no expert twice on a device), the cold rule's
+    copies the least-loaded experts; and the engines suite's ceiling column on the page."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).parents[2] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("bde", bench / "bench_drift_engines.py")
+        bde = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bde)
+    finally:
+        sys.path.remove(str(bench))
+    from sempar.placement import solve
+    from sempar.solve_options import SolveOptions
+
+    G, N = 4, stream.meta.num_experts
+    p0 = solve("eplb", stream, num_devices=G, options=SolveOptions(jobs=1))
+    load = np.bincount(stream.experts[:, 0].ravel(), minlength=N)
+    for rule in ("home-hot", "cold"):
+        p = bde.filled(p0, G, stream.experts, 16, rule)
+        assert p.phy2log.shape == (p0.num_layers, N + G)
+        rows = p.phy2log.reshape(p0.num_layers, G, -1)
+        assert all(len(set(r)) == r.size for rr in rows for r in rr)      # distinct per device
+        if rule == "cold":
+            extra = rows[0, :, -1]
+            assert load[extra].max() <= np.sort(load)[G + N // G], (extra, load)
+    v = bde.engine_verdicts({"engine": "vllm", "oracle": {"lar_mean": 0.39,
+                                                          "imbalance_p95": 1.3},
+                             "policies": {"sempar-engine": {"lar_mean": 0.33,
+                                                            "imbalance_p95": 1.3,
+                                                            "migrated_bytes": 1.0},
+                                          "vllm-eplb": {"lar_mean": 0.3, "imbalance_p95": 1.3,
+                                                        "migrated_bytes": 2.0}}})
+    assert abs(v["ceiling_lar_ratio"] - 1.3) < 1e-9 and v["lar_ge_1.20x"] is False

@@ -309,3 +309,46 @@ def test_finish_live_balances_the_window_a_split_peak_left_above_its_bound():
     assert (load_on / caps[:, None]).max() <= worst0 + 1e-9
     assert balance_swaps(load_on, hosts, ee, share.copy(), aff, A, S, caps, 64,
                          finish_live=True) == 0
+
+
+def test_replica_rule_by_engine_and_home_copies(files):
+    """REPLICA_RULE unset: `load` in both engines (`home` / `cold` opt-in: at DeepSeek-V3 shape
+    they balanced less well); set, it wins; a bad value is one line. The home rule fills each device's
+    free slot with the expert its experts co-activate with most, gives a valid map, and keeps
+    at least the load rule's co-location."""
+    from sempar.errors import InputError
+    from sempar.eplb.policy import _home_replicas
+
+    assert PluginConfig.from_env({}, engine="vllm").replica_rule_of() == "load"
+    assert PluginConfig.from_env({}, engine="sglang").replica_rule_of() == "load"
+    assert PluginConfig.from_env({"SEMPAR_EPLB_REPLICA_RULE": "home"},
+                                 engine="sglang").replica_rule_of() == "home"
+    assert PluginConfig().replica_rule_of() == "load"
+    with pytest.raises(InputError):
+        PluginConfig.from_env({"SEMPAR_EPLB_REPLICA_RULE": "random"})
+    # 4 experts on 2 devices, 3 slots each: device 0 holds {0, 1} and co-activates with 2
+    A = np.zeros((4, 4), np.float32)
+    A[0, 2] = A[2, 0] = 5.0
+    A[1, 3] = A[3, 1] = 1.0
+    A[2, 3] = A[3, 2] = 0.5
+    hosts = np.array([[1, 1, 0, 0], [0, 0, 1, 1]], bool)
+    aff = hosts.astype(np.float32) @ A
+    cnt = _home_replicas(hosts, aff, A, 3)
+    assert hosts[0, 2] and hosts[1, 0] and list(cnt) == [2, 1, 2, 1]
+    # an expert hotter than a device's bound still gets its copies by load
+    from sempar.eplb.policy import _needed_copies
+
+    W = np.array([[6.0, 1.0, 1.0, 0.0], [2.0, 2.0, 2.0, 2.0]])         # device mean 4 on 2
+    assert list(_needed_copies(W, np.array([1.0, 1.1]), 2)) == [2, 1, 1, 1]
+    w = files["window"]
+    L, N = w.shape
+    P = N + R
+    src = _src(files["stats"])
+    figs = {}
+    for rule in ("load", "home", "cold"):
+        m, _ = rebalance_report(w, P, 1, 1, G, None, src,
+                                PluginConfig(scenarios=1, replica_rule=rule))
+        assert check_map(m, L, P, N, G, distinct=True) is None
+        figs[rule] = _figures(m, w, src.affinity)
+        assert figs[rule][0] <= PluginConfig().max_imbalance + 0.05, figs
+    assert figs["home"][1] >= figs["load"][1] - 0.01, figs

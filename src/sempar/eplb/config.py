@@ -15,6 +15,9 @@ SWAP_RULES = ("balance-first", "per-cut")   # `swaps.py`: how a balance swap is 
 # `PluginConfig.scenario_count` when SCENARIOS is unset: by the engine the plug-in runs in
 SCENARIOS_BY_ENGINE = {"vllm": 17, "sglang": 5}
 SCENARIOS_OTHER = 5
+REPLICA_RULES = ("load", "home", "cold")            # `policy` step 3: where the redundant copies go
+# `PluginConfig.replica_rule` when unset: by the engine's default dispatch among copies
+REPLICA_RULE_BY_ENGINE = {"vllm": "load", "sglang": "load"}
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,18 @@ class PluginConfig:
     replay (`bench_drift_engines.py --suites engines`, all 12 cases) it lost two met LAR
     targets (ESFT-mixture at vLLM's cadence, R 0 / 8: 1.251x / 1.236x -> 1.184x / 1.177x) and
     fixed no p95 miss (MMLU R 0 vLLM +0.056 -> +0.043).
+    replica_rule: where the redundant slots go (`REPLICA_RULES`; `policy` step 3): "load"
+    (copies of the experts with the highest load per copy, DeepSeek EPLB's rule), "home"
+    (ours, issue 43: the copies an expert needs to fit a device's bound by load, then each
+    device's free slots to the experts its experts co-activate with most,
+    `policy._home_replicas`) or "cold" (ours: the needed copies, then the free slots to the
+    least-loaded experts a device lacks). None (the default): by the engine's default
+    dispatch among copies (`REPLICA_RULE_BY_ENGINE`), "load" in both for now: "home" suits
+    SGLang's `static` (a copy on a token's own device serves it) and "cold" vLLM's hash (a
+    copy of a hot expert loses its locality), both gaining LAR on GPT-OSS-20B, but at
+    DeepSeek-V3 shape (synthetic routing, EP 32, R 32, one rebalance) they balance the window
+    less well (max / mean 1.072 home, 1.247 cold, against 1.046): opt-in until that is
+    fixed. Measured in docs/eplb-plugin.md ("Replica slots").
     """
 
     max_moves: int | None = None
@@ -99,6 +114,7 @@ class PluginConfig:
     swap_rule: str = "balance-first"
     swap_min_cut: float = 0.5
     finish_live: bool = False
+    replica_rule: str | None = None
     seed: int = 0
     engine: str = ""
 
@@ -119,6 +135,9 @@ class PluginConfig:
                 or not self.scenario_distance >= 0:
             raise InputError(f"{ENV_PREFIX}SCENARIOS: {self.scenarios} < 1 (or SCENARIO_ROWS "
                              f"{self.scenario_rows} negative)")
+        if self.replica_rule is not None and self.replica_rule not in REPLICA_RULES:
+            raise InputError(f"{ENV_PREFIX}REPLICA_RULE: {self.replica_rule!r} is not one of "
+                             f"{', '.join(REPLICA_RULES)}")
         if self.swap_rule not in SWAP_RULES:
             raise InputError(f"{ENV_PREFIX}SWAP_RULE: {self.swap_rule!r} is not one of "
                              f"{', '.join(SWAP_RULES)}")
@@ -139,6 +158,12 @@ class PluginConfig:
         if self.scenarios is not None:
             return self.scenarios
         return SCENARIOS_BY_ENGINE.get(self.engine, SCENARIOS_OTHER)
+
+    def replica_rule_of(self) -> str:
+        """Where the redundant copies go (`replica_rule`, or the engine's default)."""
+        if self.replica_rule is not None:
+            return self.replica_rule
+        return REPLICA_RULE_BY_ENGINE.get(self.engine, "load")
 
     def sample_rows(self) -> int:
         """Rows of a stats FILE's sample to read: enough for the LAR and the scenarios (0:
@@ -178,7 +203,7 @@ class PluginConfig:
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is None or raw.strip() == "":
                 continue
-            if f.name in ("layout", "swap_rule"):
+            if f.name in ("layout", "swap_rule", "replica_rule"):
                 kw[f.name] = raw.strip()
                 continue
             if f.name == "finish_live":

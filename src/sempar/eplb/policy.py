@@ -5,7 +5,7 @@ engine's redundant slots, and moves few experts relative to the old map.
 Per layer l (live load w float[N], P = G x S slots, R = P - N redundant; load scenarios W
 float[K, N], `scenario_loads`: row 0 the live window, rows 1.. contiguous splits of FILE's
 sample rows, each scaled to w's total, `PluginConfig.scenario_count`; K = 1 is the live window alone):
-1. **Replica counts** from the live load: every expert once, each redundant slot to the expert
+1. **Replica counts** from the live load (rule `load`, step 3): every expert once, each redundant slot to the expert
    with the highest load per copy (DeepSeek EPLB's `replicate_experts`, sempar's port in
    `placement/eplb.py`, vectorised over layers here).
 2. **Locality layout**: each expert's primary copy on its device in FILE's layout
@@ -13,7 +13,14 @@ sample rows, each scaled to w's total, `PluginConfig.scenario_count`; K = 1 is t
    sempar's rows-objective solver on FILE's sample, `layout.py`), the devices relabelled to overlap the old map most (Hungarian,
    `scipy.optimize.linear_sum_assignment`, as `placement.migration.align_devices` does for
    whole placements): a relabelling moves nothing and keeps every co-location.
-3. **Redundant copies where the load needs them**: heaviest copy first (its worst scenario),
+3. **Redundant copies** (`PluginConfig.replica_rule_of`): rule `home` (ours, opt-in) gives by load (below) only the copies an expert needs for one copy to fit a
+   device's bound (`_needed_copies`), then fills each device's free slots with the experts
+   its experts co-activate with most (`_home_replicas`: a copy on a token's own device
+   serves it under SGLang's static dispatch); rule `cold` (ours, opt-in) likewise,
+   the free slots to the least-loaded experts a device lacks (vLLM's hash spreads a
+   replicated expert's tokens over its copies: a copy of a hot expert costs its locality, a
+   cold one's costs almost none); rule `load` (DeepSeek EPLB's), every copy where the load
+   needs it: heaviest copy first (its worst scenario),
    to the device with a free slot that does not host the expert whose worst scenario is lowest
    after it; among devices within 2% of the mean load of that minimum, the one whose experts
    co-activate most with it.
@@ -148,19 +155,49 @@ def _make_room(hosts: np.ndarray, used: np.ndarray, load: np.ndarray, aff: np.nd
     aff[f] += A[x]
 
 
+def _needed_copies(W: np.ndarray, caps: np.ndarray, G: int) -> np.ndarray:
+    """int64[N]: copies each expert needs so that one copy's load fits a device's bound in
+    every scenario (W float64[K, N], caps float64[K]): ceil(load / (mean device load x cap)),
+    1 to G. The `home` rule gives only these copies by load (an expert hotter than a device's
+    bound cannot be balanced by swaps), the rest of the free slots by locality."""
+    bound = W.sum(axis=1, keepdims=True) / G * caps[:, None]          # [K, 1]
+    need = np.ceil(W / np.maximum(bound, EPS) - 1e-9).max(axis=0)
+    return np.clip(need, 1, G).astype(np.int64)
+
+
+def _home_replicas(hosts: np.ndarray, aff: np.ndarray, A: np.ndarray, S: int) -> np.ndarray:
+    """int64[N]: copies of each expert after the `home` replica rule (step 3; ours, issue 43)
+    filled every device's free slots (hosts bool[G, N] and aff float32[G, N] updated in
+    place): each slot a copy of the expert its device's experts co-activate with most among
+    those it does not host. Under a dispatch that serves a token from a copy on its own device
+    (SGLang's `static`, its default), such a copy turns the device's tokens for that expert
+    local; the balance swaps (step 4) then move copies where the load needs them."""
+    G, N = hosts.shape
+    for g in range(G):
+        for _ in range(S - int(hosts[g].sum())):
+            e = int(np.argmax(np.where(hosts[g], -np.inf, aff[g])))
+            hosts[g, e] = True
+            aff[g] += A[e]
+    return hosts.sum(axis=0).astype(np.int64)
+
+
 def _layout(W: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: int, S: int,
             cfg: PluginConfig) -> np.ndarray:
     """bool[G, N]: hosts of one layer after steps 2-4 (module docstring). W float64[K, N]: the
     load scenarios (`scenario_loads`, row 0 the live window); a redundant copy goes to the
     device whose worst scenario is lowest after it, the swaps lower the worst scenario."""
     K, N = W.shape
-    share = W / cnt
     caps = _caps(W, cfg)
     hosts = np.zeros((G, N), bool)
     hosts[home, np.arange(N)] = True
-    used = hosts.sum(axis=1)
-    load = np.stack([np.bincount(home, weights=share[k], minlength=G) for k in range(K)])
     aff = hosts.astype(np.float32) @ A                        # [G, N] affinity of e to g
+    rule = cfg.replica_rule_of()
+    home_rule = rule in ("home", "cold")
+    if home_rule:            # step 3, `home` rule: the load rule only for the copies needed
+        cnt = np.minimum(cnt, _needed_copies(W, caps, G))
+    share = W / cnt
+    used = hosts.sum(axis=1)
+    load = share @ hosts.T.astype(np.float64)                 # [K, G]
     extra = np.repeat(np.arange(N), cnt - 1)
     extra = extra[np.argsort(-share[:, extra].max(axis=0), kind="stable")]
     for e in extra:                                           # step 3
@@ -176,6 +213,16 @@ def _layout(W: np.ndarray, home: np.ndarray, cnt: np.ndarray, A: np.ndarray, G: 
         used[d] += 1
         load[:, d] += share[:, e]
         aff[d] += A[e]
+    if home_rule and (used < S).any():                        # the free slots: locality
+        if rule == "home":
+            cnt = _home_replicas(hosts, aff, A, S)
+        else:                # `cold`: the least-loaded experts (worst scenario) a device lacks
+            cold = np.broadcast_to(-W.max(axis=0), (G, N)).astype(np.float32).copy()
+            cnt = _home_replicas(hosts, cold, np.zeros_like(A), S)
+            aff = hosts.astype(np.float32) @ A
+        share = W / cnt
+        used = hosts.sum(axis=1)
+        load = share @ hosts.T.astype(np.float64)
     if (used != S).any():                                     # N % G != 0: fill leftovers
         raise ValueError("slots left empty")
     ee = np.nonzero(hosts)[1].astype(np.int64)               # expert of each slot
