@@ -95,9 +95,10 @@ def evaluate(ctx: typer.Context,
     else:
         fit_trace, eval_trace = whole, read_trace(eval_file, optional=("domain",))
     extra = home = None
-    from sempar.schedule.evaluate import check_evaluation
+    from sempar.schedule.evaluate import OracleHomes, check_evaluation
 
-    check_evaluation(fit_trace, eval_trace, (mode,), chunk_slack, home_rule)   # before loads
+    homes_rule = OracleHomes(chunk_slack, home_rule)
+    check_evaluation(fit_trace, eval_trace, (mode,), homes_rule)   # before loads
     if online:
         from sempar.trace.schema import require_token_ids
 
@@ -120,8 +121,8 @@ def evaluate(ctx: typer.Context,
     chosen = names if methods != "all" else None
     with steps("evaluate", len(names)) as step:
         result = run(fit_trace, eval_trace, ep, options, methods=chosen, progress=step,
-                     extra=extra, chunk_slack=chunk_slack, dispatch=dispatch,
-                     bound=BOUND_EFFORTS[bound_effort], home_rule=home_rule)
+                     extra=extra, oracle_homes=homes_rule, dispatch=dispatch,
+                     bound=BOUND_EFFORTS[bound_effort])
     if cross:
         with steps("cross-dataset", len(cross_names) * len(whole.domains)) as step:
             # `all` lists the methods that refuse these options under `skipped`
@@ -147,7 +148,7 @@ def _evaluate_stats(stats_file: Path, eval_file: Optional[Path], ep: int, method
     from sempar.stats.file import load_stats
     from sempar.placement.from_stats import check_stats_solve, solve_from_stats
     from sempar.report.console import print_evaluation
-    from sempar.schedule.evaluate import evaluate_fitted
+    from sempar.schedule.evaluate import OracleHomes, evaluate_fitted
     from sempar.trace import read_trace
 
     for flag, given in (("--split", split), ("--cross-dataset", cross), ("--online", online)):
@@ -169,7 +170,7 @@ def _evaluate_stats(stats_file: Path, eval_file: Optional[Path], ep: int, method
            "stats": str(stats_file), "shards": len(stats.shards)}
     result = evaluate_fitted(placement, eval_trace, ep, options, fit, seconds=seconds,
                              fit_token_ids=stats.meta.has_token_ids,
-                             chunk_slack=chunk_slack, home_rule=home_rule)
+                             oracle_homes=OracleHomes(chunk_slack, home_rule))
     _warn(result)
     if as_json:
         emit_json(result)

@@ -20,7 +20,7 @@ the others run without a token table (vanilla homes).
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from sempar.errors import InputError
@@ -84,17 +84,38 @@ def check_home_rule(rule: str) -> str:
     return rule
 
 
+@dataclass(frozen=True)
+class OracleHomes:
+    """How tp's capacity-bound oracle homes fill each batch's shares (`figures_for`):
+    `slack` (`--chunk-slack`) lets a device take up to ceil((1 + slack) x batch / G) items,
+    `rule` (`--home-rule`, `capacity.ASSIGN_RULES`) is "proposal" rounds or the "optimal"
+    assignment."""
+
+    slack: float = 0.0
+    rule: str = DEFAULT_ASSIGN
+
+    def check(self) -> "OracleHomes":
+        """self, or InputError naming the bad option."""
+        check_slack(self.slack, "--chunk-slack")
+        check_home_rule(self.rule)
+        return self
+
+    def stamp(self) -> dict:
+        """The tp entry's keys saying the figures are not today's rule ({} when they are)."""
+        return ({"chunk_slack": self.slack} if self.slack else {}) | (
+            {"home_rule": self.rule} if self.rule != DEFAULT_ASSIGN else {})
+
+
 def unconstrained_oracle_lar(placement: Placement, eval_: RoutingTrace) -> float:
     home = oracle_home(placement, eval_.experts, batch=None)
     return placement_figures(placement, eval_.experts, home)["lar_mean"]
 
 
 def check_evaluation(fit: RoutingTrace, eval_: RoutingTrace, modes: tuple[str, ...],
-                     chunk_slack: float = 0.0, home_rule: str = DEFAULT_ASSIGN) -> None:
+                     oracle_homes: OracleHomes = OracleHomes()) -> None:
     """The checks that need no model and no placement: `evaluate --online` runs them before it
     loads the model's embedding (a refusal is then the only line on stderr)."""
-    check_slack(chunk_slack, "--chunk-slack")
-    check_home_rule(home_rule)
+    oracle_homes.check()
     for mode in modes:
         if mode not in ATTENTION_MODES:
             raise InputError(f"--mode: {mode!r} is not one of {', '.join(ATTENTION_MODES)}")
@@ -107,17 +128,15 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
                    modes: tuple[str, ...] = ATTENTION_MODES,
                    progress: Callable[[str], None] | None = None,
                    extra: Callable[[Placement, str], dict] | None = None,
-                   chunk_slack: float = 0.0,
+                   oracle_homes: OracleHomes = OracleHomes(),
                    placements: dict | None = None,
                    dispatch: str | None = None,
-                   bound: BoundConfig | None = BOUND_EFFORTS["fast"],
-                   home_rule: str = DEFAULT_ASSIGN) -> dict[str, dict]:
+                   bound: BoundConfig | None = BOUND_EFFORTS["fast"]) -> dict[str, dict]:
     """{mode: the `evaluate --json` contract}, every placement solved once for all modes.
 
     `options` (None: the defaults) go whole to every solver (`base.solve`), each mode's solve
-    with its `mode`; `chunk_slack` to the tp oracle homes (`figures_for`), and when > 0 the tp
-    entry says it ("chunk_slack"); `home_rule` likewise (`figures_for`; "home_rule" in the tp
-    entry when not the default "proposal").
+    with its `mode`; `oracle_homes` to the tp oracle homes (`figures_for`), the tp entry saying
+    so where they are not the defaults (`OracleHomes.stamp`).
     `extra(placement, mode)` adds keys to each deployable method's entry (`evaluate --online`
     passes the online schedulers' figures; the data flow keeps schedulers downstream of here).
     `placements`: a dict that receives {(method, mode): placement} of every solve, so a caller
@@ -128,7 +147,7 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
     """
     options = options or SolveOptions()
     nodes, redundant = options.num_nodes, options.redundant
-    check_evaluation(fit, eval_, modes, chunk_slack, home_rule)
+    check_evaluation(fit, eval_, modes, oracle_homes)
     if not (fit.meta.has_token_ids and eval_.meta.has_token_ids):
         # one side without ids: a token table fitted on the other would look up zeros
         fit, eval_ = without_token_ids(fit), without_token_ids(eval_)
@@ -141,10 +160,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
                   "methods": {}} for mode in modes}
     for mode in modes:
         out[mode]["dispatch"] = dispatch or "nearest"
-    if chunk_slack and "tp" in out:          # say so only when the figures are not today's rule
-        out["tp"]["chunk_slack"] = chunk_slack
-    if home_rule != DEFAULT_ASSIGN and "tp" in out:
-        out["tp"]["home_rule"] = home_rule
+    if "tp" in out:                 # say so only when the figures are not today's rule
+        out["tp"].update(oracle_homes.stamp())
     for name in names:
         if progress:
             progress(name)
@@ -188,8 +205,8 @@ def evaluate_modes(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
             for mode in group:
                 solved[(name, mode)] = (placement, seconds)
                 out[mode]["methods"][name] = dict(
-                    figures_for(placement, eval_, mode, free, chunk_slack, dispatch,
-                                home_rule),
+                    figures_for(placement, eval_, mode, free, oracle_homes.slack, dispatch,
+                                oracle_homes.rule),
                     solve_seconds=seconds,
                     **held_out_entry(placement))
                 if extra is not None and name != ORACLE:
@@ -244,21 +261,20 @@ def evaluate(fit: RoutingTrace, eval_: RoutingTrace, ep: int,
              options: SolveOptions | None = None, *, methods: list[str] | None = None,
              progress: Callable[[str], None] | None = None,
              extra: Callable[[Placement, str], dict] | None = None,
-             chunk_slack: float = 0.0, dispatch: str | None = None,
-             bound: BoundConfig | None = BOUND_EFFORTS["fast"],
-             home_rule: str = DEFAULT_ASSIGN) -> dict:
+             oracle_homes: OracleHomes = OracleHomes(), dispatch: str | None = None,
+             bound: BoundConfig | None = BOUND_EFFORTS["fast"]) -> dict:
     """The `evaluate --json` contract for `methods` (default: every registered one) in
     `options.mode`, replicas served by `dispatch` (None: `nearest`), the tp bound rows by
     `bound` (`evaluate_modes`)."""
     options = options or SolveOptions()
     return evaluate_modes(fit, eval_, ep, options, methods=methods, modes=(options.mode,),
-                          progress=progress, extra=extra, chunk_slack=chunk_slack,
-                          dispatch=dispatch, bound=bound, home_rule=home_rule)[options.mode]
+                          progress=progress, extra=extra, oracle_homes=oracle_homes,
+                          dispatch=dispatch, bound=bound)[options.mode]
 
 
 def evaluate_fitted(placement: Placement, eval_: RoutingTrace, ep: int, options: SolveOptions,
                     fit: dict, *, fit_token_ids: bool = True, seconds: float | None = None,
-                    chunk_slack: float = 0.0, home_rule: str = DEFAULT_ASSIGN) -> dict:
+                    oracle_homes: OracleHomes = OracleHomes()) -> dict:
     """The `evaluate --json` contract (one mode, `options.mode`) for one placement fitted
     elsewhere: `evaluate --fit-stats`, the `sempar` placement solved from `RoutingStats`
     (placement/from_stats.py). The figures are `figures_for`'s, as `evaluate_modes` gives them
@@ -268,8 +284,7 @@ def evaluate_fitted(placement: Placement, eval_: RoutingTrace, ep: int, options:
     out. When the fit data (`fit_token_ids`) or the eval trace has no token ids, both are read
     as having none, as `evaluate_modes` does: the placement's token table is dropped."""
     mode = options.mode
-    check_slack(chunk_slack, "--chunk-slack")
-    check_home_rule(home_rule)
+    oracle_homes.check()
     if mode not in ATTENTION_MODES:
         raise InputError(f"--mode: {mode!r} is not one of {', '.join(ATTENTION_MODES)}")
     if not (fit_token_ids and eval_.meta.has_token_ids):
@@ -278,11 +293,10 @@ def evaluate_fitted(placement: Placement, eval_: RoutingTrace, ep: int, options:
     out = {"ep": ep, "nodes": options.num_nodes, "mode": mode, "redundant": options.redundant,
            "fit": dict(fit), "eval": {"tokens": eval_.num_tokens, "requests": eval_.num_requests},
            "methods": {}}
-    if chunk_slack and mode == "tp":
-        out["chunk_slack"] = chunk_slack
-    if home_rule != DEFAULT_ASSIGN and mode == "tp":
-        out["home_rule"] = home_rule
-    figs = figures_for(placement, eval_, mode, None, chunk_slack, home_rule=home_rule)
+    if mode == "tp":
+        out.update(oracle_homes.stamp())
+    figs = figures_for(placement, eval_, mode, None, oracle_homes.slack,
+                       home_rule=oracle_homes.rule)
     if seconds is not None:
         figs["solve_seconds"] = seconds
     figs.update(held_out_entry(placement))
