@@ -54,7 +54,8 @@ def evaluate(ctx: typer.Context,
              home_rule: str = typer.Option(
                  "proposal", "--home-rule", help="how tp's oracle homes (exact-home LAR) fill "
                  "each batch's equal shares: proposal (greedy rounds, the default) or optimal "
-                 "(the most local activations within the shares)"),
+                 "(the most local activations within the shares); --online's schedulers keep "
+                 "proposal"),
              bound_effort: str = typer.Option(
                  "fast", "--bound", help="tp's bound row (how far from optimal, on the fit "
                  "sample): fast (listed device-set LP / pair budget), full (also the column "

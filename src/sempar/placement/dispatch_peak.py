@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sempar.errors import InputError
+from sempar.placement.replica_locality import local_gain, token_experts
 
 MAX_DEVICES = 16        # 2^G masks per scenario: beyond this the exact bound is too large
 
@@ -62,7 +63,7 @@ class ReplicaPass:
     def __post_init__(self) -> None:
         if self.max_moves < 0 or self.min_cut < 0 or self.locality < 0:
             raise InputError(f"replica pass: max_moves {self.max_moves} / min_cut "
-                             f"{self.min_cut} out of range")
+                             f"{self.min_cut} / locality {self.locality} out of range")
 
 
 def _masks(row: np.ndarray, G: int, N: int) -> np.ndarray:
@@ -161,8 +162,6 @@ def replica_pass(phy2log: np.ndarray, G: int, loads: np.ndarray, caps: np.ndarra
     equal worst ratio, the one dropping the copy of least `keep` (locality of the dropped copy)
     and adding the most; tokens int[T, L, k] or None: the rows `cfg.locality` counts local
     activations on (`placement.replica_locality`; the exact bound's path only)."""
-    from sempar.placement.replica_locality import local_gain, token_experts
-
     phy2log = np.array(phy2log, np.int32, copy=True)
     L, P = phy2log.shape
     _, H, N = loads.shape

@@ -118,6 +118,11 @@ def sempar_moves(rows: PlacementProblem, model: tuple, start: np.ndarray,
     return np.asarray(dev, np.int64)
 
 
+def _unlisted(N: int, G: int, ilp: ConfigIlpConfig) -> str:
+    """Why the integer program cannot run: its device sets cannot be listed."""
+    return f"C({N}, {N // G}) device sets exceed {ilp.max_device_sets}"
+
+
 def _why_not(p: PlacementProblem, config: ExactConfig) -> str | None:
     """Why the exact start does not apply to `p` (None: it does)."""
     N, G = p.trace.meta.num_experts, p.num_devices
@@ -128,7 +133,7 @@ def _why_not(p: PlacementProblem, config: ExactConfig) -> str | None:
     if config.homes is not None and fits(N, G, p.trace.experts.shape[2], config.homes):
         return None                          # the swap pass runs without the MILP
     if not listable(N, G, config.ilp):
-        return f"C({N}, {N // G}) device sets exceed {config.ilp.max_device_sets}"
+        return _unlisted(N, G, config.ilp)
     return None
 
 
@@ -193,8 +198,7 @@ def exact_solve(p: PlacementProblem, config: ExactConfig = ExactConfig(),
     out = Placement(phy2log, N, G, p.node_of(), name, info=dict(base.info))
     out.info["exact"] = {"layers": layers, "ilp_time_limit_s": config.ilp.time_limit_s}
     if not listable(N, G, config.ilp):
-        out.info["exact"]["milp"] = f"C({N}, {N // G}) device sets exceed " \
-                                    f"{config.ilp.max_device_sets}: left out"
+        out.info["exact"]["milp"] = f"{_unlisted(N, G, config.ilp)}: left out"
     if p.trace.meta.has_token_ids:             # the real ids' table for the new experts
         stats = AffinityStats(p.trace)
         dev = first_copy_device(out)
