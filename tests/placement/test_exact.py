@@ -4,13 +4,20 @@ apply."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from conftest import build_trace
 from sempar.errors import InputError
 from sempar.placement import SOLVERS, solve
+from sempar.placement.base import PlacementProblem
 from sempar.placement.config_ilp import expert_devices, imbalance, layer_local
+from sempar.placement.sempar.config import SemparConfig
+from sempar.placement.sempar.held_out import derived_held_out
+from sempar.placement.sempar.rows import row_trace
+from sempar.solve_options import SolveOptions
 
 
 def test_registered_beside_sempar():
@@ -37,6 +44,32 @@ def test_never_below_sempar_on_the_fit_figure_within_the_cap():
                                                           abs=1e-5)
         assert row["milp_optimal"] and row["milp_gap"] <= 1e-4
         assert row["milp_bound"] >= row["lar_" + row["kept"]] - 1e-5    # the MILP's bound holds
+
+
+def test_its_held_out_prediction_is_its_own_not_sempars():
+    # the exact partition is not the one sempar's cap search predicted: it is re-predicted
+    # with sempar's folds' inflation, and it promises the budget only where both can
+    trace = build_trace(T=400, L=3, N=8, k=2, seed=3)
+    p = PlacementProblem.of(trace, 2, SolveOptions(objective="rows"))
+    base = solve("sempar", trace, num_devices=2, objective="rows")
+    ours = solve("sempar-exact", trace, num_devices=2, objective="rows")
+    h, b = ours.info["held_out"], base.info["held_out"]
+    assert h["derived"] and "derived" not in b
+    assert h["base_predicted_imbalance"] == b["predicted_imbalance"]
+    assert h["fit_cap"] == b["fit_cap"] and h["within_budget"] <= b["within_budget"]
+    cfg = SemparConfig.for_problem(p)
+    rows = row_trace(trace, cfg.budget_rows, p.seed)
+    same = derived_held_out(base, rows, b, cfg.held_out(p))    # sempar's own partition
+    assert same["predicted_imbalance"] == pytest.approx(b["predicted_imbalance"], abs=1e-4)
+    mine = derived_held_out(ours, rows, b, cfg.held_out(p))
+    assert mine["predicted_imbalance"] == h["predicted_imbalance"]
+    tight = dataclasses.replace(cfg.held_out(p), target=1.0)
+    ok_base = {**b, "within_budget": True}
+    ok_base.pop("warning", None)
+    over = derived_held_out(ours, rows, ok_base, tight)         # its own figure over the target
+    assert not over["within_budget"] and "above 1.00" in over["warning"]
+    small = {**b, "within_budget": False, "warning": "the fit is too small"}
+    assert derived_held_out(ours, rows, small, cfg.held_out(p))["warning"] == "the fit is too small"
 
 
 def test_falls_back_to_sempar_where_the_exact_start_does_not_apply():

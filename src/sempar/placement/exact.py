@@ -55,6 +55,7 @@ from sempar.placement.config_ilp import (ConfigIlpConfig, expert_devices, imbala
 from sempar.placement.placement import Placement
 from sempar.placement.refine import LayerHomes, RefineConfig, fits, refine_layer
 from sempar.placement.sempar.config import SemparConfig
+from sempar.placement.sempar.held_out import derived_held_out
 from sempar.placement.sempar.load import layer_load_model, layer_request_counts, onehot
 from sempar.placement.sempar.row_sets import layer_trace
 from sempar.placement.sempar.rows import first_copy_device, resolve_objective, row_trace
@@ -197,6 +198,9 @@ def exact_solve(p: PlacementProblem, config: ExactConfig = ExactConfig(),
     name = "sempar-exact" if config.homes is None else "sempar-exact-refine"
     out = Placement(phy2log, N, G, p.node_of(), name, info=dict(base.info))
     out.info["exact"] = {"layers": layers, "ilp_time_limit_s": config.ilp.time_limit_s}
+    if isinstance(base.info.get("held_out"), dict):     # sempar's prediction is not this one's
+        out.info["held_out"] = derived_held_out(out, rows.trace, base.info["held_out"],
+                                                cfg.held_out(p))
     if not listable(N, G, config.ilp):
         out.info["exact"]["milp"] = f"{_unlisted(N, G, config.ilp)}: left out"
     if p.trace.meta.has_token_ids:             # the real ids' table for the new experts

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from sempar.affinity.affinity_stats import BLOCK_LAYERS
 from sempar.errors import check_choice
+from sempar.placement.sempar.held_out import HeldOut
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,6 +236,15 @@ class SemparConfig:
         search."""
         return {"held_out_retries": 0, "held_out_refold": False, "held_out_point_retries": 0,
                 "held_out_folds": min(self.held_out_folds, self.budget_held_out_folds)}
+
+    def held_out(self, problem):
+        """The `HeldOut` settings (held_out.py) of `problem`'s calibrated solve: its target and
+        seed, this config's `held_out_*` knobs."""
+        return HeldOut(target=problem.held_out_imbalance, retries=self.held_out_retries,
+                       replicates=self.held_out_replicates, resamples=self.held_out_resamples,
+                       seed=problem.seed, folds=self.held_out_folds, refold=self.held_out_refold,
+                       margin=self.held_out_margin, fallback=self.held_out_fallback,
+                       min_cap=self.held_out_min_cap, point_retries=self.held_out_point_retries)
 
     @classmethod
     def for_shape(cls, tokens: int, layers: int, experts: int, devices: int,

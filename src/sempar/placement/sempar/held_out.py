@@ -343,6 +343,30 @@ def calibrated_solve(p: PlacementProblem, solve: Callable[[PlacementProblem], Pl
     return out
 
 
+def derived_held_out(placed: Placement, trace: RoutingTrace, base: dict,
+                     held_out: HeldOut) -> dict:
+    """The `held_out` info of `placed`, a placement derived from a calibrated one after its cap
+    search (`sempar-exact`, `sempar-exact-refine`: the partition changed, so the base's
+    prediction is not its own): `placed`'s bootstrap on the fit rows `trace` with the base's
+    cross-validated inflations (`base`: the base's `held_out` info; the derived solve is not
+    cross-validated: its folds would cost a MILP or swap pass per layer each). It promises the
+    target only where the base could (`within_budget`) and its own upper figure is within."""
+    X = request_loads(placed, trace)
+    rho, hi = base.get("cv_inflation") or 1.0, base.get("cv_inflation_upper") or 1.0
+    pred, upper = _bootstrap(X, held_out, inflation=rho), _bootstrap(X, held_out, inflation=hi)
+    info = {k: base[k] for k in ("target", "fit_cap", "fit_requests", "cv_inflation",
+                                 "cv_inflation_upper") if k in base}
+    within = bool(base.get("within_budget") and upper <= held_out.target)
+    info.update(predicted_imbalance=round(float(pred), 4), predicted_upper=round(float(upper), 4),
+                bootstrap_imbalance=round(_bootstrap(X, held_out), 4), within_budget=within,
+                base_predicted_imbalance=base.get("predicted_imbalance"), derived=True)
+    if not within:
+        info["warning"] = (base.get("warning") if not base.get("within_budget") else None) or (
+            f"the partition changed after the cap search: predicted held-out imbalance "
+            f"{pred:.3f}, up to {upper:.3f} (the base's folds), above {held_out.target:.2f}")
+    return info
+
+
 def _solve_at(solve: Callable, p: PlacementProblem, cap: float) -> Placement:
     """`solve` of p at the fit cap `cap` (x the mean load): as p's `max_imbalance` from 1.0 on,
     below it (step 6) as the `fit_cap` keyword with `max_imbalance` 1.0 (the user's options

@@ -82,7 +82,6 @@ from sempar.placement.sempar.config import SemparConfig
 from sempar.placement.sempar.load import (LoadModel, layer_load_model, layer_request_counts,
                                           load_spread, onehot)
 from sempar.placement.sempar.experts import expert_step
-from sempar.placement.sempar.held_out import HeldOut
 from sempar.placement.sempar.hypergraph import hypergraph_start
 from sempar.placement.sempar.replicas import replicated_placement
 from sempar.placement.sempar.row_sets import solve_by_layer
@@ -231,12 +230,7 @@ def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable,
     if p.redundant and p.preserve_groups:
         raise InputError("sempar: --preserve-groups with --redundant: replicas have no group slots")
     if resolve_objective(p) == "rows":                 # items: the fit rows (rows.py)
-        held_out = HeldOut(target=p.held_out_imbalance, retries=cfg.held_out_retries,
-                           replicates=cfg.held_out_replicates,
-                           resamples=cfg.held_out_resamples, seed=p.seed,
-                           folds=cfg.held_out_folds, refold=cfg.held_out_refold,
-                           margin=cfg.held_out_margin, fallback=cfg.held_out_fallback,
-                           min_cap=cfg.held_out_min_cap, point_retries=cfg.held_out_point_retries)
+        held_out = cfg.held_out(p)
         inner = lambda q, fit_cap=None: _solve(q, cfg, mapper, fit_cap)            # noqa: E731
         if p.mode == "tp" and cfg.row_sets:      # layer by layer on distinct sets (row_sets.py)
             fast = replace(cfg, token_patience=cfg.row_patience)
