@@ -4,8 +4,6 @@ apply."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -56,20 +54,14 @@ def test_its_held_out_prediction_is_its_own_not_sempars():
     h, b = ours.info["held_out"], base.info["held_out"]
     assert h["derived"] and "derived" not in b
     assert h["base_predicted_imbalance"] == b["predicted_imbalance"]
-    assert h["fit_cap"] == b["fit_cap"] and h["within_budget"] <= b["within_budget"]
+    assert h["fit_cap"] == b["fit_cap"]
+    assert not h["within_budget"] and "not promised" in h["warning"]   # not cross-validated
     cfg = SemparConfig.for_problem(p)
     rows = row_trace(trace, cfg.budget_rows, p.seed)
     same = derived_held_out(base, rows, b, cfg.held_out(p))    # sempar's own partition
     assert same["predicted_imbalance"] == pytest.approx(b["predicted_imbalance"], abs=1e-4)
     mine = derived_held_out(ours, rows, b, cfg.held_out(p))
     assert mine["predicted_imbalance"] == h["predicted_imbalance"]
-    tight = dataclasses.replace(cfg.held_out(p), target=1.0)
-    ok_base = {**b, "within_budget": True}
-    ok_base.pop("warning", None)
-    over = derived_held_out(ours, rows, ok_base, tight)         # its own figure over the target
-    assert not over["within_budget"] and "above 1.00" in over["warning"]
-    small = {**b, "within_budget": False, "warning": "the fit is too small"}
-    assert derived_held_out(ours, rows, small, cfg.held_out(p))["warning"] == "the fit is too small"
 
 
 def test_falls_back_to_sempar_where_the_exact_start_does_not_apply():
