@@ -124,7 +124,14 @@ def proposal_assign(hits: np.ndarray, caps: np.ndarray) -> np.ndarray:
 ASSIGN_RULES: Registry = Registry("capacity home rule")
 ASSIGN_RULES.add("proposal", proposal_assign)
 ASSIGN_RULES.add("optimal", optimal_assign)
-DEFAULT_ASSIGN = "proposal"
+# every home sempar assigns by a capacity rule for a user (evaluate's tp oracle homes, the exact
+# pre-router, the runtime's oracle mode, simulate's and drift's exact homes): the optimum, at
+# 1-2x the greedy rounds' time per batch (docs/placement.md, "The exact home rule")
+DEFAULT_ASSIGN = "optimal"
+# the rule inside the solvers' search loops (sempar's held-out prediction, replica picks and
+# rebalance scoring, the exact solver's candidates without its swap pass): cheap, called per
+# candidate, and what the shipped placements were searched with, so they stay as they were
+SEARCH_ASSIGN = "proposal"
 
 
 def capacity_home(hits: np.ndarray, batch: int | None = None, slack: float = 0.0,

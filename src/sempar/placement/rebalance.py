@@ -44,7 +44,7 @@ import time
 import numpy as np
 
 from sempar.errors import InputError
-from sempar.placement.capacity import capacity_home
+from sempar.placement.capacity import SEARCH_ASSIGN, capacity_home
 from sempar.placement.dispatch_peak import fill_loads
 from sempar.placement.metrics import peak_ratio
 from sempar.placement.placement import Placement
@@ -91,7 +91,7 @@ class _Layer:
         hosts = np.zeros((G, self.N), bool)
         hosts[np.repeat(np.arange(G), S), row] = True
         hits = hosts[:, self.experts].sum(axis=2).T                        # [T, G]
-        home = capacity_home(hits, self.batch)
+        home = capacity_home(hits, self.batch, rule=SEARCH_ASSIGN)
         if self.split and row.size > self.N:       # what a balancing dispatch serves
             tot = np.bincount(self.gk // G * self.N + self.experts.ravel(), self.wk,
                               minlength=self.H * self.N).reshape(self.H, self.N)
