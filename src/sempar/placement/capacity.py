@@ -17,10 +17,12 @@ proposal rounds.
   the next device in id order. The papers leave the overflow rule open (Sem-MoE App. B.2, Alg. 3
   line 5's `align` keeps every device at an equal share, not saying who moves); this one is ours.
 - `ASSIGN_RULES`: the capacity-bound home assignments by name, each (hits int[n, G], caps
-  int[G]) -> int64[n]: "proposal" (the proposal rounds above, greedy, the default everywhere)
-  and "optimal" (`placement.transport.optimal_assign`: the most local activations any
-  assignment within the caps reaches, a transportation problem solved exactly; ours).
-  `capacity_home(..., rule=)` picks one.
+  int[G]) -> int64[n]: "proposal" (the proposal rounds above, greedy) and "optimal"
+  (`placement.transport.optimal_assign`: the most local activations any assignment within the
+  caps reaches, a transportation problem solved exactly; ours). `capacity_home(..., rule=)`
+  picks one: `DEFAULT_ASSIGN` ("optimal") wherever sempar homes tokens for a user (evaluate's
+  tp oracle homes, the exact pre-router, the runtime's oracle and tp-exact modes, simulate's
+  and drift's exact homes), `SEARCH_ASSIGN` ("proposal") inside the solvers' search loops.
 
 Pure numpy, low in the package so that placement/ can use it (docs/design.md's layering).
 """

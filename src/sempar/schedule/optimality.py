@@ -36,8 +36,8 @@ IN_SAMPLE_REF = "ref: sempar in-sample (fit sample)"
 def in_sample(placement: Placement, experts: np.ndarray, rule: str = DEFAULT_ASSIGN
               ) -> tuple[np.ndarray, np.ndarray]:
     """(float64[L] `placement`'s capacity-bound exact-home LAR per layer on experts int[T, L, k]
-    (the fit sample's), homes by `rule` (`capacity.ASSIGN_RULES`: "proposal" rounds, or the
-    "optimal" assignment), float64[L] its load imbalance max / mean per layer there)."""
+    (the fit sample's), homes by `rule` (`capacity.ASSIGN_RULES`: the "optimal" assignment, the
+    default, or "proposal" rounds), float64[L] its load imbalance max / mean per layer there)."""
     f = placement_figures(placement, experts, oracle_home(placement, experts, rule=rule))
     load = f["load"]
     return (np.asarray(f["lar"], np.float64),
