@@ -7,11 +7,12 @@ transportation problem over the distinct rows) is exact and cheap. The online sc
 predict: Alg. 3's T|A gives one device per token (its align step already puts the most tokens
 possible on their predicted devices, min(share, askers) per device, so no rule can do better
 there), and the expected-hits scheduler (`OnlineScheduler.home_tp_hits`, ours) gives a float
-score per device, homed today by proposal rounds (`rebatch.plan_align` with scores). This
-benchmark homes the expected-hits scores both ways: the current path, and the optimal rule on
-the scores quantised to 1 / `--scale` (every token nearly its own row type), and reports the
-held-out LAR on the real routing and the time a (batch, layer) of each, beside the exact
-pre-router's two rules on the same placement.
+score per device, homed by either rule (`home_tp_hits(rule=)`: proposal rounds through
+`rebatch.plan_align` with scores, the only path before issue 46, or the optimal rule on the
+scores quantised to 1 / `online.HITS_SCALE`, every token nearly its own row type, the default
+since). This benchmark runs both and reports the held-out LAR on the real routing and the
+time a (batch, layer) of each (scores included), beside the exact pre-router's two rules on the
+same placement.
 
 Per (trace, EP): `--method` (default `metis`: the online schedulers take any placement) solved
 on the 20 % fit split (`split_by_request`, seed 0), the schedulers fitted there, judged on the
@@ -31,7 +32,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_rows_speed import ensure_trace, trace_options  # noqa: E402
@@ -39,8 +39,8 @@ from bench_rows_speed import ensure_trace, trace_options  # noqa: E402
 from sempar.placement import solve  # noqa: E402
 from sempar.placement.capacity import BATCH, capacity_home  # noqa: E402
 from sempar.placement.metrics import placement_figures  # noqa: E402
-from sempar.predict.expected_hits import ExpectedHits  # noqa: E402
-from sempar.schedule.homes import local_hits, rebatched_home  # noqa: E402
+from sempar.schedule.homes import local_hits  # noqa: E402
+from sempar.schedule.online import HITS_SCALE, OnlineScheduler  # noqa: E402
 from sempar.trace import read_trace, split_by_request  # noqa: E402
 
 
@@ -48,26 +48,19 @@ def _lar(placement, experts: np.ndarray, home: np.ndarray) -> float:
     return float(placement_figures(placement, experts, home)["lar_mean"])
 
 
-def case(name: str, path: Path, ep: int, method: str, scale: int) -> dict:
+def case(name: str, path: Path, ep: int, method: str) -> dict:
     fit, ev = split_by_request(read_trace(path), seed=0)
     p = solve(method, fit, num_devices=ep, mode="tp")
-    S = ExpectedHits().fit(fit, p).scores(ev)                                # [T, L, G]
-    T, L, G = S.shape
+    sched = OnlineScheduler().fit(fit, p)
+    sched.home_tp_hits(ev.take(np.arange(1)))                    # fits the expected hits once
+    T, L = ev.num_tokens, ev.meta.num_layers
     units = L * -(-T // BATCH)                                               # (batch, layer)s
-    row = {"trace": name, "ep": ep, "method": method, "eval_tokens": T, "scale": scale}
-    St = torch.from_numpy(S)
-    best, target = St.max(dim=2)
-    t0 = time.perf_counter()
-    home = rebatched_home(target, G, best, BATCH, "align", scores=St)        # today's path
-    row["ms_hits_proposal"] = round(1e3 * (time.perf_counter() - t0) / units, 3)
-    row["lar_hits_proposal"] = round(_lar(p, ev.experts, home), 4)
-    q = np.rint(S * scale).astype(np.int64)
-    home = np.empty((T, L), np.int32)
-    t0 = time.perf_counter()
-    for l in range(L):
-        home[:, l] = capacity_home(q[:, l], BATCH, rule="optimal")
-    row["ms_hits_optimal"] = round(1e3 * (time.perf_counter() - t0) / units, 3)
-    row["lar_hits_optimal"] = round(_lar(p, ev.experts, home), 4)
+    row = {"trace": name, "ep": ep, "method": method, "eval_tokens": T, "scale": HITS_SCALE}
+    for rule in ("proposal", "optimal"):                         # the online expected hits
+        t0 = time.perf_counter()
+        home = sched.home_tp_hits(ev, rule)
+        row[f"ms_hits_{rule}"] = round(1e3 * (time.perf_counter() - t0) / units, 3)
+        row[f"lar_hits_{rule}"] = round(_lar(p, ev.experts, home), 4)
     for rule in ("proposal", "optimal"):                                      # exact pre-router
         home = np.empty((T, L), np.int32)
         secs = 0.0
@@ -85,7 +78,6 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     trace_options(ap, ["gpt"], [4, 8])
     ap.add_argument("--method", default="metis")
-    ap.add_argument("--scale", type=int, default=64, help="expected hits quantised to 1/SCALE")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     given = dict(t.split("=", 1) for t in args.trace)
@@ -93,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.cases:
         path = ensure_trace(name, given, Path(args.cache_dir))
         for ep in args.ep:
-            row = case(name, path, ep, args.method, args.scale)
+            row = case(name, path, ep, args.method)
             rows.append(row)
             print(" ".join(f"{k}={v}" for k, v in row.items()), file=sys.stderr, flush=True)
     if args.json:
