@@ -59,7 +59,7 @@ def evaluate(ctx: typer.Context,
                  HOME_RULE, "--home-rule", help="how tp's oracle homes (exact-home LAR, "
                  "and --online's exact pre-routed figures) fill each batch's equal shares: "
                  "optimal (the most local activations within the shares, the default) or "
-                 "proposal (greedy rounds); --online's schedulers keep their own re-batching"),
+                 "proposal (greedy rounds); --online's schedulers keep their own rules"),
              bound_effort: str = typer.Option(
                  "fast", "--bound", help="tp's bound row (how far from optimal, on the fit "
                  "sample): fast (listed device-set LP / pair budget), full (also the column "
