@@ -5,7 +5,8 @@ needed), choose at most `max_moves` moves (or `max_bytes` of copied weights) tha
 window's **exact-home LAR** (tp mode: every row homed on the device hosting most of its experts,
 equal shares per batch, `capacity.capacity_home` by the solvers' search rule
 `capacity.SEARCH_ASSIGN`, the greedy proposal rounds, called once per candidate move; the exact
-pre-router and `evaluate`'s oracle take the optimal rule, which never scores lower) while every layer's device load imbalance (max / mean of the served loads,
+pre-router and `evaluate`'s oracle take the optimal rule, which never scores lower) while
+every layer's device load imbalance (max / mean of the served loads,
 `serving`'s rule; with `split`, the load a balancing dispatch serves: each replicated
 expert's load water-filled over its copies, `dispatch_peak.fill_loads`) stays within
 `max_imbalance` on the window. Moves:
