@@ -144,8 +144,8 @@ def oracle_home(placement: Placement, experts: np.ndarray, batch: int | None = B
     id). With `batch`, every device takes an equal share of each batch (tp mode's align step) by
     `rule` (`placement.capacity.capacity_home`: the "optimal" assignment, the most local
     activations within the shares, the default; or greedy "proposal" rounds), or with `slack`
-    in (0, 1) at most
-    ceil((1 + slack) x batch / G) of it (`capacity.slack_shares`); batch=None: unconstrained."""
+    in (0, 1) at most ceil((1 + slack) x batch / G) of it (`capacity.slack_shares`);
+    batch=None: unconstrained."""
     T, L, _ = experts.shape
     home = np.empty((T, L), np.int32)
     for l in range(L):
