@@ -1,6 +1,6 @@
 """Benchmark: the two capacity-bound home rules side by side (`placement.capacity.ASSIGN_RULES`):
-the greedy proposal rounds (the default everywhere) and the optimal assignment
-(`placement.transport`), on held-out routing.
+the greedy proposal rounds (the default until issue 46) and the optimal assignment
+(`placement.transport`, the default since), on held-out routing.
 
 Per (trace, EP): `sempar` solves the rows objective on the 20 % fit split (`split_by_request`,
 seed 0, as `evaluate --split` and `bench_rows_speed.py --held-out`); on the other 80 % each rule

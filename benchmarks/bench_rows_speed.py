@@ -15,8 +15,9 @@ the paths' largest beta; `bound_method` which, `bound_s` / `bound_cpu_s` its wal
 = in_sample / bound and `best_known` (per layer the better of sempar's placement and the bound's
 LP-rounded one, schedule/optimality.py: the solver's share of the gap is best_known / in_sample),
 `in_sample_optimal` / `gap_optimal` the same figure and ratio with the optimal home assignment
-per batch (`capacity.ASSIGN_RULES["optimal"]`, placement/transport.py; `in_sample` keeps the
-greedy proposal rounds; the bound holds for both, docs/placement.md "The exact home rule"),
+per batch (`capacity.ASSIGN_RULES["optimal"]`, placement/transport.py, the default home rule
+since issue 46: the page's first columns; `in_sample`, `gap` and `best_known` keep the greedy
+proposal rounds; the bound holds for both, docs/placement.md "The exact home rule"),
 then with
 `--held-out` the placement solved on the 20 % fit split (`evaluate --split`) and its held-out
 exact-home LAR and imbalance on the other 80 % (what `evaluate --split --objective rows`
@@ -162,7 +163,7 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
     beta = PlacementProblem(trace, ep).max_imbalance
     lar = {}
     for p, (placement, _, _) in solved.items():
-        ins, imb = in_sample(placement, trace.experts)
+        ins, imb = in_sample(placement, trace.experts, rule="proposal")
         beta, lar[p] = max(beta, float(imb.max())), float(ins.mean())
     if bound_rows is not None:
         bound = reused_bound(bound_rows, name, ep, beta, trace.num_tokens)
@@ -179,7 +180,8 @@ def cases(name: str, trace_path: Path, ep: int, paths: list[str], held_out: bool
     bound_s, bound_cpu = time.perf_counter() - t0, cpu_now() - c0
     rows = []
     for p, (placement, wall, cpu) in solved.items():
-        b = optimality_refs(trace, ep, placement, beta, bound=bound)[BOUND_REF]
+        b = optimality_refs(trace, ep, placement, beta, bound=bound,
+                            rule="proposal")[BOUND_REF]
         row = {"trace": name, "tokens": trace.num_tokens, "ep": ep, "path": p,
                "solve_s": round(wall, 2), "cpu_s": round(cpu, 2),
                "in_sample": round(b["sempar_in_sample"], 4), "bound": round(b["lar_mean"], 4),
@@ -220,7 +222,7 @@ def _optimal_homes(placement, trace, bound: float) -> dict:
 def _reused_row(name, trace, ep, path, placement, wall, cpu, bound) -> dict:
     """A row whose bound comes from a previous run (`reused_bound`); `in_sample_before` the
     greedy figure that run reported for this path (equal unless the solver changed)."""
-    ins = float(in_sample(placement, trace.experts)[0].mean())
+    ins = float(in_sample(placement, trace.experts, rule="proposal")[0].mean())
     row = {"trace": name, "tokens": trace.num_tokens, "ep": ep, "path": path,
            "solve_s": round(wall, 2), "cpu_s": round(cpu, 2), "in_sample": round(ins, 4),
            "gap": round(ins / bound["bound"], 4)}
@@ -282,14 +284,15 @@ METHODS = {"new": "sempar", "old": "sempar (per-row path)", "hypergraph": "sempa
 
 def gap_table(rows: list[dict]) -> str:
     """The markdown table of docs/placement.md ("How far from optimal") from this benchmark's
-    --json rows: per case and method the in-sample LAR with the greedy homes (proposal rounds),
-    best known, the bound and its method, the certified ratio (in-sample / bound), the same two
-    with the optimal homes (`capacity.ASSIGN_RULES["optimal"]`; blank in rows from before it),
-    beta, CPU seconds of the solve and of the bound, and the integer configuration bound's own
-    HiGHS gap (worst layer; blank where it did not run)."""
+    --json rows: per case and method the in-sample LAR with the default homes (the optimal
+    assignment per batch, `capacity.DEFAULT_ASSIGN`: the row's `in_sample_optimal`; blank in
+    rows from before it) and its certified ratio (in-sample / bound), the same two with the
+    greedy proposal rounds (`in_sample`, `gap`: the default before issue 46) and their best
+    known, the bound and its method, beta, CPU seconds of the solve and of the bound, and the
+    integer configuration bound's own HiGHS gap (worst layer; blank where it did not run)."""
     names = {"dsv2": "DeepSeek-V2-Lite", "gpt": "GPT-OSS-20B"}
-    out = ["| case | method | in-sample LAR | best known | bound (method) | certified ratio "
-           "| in-sample LAR, optimal homes | certified ratio, optimal homes "
+    out = ["| case | method | in-sample LAR | certified ratio | in-sample LAR, greedy homes "
+           "| certified ratio, greedy homes | best known, greedy homes | bound (method) "
            "| beta | bound, any balance | solve CPU s | bound CPU s | bound's MILP gap |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -300,10 +303,10 @@ def gap_table(rows: list[dict]) -> str:
         name = METHODS.get(r.get("path", "new"), f"sempar ({r.get('path')})")
         opt = (f"{r['in_sample_optimal']:.4f} | {r['gap_optimal']:.4f}"
                if "in_sample_optimal" in r else " | ")
-        out.append(f"| {names.get(r['trace'], r['trace'])} EP {r['ep']} | {name} | "
-                   f"{r['in_sample']:.4f} | "
+        out.append(f"| {names.get(r['trace'], r['trace'])} EP {r['ep']} | {name} | {opt} | "
+                   f"{r['in_sample']:.4f} | {r['gap']:.3f} | "
                    f"{r.get('best_known', r['in_sample']):.4f} | {r['bound']:.4f} ({method}) | "
-                   f"{r['gap']:.3f} | {opt} | {r.get('max_imbalance', float('nan')):.3f} | "
+                   f"{r.get('max_imbalance', float('nan')):.3f} | "
                    f"{r.get('bound_any_balance', r['bound']):.4f} | {r.get('cpu_s', '')} | "
                    f"{_bound_cost(r)} | {_milp_gap(r)} |")
     return "\n".join(out)

@@ -16,6 +16,7 @@ from sempar.placement.metrics import placement_figures
 from sempar.drift.costs import expert_bytes, remote_activation_bytes
 from sempar.placement.migration import align_devices, copied_experts
 from sempar.placement.rebalance import RebalanceConfig, placement_hash, rebalance
+from sempar.placement.capacity import SEARCH_ASSIGN
 from sempar.schedule.homes import oracle_home
 from sempar.trace import read_trace
 from sempar.trace.io import write_trace
@@ -46,7 +47,9 @@ def cfg_for(model: str, **kw) -> RebalanceConfig:
 
 
 def exact(p, experts):
-    f = placement_figures(p, experts, oracle_home(p, experts))
+    # the step scores its moves with the solvers' search rule (greedy proposal rounds,
+    # `capacity.SEARCH_ASSIGN`), not the evaluator's default optimal rule
+    f = placement_figures(p, experts, oracle_home(p, experts, rule=SEARCH_ASSIGN))
     load = f["load"]
     return f["lar_mean"], load.max(axis=1) / load.mean(axis=1)
 

@@ -8,8 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
-from sempar.placement.capacity import (ASSIGN_RULES, capacity_home, proposal_assign,
-                                       slack_shares)
+from sempar.placement.capacity import (ASSIGN_RULES, SEARCH_ASSIGN, capacity_home,
+                                       proposal_assign, slack_shares)
 from sempar.placement.transport import optimal_assign, row_types, transport_counts
 
 
@@ -78,12 +78,13 @@ def test_row_types_and_counts() -> None:
 def test_capacity_home_by_rule_per_batch() -> None:
     rng = np.random.default_rng(0)
     hits = np.stack([np.bincount(rng.integers(0, 4, 4), minlength=4) for _ in range(300)])
-    greedy = capacity_home(hits, 64)
-    best = capacity_home(hits, 64, rule="optimal")
+    greedy = capacity_home(hits, 64, rule="proposal")
+    best = capacity_home(hits, 64)                           # the default rule (issue 46)
     for lo in range(0, 300, 64):
         sl = slice(lo, lo + 64)
         n = hits[sl].shape[0]
         assert (np.bincount(best[sl], minlength=4) == slack_shares(n, 4)).all()
         assert _value(hits[sl], best[sl]) >= _value(hits[sl], greedy[sl])
     assert ASSIGN_RULES.names() == ["proposal", "optimal"]
-    assert capacity_home(hits, 64, rule="proposal").tolist() == greedy.tolist()
+    assert capacity_home(hits, 64, rule="optimal").tolist() == best.tolist()
+    assert capacity_home(hits, 64, rule=SEARCH_ASSIGN).tolist() == greedy.tolist()

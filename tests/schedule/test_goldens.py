@@ -104,4 +104,7 @@ def test_home_rules_match_golden():
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
-        GOLDEN.write_text(json.dumps(slice_figures(), indent=1, sort_keys=True) + "\n")
+        figs = slice_figures()
+        for ref in figs["evaluate"]["tp"]["refs"].values():
+            ref.pop("bound_seconds", None)                    # wall clock: not a figure
+        GOLDEN.write_text(json.dumps(figs, indent=1, sort_keys=True) + "\n")

@@ -118,15 +118,16 @@ def test_optimal_rule_keeps_more_local_hits() -> None:
     # the greedy keeps token 0 (earlier, same priority) on device 0 and spills token 1 to a
     # device with no hit; the optimal rule moves token 0, which loses nothing on device 1
     hits = torch.tensor([[2, 2], [2, 0]])
-    assert capacity_home(hits).tolist() == [0, 1]
+    assert capacity_home(hits, rule="proposal").tolist() == [0, 1]
     assert capacity_home(hits, rule="optimal").tolist() == [1, 0]
+    assert capacity_home(hits).tolist() == [1, 0]                   # the default (issue 46)
 
 
 def test_capacity_home_spills_to_next_best_device() -> None:
     # device 0 keeps tokens 0 and 1; the spilled 2 and 3 go to their own next-best devices
     # (2 and 1), where a spill in device order would have swapped them
     hits = torch.tensor([[3, 0, 0], [3, 0, 0], [2, 0, 1], [2, 1, 0], [0, 2, 0], [0, 0, 2]])
-    home = capacity_home(hits)
+    home = capacity_home(hits, rule="proposal")
     assert home.tolist() == [0, 0, 2, 1, 1, 2]
     counts = torch.bincount(home, minlength=3)
     assert counts.tolist() == [2, 2, 2]

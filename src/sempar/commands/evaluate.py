@@ -18,6 +18,10 @@ from sempar.commands._options import (ep_option, held_out_option, homes_option, 
 from sempar.console import emit_json, out
 from sempar.errors import InputError
 
+# `placement.capacity.DEFAULT_ASSIGN`, spelled here so that building the CLI imports no solver
+# (tests/schedule/test_home_rule_option.py holds the two equal)
+HOME_RULE = "optimal"
+
 
 def evaluate(ctx: typer.Context,
              fit: Optional[Path] = typer.Option(None, "--fit",
@@ -52,10 +56,10 @@ def evaluate(ctx: typer.Context,
                                                "take up to (1 + EPS) x batch / G, in [0, 1)"),
              dispatch: str = dispatch_option(),
              home_rule: str = typer.Option(
-                 "proposal", "--home-rule", help="how tp's oracle homes (exact-home LAR) fill "
-                 "each batch's equal shares: proposal (greedy rounds, the default) or optimal "
-                 "(the most local activations within the shares); --online's schedulers keep "
-                 "proposal"),
+                 HOME_RULE, "--home-rule", help="how tp's oracle homes (exact-home LAR, "
+                 "and --online's exact pre-routed figures) fill each batch's equal shares: "
+                 "optimal (the most local activations within the shares, the default) or "
+                 "proposal (greedy rounds); --online's schedulers keep their own rules"),
              bound_effort: str = typer.Option(
                  "fast", "--bound", help="tp's bound row (how far from optimal, on the fit "
                  "sample): fast (listed device-set LP / pair budget), full (also the column "
@@ -141,7 +145,7 @@ def evaluate(ctx: typer.Context,
 
 def _evaluate_stats(stats_file: Path, eval_file: Optional[Path], ep: int, methods: str,
                     options, split: bool, cross: bool, online: bool, chunk_slack: float,
-                    as_json: bool, home_rule: str = "proposal") -> None:
+                    as_json: bool, home_rule: str = HOME_RULE) -> None:
     """`evaluate --fit-stats`: the sempar placement solved from statistics
     (placement/from_stats.py), judged on --eval (`schedule.evaluate.evaluate_fitted`)."""
     import time

@@ -17,10 +17,12 @@ proposal rounds.
   the next device in id order. The papers leave the overflow rule open (Sem-MoE App. B.2, Alg. 3
   line 5's `align` keeps every device at an equal share, not saying who moves); this one is ours.
 - `ASSIGN_RULES`: the capacity-bound home assignments by name, each (hits int[n, G], caps
-  int[G]) -> int64[n]: "proposal" (the proposal rounds above, greedy, the default everywhere)
-  and "optimal" (`placement.transport.optimal_assign`: the most local activations any
-  assignment within the caps reaches, a transportation problem solved exactly; ours).
-  `capacity_home(..., rule=)` picks one.
+  int[G]) -> int64[n]: "proposal" (the proposal rounds above, greedy) and "optimal"
+  (`placement.transport.optimal_assign`: the most local activations any assignment within the
+  caps reaches, a transportation problem solved exactly; ours). `capacity_home(..., rule=)`
+  picks one: `DEFAULT_ASSIGN` ("optimal") wherever sempar homes tokens for a user (evaluate's
+  tp oracle homes, the exact pre-router, the runtime's oracle and tp-exact modes, simulate's
+  and drift's exact homes), `SEARCH_ASSIGN` ("proposal") inside the solvers' search loops.
 
 Pure numpy, low in the package so that placement/ can use it (docs/design.md's layering).
 """
@@ -124,7 +126,14 @@ def proposal_assign(hits: np.ndarray, caps: np.ndarray) -> np.ndarray:
 ASSIGN_RULES: Registry = Registry("capacity home rule")
 ASSIGN_RULES.add("proposal", proposal_assign)
 ASSIGN_RULES.add("optimal", optimal_assign)
-DEFAULT_ASSIGN = "proposal"
+# every home sempar assigns by a capacity rule for a user (evaluate's tp oracle homes, the exact
+# pre-router, the runtime's oracle mode, simulate's and drift's exact homes): the optimum, at
+# 1-2x the greedy rounds' time per batch (docs/placement.md, "The exact home rule")
+DEFAULT_ASSIGN = "optimal"
+# the rule inside the solvers' search loops (sempar's held-out prediction, replica picks and
+# rebalance scoring, the exact solver's candidates without its swap pass): cheap, called per
+# candidate, and what the shipped placements were searched with, so they stay as they were
+SEARCH_ASSIGN = "proposal"
 
 
 def capacity_home(hits: np.ndarray, batch: int | None = None, slack: float = 0.0,

@@ -37,7 +37,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from scipy.sparse import csr_matrix
 
-from sempar.placement.capacity import BATCH, DEFAULT_ASSIGN, capacity_home
+from sempar.placement.capacity import BATCH, SEARCH_ASSIGN, capacity_home
 from sempar.placement.device_bound import device_sets, device_values
 from sempar.placement.metrics import peak_ratio
 
@@ -72,7 +72,7 @@ def set_loads(experts: np.ndarray, N: int, sets: np.ndarray) -> tuple[np.ndarray
 
 
 def layer_local(device: np.ndarray, experts: np.ndarray, G: int, batch: int = BATCH,
-                rule: str = DEFAULT_ASSIGN) -> float:
+                rule: str = SEARCH_ASSIGN) -> float:
     """The capacity-bound exact-home local activations at one layer: device int[N] of each
     expert, experts int[T, k]; each row homed by `capacity.capacity_home` (the evaluator's
     rule, `schedule.homes.oracle_home`; `rule` its home rule, `capacity.ASSIGN_RULES`)."""

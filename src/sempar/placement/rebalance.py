@@ -3,8 +3,10 @@
 From the current placement and a window of recent routing (experts int[T, L, k], token ids not
 needed), choose at most `max_moves` moves (or `max_bytes` of copied weights) that most raise the
 window's **exact-home LAR** (tp mode: every row homed on the device hosting most of its experts,
-equal shares per batch, `capacity.capacity_home`, as the exact pre-router and `evaluate`'s
-oracle) while every layer's device load imbalance (max / mean of the served loads,
+equal shares per batch, `capacity.capacity_home` by the solvers' search rule
+`capacity.SEARCH_ASSIGN`, the greedy proposal rounds, called once per candidate move; the exact
+pre-router and `evaluate`'s oracle take the optimal rule, which never scores lower) while
+every layer's device load imbalance (max / mean of the served loads,
 `serving`'s rule; with `split`, the load a balancing dispatch serves: each replicated
 expert's load water-filled over its copies, `dispatch_peak.fill_loads`) stays within
 `max_imbalance` on the window. Moves:
@@ -44,7 +46,7 @@ import time
 import numpy as np
 
 from sempar.errors import InputError
-from sempar.placement.capacity import capacity_home
+from sempar.placement.capacity import SEARCH_ASSIGN, capacity_home
 from sempar.placement.dispatch_peak import fill_loads
 from sempar.placement.metrics import peak_ratio
 from sempar.placement.placement import Placement
@@ -91,7 +93,7 @@ class _Layer:
         hosts = np.zeros((G, self.N), bool)
         hosts[np.repeat(np.arange(G), S), row] = True
         hits = hosts[:, self.experts].sum(axis=2).T                        # [T, G]
-        home = capacity_home(hits, self.batch)
+        home = capacity_home(hits, self.batch, rule=SEARCH_ASSIGN)
         if self.split and row.size > self.N:       # what a balancing dispatch serves
             tot = np.bincount(self.gk // G * self.N + self.experts.ravel(), self.wk,
                               minlength=self.H * self.N).reshape(self.H, self.N)

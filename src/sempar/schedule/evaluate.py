@@ -47,7 +47,8 @@ def figures_for(placement: Placement, eval_: RoutingTrace, mode: str,
     oracle homes may fill a device up to ceil((1 + chunk_slack) x batch / G); `dispatch`: the
     rule choosing among replicas, `placement.dispatch` (None: the placement's own, else
     `nearest`): every figure is after dispatch; `home_rule`: how tp's oracle homes fill the
-    equal shares, `capacity.ASSIGN_RULES`: "proposal" rounds or the "optimal" assignment)."""
+    equal shares, `capacity.ASSIGN_RULES`: the "optimal" assignment (default) or greedy
+    "proposal" rounds)."""
     oracle = (oracle_home_dp(placement, eval_) if mode == "dp"
               else oracle_home(placement, eval_.experts, slack=chunk_slack, rule=home_rule))
     # the ceiling places tokens knowing their routing
@@ -88,8 +89,8 @@ def check_home_rule(rule: str) -> str:
 class OracleHomes:
     """How tp's capacity-bound oracle homes fill each batch's shares (`figures_for`):
     `slack` (`--chunk-slack`) lets a device take up to ceil((1 + slack) x batch / G) items,
-    `rule` (`--home-rule`, `capacity.ASSIGN_RULES`) is "proposal" rounds or the "optimal"
-    assignment."""
+    `rule` (`--home-rule`, `capacity.ASSIGN_RULES`) is the "optimal" assignment (default) or
+    greedy "proposal" rounds."""
 
     slack: float = 0.0
     rule: str = DEFAULT_ASSIGN

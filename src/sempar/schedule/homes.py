@@ -19,9 +19,11 @@ Scheduled:
 
 Knowing the real routing:
 - `oracle_home`: tp mode, each (token, layer) on the device hosting most of its experts, under
-  equal shares per batch (`placement.capacity.capacity_home`: proposal rounds; `slack`: each
-  device at most ceil((1 + slack) x batch / G); `rule="optimal"`: the assignment with the most
-  local activations within the shares, `capacity.ASSIGN_RULES`), or free (batch=None). With the recorded experts this is also the exact pre-router's home
+  equal shares per batch (`placement.capacity.capacity_home`, `rule` of
+  `capacity.ASSIGN_RULES`: by default "optimal", the assignment with the most local activations
+  within the shares, or "proposal" rounds; `slack`: each device at most
+  ceil((1 + slack) x batch / G)), or free (batch=None). With the recorded experts this is also
+  the exact pre-router's home
   (`prerouter`, pipeline `smoe-exact`);
 - `oracle_home_dp`: dp mode, whole requests, each round of G requests matched to the G ranks
   maximising local activations (Hungarian), or each on its best rank (balanced=False).
@@ -140,9 +142,10 @@ def oracle_home(placement: Placement, experts: np.ndarray, batch: int | None = B
                 slack: float = 0.0, rule: str = DEFAULT_ASSIGN) -> np.ndarray:
     """int32[T, L]: each (token, layer) on the device hosting most of its experts (ties: lower
     id). With `batch`, every device takes an equal share of each batch (tp mode's align step) by
-    `rule` (`placement.capacity.capacity_home`: "proposal" rounds, or the "optimal" assignment,
-    the most local activations within the shares), or with `slack` in (0, 1) at most
-    ceil((1 + slack) x batch / G) of it (`capacity.slack_shares`); batch=None: unconstrained."""
+    `rule` (`placement.capacity.capacity_home`: the "optimal" assignment, the most local
+    activations within the shares, the default; or greedy "proposal" rounds), or with `slack`
+    in (0, 1) at most ceil((1 + slack) x batch / G) of it (`capacity.slack_shares`);
+    batch=None: unconstrained."""
     T, L, _ = experts.shape
     home = np.empty((T, L), np.int32)
     for l in range(L):

@@ -36,8 +36,8 @@ IN_SAMPLE_REF = "ref: sempar in-sample (fit sample)"
 def in_sample(placement: Placement, experts: np.ndarray, rule: str = DEFAULT_ASSIGN
               ) -> tuple[np.ndarray, np.ndarray]:
     """(float64[L] `placement`'s capacity-bound exact-home LAR per layer on experts int[T, L, k]
-    (the fit sample's), homes by `rule` (`capacity.ASSIGN_RULES`: "proposal" rounds, or the
-    "optimal" assignment), float64[L] its load imbalance max / mean per layer there)."""
+    (the fit sample's), homes by `rule` (`capacity.ASSIGN_RULES`: the "optimal" assignment, the
+    default, or "proposal" rounds), float64[L] its load imbalance max / mean per layer there)."""
     f = placement_figures(placement, experts, oracle_home(placement, experts, rule=rule))
     load = f["load"]
     return (np.asarray(f["lar"], np.float64),
@@ -50,15 +50,16 @@ def in_sample_lar(placement: Placement, fit: RoutingTrace) -> np.ndarray:
 
 
 def best_known(ours: np.ndarray, fit: RoutingTrace, ep: int, witness: list,
-               max_imbalance: float | None = None) -> np.ndarray:
+               max_imbalance: float | None = None, rule: str = DEFAULT_ASSIGN) -> np.ndarray:
     """float64[L]: per layer the better of `ours` (sempar's per-layer in-sample LAR) and the
     LP's rounded placement's (`witness[l]` int64[N] experts in device order, or None), the
-    latter only where its imbalance is at most `max_imbalance` (None: any)."""
+    latter only where its imbalance is at most `max_imbalance` (None: any); homes by `rule`, as
+    `in_sample`'s."""
     out = np.array(ours, np.float64)
     layers = [l for l, w in enumerate(witness) if w is not None]
     if layers:
         pl = Placement(np.stack([witness[l] for l in layers]), fit.meta.num_experts, ep)
-        lar, imb = in_sample(pl, fit.experts[:, layers])
+        lar, imb = in_sample(pl, fit.experts[:, layers], rule)
         ok = np.ones(len(layers), bool) if max_imbalance is None else \
             imb <= max_imbalance * (1 + 1e-12)
         idx = np.asarray(layers)[ok]
@@ -68,19 +69,20 @@ def best_known(ours: np.ndarray, fit: RoutingTrace, ep: int, witness: list,
 
 def optimality_refs(fit: RoutingTrace, ep: int, placement: Placement | None,
                     max_imbalance: float | None = None, config: BoundConfig = BoundConfig(),
-                    bound: dict | None = None) -> dict:
+                    bound: dict | None = None, rule: str = DEFAULT_ASSIGN) -> dict:
     """{label: ref row} of the bound on `fit` at EP `ep` and, when `placement` (sempar's, tp)
     is given, its in-sample capacity-bound exact-home LAR, the gap and the best known figure.
     max_imbalance: the solve's load cap (beta is the larger of it and sempar's worst layer;
     None with no placement: the bound over every placement); bound: `lar_upper_bound`'s answer
     computed already for this fit, EP and beta (a benchmark comparing solvers at one beta
-    computes it once), else computed here, seeded with the placement."""
+    computes it once), else computed here, seeded with the placement; rule: the in-sample
+    figures' home rule (`in_sample`; the bound holds for any)."""
     if fit.meta.num_experts % ep:           # the bound assumes N / G slots a device
         return {}
     ours = imb = None
     beta = max_imbalance
     if placement is not None:
-        ours, imb = in_sample(placement, fit.experts)
+        ours, imb = in_sample(placement, fit.experts, rule)
         beta = max(float(imb.max()), max_imbalance or 0.0)
     start = None
     if placement is not None and placement.phy2log.shape[1] == fit.meta.num_experts:
@@ -96,6 +98,6 @@ def optimality_refs(fit: RoutingTrace, ep: int, placement: Placement | None,
         row["gap"] = row["sempar_in_sample"] / max(b["lar_mean"], 1e-12)
         if any(w is not None for w in b["witness"]):
             row["best_known_in_sample"] = float(best_known(ours, fit, ep, b["witness"],
-                                                           beta).mean())
+                                                           beta, rule).mean())
         refs[IN_SAMPLE_REF] = {"lar_mean": row["sempar_in_sample"], "placement": placement.method}
     return refs

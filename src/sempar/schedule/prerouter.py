@@ -135,8 +135,8 @@ def capacity_home(hits: torch.Tensor, batch: int | None = None,
     hits: int[T, G] local activations per device; per batch of `batch` tokens (None: the whole
     input) `placement.capacity.capacity_home`, the rule of `schedule.homes.oracle_home`, run on
     the host (one round trip); the result is on hits' device. rule: `capacity.ASSIGN_RULES`,
-    "proposal" rounds (default) or the "optimal" assignment (most local activations within the
-    shares; about 10x the host time, docs/placement.md "The exact home rule").
+    the "optimal" assignment (default: the most local activations within the shares; 1-2x the
+    greedy rounds' host time, docs/placement.md "The exact home rule") or "proposal" rounds.
     """
     if batch is not None and batch < 1:
         raise InputError(f"batch: {batch} is not a positive integer")

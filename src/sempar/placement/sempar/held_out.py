@@ -81,7 +81,7 @@ import numpy as np
 
 from sempar.placement import serving
 from sempar.placement.base import PlacementProblem
-from sempar.placement.capacity import BATCH, capacity_home
+from sempar.placement.capacity import BATCH, SEARCH_ASSIGN, capacity_home
 from sempar.placement.metrics import peak_ratio
 from sempar.placement.placement import Placement
 from sempar.trace.schema import RoutingTrace
@@ -116,7 +116,7 @@ def request_loads(placement: Placement, trace: RoutingTrace, batch: int = BATCH)
     out = np.zeros((reqs.size, L, G))
     for l in range(L):
         ex = np.asarray(trace.experts[:, l], np.int64)                 # [T, k]
-        home = capacity_home(hosts[l][:, ex].sum(axis=2).T, batch)
+        home = capacity_home(hosts[l][:, ex].sum(axis=2).T, batch, rule=SEARCH_ASSIGN)
         dev = serving.serve(serving.table(hosts[l], order), home, ex)  # [T, k]
         np.add.at(out[:, l], (np.repeat(ridx, ex.shape[1]), dev.ravel()), 1.0)
     return out

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from sempar.placement import serving
-from sempar.placement.capacity import BATCH, capacity_home
+from sempar.placement.capacity import BATCH, SEARCH_ASSIGN, capacity_home
 from sempar.placement.placement import Placement
 
 
@@ -72,7 +72,7 @@ def layer_replicas(hosts: np.ndarray, experts: np.ndarray, per_device: int, cap:
     device load cap, x the mean load; balance: every pick lowers the peak most (ties: most
     activations made local), the cap aside."""
     G, N = hosts.shape
-    home = capacity_home(_layer_hits(hosts, experts), batch)
+    home = capacity_home(_layer_hits(hosts, experts), batch, rule=SEARCH_ASSIGN)
     W = _activations(home, experts, G, N)
     limit = cap * W.sum() / G
     h = hosts.copy()
@@ -107,7 +107,7 @@ def fit_score(hosts: np.ndarray, experts: np.ndarray, node_of: np.ndarray,
     """(local activations, peak / mean load) of the fit rows re-homed under hosts bool[G, N]."""
     G, N = hosts.shape
     hits = _layer_hits(hosts, experts)
-    home = capacity_home(hits, batch)
+    home = capacity_home(hits, batch, rule=SEARCH_ASSIGN)
     W = _activations(home, experts, G, N)
     load = served_load(W, hosts, node_of)
     return float(hits[np.arange(home.size), home].sum()), float(load.max() / load.mean())
