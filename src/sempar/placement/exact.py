@@ -49,7 +49,7 @@ from threadpoolctl import threadpool_limits
 
 from sempar.affinity.affinity_stats import AffinityStats
 from sempar.placement.base import SOLVERS, PlacementProblem, slot_groups, token_table_row
-from sempar.placement.capacity import BATCH
+from sempar.placement.capacity import BATCH, SEARCH_ASSIGN
 from sempar.placement.config_ilp import (ConfigIlpConfig, expert_devices, imbalance,
                                          integer_config, layer_local, listable)
 from sempar.placement.placement import Placement
@@ -81,6 +81,12 @@ class ExactConfig:
     refine: bool = True
     batch: int = BATCH
     homes: RefineConfig | None = None
+
+    def judged_by(self) -> str:
+        """The capacity home rule the candidates of step 3 are judged by: the solvers' search
+        rule (`capacity.SEARCH_ASSIGN`, the greedy rounds) without the swap pass; with it, the
+        optimal homes' (the figure the pass itself scores)."""
+        return SEARCH_ASSIGN if self.homes is None else "optimal"
 
 
 def layer_model(rows: PlacementProblem, l: int, cap: float, cfg: SemparConfig):
@@ -124,17 +130,23 @@ def _unlisted(N: int, G: int, ilp: ConfigIlpConfig) -> str:
     return f"C({N}, {N // G}) device sets exceed {ilp.max_device_sets}"
 
 
+def _steps(p: PlacementProblem, config: ExactConfig) -> tuple[bool, bool]:
+    """(the integer program runs: its device sets can be listed, the swap pass runs: a swap
+    pass is asked for and its key table fits), for `p`'s N experts, G devices and top-k."""
+    N, G = p.trace.meta.num_experts, p.num_devices
+    swap = config.homes is not None and fits(N, G, p.trace.experts.shape[2], config.homes)
+    return listable(N, G, config.ilp), swap
+
+
 def _why_not(p: PlacementProblem, config: ExactConfig) -> str | None:
     """Why the exact start does not apply to `p` (None: it does)."""
-    N, G = p.trace.meta.num_experts, p.num_devices
     if p.redundant or p.preserve_groups:
         return "replicas or preserved groups"
     if resolve_objective(p) != "rows":
         return "tokens objective"
-    if config.homes is not None and fits(N, G, p.trace.experts.shape[2], config.homes):
-        return None                          # the swap pass runs without the MILP
-    if not listable(N, G, config.ilp):
-        return _unlisted(N, G, config.ilp)
+    milp, swap = _steps(p, config)
+    if not (milp or swap):                   # the swap pass runs without the MILP
+        return _unlisted(p.trace.meta.num_experts, p.num_devices, config.ilp)
     return None
 
 
@@ -153,6 +165,7 @@ def exact_solve(p: PlacementProblem, config: ExactConfig = ExactConfig(),
     rows = dataclasses.replace(p, trace=row_trace(p.trace, cfg.budget_rows, p.seed),
                                objective="tokens", redundant=0)
     phy2log = np.array(base.phy2log, np.int64)
+    milp, swap = _steps(p, config)
     layers = []
     with threadpool_limits(1):             # small dense steps and one-core HiGHS: no contention
         for l in range(L):
@@ -168,22 +181,20 @@ def exact_solve(p: PlacementProblem, config: ExactConfig = ExactConfig(),
 
             cands = {"sempar": own}
             ilp = integer_config(ex, N, G, config.ilp, cap, starts=(phy2log[l],), admit=admit) \
-                if listable(N, G, config.ilp) else None
+                if milp else None
             if ilp is not None and ilp["partition"] is not None:
                 cands["milp"] = expert_devices(ilp["partition"], G)
                 if config.refine:
                     cands["milp+sempar moves"] = sempar_moves(rows, model, cands["milp"], cfg)
-            # the figure the candidates are judged by: the greedy homes', or with the swap
-            # pass (scored on the optimal homes) the optimal homes'
-            rule = "proposal" if config.homes is None else "optimal"
-            fig = {k: layer_local(d, ex, G, config.batch, rule) for k, d in cands.items()}
+            fig = {k: layer_local(d, ex, G, config.batch, config.judged_by())
+                   for k, d in cands.items()}
             ok = [k for k, d in cands.items() if k == "sempar" or (
                 imbalance(d, count, G) <= cap * (1 + 1e-12)
                 and admit(np.sort(np.argsort(d, kind="stable").reshape(G, -1), axis=1)).all())]
             keep = max(ok, key=lambda k: (fig[k], k == "sempar"))
             dev = cands[keep]
             homes = None
-            if config.homes is not None and fits(N, G, ex.shape[1], config.homes):
+            if swap:
                 dev, homes = _homes_pass(ex, N, G, dev, count, cap, lm, admit, config, p.seed)
             phy2log[l] = np.argsort(dev * N + np.arange(N), kind="stable")    # device order
             layers.append({"kept": keep, "cap": round(cap, 4),
@@ -201,7 +212,7 @@ def exact_solve(p: PlacementProblem, config: ExactConfig = ExactConfig(),
     if isinstance(base.info.get("held_out"), dict):     # sempar's prediction is not this one's
         out.info["held_out"] = derived_held_out(out, rows.trace, base.info["held_out"],
                                                 cfg.held_out(p))
-    if not listable(N, G, config.ilp):
+    if not milp:
         out.info["exact"]["milp"] = f"{_unlisted(N, G, config.ilp)}: left out"
     if p.trace.meta.has_token_ids:             # the real ids' table for the new experts
         stats = AffinityStats(p.trace)
