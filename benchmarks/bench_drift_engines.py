@@ -11,19 +11,22 @@ Suites (`--suites`):
   SGLang's `static`): `sempar-engine` (the plug-in's core, `sempar.eplb.policy`) against
   `vllm-eplb` and `sglang-eplb` (each engine's default policy through its installed code).
   Targets: against the engine whose cadence it runs at, mean exact-home LAR >= 1.20x, imbalance
-  p95 <= theirs + 0.02, migrated bytes <= theirs. Beside them the ceiling (`engine_oracle`):
-  with hindsight, per step the best of sempar's (and EPLB's) placements of the step's own
-  requests, the same slots and dispatch, every step within theirs' imbalance p95 + 0.02 (the
-  target's bound); its LAR over the
+  p95 <= theirs + 0.02, migrated bytes <= theirs. Beside them the ceiling
+  (`sempar.drift.references`, `engine-hindsight`): with hindsight, per step the best of
+  sempar's (and EPLB's) placements of the step's own requests, the same slots and dispatch,
+  every step within theirs' imbalance p95 + 0.02 (the target's bound); its LAR over the
   engine's is the most the LAR ratio could reach within the engine's balance (`ceiling LAR
-  ratio`: below 1.20, the 1.20x target is out of reach on that case).
+  ratio`: below 1.20, the 1.20x target is out of reach on that case). And the past-only
+  reference (`engine-window`): the same solves and pick fed only the engine's window at its
+  cadence (what the engine hands its balancer), no move budget (`window-fed LAR ratio`: below
+  1.20, no balancer fed only its window reaches the target with sempar's solver).
 - `replicas` (issue 45, item 3): EP 4 and 8, R = G, dispatch `--replica-dispatch` (default
   `lp-cap`, the per-batch LP over every copy; `locality-first` was the first measurement):
   `sempar-incremental` (with its switch test: updates inside a step as soon as the served
   requests show a new mix, `sempar.drift.events`), `resolve` and `eplb-periodic` with the same
   slots and dispatch, every step. Targets: incremental imbalance p95 <= 1.10 and LAR >= 0.95 x
   resolve's; against eplb-periodic higher LAR and imbalance p95 no higher. Beside them the
-  ceiling: `oracle`, EPLB solved on each step's own requests (the traffic no past-only policy has seen) with the same
+  ceiling: `oracle` (`references`' `eplb-hindsight`), EPLB solved on each step's own requests (the traffic no past-only policy has seen) with the same
   slots and dispatch; and per policy the p95 over the settled steps (`bench_drift.unseen_steps`:
   the steps whose main domain held under half of the window before them left out).
 
@@ -60,103 +63,6 @@ def load_stream(name: str):
     return trace, drift_stream(trace, order, switch_every=k, mix=0.8, seed=0), every, window
 
 
-def oracle(stream, cfg) -> dict:
-    """The ceiling of the replicas suite: EPLB on each step's own requests (it sees the traffic
-    it serves), the same slots and dispatch, served as the replay serves (`serve_figures`)."""
-    import numpy as np
-
-    from sempar.drift.policies import solve_window
-    from sempar.drift.replay import serve_figures
-    from sempar.drift.streams import request_table
-
-    _, _, rows, starts = request_table(stream)
-    R = starts.size - 1
-    bounds = list(range(cfg.window, R, cfg.every))[:cfg.max_steps]
-    lar, imb = [], []
-    for a in bounds:
-        part = stream.take(rows[starts[a]:starts[min(a + cfg.every, R)]])
-        x, i = serve_figures(solve_window("eplb", part, cfg), part.experts, cfg.rebalance.batch,
-                             cfg.dispatch, cfg.solve.seed)
-        lar.append(x)
-        imb.append(float(i.mean()))
-    return {"lar_mean": float(np.mean(lar)), "imbalance_p95": float(np.percentile(imb, 95)),
-            "imbalance_steps": imb}
-
-
-def filled(p0, R: int, experts: np.ndarray, batch: int, rule: str):
-    """An R = 0 placement `p0` with R / G extra slots a device: per layer and device the
-    experts not on it that its home tokens (`oracle_home` on `p0`) activate most ("home-hot":
-    under a dispatch that serves a token from a copy on its home device, SGLang's `static`) or
-    the least-loaded experts ("cold": under a dispatch that spreads a replicated expert's
-    tokens over its copies, vLLM's hash, a cold expert's copies cost the least locality).
-    experts int[T, L, k]: the step's rows."""
-    from sempar.placement.placement import Placement
-    from sempar.schedule.homes import oracle_home
-
-    L, S0 = p0.phy2log.shape[0], p0.slots_per_device
-    G, N, extra = p0.num_devices, p0.num_experts, R // p0.num_devices
-    home = oracle_home(p0, experts, batch)                                  # [T, L]
-    out = np.empty((L, G * (S0 + extra)), np.int64)
-    for l in range(L):
-        row = p0.phy2log[l].reshape(G, S0)
-        use = np.zeros((G, N))
-        np.add.at(use, (np.repeat(home[:, l], experts.shape[2]), experts[:, l].ravel()), 1.0)
-        score = use if rule == "home-hot" else -np.broadcast_to(use.sum(axis=0), (G, N))
-        for g in range(G):
-            sc = score[g].copy()
-            sc[row[g]] = -np.inf
-            out[l, g * (S0 + extra):(g + 1) * (S0 + extra)] = np.concatenate(
-                [row[g], np.argsort(-sc, kind="stable")[:extra]])
-    return Placement(out, N, G, p0.node_of.copy(), f"sempar+{rule}")
-
-
-def engine_oracle(stream, cfg, theirs_p95: float, slack: float = 0.02) -> dict:
-    """The ceiling of an engines case: with hindsight, per step the best of these placements
-    of the step's own requests, each served by the case's dispatch (`serve_figures`): the
-    `sempar` solve (its rows objective: exact-home LAR) with the same replica slots, and with
-    replicas the R = 0 sempar solve with its R slots `filled` (home-hot, cold), and DeepSeek
-    EPLB on the step's loads (the replicas suite's oracle); the sempar solves at a per-layer
-    balance cap of the target's bound, theirs' imbalance p95 + `slack` (issue 43: p95 <= theirs
-    + 0.02); the step's best LAR among those served within that bound (none: the least
-    imbalanced), so the ceiling's p95 meets the target's. Fitted to the very requests it serves (no
-    past-only policy sees them); a heuristic, so not an upper bound: sempar's certified ratio
-    to the LAR bound on GPT-OSS-20B EP 8 is 0.90-0.92 (docs/results/optimality-bound.md)."""
-    from dataclasses import replace
-
-    from sempar.drift.policies import solve_window
-    from sempar.drift.replay import serve_figures
-    from sempar.drift.streams import request_table
-
-    _, _, rows, starts = request_table(stream)
-    R = starts.size - 1
-    bounds = list(range(cfg.window, R, cfg.every))[:cfg.max_steps]
-    lar, imb, picked = [], [], []
-    cap = max(1.0, float(theirs_p95) + slack)
-    sc = cfg.with_(solve=replace(cfg.solve, max_imbalance=cap))
-    for a in bounds:
-        part = stream.take(rows[starts[a]:starts[min(a + cfg.every, R)]])
-        cands = {"sempar": solve_window("sempar", part, sc), "eplb": solve_window("eplb", part, cfg)}
-        if cfg.redundant:
-            p0 = solve_window("sempar", part, sc.with_(solve=replace(sc.solve, redundant=0)))
-            for rule in ("home-hot", "cold"):
-                cands[rule] = filled(p0, cfg.redundant, part.experts, cfg.rebalance.batch, rule)
-        figs = {}
-        for n, p in cands.items():
-            x, i = serve_figures(p, part.experts, cfg.rebalance.batch, cfg.dispatch,
-                                 cfg.solve.seed)
-            figs[n] = (x, float(i.mean()))
-        ok = [n for n in figs if figs[n][1] <= cap + 1e-9]
-        best = (max(ok, key=lambda n: figs[n][0]) if ok
-                else min(figs, key=lambda n: figs[n][1]))
-        lar.append(figs[best][0])
-        imb.append(figs[best][1])
-        picked.append(best)
-    return {"lar_mean": float(np.mean(lar)), "imbalance_p95": float(np.percentile(imb, 95)),
-            "imbalance_steps": imb, "lar_steps": lar, "cap": cap, "picked": picked,
-            "what": f"best of sempar / EPLB placements of the step's own requests, each step "
-                    f"within theirs' p95 + {slack}"}
-
-
 def settle(out: dict, stream_name: str, window: int) -> None:
     """Per policy (and the oracle): the step imbalances and their p95 over the settled steps."""
     from bench_drift import settled_p95, unseen_steps
@@ -186,6 +92,7 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
 
     from sempar.drift.config import ReplayConfig
     from sempar.drift.policies import POLICIES
+    from sempar.drift.references import REFERENCES
     from sempar.drift.replay import replay
     from sempar.solve_options import SolveOptions
 
@@ -207,11 +114,13 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
     t0 = time.perf_counter()
     out = replay(stream, run, cfg) if run else {"policies": {}}
     if suite == "replicas":
-        out["oracle"] = oracle(stream, cfg)
+        out["oracle"] = REFERENCES.get("eplb-hindsight").run(stream, cfg)
     settle(out, stream_name, window)
     theirs = f"{engine}-eplb"
     if suite == "engines" and theirs in out["policies"]:
-        out["oracle"] = engine_oracle(stream, cfg, out["policies"][theirs]["imbalance_p95"])
+        t95 = out["policies"][theirs]["imbalance_p95"]
+        out["oracle"] = REFERENCES.get("engine-hindsight").run(stream, cfg, t95)
+        out["past_only"] = REFERENCES.get("engine-window").run(stream, cfg, t95)
         settle(out, stream_name, window)         # the oracle's settled p95
     for p in out["policies"].values():
         imb = [st["imbalance"] for st in p["steps"]]
@@ -254,13 +163,16 @@ def engine_verdicts(r: dict) -> dict:
 
 
 def _ceiling(r: dict, t: dict) -> dict:
-    """The engines case's ceiling (`engine_oracle`) against theirs: its LAR ratio and whether
-    the 1.20x target is reachable there at all (not a target: no bool, so not a verdict)."""
-    if "oracle" not in r:
-        return {}
-    o = r["oracle"]
-    return {"ceiling_lar_ratio": o["lar_mean"] / max(t["lar_mean"], 1e-12),
-            "ceiling_p95": o["imbalance_p95"], "ceiling_lar": o["lar_mean"]}
+    """The engines case's references against theirs (`engine-hindsight`, the ceiling, and
+    `engine-window`, past-only): their LAR ratios and p95, whether the 1.20x target is
+    reachable there at all (not a target: no bool, so not a verdict)."""
+    out = {}
+    for key, name in (("oracle", "ceiling"), ("past_only", "window")):
+        if key in r:
+            o = r[key]
+            out.update({f"{name}_lar_ratio": o["lar_mean"] / max(t["lar_mean"], 1e-12),
+                        f"{name}_p95": o["imbalance_p95"], f"{name}_lar": o["lar_mean"]})
+    return out
 
 
 def replica_verdicts(r: dict) -> dict:
@@ -375,14 +287,14 @@ def summary(results: list[dict]) -> list[str]:
     out = ["## Summary", "",
            "| suite | stream | EP | R | dispatch | ours | against | LAR ratio | p95 ours / theirs |"
            " mean / max ours, theirs | settled p95 ours / theirs | ceiling p95 / LAR |"
-           " ceiling LAR ratio | bytes GB ours / theirs | met |",
+           " ceiling LAR ratio | window-fed LAR ratio / p95 | bytes GB ours / theirs | met |",
            "| --- | --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: "
-           "| ---: | --- |"]
+           "| ---: | ---: | --- |"]
     for r in results:
         v, p = r["verdicts"], r["policies"]
         if "skipped" in v:
             out.append(f"| {r['suite']} | {r['stream']} | {r['ep']} | {r['redundant']} | "
-                       f"{r['dispatch']} | | | | | | | | | | skipped: {v['skipped']} |")
+                       f"{r['dispatch']} | | | | | | | | | | | skipped: {v['skipped']} |")
             continue
         ours = "sempar-engine" if r["suite"] == "engines" else "sempar-incremental"
         them = v["against"] if r["suite"] == "engines" else "eplb-periodic"
@@ -393,13 +305,15 @@ def summary(results: list[dict]) -> list[str]:
         ceil = (f"{r['oracle']['imbalance_p95']:.3f} / {r['oracle']['lar_mean']:.4f}"
                 if "oracle" in r else "-")
         cratio = f"{v['ceiling_lar_ratio']:.3f}" if "ceiling_lar_ratio" in v else "-"
+        wratio = (f"{v['window_lar_ratio']:.3f} / {v['window_p95']:.3f}"
+                  if "window_lar_ratio" in v else "-")
         ok = [k for k, x in v.items() if isinstance(x, bool) and x]
         no = [k for k, x in v.items() if isinstance(x, bool) and not x]
         out.append(f"| {r['suite']} | {r['stream']}{_run_note(r)} | {r['ep']} | "
                    f"{r['redundant']} | {r['dispatch']} | {ours} | {them} | {ratio:.3f}"
                    f"{'' if r['suite'] == 'engines' else ' (vs resolve)'} | "
                    f"{p[ours]['imbalance_p95']:.3f} / {p[them]['imbalance_p95']:.3f} | "
-                   f"{_mean_max(p[ours])}, {_mean_max(p[them])} | {settled} | {ceil} | {cratio} | "
+                   f"{_mean_max(p[ours])}, {_mean_max(p[them])} | {settled} | {ceil} | {cratio} | {wratio} | "
                    f"{p[ours]['migrated_bytes'] / 1e9:.1f} / {p[them]['migrated_bytes'] / 1e9:.1f} | "
                    f"met: {', '.join(ok) or '-'}; missed: {', '.join(no) or '-'} |")
     return out + [""]
@@ -451,12 +365,16 @@ def tables(results: list[dict]) -> str:
              "rebalances where the plug-in returned "
              "the engine's own result; update s = mean wall seconds of one update (a loaded "
              "machine: not a figure of the method). Ceiling (`oracle`): in the replicas suite "
-             "EPLB solved on each step's own requests; in the engines suite (`engine_oracle`) "
+             "EPLB solved on each step's own requests; in the engines suite (`engine-hindsight`) "
              "the best LAR of sempar's (and EPLB's) placements of each step's own requests, with "
              "hindsight, the same slots and dispatch, every step within the engine's imbalance "
              "p95 + 0.02; ceiling LAR ratio = its LAR / the engine's: the most the LAR ratio "
              "could reach within the target's balance with hindsight (below 1.20 the target is "
-             "out of reach there; a heuristic, not an upper bound).", ""] + summary(results) + p95_sources(results)
+             "out of reach there; a heuristic, not an upper bound). Window-fed (past-only, "
+             "`engine-window`): the same solves and pick fed only the engine's window at its "
+             "cadence, no move budget; window-fed LAR ratio = its LAR / the engine's (below "
+             "1.20 no balancer fed only its window reaches the target with sempar's solver; "
+             "its updates column counts its solves, step 0's included).", ""] + summary(results) + p95_sources(results)
     for r in results:
         lines += [f"## {r['suite']}: {r['stream']}{_run_note(r)} ({r['model']}), EP {r['ep']}, "
                   f"R {r['redundant']}, "
@@ -473,10 +391,17 @@ def tables(results: list[dict]) -> str:
             what = o.get("what", "EPLB on the step's own requests")
             lines.append(f"| oracle (ceiling: {what}) | "
                          f"{o['lar_mean']:.4f} | {o['imbalance_p95']:.3f} | | | | | | | |")
+        if "past_only" in r:
+            o = r["past_only"]
+            lines.append(f"| window-fed (past-only: {o['what']}) | {o['lar_mean']:.4f} | "
+                         f"{o['imbalance_p95']:.3f} | | {o['migrated_bytes'] / 1e9:.1f} | | | "
+                         f"{len(o['picked'])} | | |")
         if "unseen_steps" in r:
             steps = {n: p["imbalance_steps"] for n, p in r["policies"].items()}
             if "oracle" in r:
                 steps["oracle"] = r["oracle"]["imbalance_steps"]
+            if "past_only" in r:
+                steps["window-fed"] = r["past_only"]["imbalance_steps"]
             lines += ["", "Imbalance per step (* after a switch to traffic the window did not "
                       "hold: `unseen`):", "",
                       "| policy | " + " | ".join(f"{i}{'*' if u else ''}" for i, u in

@@ -182,7 +182,7 @@ def test_results_page_from_the_benchmarks_json(tmp_path):
 
 
 def test_engine_ceiling_candidates_fill_the_replica_slots(stream):
-    """`bench_drift_engines.filled`: an R = 0 placement with R / G extra slots a device, each a
+    """`references.filled`: an R = 0 placement with R / G extra slots a device, each a
     copy of an expert the device lacks (valid: no expert twice on a device), the cold rule's
     copies the least-loaded experts; and the engines suite's ceiling column on the page."""
     import importlib.util
@@ -197,6 +197,7 @@ def test_engine_ceiling_candidates_fill_the_replica_slots(stream):
         spec.loader.exec_module(bde)
     finally:
         sys.path.remove(str(bench))
+    from sempar.drift.references import filled
     from sempar.placement import solve
     from sempar.solve_options import SolveOptions
 
@@ -204,7 +205,7 @@ def test_engine_ceiling_candidates_fill_the_replica_slots(stream):
     p0 = solve("eplb", stream, num_devices=G, options=SolveOptions(jobs=1))
     load = np.bincount(stream.experts[:, 0].ravel(), minlength=N)
     for rule in ("home-hot", "cold"):
-        p = bde.filled(p0, G, stream.experts, 16, rule)
+        p = filled(p0, G, stream.experts, 16, rule)
         assert p.phy2log.shape == (p0.num_layers, N + G)
         rows = p.phy2log.reshape(p0.num_layers, G, -1)
         assert all(len(set(r)) == r.size for rr in rows for r in rr)      # distinct per device
