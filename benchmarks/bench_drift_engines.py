@@ -87,7 +87,9 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
              engine: str, policies: list[str], max_steps: int | None, max_moves: int,
              replica_locality: float | None = None,
              event_replica_moves: int | None = None,
-             locality_free: bool | None = None) -> dict:
+             locality_free: bool | None = None,
+             plugin: tuple[tuple[str, str], ...] = (),
+             references: tuple[str, ...] = ("engine-hindsight", "engine-window")) -> dict:
     from dataclasses import replace
 
     from sempar.drift.config import ReplayConfig
@@ -104,7 +106,8 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
     cfg = ReplayConfig.for_model(trace.meta.model, ep,
                                  solve=SolveOptions(jobs=1, redundant=redundant),
                                  rebalance=dict(max_moves=max_moves), every=every, window=window,
-                                 max_steps=max_steps, dispatch=dispatch, engine=engine)
+                                 max_steps=max_steps, dispatch=dispatch, engine=engine,
+                                 plugin=plugin)
     if replica_locality is not None:            # sempar-incremental's replica slots
         cfg = cfg.with_(replicas=replace(cfg.replicas, locality=replica_locality))
     if locality_free is not None:
@@ -119,14 +122,17 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
     theirs = f"{engine}-eplb"
     if suite == "engines" and theirs in out["policies"]:
         t95 = out["policies"][theirs]["imbalance_p95"]
-        out["oracle"] = REFERENCES.get("engine-hindsight").run(stream, cfg, t95)
-        out["past_only"] = REFERENCES.get("engine-window").run(stream, cfg, t95)
+        for key, name in (("oracle", "engine-hindsight"), ("past_only", "engine-window")):
+            if name in references:
+                out[key] = REFERENCES.get(name).run(stream, cfg, t95)
         settle(out, stream_name, window)         # the oracle's settled p95
     for p in out["policies"].values():
         imb = [st["imbalance"] for st in p["steps"]]
         p["imbalance_step_max"] = float(max(imb)) if imb else 0.0   # beside p95 (10 steps)
         del p["steps"]                # the page needs the summaries; keep the JSON small
     out["replica_locality"] = cfg.replicas.locality
+    if plugin:                                  # sempar-engine's knobs, where not its defaults
+        out["plugin"] = dict(plugin)
     out["replica_locality_free"] = cfg.replicas.locality_free
     out.update({"suite": suite, "stream": stream_name, "model": trace.meta.model, "ep": ep,
                 "redundant": redundant, "dispatch": dispatch, "engine": engine,
@@ -241,14 +247,22 @@ def main() -> None:
                     help="sempar-incremental's ReplicaPass.locality_free (None: the default)")
     ap.add_argument("--event-replica-moves", type=int, default=None,
                     help="sempar-incremental's Events.replica_moves (None: the default)")
+    ap.add_argument("--plugin", action="append", default=[], metavar="FIELD=VALUE",
+                    help="engines suite: a sempar-engine PluginConfig knob, read as the plug-in "
+                         "reads SEMPAR_EPLB_<FIELD> (repeatable; none: its defaults)")
+    ap.add_argument("--references", default="engine-hindsight,engine-window",
+                    help="engines suite: the references run beside the policies "
+                         "(`sempar.drift.references`; '' none, for a quick look at a knob)")
     a = ap.parse_args()
+    plugin = tuple(tuple(kv.split("=", 1)) for kv in a.plugin)
     earlier = json.loads(a.resolve_from.read_text()) if a.resolve_from else []
     results = json.loads(a.json.read_text()) if a.append and a.json.exists() else []
     for c in cases(a):
         r = run_case(*c, max_steps=a.max_steps, max_moves=a.max_moves,
                      replica_locality=a.replica_locality,
                      event_replica_moves=a.event_replica_moves,
-                     locality_free=None if a.locality_free is None else bool(a.locality_free))
+                     locality_free=None if a.locality_free is None else bool(a.locality_free),
+                     plugin=plugin, references=tuple(a.references.split(",")))
         if a.resolve_from and r["suite"] == "replicas":
             borrow_resolve(r, earlier, a.resolve_note)
         results.append(r)
@@ -272,8 +286,12 @@ def _row(n: str, p: dict) -> str:
 
 
 def _run_note(r: dict) -> str:
-    """" (NOTE)" where a case carries a `run_note` (a case kept from an earlier run)."""
-    return f" ({r['run_note']})" if r.get("run_note") else ""
+    """" (NOTE)" where a case carries a `run_note` (a case kept from an earlier run) or
+    sempar-engine's knobs other than its defaults (`--plugin`)."""
+    notes = [r["run_note"]] if r.get("run_note") else []
+    if r.get("plugin"):
+        notes.append("sempar-engine " + ", ".join(f"{k}={v}" for k, v in r["plugin"].items()))
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _mean_max(p: dict) -> str:

@@ -220,3 +220,27 @@ def test_engine_ceiling_candidates_fill_the_replica_slots(stream):
                                           "vllm-eplb": {"lar_mean": 0.3, "imbalance_p95": 1.3,
                                                         "migrated_bytes": 2.0}}})
     assert abs(v["ceiling_lar_ratio"] - 1.3) < 1e-9 and v["lar_ge_1.20x"] is False
+
+
+@pytest.mark.slow
+def test_window_fed_reference_solves_only_at_the_engines_cadence():
+    """`references.engine_window` (past-only): solves on the engine's window only before step 0
+    and at the engine's rebalances (vLLM: every 3rd step), holds its pick between them, and
+    never sees the step it serves (a change to a later step's requests changes nothing
+    before it); the hindsight ceiling picks per step."""
+    from sempar.drift.references import REFERENCES
+
+    t = read_trace(assets_dir() / "traces" / "gpt-oss-20b-mmlu.parquet", optional=("domain",))
+    s = drift_stream(t, "groups", switch_every=4)
+    cfg = ReplayConfig.for_model(t.meta.model, 4, every=4, window=4, max_steps=4,
+                                 passes_per_step=1000, engine="vllm",
+                                 dispatch="vllm-hash")
+    w = REFERENCES.get("engine-window").run(s, cfg, 1.3)
+    assert len(w["picked"]) == 2 and len(w["lar_steps"]) == 4      # steps 0 and 3
+    assert w["window_requests"] == 4 and w["cap"] == pytest.approx(1.32)
+    h = REFERENCES.get("engine-hindsight").run(s, cfg, 1.3)
+    assert len(h["picked"]) == 4
+    assert not REFERENCES.get("engine-window").hindsight and REFERENCES.get(
+        "engine-hindsight").hindsight
+    short = REFERENCES.get("engine-window").run(s, cfg.with_(max_steps=3), 1.3)
+    assert short["lar_steps"] == w["lar_steps"][:3]                # no step sees its own
