@@ -238,6 +238,7 @@ def test_window_fed_reference_solves_only_at_the_engines_cadence():
     w = REFERENCES.get("engine-window").run(s, cfg, 1.3)
     assert len(w["picked"]) == 2 and len(w["lar_steps"]) == 4      # steps 0 and 3
     assert w["window_requests"] == 4 and w["cap"] == pytest.approx(1.32)
+    assert [f["cap"] for f in w["frontier"]] == [w["cap"]]          # the target's bound
     h = REFERENCES.get("engine-hindsight").run(s, cfg, 1.3)
     assert len(h["picked"]) == 4
     assert not REFERENCES.get("engine-window").hindsight and REFERENCES.get(

@@ -160,40 +160,51 @@ def engine_hindsight(stream: RoutingTrace, cfg: ReplayConfig, theirs_p95: float,
 
 
 def engine_window(stream: RoutingTrace, cfg: ReplayConfig, theirs_p95: float,
-                  slack: float = 0.02) -> dict:
+                  slack: float = 0.02, caps: tuple[float | None, ...] = (None,)) -> dict:
     """Past-only: at step 0 and at every rebalance of `cfg.engine`'s cadence
     (`engines.updates_at`), `candidates` of the last engine window's requests
     (`engines.window_requests`, the window the engine hands its balancer, as `sempar-engine`
-    gets it) at the target's bound, the one `pick` chooses serving that window, its devices
-    relabelled to overlap the held placement most (`align_devices`: the same co-locations,
-    fewer copies; vLLM's hash may pick other copies among them), held until the next rebalance. No move budget. migrated_bytes: the copies of
-    every change x the model's expert bytes (the start's included, unlike the policies')."""
+    gets it) at a balance cap, the one `pick` chooses serving that window within the cap, its
+    devices relabelled to overlap the held placement most (`align_devices`: the same
+    co-locations, fewer copies; vLLM's hash may pick other copies among them), held until the
+    next rebalance. No move budget. The figures of the first of `caps` (None: the target's
+    bound, theirs' p95 + `slack`); "frontier": each cap's {cap, lar_mean, imbalance_p95,
+    migrated_bytes} (a window-fed balancer chooses its cap: a tighter one balances the window
+    more, for less locality). migrated_bytes: the copies of every change x the model's expert
+    bytes (the start's not counted, as the policies' are not)."""
     part, bounds, _ = _steps(stream, cfg)
     cad = engines.CADENCES.get(cfg.engine)
     span = engines.window_requests(cad, cfg.every, cfg.passes_per_step)
-    cap = _cap(theirs_p95, slack)
-    lar, imb, picked, moved = [], [], [], 0
-    held: Placement | None = None
-    for s, a in enumerate(bounds):
-        if held is None or engines.updates_at(cad, s, cfg.passes_per_step):
-            fit = part(max(0, a - span), a)
-            best, _, _ = pick(cands := candidates(fit, cfg, cap), fit.experts, cfg, cap)
-            nxt = cands[best] if held is None else align_devices(held, cands[best])
-            if held is not None:
-                moved += int(copied_experts(held, nxt).sum())
-            held = nxt
-            picked.append(best)
-        step = part(a, a + cfg.every)
-        x, i = serve_figures(held, step.experts, cfg.rebalance.batch, cfg.dispatch,
-                             cfg.solve.seed)
-        lar.append(x)
-        imb.append(float(i.mean()))
-    return {"lar_mean": float(np.mean(lar)), "imbalance_p95": float(np.percentile(imb, 95)),
-            "imbalance_steps": imb, "lar_steps": lar, "cap": cap, "picked": picked,
-            "window_requests": span, "migrated_bytes": moved * cfg.rebalance.expert_bytes,
+    runs = []
+    for c in caps:
+        cap = _cap(theirs_p95, slack) if c is None else float(c)
+        lar, imb, picked, moved = [], [], [], 0
+        held: Placement | None = None
+        for s, a in enumerate(bounds):
+            if held is None or engines.updates_at(cad, s, cfg.passes_per_step):
+                fit = part(max(0, a - span), a)
+                cands = candidates(fit, cfg, cap)
+                best = pick(cands, fit.experts, cfg, cap)[0]
+                nxt = cands[best] if held is None else align_devices(held, cands[best])
+                if held is not None:
+                    moved += int(copied_experts(held, nxt).sum())
+                held = nxt
+                picked.append(best)
+            step = part(a, a + cfg.every)
+            x, i = serve_figures(held, step.experts, cfg.rebalance.batch, cfg.dispatch,
+                                 cfg.solve.seed)
+            lar.append(x)
+            imb.append(float(i.mean()))
+        runs.append({"lar_mean": float(np.mean(lar)),
+                     "imbalance_p95": float(np.percentile(imb, 95)), "imbalance_steps": imb,
+                     "lar_steps": lar, "cap": cap, "picked": picked,
+                     "migrated_bytes": moved * cfg.rebalance.expert_bytes})
+    return {**runs[0], "window_requests": span,
+            "frontier": [{k: r[k] for k in ("cap", "lar_mean", "imbalance_p95",
+                                            "migrated_bytes")} for r in runs],
             "what": f"best of sempar / EPLB placements of the engine's last window "
-                    f"({span} requests) at its cadence, picked on that window within theirs' "
-                    f"p95 + {slack}, no move budget"}
+                    f"({span} requests) at its cadence, picked on that window within cap "
+                    f"{runs[0]['cap']:.3f}, no move budget"}
 
 
 REFERENCES.add("eplb-hindsight", Reference(
