@@ -41,6 +41,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,6 +52,18 @@ from bench_drift import STREAMS  # noqa: E402
 ENGINE_POLICIES = ["sempar-engine", "vllm-eplb", "sglang-eplb"]
 REPLICA_POLICIES = ["sempar-incremental", "resolve", "eplb-periodic"]
 ENGINE_DISPATCH = {"vllm": "vllm-hash", "sglang": "sglang-static"}   # each engine's default
+
+
+@dataclass(frozen=True)
+class EnginesRun:
+    """The engines suite's options of a case: sempar-engine's PluginConfig knobs (field, value;
+    `--plugin`), the references run beside the policies (`sempar.drift.references`,
+    `--references`) and the window-fed reference's caps (None: the target's bound;
+    `--window-caps`)."""
+
+    plugin: tuple[tuple[str, str], ...] = ()
+    references: tuple[str, ...] = ("engine-hindsight", "engine-window")
+    window_caps: tuple[float | None, ...] = (None, 1.10)
 
 
 def load_stream(name: str):
@@ -88,9 +101,7 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
              replica_locality: float | None = None,
              event_replica_moves: int | None = None,
              locality_free: bool | None = None,
-             plugin: tuple[tuple[str, str], ...] = (),
-             references: tuple[str, ...] = ("engine-hindsight", "engine-window"),
-             window_caps: tuple[float | None, ...] = (None, 1.10)) -> dict:
+             opts: "EnginesRun | None" = None) -> dict:
     from dataclasses import replace
 
     from sempar.drift.config import ReplayConfig
@@ -99,6 +110,8 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
     from sempar.drift.replay import replay
     from sempar.solve_options import SolveOptions
 
+    opts = opts or EnginesRun()
+    plugin = opts.plugin
     trace, stream, every, window = load_stream(stream_name)
     why = {n: POLICIES.get(n).unavailable() for n in policies
            if POLICIES.get(n).unavailable is not None}
@@ -124,8 +137,8 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
     if suite == "engines" and theirs in out["policies"]:
         t95 = out["policies"][theirs]["imbalance_p95"]
         for key, name in (("oracle", "engine-hindsight"), ("past_only", "engine-window")):
-            if name in references:
-                kw = {"caps": window_caps} if name == "engine-window" else {}
+            if name in opts.references:
+                kw = {"caps": opts.window_caps} if name == "engine-window" else {}
                 out[key] = REFERENCES.get(name).run(stream, cfg, t95, **kw)
         settle(out, stream_name, window)         # the oracle's settled p95
     for p in out["policies"].values():
@@ -265,6 +278,20 @@ def main() -> None:
                          "(`sempar.drift.references`; '' none, for a quick look at a knob)")
     a = ap.parse_args()
     plugin = tuple(tuple(kv.split("=", 1)) for kv in a.plugin)
+    from dataclasses import fields
+
+    from sempar.eplb.config import ENV_PREFIX, PluginConfig
+    from sempar.errors import InputError
+
+    known = {f.name for f in fields(PluginConfig)} - {"engine", "seed"}
+    bad = [kv for kv, p in zip(a.plugin, plugin) if len(p) != 2 or p[0] not in known]
+    if bad:
+        ap.error(f"--plugin {bad[0]}: not FIELD=VALUE of a PluginConfig field "
+                 f"({', '.join(sorted(known))})")
+    try:
+        PluginConfig.from_env({ENV_PREFIX + k.upper(): v for k, v in plugin})
+    except InputError as e:
+        ap.error(f"--plugin: {e}")
     earlier = json.loads(a.resolve_from.read_text()) if a.resolve_from else []
     results = json.loads(a.json.read_text()) if a.append and a.json.exists() else []
     for c in cases(a):
@@ -272,9 +299,9 @@ def main() -> None:
                      replica_locality=a.replica_locality,
                      event_replica_moves=a.event_replica_moves,
                      locality_free=None if a.locality_free is None else bool(a.locality_free),
-                     plugin=plugin, references=tuple(a.references.split(",")),
-                     window_caps=tuple(None if c == "bound" else float(c)
-                                       for c in a.window_caps.split(",")))
+                     opts=EnginesRun(plugin, tuple(a.references.split(",")),
+                                     tuple(None if c == "bound" else float(c)
+                                           for c in a.window_caps.split(","))))
         if a.resolve_from and r["suite"] == "replicas":
             borrow_resolve(r, earlier, a.resolve_note)
         results.append(r)
