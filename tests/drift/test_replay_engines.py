@@ -194,9 +194,11 @@ def test_engine_ceiling_candidates_fill_the_replica_slots(stream):
     try:
         spec = importlib.util.spec_from_file_location("bde", bench / "bench_drift_engines.py")
         bde = importlib.util.module_from_spec(spec)
+        sys.modules["bde"] = bde              # its dataclasses look their module up there
         spec.loader.exec_module(bde)
     finally:
         sys.path.remove(str(bench))
+        sys.modules.pop("bde", None)
     from sempar.drift.references import filled
     from sempar.placement import solve
     from sempar.solve_options import SolveOptions
