@@ -11,19 +11,22 @@ Suites (`--suites`):
   SGLang's `static`): `sempar-engine` (the plug-in's core, `sempar.eplb.policy`) against
   `vllm-eplb` and `sglang-eplb` (each engine's default policy through its installed code).
   Targets: against the engine whose cadence it runs at, mean exact-home LAR >= 1.20x, imbalance
-  p95 <= theirs + 0.02, migrated bytes <= theirs. Beside them the ceiling (`engine_oracle`):
-  with hindsight, per step the best of sempar's (and EPLB's) placements of the step's own
-  requests, the same slots and dispatch, every step within theirs' imbalance p95 + 0.02 (the
-  target's bound); its LAR over the
+  p95 <= theirs + 0.02, migrated bytes <= theirs. Beside them the ceiling
+  (`sempar.drift.references`, `engine-hindsight`): with hindsight, per step the best of
+  sempar's (and EPLB's) placements of the step's own requests, the same slots and dispatch,
+  every step within theirs' imbalance p95 + 0.02 (the target's bound); its LAR over the
   engine's is the most the LAR ratio could reach within the engine's balance (`ceiling LAR
-  ratio`: below 1.20, the 1.20x target is out of reach on that case).
+  ratio`: below 1.20, the 1.20x target is out of reach on that case). And the past-only
+  reference (`engine-window`): the same solves and pick fed only the engine's window at its
+  cadence (what the engine hands its balancer), no move budget (`window-fed LAR ratio`: below
+  1.20, no balancer fed only its window reaches the target with sempar's solver).
 - `replicas` (issue 45, item 3): EP 4 and 8, R = G, dispatch `--replica-dispatch` (default
   `lp-cap`, the per-batch LP over every copy; `locality-first` was the first measurement):
   `sempar-incremental` (with its switch test: updates inside a step as soon as the served
   requests show a new mix, `sempar.drift.events`), `resolve` and `eplb-periodic` with the same
   slots and dispatch, every step. Targets: incremental imbalance p95 <= 1.10 and LAR >= 0.95 x
   resolve's; against eplb-periodic higher LAR and imbalance p95 no higher. Beside them the
-  ceiling: `oracle`, EPLB solved on each step's own requests (the traffic no past-only policy has seen) with the same
+  ceiling: `oracle` (`references`' `eplb-hindsight`), EPLB solved on each step's own requests (the traffic no past-only policy has seen) with the same
   slots and dispatch; and per policy the p95 over the settled steps (`bench_drift.unseen_steps`:
   the steps whose main domain held under half of the window before them left out).
 
@@ -38,6 +41,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,6 +54,18 @@ REPLICA_POLICIES = ["sempar-incremental", "resolve", "eplb-periodic"]
 ENGINE_DISPATCH = {"vllm": "vllm-hash", "sglang": "sglang-static"}   # each engine's default
 
 
+@dataclass(frozen=True)
+class EnginesRun:
+    """The engines suite's options of a case: sempar-engine's PluginConfig knobs (field, value;
+    `--plugin`), the references run beside the policies (`sempar.drift.references`,
+    `--references`) and the window-fed reference's caps (None: the target's bound;
+    `--window-caps`)."""
+
+    plugin: tuple[tuple[str, str], ...] = ()
+    references: tuple[str, ...] = ("engine-hindsight", "engine-window")
+    window_caps: tuple[float | None, ...] = (None, 1.10)
+
+
 def load_stream(name: str):
     from sempar.drift.streams import drift_stream
     from sempar.paths import assets_dir
@@ -58,103 +74,6 @@ def load_stream(name: str):
     asset, order, k, every, window = STREAMS[name]
     trace = read_trace(assets_dir() / "traces" / f"{asset}.parquet", optional=("domain",))
     return trace, drift_stream(trace, order, switch_every=k, mix=0.8, seed=0), every, window
-
-
-def oracle(stream, cfg) -> dict:
-    """The ceiling of the replicas suite: EPLB on each step's own requests (it sees the traffic
-    it serves), the same slots and dispatch, served as the replay serves (`serve_figures`)."""
-    import numpy as np
-
-    from sempar.drift.policies import solve_window
-    from sempar.drift.replay import serve_figures
-    from sempar.drift.streams import request_table
-
-    _, _, rows, starts = request_table(stream)
-    R = starts.size - 1
-    bounds = list(range(cfg.window, R, cfg.every))[:cfg.max_steps]
-    lar, imb = [], []
-    for a in bounds:
-        part = stream.take(rows[starts[a]:starts[min(a + cfg.every, R)]])
-        x, i = serve_figures(solve_window("eplb", part, cfg), part.experts, cfg.rebalance.batch,
-                             cfg.dispatch, cfg.solve.seed)
-        lar.append(x)
-        imb.append(float(i.mean()))
-    return {"lar_mean": float(np.mean(lar)), "imbalance_p95": float(np.percentile(imb, 95)),
-            "imbalance_steps": imb}
-
-
-def filled(p0, R: int, experts: np.ndarray, batch: int, rule: str):
-    """An R = 0 placement `p0` with R / G extra slots a device: per layer and device the
-    experts not on it that its home tokens (`oracle_home` on `p0`) activate most ("home-hot":
-    under a dispatch that serves a token from a copy on its home device, SGLang's `static`) or
-    the least-loaded experts ("cold": under a dispatch that spreads a replicated expert's
-    tokens over its copies, vLLM's hash, a cold expert's copies cost the least locality).
-    experts int[T, L, k]: the step's rows."""
-    from sempar.placement.placement import Placement
-    from sempar.schedule.homes import oracle_home
-
-    L, S0 = p0.phy2log.shape[0], p0.slots_per_device
-    G, N, extra = p0.num_devices, p0.num_experts, R // p0.num_devices
-    home = oracle_home(p0, experts, batch)                                  # [T, L]
-    out = np.empty((L, G * (S0 + extra)), np.int64)
-    for l in range(L):
-        row = p0.phy2log[l].reshape(G, S0)
-        use = np.zeros((G, N))
-        np.add.at(use, (np.repeat(home[:, l], experts.shape[2]), experts[:, l].ravel()), 1.0)
-        score = use if rule == "home-hot" else -np.broadcast_to(use.sum(axis=0), (G, N))
-        for g in range(G):
-            sc = score[g].copy()
-            sc[row[g]] = -np.inf
-            out[l, g * (S0 + extra):(g + 1) * (S0 + extra)] = np.concatenate(
-                [row[g], np.argsort(-sc, kind="stable")[:extra]])
-    return Placement(out, N, G, p0.node_of.copy(), f"sempar+{rule}")
-
-
-def engine_oracle(stream, cfg, theirs_p95: float, slack: float = 0.02) -> dict:
-    """The ceiling of an engines case: with hindsight, per step the best of these placements
-    of the step's own requests, each served by the case's dispatch (`serve_figures`): the
-    `sempar` solve (its rows objective: exact-home LAR) with the same replica slots, and with
-    replicas the R = 0 sempar solve with its R slots `filled` (home-hot, cold), and DeepSeek
-    EPLB on the step's loads (the replicas suite's oracle); the sempar solves at a per-layer
-    balance cap of the target's bound, theirs' imbalance p95 + `slack` (issue 43: p95 <= theirs
-    + 0.02); the step's best LAR among those served within that bound (none: the least
-    imbalanced), so the ceiling's p95 meets the target's. Fitted to the very requests it serves (no
-    past-only policy sees them); a heuristic, so not an upper bound: sempar's certified ratio
-    to the LAR bound on GPT-OSS-20B EP 8 is 0.90-0.92 (docs/results/optimality-bound.md)."""
-    from dataclasses import replace
-
-    from sempar.drift.policies import solve_window
-    from sempar.drift.replay import serve_figures
-    from sempar.drift.streams import request_table
-
-    _, _, rows, starts = request_table(stream)
-    R = starts.size - 1
-    bounds = list(range(cfg.window, R, cfg.every))[:cfg.max_steps]
-    lar, imb, picked = [], [], []
-    cap = max(1.0, float(theirs_p95) + slack)
-    sc = cfg.with_(solve=replace(cfg.solve, max_imbalance=cap))
-    for a in bounds:
-        part = stream.take(rows[starts[a]:starts[min(a + cfg.every, R)]])
-        cands = {"sempar": solve_window("sempar", part, sc), "eplb": solve_window("eplb", part, cfg)}
-        if cfg.redundant:
-            p0 = solve_window("sempar", part, sc.with_(solve=replace(sc.solve, redundant=0)))
-            for rule in ("home-hot", "cold"):
-                cands[rule] = filled(p0, cfg.redundant, part.experts, cfg.rebalance.batch, rule)
-        figs = {}
-        for n, p in cands.items():
-            x, i = serve_figures(p, part.experts, cfg.rebalance.batch, cfg.dispatch,
-                                 cfg.solve.seed)
-            figs[n] = (x, float(i.mean()))
-        ok = [n for n in figs if figs[n][1] <= cap + 1e-9]
-        best = (max(ok, key=lambda n: figs[n][0]) if ok
-                else min(figs, key=lambda n: figs[n][1]))
-        lar.append(figs[best][0])
-        imb.append(figs[best][1])
-        picked.append(best)
-    return {"lar_mean": float(np.mean(lar)), "imbalance_p95": float(np.percentile(imb, 95)),
-            "imbalance_steps": imb, "lar_steps": lar, "cap": cap, "picked": picked,
-            "what": f"best of sempar / EPLB placements of the step's own requests, each step "
-                    f"within theirs' p95 + {slack}"}
 
 
 def settle(out: dict, stream_name: str, window: int) -> None:
@@ -181,14 +100,18 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
              engine: str, policies: list[str], max_steps: int | None, max_moves: int,
              replica_locality: float | None = None,
              event_replica_moves: int | None = None,
-             locality_free: bool | None = None) -> dict:
+             locality_free: bool | None = None,
+             opts: "EnginesRun | None" = None) -> dict:
     from dataclasses import replace
 
     from sempar.drift.config import ReplayConfig
     from sempar.drift.policies import POLICIES
+    from sempar.drift.references import REFERENCES
     from sempar.drift.replay import replay
     from sempar.solve_options import SolveOptions
 
+    opts = opts or EnginesRun()
+    plugin = opts.plugin
     trace, stream, every, window = load_stream(stream_name)
     why = {n: POLICIES.get(n).unavailable() for n in policies
            if POLICIES.get(n).unavailable is not None}
@@ -197,7 +120,8 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
     cfg = ReplayConfig.for_model(trace.meta.model, ep,
                                  solve=SolveOptions(jobs=1, redundant=redundant),
                                  rebalance=dict(max_moves=max_moves), every=every, window=window,
-                                 max_steps=max_steps, dispatch=dispatch, engine=engine)
+                                 max_steps=max_steps, dispatch=dispatch, engine=engine,
+                                 plugin=plugin)
     if replica_locality is not None:            # sempar-incremental's replica slots
         cfg = cfg.with_(replicas=replace(cfg.replicas, locality=replica_locality))
     if locality_free is not None:
@@ -207,17 +131,23 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
     t0 = time.perf_counter()
     out = replay(stream, run, cfg) if run else {"policies": {}}
     if suite == "replicas":
-        out["oracle"] = oracle(stream, cfg)
+        out["oracle"] = REFERENCES.get("eplb-hindsight").run(stream, cfg)
     settle(out, stream_name, window)
     theirs = f"{engine}-eplb"
     if suite == "engines" and theirs in out["policies"]:
-        out["oracle"] = engine_oracle(stream, cfg, out["policies"][theirs]["imbalance_p95"])
+        t95 = out["policies"][theirs]["imbalance_p95"]
+        for key, name in (("oracle", "engine-hindsight"), ("past_only", "engine-window")):
+            if name in opts.references:
+                kw = {"caps": opts.window_caps} if name == "engine-window" else {}
+                out[key] = REFERENCES.get(name).run(stream, cfg, t95, **kw)
         settle(out, stream_name, window)         # the oracle's settled p95
     for p in out["policies"].values():
         imb = [st["imbalance"] for st in p["steps"]]
         p["imbalance_step_max"] = float(max(imb)) if imb else 0.0   # beside p95 (10 steps)
         del p["steps"]                # the page needs the summaries; keep the JSON small
     out["replica_locality"] = cfg.replicas.locality
+    if plugin:                                  # sempar-engine's knobs, where not its defaults
+        out["plugin"] = dict(plugin)
     out["replica_locality_free"] = cfg.replicas.locality_free
     out.update({"suite": suite, "stream": stream_name, "model": trace.meta.model, "ep": ep,
                 "redundant": redundant, "dispatch": dispatch, "engine": engine,
@@ -254,13 +184,21 @@ def engine_verdicts(r: dict) -> dict:
 
 
 def _ceiling(r: dict, t: dict) -> dict:
-    """The engines case's ceiling (`engine_oracle`) against theirs: its LAR ratio and whether
-    the 1.20x target is reachable there at all (not a target: no bool, so not a verdict)."""
-    if "oracle" not in r:
-        return {}
-    o = r["oracle"]
-    return {"ceiling_lar_ratio": o["lar_mean"] / max(t["lar_mean"], 1e-12),
-            "ceiling_p95": o["imbalance_p95"], "ceiling_lar": o["lar_mean"]}
+    """The engines case's references against theirs (`engine-hindsight`, the ceiling, and
+    `engine-window`, past-only): their LAR ratios and p95, whether the 1.20x target is
+    reachable there at all (not a target: no bool, so not a verdict)."""
+    out = {}
+    for key, name in (("oracle", "ceiling"), ("past_only", "window")):
+        if key in r:
+            o = r[key]
+            out.update({f"{name}_lar_ratio": o["lar_mean"] / max(t["lar_mean"], 1e-12),
+                        f"{name}_p95": o["imbalance_p95"], f"{name}_lar": o["lar_mean"]})
+    within = [f["lar_mean"] for f in r.get("past_only", {}).get("frontier", [])
+              if f["imbalance_p95"] <= t["imbalance_p95"] + 0.02]
+    if "past_only" in r:       # the window-fed caps' best LAR ratio within the target's p95
+        out["window_within_lar_ratio"] = (max(within) / max(t["lar_mean"], 1e-12)
+                                          if within else None)
+    return out
 
 
 def replica_verdicts(r: dict) -> dict:
@@ -329,14 +267,41 @@ def main() -> None:
                     help="sempar-incremental's ReplicaPass.locality_free (None: the default)")
     ap.add_argument("--event-replica-moves", type=int, default=None,
                     help="sempar-incremental's Events.replica_moves (None: the default)")
+    ap.add_argument("--plugin", action="append", default=[], metavar="FIELD=VALUE",
+                    help="engines suite: a sempar-engine PluginConfig knob, read as the plug-in "
+                         "reads SEMPAR_EPLB_<FIELD> (repeatable; none: its defaults)")
+    ap.add_argument("--window-caps", default="bound,1.10",
+                    help="engines suite: the window-fed reference's balance caps (bound: the "
+                         "target's, theirs' imbalance p95 + 0.02; its figures the first's)")
+    ap.add_argument("--references", default="engine-hindsight,engine-window",
+                    help="engines suite: the references run beside the policies "
+                         "(`sempar.drift.references`; '' none, for a quick look at a knob)")
     a = ap.parse_args()
+    plugin = tuple(tuple(kv.split("=", 1)) for kv in a.plugin)
+    from dataclasses import fields
+
+    from sempar.eplb.config import ENV_PREFIX, PluginConfig
+    from sempar.errors import InputError
+
+    known = {f.name for f in fields(PluginConfig)} - {"engine", "seed"}
+    bad = [kv for kv, p in zip(a.plugin, plugin) if len(p) != 2 or p[0] not in known]
+    if bad:
+        ap.error(f"--plugin {bad[0]}: not FIELD=VALUE of a PluginConfig field "
+                 f"({', '.join(sorted(known))})")
+    try:
+        PluginConfig.from_env({ENV_PREFIX + k.upper(): v for k, v in plugin})
+    except InputError as e:
+        ap.error(f"--plugin: {e}")
     earlier = json.loads(a.resolve_from.read_text()) if a.resolve_from else []
     results = json.loads(a.json.read_text()) if a.append and a.json.exists() else []
     for c in cases(a):
         r = run_case(*c, max_steps=a.max_steps, max_moves=a.max_moves,
                      replica_locality=a.replica_locality,
                      event_replica_moves=a.event_replica_moves,
-                     locality_free=None if a.locality_free is None else bool(a.locality_free))
+                     locality_free=None if a.locality_free is None else bool(a.locality_free),
+                     opts=EnginesRun(plugin, tuple(a.references.split(",")),
+                                     tuple(None if c == "bound" else float(c)
+                                           for c in a.window_caps.split(","))))
         if a.resolve_from and r["suite"] == "replicas":
             borrow_resolve(r, earlier, a.resolve_note)
         results.append(r)
@@ -360,8 +325,12 @@ def _row(n: str, p: dict) -> str:
 
 
 def _run_note(r: dict) -> str:
-    """" (NOTE)" where a case carries a `run_note` (a case kept from an earlier run)."""
-    return f" ({r['run_note']})" if r.get("run_note") else ""
+    """" (NOTE)" where a case carries a `run_note` (a case kept from an earlier run) or
+    sempar-engine's knobs other than its defaults (`--plugin`)."""
+    notes = [r["run_note"]] if r.get("run_note") else []
+    if r.get("plugin"):
+        notes.append("sempar-engine " + ", ".join(f"{k}={v}" for k, v in r["plugin"].items()))
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _mean_max(p: dict) -> str:
@@ -375,14 +344,14 @@ def summary(results: list[dict]) -> list[str]:
     out = ["## Summary", "",
            "| suite | stream | EP | R | dispatch | ours | against | LAR ratio | p95 ours / theirs |"
            " mean / max ours, theirs | settled p95 ours / theirs | ceiling p95 / LAR |"
-           " ceiling LAR ratio | bytes GB ours / theirs | met |",
+           " ceiling LAR ratio | window-fed LAR ratio / p95 (best within p95 + 0.02) | bytes GB ours / theirs | met |",
            "| --- | --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: "
-           "| ---: | --- |"]
+           "| ---: | ---: | --- |"]
     for r in results:
         v, p = r["verdicts"], r["policies"]
         if "skipped" in v:
             out.append(f"| {r['suite']} | {r['stream']} | {r['ep']} | {r['redundant']} | "
-                       f"{r['dispatch']} | | | | | | | | | | skipped: {v['skipped']} |")
+                       f"{r['dispatch']} | | | | | | | | | | | skipped: {v['skipped']} |")
             continue
         ours = "sempar-engine" if r["suite"] == "engines" else "sempar-incremental"
         them = v["against"] if r["suite"] == "engines" else "eplb-periodic"
@@ -393,13 +362,18 @@ def summary(results: list[dict]) -> list[str]:
         ceil = (f"{r['oracle']['imbalance_p95']:.3f} / {r['oracle']['lar_mean']:.4f}"
                 if "oracle" in r else "-")
         cratio = f"{v['ceiling_lar_ratio']:.3f}" if "ceiling_lar_ratio" in v else "-"
+        wratio = "-"
+        if "window_lar_ratio" in v:
+            w = v.get("window_within_lar_ratio")
+            wratio = (f"{v['window_lar_ratio']:.3f} / {v['window_p95']:.3f} ("
+                      f"{'none' if w is None else f'{w:.3f}'})")
         ok = [k for k, x in v.items() if isinstance(x, bool) and x]
         no = [k for k, x in v.items() if isinstance(x, bool) and not x]
         out.append(f"| {r['suite']} | {r['stream']}{_run_note(r)} | {r['ep']} | "
                    f"{r['redundant']} | {r['dispatch']} | {ours} | {them} | {ratio:.3f}"
                    f"{'' if r['suite'] == 'engines' else ' (vs resolve)'} | "
                    f"{p[ours]['imbalance_p95']:.3f} / {p[them]['imbalance_p95']:.3f} | "
-                   f"{_mean_max(p[ours])}, {_mean_max(p[them])} | {settled} | {ceil} | {cratio} | "
+                   f"{_mean_max(p[ours])}, {_mean_max(p[them])} | {settled} | {ceil} | {cratio} | {wratio} | "
                    f"{p[ours]['migrated_bytes'] / 1e9:.1f} / {p[them]['migrated_bytes'] / 1e9:.1f} | "
                    f"met: {', '.join(ok) or '-'}; missed: {', '.join(no) or '-'} |")
     return out + [""]
@@ -451,12 +425,19 @@ def tables(results: list[dict]) -> str:
              "rebalances where the plug-in returned "
              "the engine's own result; update s = mean wall seconds of one update (a loaded "
              "machine: not a figure of the method). Ceiling (`oracle`): in the replicas suite "
-             "EPLB solved on each step's own requests; in the engines suite (`engine_oracle`) "
+             "EPLB solved on each step's own requests; in the engines suite (`engine-hindsight`) "
              "the best LAR of sempar's (and EPLB's) placements of each step's own requests, with "
              "hindsight, the same slots and dispatch, every step within the engine's imbalance "
              "p95 + 0.02; ceiling LAR ratio = its LAR / the engine's: the most the LAR ratio "
              "could reach within the target's balance with hindsight (below 1.20 the target is "
-             "out of reach there; a heuristic, not an upper bound).", ""] + summary(results) + p95_sources(results)
+             "out of reach there; a heuristic, not an upper bound). Window-fed (past-only, "
+             "`engine-window`): the same solves and pick fed only the engine's window at its "
+             "cadence, no move budget; window-fed LAR ratio = its LAR / the engine's (below "
+             "1.20 no balancer fed only its window reaches the target with sempar's solver; "
+             "its updates column counts its solves, step 0's included), at the target's bound "
+             "(theirs' p95 + 0.02) and at tighter caps (rows `window-fed at cap`); best within "
+             "p95 + 0.02 = the best LAR ratio among those caps whose p95 is within theirs + 0.02 "
+             "(none: no cap).", ""] + summary(results) + p95_sources(results)
     for r in results:
         lines += [f"## {r['suite']}: {r['stream']}{_run_note(r)} ({r['model']}), EP {r['ep']}, "
                   f"R {r['redundant']}, "
@@ -473,10 +454,20 @@ def tables(results: list[dict]) -> str:
             what = o.get("what", "EPLB on the step's own requests")
             lines.append(f"| oracle (ceiling: {what}) | "
                          f"{o['lar_mean']:.4f} | {o['imbalance_p95']:.3f} | | | | | | | |")
+        if "past_only" in r:
+            o = r["past_only"]
+            lines.append(f"| window-fed (past-only: {o['what']}) | {o['lar_mean']:.4f} | "
+                         f"{o['imbalance_p95']:.3f} | | {o['migrated_bytes'] / 1e9:.1f} | | | "
+                         f"{len(o['picked'])} | | |")
+            lines += [f"| window-fed at cap {f['cap']:.3f} | {f['lar_mean']:.4f} | "
+                      f"{f['imbalance_p95']:.3f} | | {f['migrated_bytes'] / 1e9:.1f} | | | | | |"
+                      for f in o.get("frontier", [])[1:]]
         if "unseen_steps" in r:
             steps = {n: p["imbalance_steps"] for n, p in r["policies"].items()}
             if "oracle" in r:
                 steps["oracle"] = r["oracle"]["imbalance_steps"]
+            if "past_only" in r:
+                steps["window-fed"] = r["past_only"]["imbalance_steps"]
             lines += ["", "Imbalance per step (* after a switch to traffic the window did not "
                       "hold: `unseen`):", "",
                       "| policy | " + " | ".join(f"{i}{'*' if u else ''}" for i, u in

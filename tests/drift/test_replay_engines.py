@@ -182,7 +182,7 @@ def test_results_page_from_the_benchmarks_json(tmp_path):
 
 
 def test_engine_ceiling_candidates_fill_the_replica_slots(stream):
-    """`bench_drift_engines.filled`: an R = 0 placement with R / G extra slots a device, each a
+    """`references.filled`: an R = 0 placement with R / G extra slots a device, each a
     copy of an expert the device lacks (valid: no expert twice on a device), the cold rule's
     copies the least-loaded experts; and the engines suite's ceiling column on the page."""
     import importlib.util
@@ -194,9 +194,12 @@ def test_engine_ceiling_candidates_fill_the_replica_slots(stream):
     try:
         spec = importlib.util.spec_from_file_location("bde", bench / "bench_drift_engines.py")
         bde = importlib.util.module_from_spec(spec)
+        sys.modules["bde"] = bde              # its dataclasses look their module up there
         spec.loader.exec_module(bde)
     finally:
         sys.path.remove(str(bench))
+        sys.modules.pop("bde", None)
+    from sempar.drift.references import filled
     from sempar.placement import solve
     from sempar.solve_options import SolveOptions
 
@@ -204,7 +207,7 @@ def test_engine_ceiling_candidates_fill_the_replica_slots(stream):
     p0 = solve("eplb", stream, num_devices=G, options=SolveOptions(jobs=1))
     load = np.bincount(stream.experts[:, 0].ravel(), minlength=N)
     for rule in ("home-hot", "cold"):
-        p = bde.filled(p0, G, stream.experts, 16, rule)
+        p = filled(p0, G, stream.experts, 16, rule)
         assert p.phy2log.shape == (p0.num_layers, N + G)
         rows = p.phy2log.reshape(p0.num_layers, G, -1)
         assert all(len(set(r)) == r.size for rr in rows for r in rr)      # distinct per device
@@ -219,3 +222,28 @@ def test_engine_ceiling_candidates_fill_the_replica_slots(stream):
                                           "vllm-eplb": {"lar_mean": 0.3, "imbalance_p95": 1.3,
                                                         "migrated_bytes": 2.0}}})
     assert abs(v["ceiling_lar_ratio"] - 1.3) < 1e-9 and v["lar_ge_1.20x"] is False
+
+
+@pytest.mark.slow
+def test_window_fed_reference_solves_only_at_the_engines_cadence():
+    """`references.engine_window` (past-only): solves on the engine's window only before step 0
+    and at the engine's rebalances (vLLM: every 3rd step), holds its pick between them, and
+    never sees the step it serves (a change to a later step's requests changes nothing
+    before it); the hindsight ceiling picks per step."""
+    from sempar.drift.references import REFERENCES
+
+    t = read_trace(assets_dir() / "traces" / "gpt-oss-20b-mmlu.parquet", optional=("domain",))
+    s = drift_stream(t, "groups", switch_every=4)
+    cfg = ReplayConfig.for_model(t.meta.model, 4, every=4, window=4, max_steps=4,
+                                 passes_per_step=1000, engine="vllm",
+                                 dispatch="vllm-hash")
+    w = REFERENCES.get("engine-window").run(s, cfg, 1.3)
+    assert len(w["picked"]) == 2 and len(w["lar_steps"]) == 4      # steps 0 and 3
+    assert w["window_requests"] == 4 and w["cap"] == pytest.approx(1.32)
+    assert [f["cap"] for f in w["frontier"]] == [w["cap"]]          # the target's bound
+    h = REFERENCES.get("engine-hindsight").run(s, cfg, 1.3)
+    assert len(h["picked"]) == 4
+    assert not REFERENCES.get("engine-window").hindsight and REFERENCES.get(
+        "engine-hindsight").hindsight
+    short = REFERENCES.get("engine-window").run(s, cfg.with_(max_steps=3), 1.3)
+    assert short["lar_steps"] == w["lar_steps"][:3]                # no step sees its own

@@ -79,6 +79,9 @@ class ReplayConfig:
                                         # dispatch batch of them ("batches": what a per-batch
                                         # dispatch such as lp-cap balances)
     engine: str = "vllm"                # sempar-engine: the balancer it is plugged into
+    plugin: tuple[tuple[str, str], ...] = ()   # sempar-engine: PluginConfig knobs (field, value),
+                                        # read as the plug-in reads SEMPAR_EPLB_<FIELD> (none:
+                                        # the plug-in's defaults in `engine`)
     passes_per_step: int = 1000         # forward passes one replay step stands for
 
     def __post_init__(self) -> None:

@@ -205,16 +205,21 @@ def window_source(window: RoutingTrace, sample_rows: int = 4096):
 
 def sempar_map(weight: np.ndarray, current: Placement, num_groups: int,
                window: RoutingTrace, default, seed: int = 0,
-               engine: str = "") -> tuple[np.ndarray, str | None]:
+               engine: str = "", knobs: tuple[tuple[str, str], ...] = ()
+               ) -> tuple[np.ndarray, str | None]:
     """(int64[L, P], fallback reason or None): the plug-in's map for this rebalance, called as
     `sempar.eplb.engine.plan` does (`engine.checked_map` on the engine's arguments, FILE from
-    `window_source`, the plug-in's config), or, where the plug-in would fall back, `default()` (the
-    host engine's own result) and the one-line reason."""
-    from sempar.eplb.config import PluginConfig
+    `window_source`, the plug-in's config: its defaults in `engine`, `knobs` (field, value)
+    read as `PluginConfig.from_env` reads SEMPAR_EPLB_<FIELD>), or, where the plug-in would
+    fall back, `default()` (the host engine's own result) and the one-line reason."""
+    from dataclasses import replace
+
+    from sempar.eplb.config import ENV_PREFIX, PluginConfig
     from sempar.eplb.engine import checked_map, fallback_reason
 
     try:
-        cfg = PluginConfig(seed=seed, engine=engine)     # the plug-in's defaults in `engine`
+        cfg = replace(PluginConfig.from_env({ENV_PREFIX + k.upper(): v for k, v in knobs},
+                                            engine=engine), seed=seed)
         m, _ = checked_map(weight.astype(np.float64), current.num_slots, num_groups,
                            current.num_nodes, current.num_devices,
                            current.phy2log.astype(np.int64),

@@ -156,7 +156,7 @@ def _sempar_engine(current: Placement, window: RoutingTrace, cfg: ReplayConfig) 
     host = _vllm if cfg.engine == "vllm" else _sglang
     m, why = engines.sempar_map(w, current, engines._groups(window), window,
                                 lambda: host(current, window, cfg).phy2log, cfg.solve.seed,
-                                cfg.engine)
+                                cfg.engine, cfg.plugin)
     p = engines.as_placement(m, current, "sempar-engine")
     if why:
         p.info["fallback"] = why         # the engine's default result served this rebalance
