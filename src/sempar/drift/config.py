@@ -74,6 +74,16 @@ class ReplayConfig:
                                         # step budget); docs/drift.md "Young-stream budget"
     young_cap: float | None = None      # and their bound on the youngest window (None: the
                                         # rebalance cap)
+    young_resamples: int = 8            # sempar-incremental: while the stream is younger than
+                                        # the history's span (warm-up and young updates), its
+                                        # replica pass also checks the peak on this many
+                                        # request-bootstrap resamples of the youngest window
+                                        # (`history.resample_loads`); docs/drift.md
+    replica_resamples: int = 0          # the resamples this update's replica pass checks (set
+                                        # from `young_resamples` for the young updates)
+    locality_resamples: int = 0         # with `ReplicaPass.locality`: every update's replica
+                                        # pass checks this many resamples too, so a retarget
+                                        # chosen for locality cannot raise the peak on them
     replica_scenarios: str = "windows"  # sempar-incremental's replica pass checks the peak on
                                         # each history window's total ("windows") or on each
                                         # dispatch batch of them ("batches": what a per-batch

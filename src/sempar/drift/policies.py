@@ -45,7 +45,7 @@ import numpy as np
 
 from sempar.drift import engines
 from sempar.drift.config import ReplayConfig
-from sempar.drift.history import batch_loads, history_sample, window_loads
+from sempar.drift.history import batch_loads, history_sample, resample_loads, window_loads
 from sempar.placement.dispatch import DISPATCH
 from sempar.placement.dispatch_peak import replica_pass
 from sempar.placement.migration import align_devices
@@ -127,6 +127,15 @@ def _incremental(current: Placement, seen: RoutingTrace, cfg: ReplayConfig,
                                   regime if young else None)
     else:
         loads, ages = window_loads(seen, cfg.window, h, regime if young else None)
+    # resamples of the youngest window too: while the history is young (`young_resamples`),
+    # and as the guard of retargets chosen for locality (`locality_resamples`)
+    draws = max(cfg.replica_resamples,
+                cfg.locality_resamples if cfg.replicas.locality > 0 else 0)
+    if draws > 0:
+        boot = resample_loads(seen, cfg.window, h, draws, cfg.solve.seed,
+                              regime if young else None)
+        loads = np.concatenate([loads, boot], axis=1)
+        ages = np.concatenate([ages, np.zeros(boot.shape[1], ages.dtype)])
     # locality counted on the youngest window's kept rows (`ReplicaPass.locality`)
     tokens = seen.experts[keep[age == 0]] if cfg.replicas.locality > 0 else None
     phy, moved = replica_pass(nxt.phy2log, nxt.num_devices, loads,
