@@ -218,6 +218,8 @@ def test_replay_config_refuses_an_unknown_replica_scenario():
 
     with pytest.raises(InputError, match="replica scenarios"):
         ReplayConfig(ep=4, replica_scenarios="steps")
+    with pytest.raises(InputError, match="resamples"):
+        ReplayConfig(ep=4, young_resamples=-1)
 
 
 @pytest.mark.slow

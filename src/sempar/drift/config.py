@@ -95,6 +95,9 @@ class ReplayConfig:
         if min(self.ep, self.every, self.window, self.passes_per_step) < 1:
             raise InputError(f"replay: ep {self.ep} / every {self.every} / window {self.window} "
                              f"/ passes per step {self.passes_per_step} must be >= 1")
+        if min(self.young_resamples, self.replica_resamples, self.locality_resamples) < 0:
+            raise InputError(f"replay: resamples {self.young_resamples} / "
+                             f"{self.replica_resamples} / {self.locality_resamples} must be >= 0")
         if self.replica_scenarios not in ("windows", "batches"):
             raise InputError(f"replay: replica scenarios {self.replica_scenarios!r}: "
                              "windows or batches")
