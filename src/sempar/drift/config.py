@@ -74,13 +74,14 @@ class ReplayConfig:
                                         # step budget); docs/drift.md "Young-stream budget"
     young_cap: float | None = None      # and their bound on the youngest window (None: the
                                         # rebalance cap)
-    young_resamples: int = 8            # sempar-incremental: while the stream is younger than
-                                        # the history's span (warm-up and young updates), its
-                                        # replica pass also checks the peak on this many
-                                        # request-bootstrap resamples of the youngest window
-                                        # (`history.resample_loads`); docs/drift.md
-    replica_resamples: int = 0          # the resamples this update's replica pass checks (set
-                                        # from `young_resamples` for the young updates)
+    young_resamples: int = 8            # sempar-incremental: while its history holds a single
+                                        # window (the warm-up update), its replica pass also
+                                        # checks the peak on this many request-bootstrap
+                                        # resamples of it (`history.resample_loads`);
+                                        # docs/drift.md "Resampled scenarios"
+    resample_slack: bool = True         # the resamples' cap: the replica pass's target +
+                                        # `History.slack` (the budget over the fit cap; False:
+                                        # the target, as the windows')
     locality_resamples: int = 0         # with `ReplicaPass.locality`: every update's replica
                                         # pass checks this many resamples too, so a retarget
                                         # chosen for locality cannot raise the peak on them
@@ -95,9 +96,9 @@ class ReplayConfig:
         if min(self.ep, self.every, self.window, self.passes_per_step) < 1:
             raise InputError(f"replay: ep {self.ep} / every {self.every} / window {self.window} "
                              f"/ passes per step {self.passes_per_step} must be >= 1")
-        if min(self.young_resamples, self.replica_resamples, self.locality_resamples) < 0:
+        if min(self.young_resamples, self.locality_resamples) < 0:
             raise InputError(f"replay: resamples {self.young_resamples} / "
-                             f"{self.replica_resamples} / {self.locality_resamples} must be >= 0")
+                             f"{self.locality_resamples} must be >= 0")
         if self.replica_scenarios not in ("windows", "batches"):
             raise InputError(f"replay: replica scenarios {self.replica_scenarios!r}: "
                              "windows or batches")

@@ -127,20 +127,25 @@ def _incremental(current: Placement, seen: RoutingTrace, cfg: ReplayConfig,
                                   regime if young else None)
     else:
         loads, ages = window_loads(seen, cfg.window, h, regime if young else None)
-    # resamples of the youngest window too: while the history is young (`young_resamples`),
-    # and as the guard of retargets chosen for locality (`locality_resamples`)
-    draws = max(cfg.replica_resamples,
+    # resamples of the youngest window too: while it is the only window the history holds
+    # (`young_resamples`: no second window shows how the mix varies), and as the guard of
+    # retargets chosen for locality (`locality_resamples`)
+    draws = max(cfg.young_resamples if np.unique(ages).size == 1 else 0,
                 cfg.locality_resamples if cfg.replicas.locality > 0 else 0)
     if draws > 0:
         boot = resample_loads(seen, cfg.window, h, draws, cfg.solve.seed,
                               regime if young else None)
         loads = np.concatenate([loads, boot], axis=1)
         ages = np.concatenate([ages, np.zeros(boot.shape[1], ages.dtype)])
+    # a resample stands for traffic not seen: held to the budget (the fit cap + the history's
+    # slack, as its older windows are), not to the fit cap
+    slack = np.concatenate([np.zeros(loads.shape[1] - draws), np.full(draws, h.slack)]) \
+        if draws > 0 and cfg.resample_slack else None
     # locality counted on the youngest window's kept rows (`ReplicaPass.locality`)
     tokens = seen.experts[keep[age == 0]] if cfg.replicas.locality > 0 else None
     phy, moved = replica_pass(nxt.phy2log, nxt.num_devices, loads,
                               caps[np.minimum(ages, caps.size - 1)], cfg.replicas,
-                              tokens=tokens)
+                              tokens=tokens, slack=slack)
     if moved:
         nxt = Placement(phy, nxt.num_experts, nxt.num_devices, nxt.node_of.copy(), nxt.method,
                         {**nxt.info, "replica_pass": moved}).validate()
