@@ -127,10 +127,11 @@ def _incremental(current: Placement, seen: RoutingTrace, cfg: ReplayConfig,
                                   regime if young else None)
     else:
         loads, ages = window_loads(seen, cfg.window, h, regime if young else None)
-    # resamples of the youngest window too: while it is the only window the history holds
-    # (`young_resamples`: no second window shows how the mix varies), and as the guard of
-    # retargets chosen for locality (`locality_resamples`)
-    draws = max(cfg.young_resamples if np.unique(ages).size == 1 else 0,
+    # resamples of the youngest window too: while the stream is young (`replica_resamples`,
+    # set from `young_resamples` on the warm-up and young-stream updates: too few windows to
+    # show how the mix varies), and as the guard of retargets chosen for locality
+    # (`locality_resamples`)
+    draws = max(cfg.replica_resamples,
                 cfg.locality_resamples if cfg.replicas.locality > 0 else 0)
     if draws > 0:
         boot = resample_loads(seen, cfg.window, h, draws, cfg.solve.seed,
