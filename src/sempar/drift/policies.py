@@ -19,7 +19,9 @@ update it from the last `--window` requests:
   over the history's windows, of the least peak that dispatch can serve (rebalance's bound
   counts the nearest copy only, so it cannot see what a replica buys); with
   `ReplicaPass.locality`, among retargets of nearly the least peak the one of most local
-  activations on the youngest window (`placement.replica_locality`). The only policy that
+  activations on the youngest window (`placement.replica_locality`). While the stream is
+  young (`ReplayConfig.young_resamples`) the pass also checks request-bootstrap resamples of
+  the youngest window, held to the budget (`history.resample_loads`). The only policy that
   keeps a history:
   the others see the last `window` requests, as the engines' EPLB sees its recorder's window.
   With `ReplayConfig.events` (the default; `Events(enabled=False)` gives the step updates
