@@ -141,9 +141,11 @@ def _incremental(current: Placement, seen: RoutingTrace, cfg: ReplayConfig,
         loads = np.concatenate([loads, boot], axis=1)
         ages = np.concatenate([ages, np.zeros(boot.shape[1], ages.dtype)])
     # a resample stands for traffic not seen: held to the budget (the fit cap + the history's
-    # slack, as its older windows are), not to the fit cap
+    # slack, as its older windows are), not to the fit cap; as the locality guard, to the
+    # target's cap (a retarget for locality must not raise the peak on them at all)
+    guard = cfg.replicas.locality > 0 and cfg.locality_resamples > 0
     slack = np.concatenate([np.zeros(loads.shape[1] - draws), np.full(draws, h.slack)]) \
-        if draws > 0 and cfg.resample_slack else None
+        if draws > 0 and cfg.resample_slack and not guard else None
     # locality counted on the youngest window's kept rows (`ReplicaPass.locality`)
     tokens = seen.experts[keep[age == 0]] if cfg.replicas.locality > 0 else None
     phy, moved = replica_pass(nxt.phy2log, nxt.num_devices, loads,
