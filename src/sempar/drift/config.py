@@ -82,9 +82,10 @@ class ReplayConfig:
                                         # "Resampled scenarios while the history is young"
     replica_resamples: int = 0          # the resamples one update's replica pass checks (the
                                         # replay sets it from `young_resamples` on those)
-    resample_slack: bool = True         # the resamples' cap: the replica pass's target +
-                                        # `History.slack` (the budget over the fit cap; False:
-                                        # the target, as the windows')
+    resample_slack: bool = True         # the young resamples' cap: the replica pass's target
+                                        # + `History.slack` (the budget over the fit cap;
+                                        # False: the target, as the windows'); the locality
+                                        # guard's resamples always get the target's
     locality_resamples: int = 0         # with `ReplicaPass.locality`: every update's replica
                                         # pass checks this many resamples too, so a retarget
                                         # chosen for locality cannot raise the peak on them
