@@ -101,6 +101,7 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
              replica_locality: float | None = None,
              event_replica_moves: int | None = None,
              locality_free: bool | None = None,
+             locality_resamples: int | None = None,
              opts: "EnginesRun | None" = None) -> dict:
     from dataclasses import replace
 
@@ -126,6 +127,8 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
         cfg = cfg.with_(replicas=replace(cfg.replicas, locality=replica_locality))
     if locality_free is not None:
         cfg = cfg.with_(replicas=replace(cfg.replicas, locality_free=locality_free))
+    if locality_resamples is not None:          # the guard of its locality retargets
+        cfg = cfg.with_(locality_resamples=locality_resamples)
     if event_replica_moves is not None:         # its event / young-stream updates' slots
         cfg = cfg.with_(events=replace(cfg.events, replica_moves=event_replica_moves))
     t0 = time.perf_counter()
@@ -149,6 +152,8 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
     if plugin:                                  # sempar-engine's knobs, where not its defaults
         out["plugin"] = dict(plugin)
     out["replica_locality_free"] = cfg.replicas.locality_free
+    out["young_resamples"] = cfg.young_resamples
+    out["locality_resamples"] = cfg.locality_resamples
     out.update({"suite": suite, "stream": stream_name, "model": trace.meta.model, "ep": ep,
                 "redundant": redundant, "dispatch": dispatch, "engine": engine,
                 "unavailable": why, "wall_s": time.perf_counter() - t0})
@@ -265,6 +270,9 @@ def main() -> None:
                          "default)")
     ap.add_argument("--locality-free", type=int, choices=(0, 1), default=None,
                     help="sempar-incremental's ReplicaPass.locality_free (None: the default)")
+    ap.add_argument("--locality-resamples", type=int, default=None,
+                    help="sempar-incremental's ReplayConfig.locality_resamples (None: the "
+                         "default)")
     ap.add_argument("--event-replica-moves", type=int, default=None,
                     help="sempar-incremental's Events.replica_moves (None: the default)")
     ap.add_argument("--plugin", action="append", default=[], metavar="FIELD=VALUE",
@@ -299,6 +307,7 @@ def main() -> None:
                      replica_locality=a.replica_locality,
                      event_replica_moves=a.event_replica_moves,
                      locality_free=None if a.locality_free is None else bool(a.locality_free),
+                     locality_resamples=a.locality_resamples,
                      opts=EnginesRun(plugin, tuple(a.references.split(",")),
                                      tuple(None if c == "bound" else float(c)
                                            for c in a.window_caps.split(","))))

@@ -12,7 +12,8 @@ import pytest
 
 import sempar
 from sempar.drift.events import Events, detect, request_histograms, switch_score
-from sempar.drift.history import History, batch_loads, history_rows, window_loads
+from sempar.drift.history import (History, batch_loads, history_rows, resample_loads,
+                                  window_loads)
 from sempar.drift.streams import drift_stream, request_table
 from sempar.errors import InputError
 from sempar.placement.dispatch_peak import ReplicaPass, fill_loads, min_peak, replica_pass
@@ -188,11 +189,37 @@ def test_batch_scenarios_split_each_window_into_its_dispatch_batches(tasks):
     assert b[0].sum(axis=1).max() <= 512 * seen.experts.shape[2]
 
 
+def test_resample_scenarios_draw_whole_requests_of_the_youngest_window(tasks):
+    """`resample_loads`: each draw is a sum of whole requests of the youngest window (as many
+    as it holds), so every draw's per-layer total is a multiple-request sum; seeded; a window
+    of one request gives that request's load in every draw."""
+    stream, _, _ = tasks
+    _, _, rows, starts = request_table(stream)
+    seen = stream.take(rows[starts[0]:starts[40]])
+    w, wa = window_loads(seen, 10, History())
+    b = resample_loads(seen, 10, History(), 6, seed=3)
+    L, N = seen.experts.shape[1], seen.meta.num_experts
+    assert b.shape == (L, 6, N)
+    assert np.array_equal(b, resample_loads(seen, 10, History(), 6, seed=3))
+    assert not np.array_equal(b, resample_loads(seen, 10, History(), 6, seed=4))
+    sizes = np.diff(starts[30:41]) * seen.experts.shape[2]     # the window: requests 30-39
+    for d in range(6):                    # a draw's total: 10 request sizes, with repeats
+        tot = int(b[0, d].sum())
+        assert tot >= 10 * sizes.min() and tot <= 10 * sizes.max()
+    assert not np.allclose(b[:, 0], b[:, 1])
+    one = stream.take(rows[starts[0]:starts[11]])                # window 0: the last request
+    b1 = resample_loads(one, 1, History(), 3, seed=0)
+    w1, a1 = window_loads(one, 1, History())
+    assert np.array_equal(b1, np.repeat(w1[:, a1 == 0], 3, axis=1))
+
+
 def test_replay_config_refuses_an_unknown_replica_scenario():
     from sempar.drift.config import ReplayConfig
 
     with pytest.raises(InputError, match="replica scenarios"):
         ReplayConfig(ep=4, replica_scenarios="steps")
+    with pytest.raises(InputError, match="resamples"):
+        ReplayConfig(ep=4, young_resamples=-1)
 
 
 @pytest.mark.slow

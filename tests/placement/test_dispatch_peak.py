@@ -61,6 +61,23 @@ def test_replica_pass_lowers_the_worst_window_and_keeps_the_invariants():
     assert none == 0 and (same == phy).all()
 
 
+def test_replica_pass_slack_raises_a_scenarios_cap():
+    """`slack`: added to every scenario's cap, the target's included; a scenario whose peak is
+    within its raised cap sets no move, so a slack past every peak leaves the layout alone."""
+    loads = []
+    for seed in range(3):
+        ex, _ = _routing(seed, hot=6.0)
+        loads.append(np.bincount(ex.ravel(), minlength=N).astype(float))
+    loads = np.stack(loads)[None]                                     # [L=1, H=3, N]
+    peak = float(min_peak(PHY2LOG, loads[0], G).max())
+    assert peak > 1.0
+    _, moved = replica_pass(PHY2LOG[None], G, loads, np.ones(3), ReplicaPass(max_moves=2))
+    assert moved > 0
+    same, none = replica_pass(PHY2LOG[None], G, loads, np.ones(3), ReplicaPass(max_moves=2),
+                              slack=np.full(3, peak))
+    assert none == 0 and (same == PHY2LOG).all()
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_lp_cap_within_its_cap_where_lp_is_and_more_local(seed):
     ex, home = _routing(seed, T=2000, hot=1.0)

@@ -74,6 +74,21 @@ class ReplayConfig:
                                         # step budget); docs/drift.md "Young-stream budget"
     young_cap: float | None = None      # and their bound on the youngest window (None: the
                                         # rebalance cap)
+    young_resamples: int = 8            # sempar-incremental: on the warm-up update and the
+                                        # young-stream updates (`young_budget`) its replica
+                                        # pass also checks the peak on this many request-
+                                        # bootstrap resamples of the youngest window
+                                        # (`history.resample_loads`); docs/drift.md
+                                        # "Resampled scenarios while the history is young"
+    replica_resamples: int = 0          # the resamples one update's replica pass checks (the
+                                        # replay sets it from `young_resamples` on those)
+    resample_slack: bool = True         # the young resamples' cap: the replica pass's target
+                                        # + `History.slack` (the budget over the fit cap;
+                                        # False: the target, as the windows'); the locality
+                                        # guard's resamples always get the target's
+    locality_resamples: int = 0         # with `ReplicaPass.locality`: every update's replica
+                                        # pass checks this many resamples too, so a retarget
+                                        # chosen for locality cannot raise the peak on them
     replica_scenarios: str = "windows"  # sempar-incremental's replica pass checks the peak on
                                         # each history window's total ("windows") or on each
                                         # dispatch batch of them ("batches": what a per-batch
@@ -88,6 +103,9 @@ class ReplayConfig:
         if min(self.ep, self.every, self.window, self.passes_per_step) < 1:
             raise InputError(f"replay: ep {self.ep} / every {self.every} / window {self.window} "
                              f"/ passes per step {self.passes_per_step} must be >= 1")
+        if min(self.young_resamples, self.replica_resamples, self.locality_resamples) < 0:
+            raise InputError(f"replay: resamples {self.young_resamples} / "
+                             f"{self.replica_resamples} / {self.locality_resamples} must be >= 0")
         if self.replica_scenarios not in ("windows", "batches"):
             raise InputError(f"replay: replica scenarios {self.replica_scenarios!r}: "
                              "windows or batches")

@@ -123,3 +123,29 @@ def batch_loads(trace: RoutingTrace, window: int, history: History, batch: int,
     key = (np.arange(L)[None, :, None] * H + scen[:, None, None]) * N + trace.experts[rows]
     loads = np.bincount(key.ravel(), minlength=L * H * N).reshape(L, H, N).astype(np.float64)
     return loads, np.array(scen_age, np.int64)
+
+
+def resample_loads(trace: RoutingTrace, window: int, history: History, draws: int, seed: int,
+                   regime: int | None = None) -> np.ndarray:
+    """float64[L, draws, N]: each layer's expert activations in `draws` request-bootstrap
+    resamples of the youngest window (`history_rows`' age 0; `regime` as there): the window's
+    requests drawn with replacement, as many as it holds (seeded). The scenarios a replica
+    layout is checked on beside the windows while the history is young (`ReplayConfig.
+    young_resamples`): a window of a few requests is one draw of a mix that is still being
+    discovered, and the next window differs from it by about a resample's spread (the
+    request bootstrap of `placement.sempar.held_out`)."""
+    _, age = history_rows(trace, window, history, regime)
+    _, _, rows, starts = request_table(trace)
+    R = starts.size - 1
+    req = np.empty(trace.num_tokens, np.int64)
+    req[rows] = np.repeat(np.arange(R), np.diff(starts))
+    young = np.flatnonzero(age == 0)
+    reqs, pos = np.unique(req[young], return_inverse=True)                 # [Rw], [Ty]
+    T, L, k = trace.experts.shape
+    N = trace.meta.num_experts
+    Rw = reqs.size
+    key = (pos[:, None, None] * L + np.arange(L)[None, :, None]) * N + trace.experts[young]
+    per = np.bincount(key.ravel(), minlength=Rw * L * N).reshape(Rw, L * N).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(Rw, np.full(Rw, 1.0 / Rw), size=draws).astype(np.float64)  # [B, Rw]
+    return (counts @ per).reshape(draws, L, N).transpose(1, 0, 2)

@@ -19,7 +19,9 @@ update it from the last `--window` requests:
   over the history's windows, of the least peak that dispatch can serve (rebalance's bound
   counts the nearest copy only, so it cannot see what a replica buys); with
   `ReplicaPass.locality`, among retargets of nearly the least peak the one of most local
-  activations on the youngest window (`placement.replica_locality`). The only policy that
+  activations on the youngest window (`placement.replica_locality`). While the stream is
+  young (`ReplayConfig.young_resamples`) the pass also checks request-bootstrap resamples of
+  the youngest window, held to the budget (`history.resample_loads`). The only policy that
   keeps a history:
   the others see the last `window` requests, as the engines' EPLB sees its recorder's window.
   With `ReplayConfig.events` (the default; `Events(enabled=False)` gives the step updates
@@ -45,7 +47,7 @@ import numpy as np
 
 from sempar.drift import engines
 from sempar.drift.config import ReplayConfig
-from sempar.drift.history import batch_loads, history_sample, window_loads
+from sempar.drift.history import batch_loads, history_sample, resample_loads, window_loads
 from sempar.placement.dispatch import DISPATCH
 from sempar.placement.dispatch_peak import replica_pass
 from sempar.placement.migration import align_devices
@@ -127,11 +129,28 @@ def _incremental(current: Placement, seen: RoutingTrace, cfg: ReplayConfig,
                                   regime if young else None)
     else:
         loads, ages = window_loads(seen, cfg.window, h, regime if young else None)
+    # resamples of the youngest window too: while the stream is young (`replica_resamples`,
+    # set from `young_resamples` on the warm-up and young-stream updates: too few windows to
+    # show how the mix varies), and as the guard of retargets chosen for locality
+    # (`locality_resamples`)
+    draws = max(cfg.replica_resamples,
+                cfg.locality_resamples if cfg.replicas.locality > 0 else 0)
+    if draws > 0:
+        boot = resample_loads(seen, cfg.window, h, draws, cfg.solve.seed,
+                              regime if young else None)
+        loads = np.concatenate([loads, boot], axis=1)
+        ages = np.concatenate([ages, np.zeros(boot.shape[1], ages.dtype)])
+    # a resample stands for traffic not seen: held to the budget (the fit cap + the history's
+    # slack, as its older windows are), not to the fit cap; as the locality guard, to the
+    # target's cap (a retarget for locality must not raise the peak on them at all)
+    guard = cfg.replicas.locality > 0 and cfg.locality_resamples > 0
+    slack = np.concatenate([np.zeros(loads.shape[1] - draws), np.full(draws, h.slack)]) \
+        if draws > 0 and cfg.resample_slack and not guard else None
     # locality counted on the youngest window's kept rows (`ReplicaPass.locality`)
     tokens = seen.experts[keep[age == 0]] if cfg.replicas.locality > 0 else None
     phy, moved = replica_pass(nxt.phy2log, nxt.num_devices, loads,
                               caps[np.minimum(ages, caps.size - 1)], cfg.replicas,
-                              tokens=tokens)
+                              tokens=tokens, slack=slack)
     if moved:
         nxt = Placement(phy, nxt.num_experts, nxt.num_devices, nxt.node_of.copy(), nxt.method,
                         {**nxt.info, "replica_pass": moved}).validate()

@@ -146,7 +146,8 @@ def _warm_update(pol: ReplayPolicy, p: Placement, warm: RoutingTrace,
     per layer free (None: all R). Counted in step 0's migration and update time."""
     k = cfg.redundant if cfg.warm_replica_moves is None else cfg.warm_replica_moves
     wc = cfg.with_(rebalance=replace(cfg.rebalance, max_moves=cfg.events.max_moves),
-                   replicas=replace(cfg.replicas, max_moves=k))
+                   replicas=replace(cfg.replicas, max_moves=k),
+                   replica_resamples=cfg.young_resamples)
     t0 = time.perf_counter()
     nxt = pol.update(p, warm, wc)
     return nxt, int(copied_experts(p, nxt).sum()), time.perf_counter() - t0
@@ -158,7 +159,8 @@ def _young_config(cfg: ReplayConfig) -> ReplayConfig:
     cap = cfg.rebalance.max_imbalance if cfg.young_cap is None else cfg.young_cap
     return cfg.with_(rebalance=replace(cfg.rebalance, max_moves=cfg.events.max_moves,
                                        max_imbalance=cap),
-                     replicas=replace(cfg.replicas, max_moves=cfg.events.replica_moves))
+                     replicas=replace(cfg.replicas, max_moves=cfg.events.replica_moves),
+                     replica_resamples=cfg.young_resamples)
 
 
 def summary(steps: list[StepFigures], layer_imb: list[np.ndarray]) -> dict:

@@ -153,7 +153,8 @@ def _candidates(row: np.ndarray, G: int, N: int) -> list[tuple[int, int]]:
 
 def replica_pass(phy2log: np.ndarray, G: int, loads: np.ndarray, caps: np.ndarray,
                  cfg: ReplicaPass = ReplicaPass(), keep: np.ndarray | None = None,
-                 tokens: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+                 tokens: np.ndarray | None = None,
+                 slack: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """(new phy2log int32[L, P], slots retargeted): per layer, greedy replica retargets that
     lower max over scenarios h of min_peak_h / caps[h] while it is above 1.
 
@@ -161,13 +162,17 @@ def replica_pass(phy2log: np.ndarray, G: int, loads: np.ndarray, caps: np.ndarra
     per layer and scenario; caps float[H] (>= 1); keep float[L, N] or None: among moves of
     equal worst ratio, the one dropping the copy of least `keep` (locality of the dropped copy)
     and adding the most; tokens int[T, L, k] or None: the rows `cfg.locality` counts local
-    activations on (`placement.replica_locality`; the exact bound's path only)."""
+    activations on (`placement.replica_locality`; the exact bound's path only); slack float[H]
+    or None: added to every scenario's cap, `cfg.target`'s included (resampled scenarios that
+    stand for traffic not seen get the budget's slack over the fit's)."""
     phy2log = np.array(phy2log, np.int32, copy=True)
     L, P = phy2log.shape
     _, H, N = loads.shape
     caps = np.asarray(caps, np.float64)
     if cfg.target is not None:
         caps = np.full(H, cfg.target)
+    if slack is not None:
+        caps = caps + np.asarray(slack, np.float64)
     S = P // G
     moved = 0
     pop = _popcount(G) if G <= MAX_DEVICES else None
