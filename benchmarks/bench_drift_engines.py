@@ -66,6 +66,19 @@ class EnginesRun:
     window_caps: tuple[float | None, ...] = (None, 1.10)
 
 
+@dataclass(frozen=True)
+class ReplicasRun:
+    """The replicas suite's knobs of `sempar-incremental` for a case, each None for its
+    default: ReplicaPass.locality (`--replica-locality`), Events.replica_moves
+    (`--event-replica-moves`), ReplicaPass.locality_free (`--locality-free`),
+    ReplayConfig.locality_resamples (`--locality-resamples`)."""
+
+    locality: float | None = None
+    event_replica_moves: int | None = None
+    locality_free: bool | None = None
+    locality_resamples: int | None = None
+
+
 def load_stream(name: str):
     from sempar.drift.streams import drift_stream
     from sempar.paths import assets_dir
@@ -98,11 +111,7 @@ def settle(out: dict, stream_name: str, window: int) -> None:
 
 def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: str,
              engine: str, policies: list[str], max_steps: int | None, max_moves: int,
-             replica_locality: float | None = None,
-             event_replica_moves: int | None = None,
-             locality_free: bool | None = None,
-             locality_resamples: int | None = None,
-             opts: "EnginesRun | None" = None) -> dict:
+             knobs: ReplicasRun = ReplicasRun(), opts: "EnginesRun | None" = None) -> dict:
     from dataclasses import replace
 
     from sempar.drift.config import ReplayConfig
@@ -123,14 +132,14 @@ def run_case(stream_name: str, suite: str, ep: int, redundant: int, dispatch: st
                                  rebalance=dict(max_moves=max_moves), every=every, window=window,
                                  max_steps=max_steps, dispatch=dispatch, engine=engine,
                                  plugin=plugin)
-    if replica_locality is not None:            # sempar-incremental's replica slots
-        cfg = cfg.with_(replicas=replace(cfg.replicas, locality=replica_locality))
-    if locality_free is not None:
-        cfg = cfg.with_(replicas=replace(cfg.replicas, locality_free=locality_free))
-    if locality_resamples is not None:          # the guard of its locality retargets
-        cfg = cfg.with_(locality_resamples=locality_resamples)
-    if event_replica_moves is not None:         # its event / young-stream updates' slots
-        cfg = cfg.with_(events=replace(cfg.events, replica_moves=event_replica_moves))
+    if knobs.locality is not None:              # sempar-incremental's replica slots
+        cfg = cfg.with_(replicas=replace(cfg.replicas, locality=knobs.locality))
+    if knobs.locality_free is not None:
+        cfg = cfg.with_(replicas=replace(cfg.replicas, locality_free=knobs.locality_free))
+    if knobs.locality_resamples is not None:    # the guard of its locality retargets
+        cfg = cfg.with_(locality_resamples=knobs.locality_resamples)
+    if knobs.event_replica_moves is not None:   # its event / young-stream updates' slots
+        cfg = cfg.with_(events=replace(cfg.events, replica_moves=knobs.event_replica_moves))
     t0 = time.perf_counter()
     out = replay(stream, run, cfg) if run else {"policies": {}}
     if suite == "replicas":
@@ -304,13 +313,12 @@ def main() -> None:
     results = json.loads(a.json.read_text()) if a.append and a.json.exists() else []
     for c in cases(a):
         r = run_case(*c, max_steps=a.max_steps, max_moves=a.max_moves,
-                     replica_locality=a.replica_locality,
-                     event_replica_moves=a.event_replica_moves,
-                     locality_free=None if a.locality_free is None else bool(a.locality_free),
-                     locality_resamples=a.locality_resamples,
+                     knobs=ReplicasRun(a.replica_locality, a.event_replica_moves,
+                                       None if a.locality_free is None else bool(a.locality_free),
+                                       a.locality_resamples),
                      opts=EnginesRun(plugin, tuple(a.references.split(",")),
-                                     tuple(None if c == "bound" else float(c)
-                                           for c in a.window_caps.split(","))))
+                                     tuple(None if x == "bound" else float(x)
+                                           for x in a.window_caps.split(","))))
         if a.resolve_from and r["suite"] == "replicas":
             borrow_resolve(r, earlier, a.resolve_note)
         results.append(r)
