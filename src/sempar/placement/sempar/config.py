@@ -199,6 +199,14 @@ class SemparConfig:
     """`rows` objective, "point" search: solves at most. 3 (h45s, with the secant step; 2
     before): DeepSeek-V2-Lite EP 4 dp's third probe finds cap 1.008 within the aim (point
     1.089), LAR 0.267 -> 0.2695, held out 1.062 -> 1.074; EP 8 dp and tp keep their caps."""
+    held_out_point_margin: float = 0.01
+    """`rows` objective, "point" search (step 6, where no cap is promised): it aims the point
+    prediction at the target less this (the upper search keeps `held_out_margin`). Measured
+    (h45d, 2026-12-08, DeepSeek-V2-Lite EP 8 dp, both margins 0.005, every other setting the
+    default): caps 0.992 / 0.9928 / 0.9946 probed (point 1.0947 / 1.0925 / 1.0942), 0.9946 kept,
+    exact-home LAR 0.1391 -> 0.1408 held out at 1.088 -> 1.093 (lead over eplb +0.009 ->
+    +0.011). Left at 0.01 until the other step-6 cases (DeepSeek EP 4 dp, EP 8 tp) are
+    measured at 0.005."""
     budget_held_out_folds: int = 2
     """`rows` objective: the folds kept where the work budget cuts the fit sample (DeepSeek-V3
     shape at `--effort` 1: 240k tokens, EP 16, 12 solves in 426 CPU s with the full calibration;

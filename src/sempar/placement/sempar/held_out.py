@@ -104,6 +104,7 @@ class HeldOut:
     #                          prediction; "point" searches the cap on the point prediction
     min_cap: float = 1.0     # the "point" search's lowest fit cap (below 1.0: step 6)
     point_retries: int = 2   # the "point" search's solves
+    point_margin: float | None = None   # the "point" search aims at target - this (None: margin)
 
 
 def request_loads(placement: Placement, trace: RoutingTrace, batch: int = BATCH) -> np.ndarray:
@@ -307,8 +308,10 @@ def calibrated_solve(p: PlacementProblem, solve: Callable[[PlacementProblem], Pl
         # step 6: no cap promises the target; the point prediction (this inflation) decides
         again = [(t[0], t[1], *predict(t[1])) for t in tried]
         n = len(again)
-        _search(again, at, 3, aim, held_out.point_retries, held_out.min_cap)
-        cap, out, boot, pred, upper = _kept(again, 3, aim)
+        aim6 = held_out.target - (held_out.margin if held_out.point_margin is None
+                                  else held_out.point_margin)
+        _search(again, at, 3, aim6, held_out.point_retries, held_out.min_cap)
+        cap, out, boot, pred, upper = _kept(again, 3, aim6)
         point = [[round(float(t[0]), 4), round(float(t[3]), 4)] for t in again]
         tried += again[n:]
     R = int(np.unique(p.trace.request_id).size)

@@ -236,7 +236,8 @@ def _solve(p: PlacementProblem, cfg: SemparConfig, mapper: Callable,
                            resamples=cfg.held_out_resamples, seed=p.seed,
                            folds=cfg.held_out_folds, refold=cfg.held_out_refold,
                            margin=cfg.held_out_margin, fallback=cfg.held_out_fallback,
-                           min_cap=cfg.held_out_min_cap, point_retries=cfg.held_out_point_retries)
+                           min_cap=cfg.held_out_min_cap, point_retries=cfg.held_out_point_retries,
+                           point_margin=cfg.held_out_point_margin)
         inner = lambda q, fit_cap=None: _solve(q, cfg, mapper, fit_cap)            # noqa: E731
         if p.mode == "tp" and cfg.row_sets:      # layer by layer on distinct sets (row_sets.py)
             fast = replace(cfg, token_patience=cfg.row_patience)
