@@ -42,7 +42,8 @@ will be on new requests. So (ours; not in the papers):
    (`place` and `evaluate` print it).
 6. `HeldOut.fallback` "point" (ours, issue 45; `SemparConfig.held_out_fallback`): there the
    cap is searched again (`HeldOut.point_retries` solves) on the point prediction with the
-   refolded inflation, aimed at `target - margin` too: the highest cap whose point prediction
+   refolded inflation, aimed at `target - point_margin` (`HeldOut.point_margin`; None: margin;
+   `SemparConfig.held_out_point_margin` 0.005): the highest cap whose point prediction
    is within, down to `HeldOut.min_cap`, which may be below 1.0 (the robust loads, whose
    margin is charged only past a random grouping's, then sit under the mean). The upper
    figure chases the folds' own noise on a small fit (on DeepSeek-V2-Lite's 35 fit requests it
