@@ -275,6 +275,12 @@ def test_point_fallback_searches_below_one_on_the_point_prediction(monkeypatch):
     assert min(caps) == pytest.approx(0.99) and h["fit_cap"] == pytest.approx(0.995)
     assert h["predicted_imbalance"] == pytest.approx(1.09) and not h["within_budget"]
     assert "fit on more requests" in h["warning"] and h["point_caps"]
+    # point_margin (h45d): the point search alone aims at 1.10 - 0.01, the upper one at 1.10
+    held = ho.dataclasses.replace(held, target=1.10, point_margin=0.01)
+    caps.clear()
+    h = ho.calibrated_solve(p, solve, held).info["held_out"]
+    assert [c for c, _ in h["caps_tried"]][:2] == pytest.approx([1.05, 1.0])
+    assert min(caps) == pytest.approx(0.99) and h["fit_cap"] == pytest.approx(0.995)
 
 
 def test_upper_fallback_keeps_the_lowest_upper():

@@ -200,6 +200,14 @@ class SemparConfig:
     """`rows` objective, "point" search: solves at most. 3 (h45s, with the secant step; 2
     before): DeepSeek-V2-Lite EP 4 dp's third probe finds cap 1.008 within the aim (point
     1.089), LAR 0.267 -> 0.2695, held out 1.062 -> 1.074; EP 8 dp and tp keep their caps."""
+    held_out_point_margin: float = 0.005
+    """`rows` objective, "point" search (step 6, where no cap is promised): it aims the point
+    prediction at the target less this (the upper search keeps `held_out_margin`). 0.005 (h45d,
+    2026-12-08; 0.01 before), the three DeepSeek-V2-Lite cases that reach step 6, exact-home LAR
+    / held out / point: EP 8 dp 0.1391 / 1.088 / 1.084 -> 0.1408 / 1.093 / 1.094 (cap 0.987 ->
+    0.9946, lead over eplb +0.009 -> +0.011); EP 4 dp 0.2695 / 1.074 / 1.089 -> 0.2700 / 1.075
+    / 1.093 (cap 1.008 -> 1.0107); EP 8 tp 0.429 / 1.078 / 1.089 -> 0.431 / 1.091 / 1.095 (cap
+    0.991 -> 0.9952). The five cases whose upper prediction is within never reach step 6."""
     budget_held_out_folds: int = 2
     """`rows` objective: the folds kept where the work budget cuts the fit sample (DeepSeek-V3
     shape at `--effort` 1: 240k tokens, EP 16, 12 solves in 426 CPU s with the full calibration;
@@ -244,7 +252,8 @@ class SemparConfig:
                        replicates=self.held_out_replicates, resamples=self.held_out_resamples,
                        seed=problem.seed, folds=self.held_out_folds, refold=self.held_out_refold,
                        margin=self.held_out_margin, fallback=self.held_out_fallback,
-                       min_cap=self.held_out_min_cap, point_retries=self.held_out_point_retries)
+                       min_cap=self.held_out_min_cap, point_retries=self.held_out_point_retries,
+                       point_margin=self.held_out_point_margin)
 
     @classmethod
     def for_shape(cls, tokens: int, layers: int, experts: int, devices: int,

@@ -42,7 +42,8 @@ will be on new requests. So (ours; not in the papers):
    (`place` and `evaluate` print it).
 6. `HeldOut.fallback` "point" (ours, issue 45; `SemparConfig.held_out_fallback`): there the
    cap is searched again (`HeldOut.point_retries` solves) on the point prediction with the
-   refolded inflation, aimed at `target - margin` too: the highest cap whose point prediction
+   refolded inflation, aimed at `target - point_margin` (`HeldOut.point_margin`; None: margin;
+   `SemparConfig.held_out_point_margin` 0.005): the highest cap whose point prediction
    is within, down to `HeldOut.min_cap`, which may be below 1.0 (the robust loads, whose
    margin is charged only past a random grouping's, then sit under the mean). The upper
    figure chases the folds' own noise on a small fit (on DeepSeek-V2-Lite's 35 fit requests it
@@ -84,6 +85,7 @@ from sempar.placement.base import PlacementProblem
 from sempar.placement.capacity import BATCH, SEARCH_ASSIGN, capacity_home
 from sempar.placement.metrics import peak_ratio
 from sempar.placement.placement import Placement
+from sempar.placement.sempar.cap_search import kept_cap, search_cap
 from sempar.trace.schema import RoutingTrace
 
 
@@ -104,6 +106,7 @@ class HeldOut:
     #                          prediction; "point" searches the cap on the point prediction
     min_cap: float = 1.0     # the "point" search's lowest fit cap (below 1.0: step 6)
     point_retries: int = 2   # the "point" search's solves
+    point_margin: float | None = None   # the "point" search aims at target - this (None: margin)
 
 
 def request_loads(placement: Placement, trace: RoutingTrace, batch: int = BATCH) -> np.ndarray:
@@ -257,7 +260,7 @@ def calibrated_solve(p: PlacementProblem, solve: Callable[[PlacementProblem], Pl
     within_budget, warning).
 
     The cap search (step 4): the first lower cap is the user's less the upper prediction's
-    excess (as before issue 45's second pass); then a secant step (`_search`; bisection until
+    excess (as before issue 45's second pass); then a secant step (`cap_search.search_cap`; bisection until
     h45s) between the highest cap found too loose and the highest found within the target, `HeldOut.retries` solves in all, the
     highest cap within kept (ours: the excess step alone went straight to 1.0 on
     DeepSeek-V2-Lite, where the held-out imbalance barely moves between caps 1.0 and 1.05 but
@@ -291,9 +294,9 @@ def calibrated_solve(p: PlacementProblem, solve: Callable[[PlacementProblem], Pl
 
     aim = held_out.target - held_out.margin
     tried = [at(cap0)]
-    _search(tried, at, 4, aim, held_out.retries, 1.0)
+    search_cap(tried, at, 4, aim, held_out.retries, 1.0)
     # the highest cap within the target; else the lowest upper prediction
-    cap, out, boot, pred, upper = _kept(tried, 4, aim)
+    cap, out, boot, pred, upper = kept_cap(tried, 4, aim)
     refolded = None
     if cv is not None and held_out.refold and abs(cap - cap0) > 1e-9:
         cv2 = cv_inflation(dataclasses.replace(p, max_imbalance=cap), fold, held_out)
@@ -307,8 +310,10 @@ def calibrated_solve(p: PlacementProblem, solve: Callable[[PlacementProblem], Pl
         # step 6: no cap promises the target; the point prediction (this inflation) decides
         again = [(t[0], t[1], *predict(t[1])) for t in tried]
         n = len(again)
-        _search(again, at, 3, aim, held_out.point_retries, held_out.min_cap)
-        cap, out, boot, pred, upper = _kept(again, 3, aim)
+        aim6 = held_out.target - (held_out.margin if held_out.point_margin is None
+                                  else held_out.point_margin)
+        search_cap(again, at, 3, aim6, held_out.point_retries, held_out.min_cap)
+        cap, out, boot, pred, upper = kept_cap(again, 3, aim6)
         point = [[round(float(t[0]), 4), round(float(t[3]), 4)] for t in again]
         tried += again[n:]
     R = int(np.unique(p.trace.request_id).size)
@@ -375,46 +380,3 @@ def _solve_at(solve: Callable, p: PlacementProblem, cap: float) -> Placement:
     if cap >= 1.0:
         return solve(dataclasses.replace(p, max_imbalance=cap))
     return solve(dataclasses.replace(p, max_imbalance=1.0), fit_cap=cap)
-
-
-SECANT_GUARD = 0.1   # the secant step stays this share of the bracket inside its ends
-
-
-def _search(tried: list, at: Callable[[float], tuple], key: int, aim: float, retries: int,
-            floor: float) -> None:
-    """The cap search (`calibrated_solve`, steps 4 and 6) on the prediction t[key] of each
-    tried (cap, placement, bootstrap, point, upper) t, appending to `tried`: while no cap is
-    within `aim`, the lowest cap tried less its excess (at least `floor`); then, between the
-    highest cap within and the lowest cap above it that is not, the cap where the straight line
-    through their two predictions meets `aim` (regula falsi; kept `SECANT_GUARD` of the bracket
-    inside its ends, so a flat end cannot stall it); `retries` solves at most, none twice at
-    the same cap.
-
-    The secant step replaced bisection (issue 45, h45s): the prediction is close to linear in
-    the cap across a bracket of a hundredth (DeepSeek-V2-Lite EP 8 dp, point prediction at fit
-    caps 0.987 / 0.990 / 0.9935: 1.0849 / 1.0869 / 1.0922), so halving the bracket spends the
-    last solve where the line already says the aim is crossed: there the bracket (0.987:
-    1.0835, 1.0: 1.103) was halved to 0.9935 (1.0949, above 1.09) and 0.987 kept, 0.0065 under
-    the aim; the secant probes 0.991."""
-    for _ in range(retries):
-        good = max((t for t in tried if t[key] <= aim), key=lambda t: t[0], default=None)
-        bad = min((t for t in tried if t[key] > aim and (good is None or t[0] > good[0])),
-                  key=lambda t: t[0], default=None)
-        if bad is None:
-            return
-        if good is None:
-            cap = max(floor, bad[0] - (bad[key] - aim))
-        else:
-            frac = (aim - good[key]) / max(bad[key] - good[key], 1e-12)   # in [0, 1)
-            frac = min(max(frac, SECANT_GUARD), 1.0 - SECANT_GUARD)
-            cap = good[0] + frac * (bad[0] - good[0])
-        if any(abs(cap - t[0]) < 1e-4 for t in tried):
-            return                          # the floor already tried and still too loose
-        tried.append(at(cap))
-
-
-def _kept(tried: list, key: int, aim: float) -> tuple:
-    """(cap, placement, bootstrap, point, upper) kept: the highest cap whose t[key] is within
-    `aim`; else the lowest t[key]."""
-    good = [t for t in tried if t[key] <= aim]
-    return max(good, key=lambda t: t[0]) if good else min(tried, key=lambda t: t[key])
