@@ -285,7 +285,7 @@ def test_point_fallback_searches_below_one_on_the_point_prediction(monkeypatch):
 
 def test_upper_fallback_keeps_the_lowest_upper():
     """fallback "upper" (the rule before issue 45's step 6) never solves below 1.0."""
-    from sempar.placement.sempar.held_out import _kept, _search
+    from sempar.placement.sempar.cap_search import kept_cap as _kept, search_cap as _search
 
     tried = [(1.05, None, 1.0, 1.2, 1.3)]
     _search(tried, lambda c: (c, None, 1.0, 1.1 + c - 1.0, 1.2 + c - 1.0), 4, 1.1, 3, 1.0)
@@ -294,10 +294,10 @@ def test_upper_fallback_keeps_the_lowest_upper():
 
 
 def test_secant_step_lands_where_the_line_meets_the_aim():
-    """held_out._search (h45s): with a bracket, the next cap is where the straight line through
+    """cap_search.search_cap (h45s): with a bracket, the next cap is where the straight line through
     the two predictions meets the aim, kept a tenth of the bracket inside its ends; a linear
     prediction is then hit in one solve where bisection would take several."""
-    from sempar.placement.sempar.held_out import SECANT_GUARD, _kept, _search
+    from sempar.placement.sempar.cap_search import SECANT_GUARD, kept_cap as _kept, search_cap as _search
 
     line = lambda c: (c, None, 1.0, 1.0835 + 1.5 * (c - 0.987), 9.0)     # noqa: E731
     tried = [line(1.0), line(0.987)]                  # 1.1030 above, 1.0835 within 1.09

@@ -203,11 +203,12 @@ class SemparConfig:
     held_out_point_margin: float = 0.005
     """`rows` objective, "point" search (step 6, where no cap is promised): it aims the point
     prediction at the target less this (the upper search keeps `held_out_margin`). 0.005 (h45d,
-    2026-12-08; 0.01 before), the three DeepSeek-V2-Lite cases that reach step 6, exact-home LAR
-    / held out / point: EP 8 dp 0.1391 / 1.088 / 1.084 -> 0.1408 / 1.093 / 1.094 (cap 0.987 ->
-    0.9946, lead over eplb +0.009 -> +0.011); EP 4 dp 0.2695 / 1.074 / 1.089 -> 0.2700 / 1.075
-    / 1.093 (cap 1.008 -> 1.0107); EP 8 tp 0.429 / 1.078 / 1.089 -> 0.431 / 1.091 / 1.095 (cap
-    0.991 -> 0.9952). The five cases whose upper prediction is within never reach step 6."""
+    2026-12-08; 0.01 before), the three DeepSeek-V2-Lite cases that reach step 6, LAR (tp:
+    exact homes by the greedy rounds) / held out / point: EP 8 dp 0.1391 / 1.088 / 1.084 ->
+    0.1408 / 1.093 / 1.094 (cap 0.987 -> 0.9946, lead over eplb +0.009 -> +0.011); EP 4 dp
+    0.2695 / 1.074 / 1.089 -> 0.2700 / 1.075 / 1.093 (cap 1.008 -> 1.0107); EP 8 tp 0.429 /
+    1.078 / 1.089 -> 0.431 / 1.091 / 1.095 (cap 0.991 -> 0.9952). The five cases whose upper
+    prediction is within never reach step 6."""
     budget_held_out_folds: int = 2
     """`rows` objective: the folds kept where the work budget cuts the fit sample (DeepSeek-V3
     shape at `--effort` 1: 240k tokens, EP 16, 12 solves in 426 CPU s with the full calibration;
