@@ -209,23 +209,37 @@ def replica_pass(phy2log: np.ndarray, G: int, loads: np.ndarray, caps: np.ndarra
                 F[c, :, new] += w[:, e].T
             ratio = (_zeta_peak(F, G, pop) / mean[None] / caps[None]).max(axis=1)   # [C]
             if cfg.locality > 0 and tokens is not None:
-                gain = local_gain(row, G, inE, p, b)
-                down = (ratio <= score - cfg.min_cut) & (score > 1.0)
-                ok = (down & (ratio <= ratio.min() + cfg.locality) if down.any()
-                      else (ratio <= max(score, 1.0)) & (gain > 0) & cfg.locality_free)
-                if not ok.any():
-                    break
-                best = int(np.argmax(np.where(ok, gain - 1e-9 * ratio, -np.inf)))
-                phy2log[l, p[best]] = b[best]
-                moved += 1
-                continue
-            tie = 0.0 if keep is None else (keep[l, b] - keep[l, a]) * 1e-9
-            best = int(np.argmax(-ratio + tie))
-            if score - ratio[best] < cfg.min_cut:
+                best = _pick_local(ratio, score, local_gain(row, G, inE, p, b), cfg)
+            else:
+                tie = 0.0 if keep is None else (keep[l, b] - keep[l, a]) * 1e-9
+                best = _pick_peak(ratio, score, tie, cfg)
+            if best is None:
                 break
             phy2log[l, p[best]] = b[best]
             moved += 1
     return phy2log, moved
+
+
+def _pick_peak(ratio: np.ndarray, score: float, tie, cfg: ReplicaPass) -> int | None:
+    """The retarget `replica_pass` makes by default: of the candidates' worst ratios ratio
+    float[C], the lowest (`tie`: float[C] or 0, `keep`'s tie-break), or None where it lowers
+    the current worst ratio `score` by less than `cfg.min_cut`."""
+    best = int(np.argmax(-ratio + tie))
+    return None if score - ratio[best] < cfg.min_cut else best
+
+
+def _pick_local(ratio: np.ndarray, score: float, gain: np.ndarray,
+                cfg: ReplicaPass) -> int | None:
+    """The retarget with `cfg.locality` (`placement.replica_locality`): among the candidates
+    that lower the worst ratio `score` by `cfg.min_cut` and come within `cfg.locality` of the
+    lowest ratio float[C], the one of most local activations gained (gain float[C]); where none
+    lowers it and `cfg.locality_free`, one that gains locality without raising it; else None."""
+    down = (ratio <= score - cfg.min_cut) & (score > 1.0)
+    ok = (down & (ratio <= ratio.min() + cfg.locality) if down.any()
+          else (ratio <= max(score, 1.0)) & (gain > 0) & cfg.locality_free)
+    if not ok.any():
+        return None
+    return int(np.argmax(np.where(ok, gain - 1e-9 * ratio, -np.inf)))
 
 
 def _fill_pass(row: np.ndarray, G: int, w: np.ndarray, caps: np.ndarray, cfg: ReplicaPass,
