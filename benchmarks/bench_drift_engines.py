@@ -297,7 +297,8 @@ def main() -> None:
     plugin = tuple(tuple(kv.split("=", 1)) for kv in a.plugin)
     from dataclasses import fields
 
-    from sempar.eplb.config import ENV_PREFIX, PluginConfig
+    from sempar.drift.engines import plugin_config
+    from sempar.eplb.config import PluginConfig
     from sempar.errors import InputError
 
     known = {f.name for f in fields(PluginConfig)} - {"engine", "seed"}
@@ -306,7 +307,7 @@ def main() -> None:
         ap.error(f"--plugin {bad[0]}: not FIELD=VALUE of a PluginConfig field "
                  f"({', '.join(sorted(known))})")
     try:
-        PluginConfig.from_env({ENV_PREFIX + k.upper(): v for k, v in plugin})
+        plugin_config(plugin)
     except InputError as e:
         ap.error(f"--plugin: {e}")
     earlier = json.loads(a.resolve_from.read_text()) if a.resolve_from else []

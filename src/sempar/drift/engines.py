@@ -203,6 +203,14 @@ def window_source(window: RoutingTrace, sample_rows: int = 4096):
     return source_from_stats(st, "<replay window>", sample_rows=sample_rows)
 
 
+def plugin_config(knobs: tuple[tuple[str, str], ...], engine: str = ""):
+    """The plug-in's `PluginConfig` in `engine` with `knobs` (field, value) read as the plug-in
+    reads SEMPAR_EPLB_<FIELD> (`PluginConfig.from_env`; a bad value is bad input, one line)."""
+    from sempar.eplb.config import ENV_PREFIX, PluginConfig
+
+    return PluginConfig.from_env({ENV_PREFIX + k.upper(): v for k, v in knobs}, engine=engine)
+
+
 def sempar_map(weight: np.ndarray, current: Placement, num_groups: int,
                window: RoutingTrace, default, seed: int = 0,
                engine: str = "", knobs: tuple[tuple[str, str], ...] = ()
@@ -214,12 +222,10 @@ def sempar_map(weight: np.ndarray, current: Placement, num_groups: int,
     fall back, `default()` (the host engine's own result) and the one-line reason."""
     from dataclasses import replace
 
-    from sempar.eplb.config import ENV_PREFIX, PluginConfig
     from sempar.eplb.engine import checked_map, fallback_reason
 
     try:
-        cfg = replace(PluginConfig.from_env({ENV_PREFIX + k.upper(): v for k, v in knobs},
-                                            engine=engine), seed=seed)
+        cfg = replace(plugin_config(knobs, engine), seed=seed)
         m, _ = checked_map(weight.astype(np.float64), current.num_slots, num_groups,
                            current.num_nodes, current.num_devices,
                            current.phy2log.astype(np.int64),

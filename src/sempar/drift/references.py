@@ -63,6 +63,12 @@ def _steps(stream: RoutingTrace, cfg: ReplayConfig):
     return (lambda a, b: stream.take(rows[starts[a]:starts[min(b, R)]])), bounds, R
 
 
+def _figures(lar: list[float], imb: list[float]) -> dict:
+    """A reference's served figures from its per-step LAR and imbalance (as the replay's)."""
+    return {"lar_mean": float(np.mean(lar)), "imbalance_p95": float(np.percentile(imb, 95)),
+            "imbalance_steps": imb}
+
+
 def eplb_hindsight(stream: RoutingTrace, cfg: ReplayConfig, theirs_p95=None) -> dict:
     """The ceiling of the replicas suite: EPLB on each step's own requests (it sees the traffic
     it serves), the same slots and dispatch, served as the replay serves (`serve_figures`)."""
@@ -74,8 +80,7 @@ def eplb_hindsight(stream: RoutingTrace, cfg: ReplayConfig, theirs_p95=None) -> 
                              cfg.dispatch, cfg.solve.seed)
         lar.append(x)
         imb.append(float(i.mean()))
-    return {"lar_mean": float(np.mean(lar)), "imbalance_p95": float(np.percentile(imb, 95)),
-            "imbalance_steps": imb}
+    return _figures(lar, imb)
 
 
 def filled(p0: Placement, R: int, experts: np.ndarray, batch: int, rule: str) -> Placement:
@@ -153,8 +158,7 @@ def engine_hindsight(stream: RoutingTrace, cfg: ReplayConfig, theirs_p95: float,
         lar.append(x)
         imb.append(i)
         picked.append(best)
-    return {"lar_mean": float(np.mean(lar)), "imbalance_p95": float(np.percentile(imb, 95)),
-            "imbalance_steps": imb, "lar_steps": lar, "cap": cap, "picked": picked,
+    return {**_figures(lar, imb), "lar_steps": lar, "cap": cap, "picked": picked,
             "what": f"best of sempar / EPLB placements of the step's own requests, each step "
                     f"within theirs' p95 + {slack}"}
 
@@ -195,9 +199,7 @@ def engine_window(stream: RoutingTrace, cfg: ReplayConfig, theirs_p95: float,
                                  cfg.solve.seed)
             lar.append(x)
             imb.append(float(i.mean()))
-        runs.append({"lar_mean": float(np.mean(lar)),
-                     "imbalance_p95": float(np.percentile(imb, 95)), "imbalance_steps": imb,
-                     "lar_steps": lar, "cap": cap, "picked": picked,
+        runs.append({**_figures(lar, imb), "lar_steps": lar, "cap": cap, "picked": picked,
                      "migrated_bytes": moved * cfg.rebalance.expert_bytes})
     return {**runs[0], "window_requests": span,
             "frontier": [{k: r[k] for k in ("cap", "lar_mean", "imbalance_p95",
